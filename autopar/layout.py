@@ -1,0 +1,246 @@
+"""One parallel layout (:class:`Layout`) and many of them as columns (:class:`LayoutTable`).
+
+A Layout is resolved once against the world size and the global batch (torchtitan's
+ParallelDims idea: -1/None means "what is left"), then validated; every violation is a
+:class:`Reason` (a code, the values, what would be allowed), never an ``assert``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from autopar.errors import LayoutError
+
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["bf16", "fp8", "fp16", "fp32"]
+RECOMPUTE_CODES: tuple[str, ...] = ("none", "selective", "full")
+PRECISION_CODES: tuple[str, ...] = ("bf16", "fp8", "fp16", "fp32")
+
+# Columns of a LayoutTable, in order; integer-coded so that whole candidate sets are numpy arrays.
+COLUMNS: tuple[str, ...] = (
+    "tp", "pp", "vpp", "dp", "cp", "ep", "etp", "zero", "shard_group", "sp",
+    "micro_batch", "grad_accum", "recompute", "offload", "precision",
+)
+
+
+class Layout(BaseModel):
+    """A fully resolved parallel layout of one training job.
+
+    World size identity (Megatron convention): ``num_devices == tp * pp * cp * dp``. Expert
+    parallelism is carved out of the same ranks: each pipeline stage's ``tp * cp * dp`` ranks are
+    regrouped as ``etp * ep * expert_dp``, so ``etp * ep`` must divide ``tp * cp * dp``.
+    Batch identity: ``global_batch == micro_batch * grad_accum * dp``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: int = Field(1, ge=1, description="tensor-parallel size")
+    pp: int = Field(1, ge=1, description="pipeline-parallel stages")
+    vpp: int = Field(1, ge=1, description="virtual (interleaved) stages per pipeline rank")
+    dp: int = Field(1, ge=1, description="data-parallel size (dense)")
+    cp: int = Field(1, ge=1, description="context-parallel size (sequence sharded for attention)")
+    ep: int = Field(1, ge=1, description="expert-parallel size (MoE); divides tp*cp*dp / etp")
+    etp: int = Field(1, ge=1, description="expert tensor-parallel size; 1 or tp in practice")
+    zero: int = Field(0, ge=0, le=3, description="0 DDP, 1 optimizer sharding, 2 +grads, 3 +params (FSDP)")
+    shard_group: int = Field(0, ge=0, description="ZeRO/FSDP shard-group size (HSDP); 0 = all dp*cp ranks")
+    sp: bool = Field(False, description="Megatron sequence parallelism (needs tp > 1)")
+    micro_batch: int = Field(1, ge=1, description="sequences per micro-batch per rank")
+    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step per rank")
+    recompute: Recompute = "none"
+    offload: bool = Field(False, description="optimizer state and step on the host (CPU)")
+    precision: Precision = "bf16"
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp * self.cp
+
+    @property
+    def num_devices(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def shard_size(self) -> int:
+        """Ranks that share one copy of the sharded model state (ZeRO/FSDP group)."""
+        return self.shard_group or self.dp * self.cp
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch * self.grad_accum * self.dp
+
+    def short(self) -> str:
+        """Compact one-line description, e.g. ``tp8 pp4 vpp2 dp16 z1 sp mb1 sel bf16``."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}"]
+        if self.vpp > 1:
+            parts.append(f"vpp{self.vpp}")
+        parts.append(f"dp{self.dp}")
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.etp != 1:
+            parts.append(f"etp{self.etp}")
+        parts.append(f"z{self.zero}")
+        if self.shard_group:
+            parts.append(f"sg{self.shard_group}")
+        if self.sp:
+            parts.append("sp")
+        parts.append(f"mb{self.micro_batch}x{self.grad_accum}")
+        parts.append({"none": "norc", "selective": "sel", "full": "full"}[self.recompute])
+        if self.offload:
+            parts.append("offload")
+        parts.append(self.precision)
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a layout is not legal or does not fit: machine-readable code plus a sentence."""
+
+    code: str
+    message: str
+    values: dict[str, Any] = field(default_factory=dict)
+    allowed: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"code": self.code, "message": self.message, "values": self.values}
+        if self.allowed is not None:
+            out["allowed"] = self.allowed
+        return out
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def resolve_layout(
+    *,
+    num_devices: int,
+    global_batch: int,
+    tp: int = 1,
+    pp: int = 1,
+    vpp: int = 1,
+    dp: int | None = None,
+    cp: int = 1,
+    ep: int = 1,
+    etp: int | None = None,
+    zero: int = 0,
+    shard_group: int = 0,
+    sp: bool | None = None,
+    micro_batch: int = 1,
+    recompute: str = "none",
+    offload: bool = False,
+    precision: str = "bf16",
+) -> Layout:
+    """Derive ``dp`` (if None) and ``grad_accum`` from the world size and the global batch.
+
+    Raises :class:`LayoutError` naming every factor of the product when they do not divide.
+    """
+    for name, value in (("num_devices", num_devices), ("global_batch", global_batch), ("tp", tp),
+                        ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("micro_batch", micro_batch)):
+        if value is None or int(value) < 1:
+            raise LayoutError(f"{name} must be a positive integer, got {value}", "pass a value >= 1")
+    mp = tp * pp * cp
+    if dp is None:
+        if num_devices % mp:
+            raise LayoutError(
+                f"num_devices={num_devices} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {mp}",
+                f"choose tp, pp, cp whose product divides {num_devices}",
+                [Reason("world_size", "tp*pp*cp must divide num_devices",
+                        {"num_devices": num_devices, "tp": tp, "pp": pp, "cp": cp})],
+            )
+        dp = num_devices // mp
+    if dp < 1:
+        raise LayoutError(f"dp must be a positive integer, got {dp}", "pass --dp >= 1 or leave it out")
+    if tp * pp * cp * dp != num_devices:
+        raise LayoutError(
+            f"tp*pp*cp*dp = {tp}*{pp}*{cp}*{dp} = {tp * pp * cp * dp} != num_devices={num_devices}",
+            "leave --dp out to derive it, or make the product equal the device count",
+            [Reason("world_size", "tp*pp*cp*dp must equal num_devices",
+                    {"num_devices": num_devices, "tp": tp, "pp": pp, "cp": cp, "dp": dp})],
+        )
+    per_step = micro_batch * dp
+    if global_batch % per_step:
+        raise LayoutError(
+            f"global_batch={global_batch} is not divisible by micro_batch*dp = {micro_batch}*{dp} = {per_step}",
+            "choose a micro-batch and dp whose product divides the global batch",
+            [Reason("batch", "micro_batch*dp must divide global_batch",
+                    {"global_batch": global_batch, "micro_batch": micro_batch, "dp": dp})],
+        )
+    if recompute not in RECOMPUTE_CODES:
+        raise LayoutError(f"recompute={recompute!r} is not one of {', '.join(RECOMPUTE_CODES)}",
+                          "use none, selective or full")
+    if precision not in PRECISION_CODES:
+        raise LayoutError(f"precision={precision!r} is not one of {', '.join(PRECISION_CODES)}",
+                          "use bf16, fp8, fp16 or fp32")
+    if zero not in (0, 1, 2, 3):
+        raise LayoutError(f"zero={zero} is not a ZeRO stage", "use 0, 1, 2 or 3")
+    return Layout(
+        tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=ep, etp=tp if etp is None and ep == 1 else (etp or 1),
+        zero=zero, shard_group=shard_group or 0, sp=(tp > 1) if sp is None else bool(sp),
+        micro_batch=micro_batch, grad_accum=global_batch // per_step, recompute=recompute,  # type: ignore[arg-type]
+        offload=offload, precision=precision,  # type: ignore[arg-type]
+    )
+
+
+class LayoutTable:
+    """Many layouts as integer numpy columns (one row per layout): the input of the vectorized models.
+
+    ``recompute`` and ``precision`` are stored as codes indexing :data:`RECOMPUTE_CODES` and
+    :data:`PRECISION_CODES`; booleans as 0/1.
+    """
+
+    __slots__ = ("cols",)
+
+    def __init__(self, cols: dict[str, np.ndarray]) -> None:
+        n = {len(np.atleast_1d(v)) for v in cols.values()}
+        if len(n) != 1:
+            raise ValueError(f"columns of unequal length: {n}")
+        missing = set(COLUMNS) - set(cols)
+        if missing:
+            raise ValueError(f"missing layout columns: {sorted(missing)}")
+        self.cols = {k: np.atleast_1d(np.asarray(cols[k], dtype=np.int64)) for k in COLUMNS}
+
+    def __len__(self) -> int:
+        return len(self.cols["tp"])
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.cols[name]
+
+    @classmethod
+    def from_layouts(cls, layouts: Sequence[Layout]) -> LayoutTable:
+        cols: dict[str, list[int]] = {k: [] for k in COLUMNS}
+        for lay in layouts:
+            for k in COLUMNS:
+                v = getattr(lay, k)
+                if k == "recompute":
+                    v = RECOMPUTE_CODES.index(v)
+                elif k == "precision":
+                    v = PRECISION_CODES.index(v)
+                cols[k].append(int(v))
+        return cls({k: np.asarray(v, dtype=np.int64) for k, v in cols.items()})
+
+    def take(self, idx: np.ndarray | Iterable[int]) -> LayoutTable:
+        idx = np.asarray(list(idx) if not isinstance(idx, np.ndarray) else idx)
+        return LayoutTable({k: v[idx] for k, v in self.cols.items()})
+
+    def row(self, i: int) -> Layout:
+        c = {k: int(v[i]) for k, v in self.cols.items()}
+        return Layout(
+            **{k: c[k] for k in ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "zero", "shard_group",
+                                 "micro_batch", "grad_accum")},
+            sp=bool(c["sp"]), offload=bool(c["offload"]),
+            recompute=RECOMPUTE_CODES[c["recompute"]],  # type: ignore[arg-type]
+            precision=PRECISION_CODES[c["precision"]],  # type: ignore[arg-type]
+        )
+
+    def rows(self) -> list[Layout]:
+        return [self.row(i) for i in range(len(self))]
+
+    @staticmethod
+    def concat(tables: Sequence[LayoutTable]) -> LayoutTable:
+        return LayoutTable({k: np.concatenate([t.cols[k] for t in tables]) for k in COLUMNS})
