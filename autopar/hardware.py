@@ -1,0 +1,468 @@
+"""Device profiles (peak FLOP/s, memory, interconnect, power, achieved efficiency) and clusters.
+
+A :class:`DeviceProfile` is loaded from ``cost_models/devices/<id>.yaml`` (shipped inside the wheel
+as ``autopar.cost_models/devices``) or from any YAML file of the same schema ("what-if" hardware).
+
+Units: dense TFLOP/s (no 2:4 sparsity), decimal GB and GB/s, bandwidths **per direction**, W, µs.
+
+Every numeric value carries provenance: ``provenance`` maps a dotted field path
+(``"scale_up.agg_gbps"``, ``"peak_tflops.bf16"``, ``"efficiency.gemm.fp8"``) to its source: a
+datasheet, a published measurement ([S16], [S17], ... as in ``hardware.md``) or
+``"estimate: <why>"``. In a YAML file a numeric leaf may be written inline as
+``{value: 989, src: "..."}`` instead of a plain number plus a ``provenance:`` entry; the loader
+flattens it. Values that a what-if file leaves to the model defaults get the default's provenance,
+and numbers it gives without a source are marked as unsourced values of that file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from autopar.errors import DeviceError
+
+__all__ = [
+    "PRECISIONS",
+    "ScaleUp",
+    "ScaleOut",
+    "Power",
+    "Efficiency",
+    "DeviceProfile",
+    "Cluster",
+    "load_device",
+    "list_devices",
+    "load_cluster",
+]
+
+# Precisions a profile may list in ``peak_tflops`` / ``efficiency.gemm``. ``fp32`` is plain IEEE
+# FP32 (CUDA-core / vector peak on NVIDIA, FP32 matrix peak elsewhere); ``tf32`` is NVIDIA/AMD's
+# TF32 tensor-core path.
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp32", "tf32", "fp4")
+
+# Aliases accepted by :meth:`DeviceProfile.peak_flops` (the data README's precision vocabulary).
+_PRECISION_ALIASES = {"mxfp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4", "float32": "fp32", "bfloat16": "bf16"}
+
+# Provenance recorded for a value that a profile leaves to the model default.
+DEFAULT_PROVENANCE: dict[str, str] = {
+    "power.node_overhead_w": "autopar default: 0 W host overhead (not modelled)",
+    "efficiency.gemm_half_dim": "autopar default, estimate: half of max GEMM efficiency at min dim 1024 (H100-class)",
+    "efficiency.hbm": "autopar default: 0.8 x peak HBM, as AIConfigurator's empirical mode [S20]",
+    "efficiency.attention": "autopar default, estimate: FlashAttention-class kernels at ~60% of dense bf16 peak",
+}
+
+_DEVICES_PACKAGE = "autopar.cost_models"
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: ~10x faster
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ScaleUp(_Frozen):
+    """The fast domain: NVLink/NVSwitch, AMD xGMI, Gaudi on-board RoCE, TPU ICI."""
+
+    fabric: str = Field(description="e.g. nvlink4, xgmi, roce-200gbe, ici")
+    domain: int = Field(ge=1, description="devices per scale-up domain (8 for HGX, 72 for NVL72)")
+    agg_gbps: float = Field(gt=0, description="GB/s per direction, one device to all peers together")
+    per_peer_gbps: float = Field(
+        gt=0, description="GB/s per direction to ONE peer (== agg_gbps for switched NVLink)"
+    )
+    switched: bool = Field(description="a switch gives every pair the full per-device rate")
+    nvls: bool = Field(False, description="NVSwitch in-network reduction (NVLS/SHARP)")
+    latency_us: float = Field(gt=0, description="per-hop / per-collective-step launch + link latency")
+
+    @model_validator(mode="after")
+    def _peer_le_agg(self) -> ScaleUp:
+        if self.per_peer_gbps > self.agg_gbps * (1 + 1e-9):
+            raise ValueError(
+                f"per_peer_gbps ({self.per_peer_gbps}) exceeds agg_gbps ({self.agg_gbps}); "
+                "one peer cannot get more than the device's aggregate"
+            )
+        return self
+
+
+class ScaleOut(_Frozen):
+    """The network between scale-up domains (InfiniBand, RoCE, EFA, TPU cross-cube ICI)."""
+
+    fabric: str
+    per_device_gbps: float = Field(gt=0, description="GB/s per direction per device (400 Gb/s -> 50.0)")
+    latency_us: float = Field(gt=0)
+
+
+class Power(_Frozen):
+    tdp_w: float = Field(gt=0)
+    idle_w: float = Field(ge=0)
+    node_overhead_w: float = Field(0.0, ge=0, description="per-device share of CPU/NIC/switch/fan power")
+
+    @model_validator(mode="after")
+    def _idle_le_tdp(self) -> Power:
+        if self.idle_w > self.tdp_w:
+            raise ValueError(f"idle_w ({self.idle_w}) exceeds tdp_w ({self.tdp_w})")
+        return self
+
+
+class Efficiency(_Frozen):
+    """Achieved-efficiency coefficients (fractions of the matching peak)."""
+
+    gemm: dict[str, float] = Field(description="max achieved fraction of dense peak per precision (MAMF)")
+    gemm_half_dim: float = Field(1024.0, gt=0, description="GEMM min-dimension at half of max efficiency")
+    hbm: float = Field(
+        0.8, gt=0, le=1, description="achieved fraction of HBM bandwidth, memory-bound kernels"
+    )
+    scale_up_bus: float = Field(
+        gt=0, le=1, description="achieved ring all-reduce busbw / wire rate in domain"
+    )
+    scale_out_bus: float = Field(gt=0, le=1, description="achieved fraction of the NIC rate across nodes")
+    attention: float = Field(0.6, gt=0, le=1, description="achieved fraction of dense bf16 peak, attention")
+
+    @field_validator("gemm")
+    @classmethod
+    def _gemm_keys(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(PRECISIONS))
+        if unknown:
+            raise ValueError(f"unknown precision(s) {unknown}; allowed: {', '.join(PRECISIONS)}")
+        if "bf16" not in v:
+            raise ValueError("needs a 'bf16' entry (the fallback for precisions without one)")
+        bad = {k: x for k, x in v.items() if not 0 < x <= 1}
+        if bad:
+            raise ValueError(f"efficiencies must be in (0, 1]: {bad}")
+        return v
+
+
+class DeviceProfile(_Frozen):
+    """One accelerator type: peaks, memory, interconnect, power and achieved efficiencies."""
+
+    id: str
+    name: str
+    vendor: str
+    peak_tflops: dict[str, float] = Field(description="dense TFLOP/s per precision")
+    memory_gb: float = Field(gt=0, description="decimal GB (vendor label; GiB labels converted)")
+    memory_bw_gbps: float = Field(gt=0, description="peak HBM bandwidth, GB/s")
+    scale_up: ScaleUp
+    scale_out: ScaleOut
+    power: Power
+    efficiency: Efficiency
+    provenance: dict[str, str] = Field(description="dotted field path -> source")
+
+    @field_validator("peak_tflops")
+    @classmethod
+    def _peak_keys(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(PRECISIONS))
+        if unknown:
+            raise ValueError(f"unknown precision(s) {unknown}; allowed: {', '.join(PRECISIONS)}")
+        if "bf16" not in v:
+            raise ValueError("needs a 'bf16' peak")
+        bad = {k: x for k, x in v.items() if not (x > 0 and math.isfinite(x))}
+        if bad:
+            raise ValueError(f"peaks must be positive: {bad}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DeviceProfile:
+        extra = sorted(set(self.efficiency.gemm) - set(self.peak_tflops))
+        if extra:
+            raise ValueError(f"efficiency.gemm lists {extra}, which have no peak_tflops entry")
+        known = set(_field_paths(self))
+        stray = sorted(k for k in self.provenance if k not in known)
+        if stray:
+            raise ValueError(f"provenance keys name no field: {stray}")
+        return self
+
+    def __hash__(self) -> int:  # dict fields make the generated frozen hash fail
+        return hash(self.model_dump_json())
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gb * 1e9
+
+    def resolve_precision(self, precision: str) -> str:
+        """The ``peak_tflops`` key used for ``precision`` (fp16 falls back to bf16)."""
+        p = precision.strip().lower()
+        p = _PRECISION_ALIASES.get(p, p)
+        if p not in PRECISIONS:
+            raise DeviceError(
+                f"unknown precision {precision!r} for device {self.id!r}",
+                hint=f"use one of {', '.join(PRECISIONS)}",
+            )
+        if p in self.peak_tflops:
+            return p
+        if p == "fp16":
+            return "bf16"
+        raise DeviceError(
+            f"device {self.id!r} has no {p} peak ({self.name} does not support {p} at tensor-core rate)",
+            hint=f"choose one of {', '.join(sorted(self.peak_tflops))} or another device",
+        )
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense peak in FLOP/s for ``precision``; raises DeviceError if the device lacks it."""
+        return self.peak_tflops[self.resolve_precision(precision)] * 1e12
+
+    def gemm_efficiency(self, precision: str) -> float:
+        """Max achieved GEMM fraction of peak for ``precision`` (falls back to the bf16 value)."""
+        p = self.resolve_precision(precision)
+        return self.efficiency.gemm.get(p, self.efficiency.gemm["bf16"])
+
+    def numeric_fields(self) -> list[str]:
+        """Dotted paths of every numeric value in the profile (what provenance must cover)."""
+        return [path for path, value in _leaves(self) if _is_number(value)]
+
+    def missing_provenance(self) -> list[str]:
+        return [p for p in self.numeric_fields() if not self.provenance.get(p, "").strip()]
+
+
+# ----------------------------------------------------------------------------------------------
+# field-path helpers
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _leaves(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(obj, BaseModel):
+        for name in type(obj).model_fields:
+            if name == "provenance":
+                continue
+            yield from _leaves(getattr(obj, name), f"{prefix}{name}.")
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaves(v, f"{prefix}{k}.")
+    else:
+        yield prefix[:-1], obj
+
+
+def _field_paths(profile: DeviceProfile) -> list[str]:
+    return [path for path, _ in _leaves(profile)]
+
+
+def _flatten_inline(data: Any, path: str, prov: dict[str, str], where: str) -> Any:
+    """Replace ``{value: x, src: "..."}`` leaves by ``x`` and record ``prov[path] = src``."""
+    if isinstance(data, dict):
+        if "value" in data and set(data) <= {"value", "src"}:
+            src = data.get("src")
+            if not isinstance(src, str) or not src.strip():
+                raise DeviceError(
+                    f"{where}: key {path!r} has a value but no 'src'",
+                    hint="write {value: <number>, src: <datasheet, measurement or 'estimate: why'>}",
+                )
+            prov[path] = src.strip()
+            return data["value"]
+        return {
+            k: _flatten_inline(v, f"{path}.{k}" if path else str(k), prov, where) for k, v in data.items()
+        }
+    return data
+
+
+def _format_validation(err: ValidationError) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "<top level>"
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# loading
+
+
+def _devices_dir() -> Any:
+    """``autopar.cost_models/devices`` when installed; the repository's cost_models/ otherwise."""
+    try:
+        return resources.files(_DEVICES_PACKAGE) / "devices"
+    except ModuleNotFoundError:  # running from a source checkout without installing
+        return Path(__file__).resolve().parent.parent / "cost_models" / "devices"
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_files() -> dict[str, Any]:
+    d = _devices_dir()
+    try:
+        return {f.name[: -len(".yaml")]: f for f in d.iterdir() if f.name.endswith(".yaml")}
+    except (FileNotFoundError, NotADirectoryError):
+        raise DeviceError(
+            f"the device catalogue {d} is missing",
+            hint="reinstall autopar (the wheel must ship autopar.cost_models/devices/*.yaml)",
+        ) from None
+
+
+def list_devices() -> list[str]:
+    """Ids of the shipped device profiles, sorted."""
+    return sorted(_builtin_files())
+
+
+def _parse(text: str, where: str, *, builtin: bool) -> DeviceProfile:
+    try:
+        raw = yaml.load(text, Loader=_YAML_LOADER)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise DeviceError(f"{where}: malformed YAML{at}: {problem}", hint="fix the YAML syntax") from exc
+    if not isinstance(raw, dict):
+        raise DeviceError(
+            f"{where}: a device profile must be a YAML mapping, got {type(raw).__name__}",
+            hint="see cost_models/devices/h100-sxm-80gb.yaml for the schema",
+        )
+    body = {k: v for k, v in raw.items() if k != "provenance"}
+    explicit = raw.get("provenance") or {}
+    if not isinstance(explicit, dict):
+        raise DeviceError(f"{where}: key 'provenance' must map field paths to source strings")
+    inline: dict[str, str] = {}
+    body = _flatten_inline(body, "", inline, where)
+    dup = sorted(set(inline) & set(explicit))
+    if dup:
+        raise DeviceError(f"{where}: provenance given twice (inline src and provenance map) for {dup}")
+    prov = {str(k): str(v) for k, v in explicit.items()} | inline
+    try:
+        profile = DeviceProfile.model_validate(body | {"provenance": prov})
+    except ValidationError as exc:
+        raise DeviceError(
+            f"{where}: invalid device profile: {_format_validation(exc)}",
+            hint="see cost_models/devices/h100-sxm-80gb.yaml for the schema",
+        ) from None
+
+    missing = profile.missing_provenance()
+    if missing:
+        if builtin:
+            raise DeviceError(f"{where}: numeric values without provenance: {missing}")
+        fill = {}
+        for path in missing:
+            given = _has_path(body, path)
+            fill[path] = (
+                f"unsourced value in what-if file {where}"
+                if given
+                else DEFAULT_PROVENANCE.get(path, "autopar default")
+            )
+        profile = profile.model_copy(update={"provenance": profile.provenance | fill})
+    return profile
+
+
+def _has_path(data: Any, path: str) -> bool:
+    for key in path.split("."):
+        if not isinstance(data, dict) or key not in data:
+            return False
+        data = data[key]
+    return True
+
+
+@functools.lru_cache(maxsize=64)
+def _load_builtin(device_id: str) -> DeviceProfile:
+    f = _builtin_files()[device_id]
+    where = f"cost_models/devices/{f.name}"
+    profile = _parse(f.read_text(encoding="utf-8"), where, builtin=True)
+    if profile.id != device_id:
+        raise DeviceError(f"{where}: id {profile.id!r} does not match the file name {device_id!r}")
+    return profile
+
+
+@functools.lru_cache(maxsize=64)
+def _load_path(path: str, mtime_ns: int) -> DeviceProfile:  # mtime in the key: edits are reloaded
+    return _parse(Path(path).read_text(encoding="utf-8"), path, builtin=False)
+
+
+def _looks_like_path(s: str) -> bool:
+    return s.endswith((".yaml", ".yml")) or "/" in s or "\\" in s
+
+
+def load_device(id_or_path: str | Path) -> DeviceProfile:
+    """A shipped profile by id (case-insensitive) or a what-if profile from a YAML path."""
+    if isinstance(id_or_path, Path) or _looks_like_path(str(id_or_path)):
+        p = Path(id_or_path).expanduser()
+        if not p.is_file():
+            raise DeviceError(
+                f"device profile file {str(p)!r} not found",
+                hint=f"give an existing YAML file or one of the device ids: {', '.join(list_devices())}",
+            )
+        return _load_path(str(p.resolve()), p.stat().st_mtime_ns)
+    key = str(id_or_path).strip().lower()
+    known = list_devices()
+    if key not in known:
+        close = [k for k in known if key and k.startswith(key)] or difflib.get_close_matches(
+            key, known, n=2, cutoff=0.6
+        )
+        guess = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        raise DeviceError(
+            f"unknown device {str(id_or_path)!r}",
+            hint=f"{guess}known devices: {', '.join(known)}; or pass a path to a YAML device profile",
+        )
+    return _load_builtin(key)
+
+
+# ----------------------------------------------------------------------------------------------
+# clusters
+
+
+class Cluster(_Frozen):
+    """``num_devices`` accelerators of one type, in fast domains of ``devices_per_node``.
+
+    ``devices_per_node`` is the size of the scale-up domain actually used (8 for an HGX box, up to
+    72 for an NVL72 rack); it defaults to the device's ``scale_up.domain``, may not exceed it, and
+    must divide ``num_devices``. A job smaller than one domain uses ``num_devices`` of it.
+    """
+
+    device: DeviceProfile
+    num_devices: int
+    devices_per_node: int = 0  # 0 -> the device's scale-up domain (resolved on construction)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise DeviceError(f"invalid cluster: {_format_validation(exc)}") from None
+
+    @field_validator("devices_per_node", mode="before")
+    @classmethod
+    def _none_is_default(cls, v: Any) -> Any:
+        return 0 if v is None else v
+
+    @model_validator(mode="after")
+    def _resolve(self) -> Cluster:
+        device, n, dpn = self.device, self.num_devices, self.devices_per_node
+        dev_id, domain = device.id, device.scale_up.domain
+        if n <= 0:
+            raise DeviceError(
+                f"a cluster of {n} {dev_id} devices is impossible", hint="num_devices must be at least 1"
+            )
+        if dpn < 0:
+            raise DeviceError(
+                f"devices_per_node={dpn} is negative",
+                hint=f"omit it to use the {dev_id} scale-up domain ({domain})",
+            )
+        dpn = dpn or domain
+        if dpn > domain:
+            raise DeviceError(
+                f"devices_per_node={dpn} exceeds the {dev_id} scale-up domain of {domain} "
+                f"({device.scale_up.fabric})",
+                hint=f"use devices_per_node <= {domain}",
+            )
+        if n < dpn:
+            dpn = n  # a job smaller than one domain: one partial node
+        elif n % dpn:
+            lower, upper = (n // dpn) * dpn, (n // dpn + 1) * dpn
+            divisor = next(d for d in range(dpn, 0, -1) if n % d == 0)
+            raise DeviceError(
+                f"{n} {dev_id} devices do not fill whole nodes of {dpn}",
+                hint=f"use {lower} or {upper} devices, or devices_per_node={divisor}",
+            )
+        object.__setattr__(self, "devices_per_node", dpn)  # frozen: resolve the default once, here
+        return self
+
+    @property
+    def num_nodes(self) -> int:
+        return self.num_devices // self.devices_per_node
+
+
+def load_cluster(
+    device: str | Path | DeviceProfile, num_devices: int, devices_per_node: int | None = None
+) -> Cluster:
+    """A :class:`Cluster` of ``num_devices`` of ``device`` (an id, a YAML path or a profile)."""
+    profile = device if isinstance(device, DeviceProfile) else load_device(device)
+    return Cluster(device=profile, num_devices=num_devices, devices_per_node=devices_per_node)
