@@ -82,7 +82,7 @@ class Layout(BaseModel):
             parts.append(f"cp{self.cp}")
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
-        if self.etp != 1:
+        if self.ep > 1 and self.etp != 1:
             parts.append(f"etp{self.etp}")
         parts.append(f"z{self.zero}")
         if self.shard_group:

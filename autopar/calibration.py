@@ -1,0 +1,114 @@
+"""Calibration files: fitted coefficients per device type, with their provenance.
+
+A calibration file (YAML) overrides the efficiency coefficients of device profiles. The shipped
+default, ``cost_models/calibration/default.yaml``, was fitted to the published runs (see README,
+"How the coefficients were obtained"); ``autopar calibrate`` writes files of the same schema from
+local microbenchmarks and ``--calibration FILE`` selects one.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autopar.errors import AutoparError
+from autopar.latency import Coefficients
+
+# Coefficients that are not device properties (how runtimes overlap communication with compute).
+GLOBAL_DEFAULTS: dict[str, float] = {
+    "overlap_contention": 0.15,   # compute slowdown per second of overlapped communication
+    "kernel_overhead_us": 30.0,   # per layer per micro-batch (fwd+bwd+recompute launches and syncs)
+}
+
+
+class DeviceCoefficients(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gemm: dict[str, float] = Field(default_factory=dict)
+    gemm_half_dim: float | None = None
+    attention: float | None = None
+    hbm: float | None = None
+    scale_up_bus: float | None = None
+    scale_out_bus: float | None = None
+    scale_up_latency_us: float | None = None
+    scale_out_latency_us: float | None = None
+
+
+class Calibration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_: str = Field("autopar.calibration/v1", alias="schema")
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    global_: dict[str, float] = Field(default_factory=dict, alias="global")
+    devices: dict[str, DeviceCoefficients] = Field(default_factory=dict)
+
+    def device(self, device_id: str) -> DeviceCoefficients:
+        return self.devices.get(device_id, DeviceCoefficients())
+
+    def global_value(self, key: str) -> float:
+        return float(self.global_.get(key, GLOBAL_DEFAULTS[key]))
+
+
+def default_calibration_path() -> Path:
+    return Path(str(resources.files("autopar.cost_models") / "calibration" / "default.yaml"))
+
+
+@lru_cache(maxsize=16)
+def _load(path: str) -> Calibration:
+    p = Path(path)
+    if not p.is_file():
+        raise AutoparError(f"calibration file {path} does not exist", "pass an existing --calibration FILE")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise AutoparError(f"calibration file {path} is not valid YAML: {exc}".splitlines()[0],
+                           "fix the YAML syntax") from None
+    try:
+        return Calibration.model_validate(raw or {})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(x) for x in err["loc"])
+        raise AutoparError(f"calibration file {path}: {key}: {err['msg']}",
+                           "see cost_models/calibration/default.yaml for the schema") from None
+
+
+def load_calibration(path: str | Path | None = None) -> Calibration:
+    """The calibration at ``path``, or the shipped default (an empty one if none ships)."""
+    if path is None:
+        p = default_calibration_path()
+        return _load(str(p)) if p.is_file() else Calibration()
+    return _load(str(Path(path).resolve()))
+
+
+def coefficients_for(device, calibration: Calibration | None = None) -> tuple[Coefficients, dict[str, float]]:
+    """Merge a device profile's efficiencies with a calibration's overrides.
+
+    Returns the compute coefficients and the link efficiencies/latencies (for :class:`Links`).
+    """
+    cal = calibration or load_calibration()
+    dc = cal.device(device.id)
+    eff = device.efficiency
+    gemm = {**eff.gemm, **dc.gemm}
+    peak = {k: v * 1e12 for k, v in device.peak_tflops.items()}
+    hbm = dc.hbm if dc.hbm is not None else eff.hbm
+    co = Coefficients(
+        peak_flops=peak,
+        gemm_eff=gemm,
+        gemm_half_dim=dc.gemm_half_dim if dc.gemm_half_dim is not None else eff.gemm_half_dim,
+        attention_eff=dc.attention if dc.attention is not None else eff.attention,
+        hbm_bw=device.memory_bw_gbps * 1e9 * hbm,
+        overlap_contention=cal.global_value("overlap_contention"),
+        kernel_overhead_s=cal.global_value("kernel_overhead_us") * 1e-6,
+    )
+    links = {
+        "scale_up_bus": dc.scale_up_bus if dc.scale_up_bus is not None else eff.scale_up_bus,
+        "scale_out_bus": dc.scale_out_bus if dc.scale_out_bus is not None else eff.scale_out_bus,
+    }
+    if dc.scale_up_latency_us is not None:
+        links["scale_up_latency_us"] = dc.scale_up_latency_us
+    if dc.scale_out_latency_us is not None:
+        links["scale_out_latency_us"] = dc.scale_out_latency_us
+    return co, links

@@ -1,0 +1,104 @@
+"""Score many training layouts at once: legality, memory, step time, energy and derived metrics.
+
+``evaluate`` is the one code path behind ``predict`` (a table of one row) and ``recommend``
+(millions of rows), so the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar import collectives as C
+from autopar.calibration import Calibration, coefficients_for, load_calibration
+from autopar.energy import energy_per_step
+from autopar.latency import TIME_COMPONENTS, step_time_breakdown
+from autopar.layout import PRECISION_CODES, LayoutTable
+from autopar.legality import Context, legality_mask
+from autopar.memory import MEMORY_COMPONENTS, layer_params_per_rank, memory_breakdown, stage_shape
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """Everything but the layout: the model, the cluster and the training workload."""
+
+    model: object          # autopar.model.ModelSpec
+    device: object         # autopar.hardware.DeviceProfile
+    num_devices: int
+    devices_per_node: int
+    seq_len: int
+    global_batch: int
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch
+
+
+def stage_param_counts(model, lay: LayoutTable) -> dict[str, np.ndarray]:
+    """Non-expert and routed-expert parameters per rank on the heaviest pipeline stage."""
+    st = stage_shape(model, lay)
+    dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
+    tp = lay["tp"].astype(np.float64)
+    pp = lay["pp"]
+    embed = model.embedding_params / tp
+    head = model.head_params / tp + model.final_norm_params
+    first = st.first_dense * dense_p + st.first_moe * moe_p + embed + np.where(pp == 1, head, 0.0)
+    last = st.last_dense * dense_p + st.last_moe * moe_p + head + np.where(pp == 1, 0.0, 0.0)
+    return {
+        "nonexpert": np.maximum(first, last),
+        "expert": np.maximum(st.first_moe, st.last_moe) * expert_p,
+    }
+
+
+def evaluate(job: TrainingJob, lay: LayoutTable, *, calibration: Calibration | None = None,
+             check_legal: bool = True) -> dict[str, np.ndarray]:
+    """Arrays over layouts: ``legal``, ``fits``, memory and time breakdowns, metrics, energy."""
+    model, dev = job.model, job.device
+    cal = calibration or load_calibration()
+    co, link_coeffs = coefficients_for(dev, cal)
+    links = C.Links.from_cluster(dev, job.devices_per_node, link_coeffs)
+    n = len(lay)
+    if check_legal:
+        ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in dev.peak_tflops)
+        legal, _ = legality_mask(model, lay, ctx)
+    else:
+        legal = np.ones(n, dtype=bool)
+
+    mem = memory_breakdown(model, lay, seq_len=job.seq_len)
+    capacity = dev.memory_gb * 1e9
+    fits = mem["total"] <= capacity
+
+    params = stage_param_counts(model, lay)
+    t = step_time_breakdown(model, lay, seq_len=job.seq_len, links=links, co=co, param_counts=params)
+    step = t["step_time"]
+    tokens = float(job.tokens_per_step)
+    tps_dev = tokens / (step * job.num_devices)
+    model_flops = model.flops_per_token(job.seq_len, attention=True, causal=False) * tokens
+    # MFU against the dense peak of the layout's GEMM precision (PaLM App. B convention: attention
+    # FLOPs counted without causal halving; the logits GEMM included).
+    peak = np.array([co.peak(p) for p in PRECISION_CODES])[lay["precision"]]
+    mfu = model_flops / (step * job.num_devices * peak)
+    energy = energy_per_step(dev, t, num_devices=job.num_devices, peak_flops=peak,
+                             model_flops_per_device=model_flops / job.num_devices)
+
+    out: dict[str, np.ndarray] = {
+        "legal": legal,
+        "fits": fits & legal,
+        "step_time_s": step,
+        "tokens_per_s_per_device": tps_dev,
+        "mfu": mfu,
+        "memory_bytes": mem["total"],
+        "memory_capacity_bytes": np.full(n, capacity),
+        "memory_stage": mem["stage"],
+        "comm_exposed_s": t["comm_exposed"],
+        "comm_total_s": t["comm_total"],
+        "exposed_comm_fraction": t["comm_exposed"] / step,
+        "energy_j_per_step": energy["energy_j"],
+        "avg_power_w": energy["avg_power_w"],
+    }
+    for k in MEMORY_COMPONENTS:
+        out[f"mem_{k}"] = mem[k]
+    for k in TIME_COMPONENTS:
+        out[f"time_{k}"] = t[k]
+    return out

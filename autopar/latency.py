@@ -1,0 +1,270 @@
+"""Step time of training layouts, vectorized over a :class:`LayoutTable`.
+
+step = (m·v + (p-1)) slots of one pipeline chunk (Narayanan et al. 2021: bubble (p-1)/(v·m))
+     + exposed PP send/recv + exposed data-parallel/ZeRO communication + optimizer step.
+One micro-batch on one stage = GEMMs (roofline with shape-dependent efficiency), attention
+(FlashAttention-class kernels at a calibrated fraction of peak), memory-bound elementwise work,
+recomputation, and the exposed part of TP/SP, CP and EP communication. Communication that overlaps
+compute still slows it by ``overlap_contention`` of its duration (collective kernels share SMs and
+HBM). Every term is a numpy array over layouts; breakdowns sum to ``step_time``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar import collectives as C
+from autopar.layout import PRECISION_CODES, LayoutTable
+from autopar.memory import REC_FULL, REC_SELECTIVE, stage_shape
+
+ACT_BYTES = 2.0
+
+TIME_COMPONENTS = (
+    "gemm", "attention", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm",
+    "pp_comm", "dp_comm", "pipeline_bubble", "optimizer",
+)
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """The fitted coefficients of one device type; each has a physical meaning (README)."""
+
+    peak_flops: dict[str, float]      # FLOP/s dense per precision
+    gemm_eff: dict[str, float]        # achieved fraction of peak for large GEMMs
+    gemm_half_dim: float              # GEMM dimension at which efficiency halves (tile/wave effects)
+    attention_eff: float              # FlashAttention-class achieved fraction of bf16 peak
+    hbm_bw: float                     # achieved HBM bytes/s for memory-bound kernels
+    overlap_contention: float         # compute slowdown per second of overlapped communication
+    kernel_overhead_s: float          # fixed per-layer per-micro-batch launch/sync cost (fwd+bwd)
+    host_bw: float = 50e9             # host memory bandwidth share for an offloaded optimizer step
+    pcie_bw: float = 25e9             # host<->device bytes/s for optimizer offload
+
+    def peak(self, precision: str) -> float:
+        return self.peak_flops.get(precision) or self.peak_flops["bf16"]
+
+
+def _gemm_time(co: Coefficients, flops_peak: np.ndarray, eff_max: np.ndarray, M, N, K) -> np.ndarray:
+    """Roofline time of one GEMM (M×K by K×N) with efficiency falling for small N, K (tiles/waves)."""
+    M = np.maximum(np.asarray(M, dtype=np.float64), 1.0)
+    N = np.maximum(np.asarray(N, dtype=np.float64), 1.0)
+    K = np.maximum(np.asarray(K, dtype=np.float64), 1.0)
+    hd = co.gemm_half_dim
+    shape = 1.0 / (1.0 + hd / M + hd / N + hd / K)
+    flops = 2.0 * M * N * K
+    compute = flops / (flops_peak * eff_max * shape / (1.0 / (1.0 + 3.0 * hd / 16384.0)))
+    traffic = ACT_BYTES * (M * K + K * N + M * N) / co.hbm_bw
+    return np.maximum(compute, traffic)
+
+
+def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links, co: Coefficients,
+                        param_counts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Seconds per optimizer step by component, plus ``step_time`` and communication totals."""
+    n = len(lay)
+    tp = lay["tp"].astype(np.float64)
+    pp = lay["pp"].astype(np.float64)
+    vpp = lay["vpp"].astype(np.float64)
+    cp = lay["cp"].astype(np.float64)
+    dp = lay["dp"].astype(np.float64)
+    ep = lay["ep"].astype(np.float64)
+    etp = lay["etp"].astype(np.float64)
+    mb = lay["micro_batch"].astype(np.float64)
+    m = lay["grad_accum"].astype(np.float64)
+    sp = lay["sp"] > 0
+    rec = lay["recompute"]
+    prec_code = lay["precision"]
+    h = float(model.hidden)
+
+    # Per-precision GEMM peak and efficiency (attention and elementwise stay bf16: FP8 recipes
+    # only run GEMMs in FP8, data README caveat 2).
+    peak = np.empty(n)
+    geff = np.empty(n)
+    for code, name in enumerate(PRECISION_CODES):
+        sel = prec_code == code
+        if sel.any():
+            peak[sel] = co.peak(name)
+            geff[sel] = co.gemm_eff.get(name, co.gemm_eff["bf16"])
+    bf16_peak = co.peak("bf16")
+    is_fp8 = prec_code == PRECISION_CODES.index("fp8")
+
+    s_loc = seq_len / cp
+    T = mb * s_loc  # tokens per rank per micro-batch (before SP sharding)
+
+    # ---- GEMMs of one layer, forward, per rank --------------------------------------------
+    a, g = model.heads, model.kv_heads
+    def gt(M, N, K):  # noqa: E306
+        return _gemm_time(co, peak, geff, M, N, K)
+
+    if model.is_mla:
+        qd = model.heads * model.qk_head_dim
+        attn_gemm = (
+            (gt(T, model.q_lora_rank, h) + gt(T, qd / tp, model.q_lora_rank)) if model.q_lora_rank
+            else gt(T, qd / tp, h)
+        ) + gt(T, model.kv_lora_rank + model.qk_rope_head_dim, h) + gt(
+            T, a * (model.qk_nope_head_dim + model.v_dim) / tp, model.kv_lora_rank) + gt(T, h, a * model.v_dim / tp)
+    else:
+        attn_gemm = gt(T, (a * model.head_dim + 2 * g * model.head_dim) / tp, h) + gt(T, h, a * model.head_dim / tp)
+    up_mult = 2.0 if model.gated_mlp else 1.0
+
+    def mlp_gemm(F, M, width_div):
+        return gt(M, up_mult * F / width_div, h) + gt(M, h, F / width_div)
+
+    dense_mlp = mlp_gemm(model.ffn_hidden, T, tp) if model.ffn_hidden else np.zeros(n)
+    if model.is_moe:
+        # Tokens per local expert: each rank receives its tokens' top-k copies (balanced routing).
+        tok_per_expert = T * model.moe_topk * ep / model.num_experts * (tp / etp)
+        local_experts = model.num_experts / ep
+        expert = local_experts * mlp_gemm(model.moe_ffn_hidden, tok_per_expert, etp) / (tp / etp)
+        shared = mlp_gemm(model.shared_expert_ffn, T, tp) if model.shared_expert_ffn else 0.0
+        router = gt(T, model.num_experts, h)
+        moe_mlp = expert + shared + router
+    else:
+        moe_mlp = np.zeros(n)
+
+    # ---- attention core (FlashAttention): fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd ----------------
+    window = model.sliding_window or 0
+    s_kv_full = float(seq_len)
+    def attn_fwd(s_kv):  # noqa: E306
+        fl = 2.0 * mb * s_loc * s_kv * (a / tp) * (model.qk_head_dim + model.v_dim) * 0.5
+        eff = co.attention_eff * s_kv / (s_kv + co.gemm_half_dim)
+        return fl / (bf16_peak * eff)
+    if window and model.sliding_window_layers:
+        frac_sw = model.sliding_window_layers / model.layers
+        attn_f = (1 - frac_sw) * attn_fwd(s_kv_full) + frac_sw * attn_fwd(min(window, s_kv_full))
+    else:
+        attn_f = attn_fwd(s_kv_full)
+
+    # ---- memory-bound elementwise work per layer (bytes moved, fwd) ------------------------------
+    sp_div = np.where(sp, tp, 1.0)
+    act_f = model.ffn_hidden if model.ffn_hidden else model.moe_ffn_hidden * model.moe_topk
+    per_tok = (
+        2 * 2 * h / sp_div            # two norms: read + write
+        + 2 * 3 * h / sp_div          # two residual adds: 2 reads + 1 write
+        + (3.0 if model.gated_mlp else 2.0) * act_f / tp  # activation function
+        + 2 * (a + g) * model.qk_head_dim / tp            # RoPE on q and k
+    )
+    fp8_casts = np.where(is_fp8, 1.5 * (4 * h + act_f) / tp, 0.0)  # quantize inputs of each GEMM
+    elem_f = T * ACT_BYTES * (per_tok + fp8_casts) / co.hbm_bw
+
+    st = stage_shape(model, lay)
+    n_dense = np.maximum(st.first_dense, st.last_dense).astype(np.float64)
+    n_moe = np.maximum(st.first_moe, st.last_moe).astype(np.float64)
+    n_layers = n_dense + n_moe
+    chunk = vpp  # each pipeline rank runs its layers as v chunks; slot time is per chunk
+
+    gemm_f = n_dense * (attn_gemm + dense_mlp) + n_moe * (attn_gemm + moe_mlp)
+    attn_tot_f = n_layers * attn_f
+    elem_tot_f = n_layers * elem_f
+    # LM head + loss on the last stage (vocab-parallel over tp).
+    head_f = gt(T, model.vocab / tp, h) + T * model.vocab / tp * 4.0 * 2 / co.hbm_bw
+    gemm_f = gemm_f + head_f
+
+    fwd = gemm_f + attn_tot_f + elem_tot_f
+    bwd = 2.0 * gemm_f + 2.5 * attn_tot_f + 2.0 * elem_tot_f
+    recompute = np.select(
+        [rec == REC_FULL, rec == REC_SELECTIVE],
+        [fwd - head_f, attn_tot_f], default=0.0,
+    )
+    overhead = co.kernel_overhead_s * n_layers
+
+    # ---- TP / SP (Megatron: 2 all-reduces fwd + 2 bwd per layer; RS+AG with SP: same bytes) -------
+    tp_bytes = T * h * ACT_BYTES
+    tp_one = C.all_reduce(links, tp_bytes, tp, np.ones(n))
+    n_tp_coll = 4.0 + np.where(rec == REC_FULL, 2.0, 0.0)
+    tp_comm = n_layers * n_tp_coll * tp_one
+    # ---- CP ring attention: (c-1) KV chunks per layer fwd, 2x bwd; hidden behind attention -------
+    kv_elems = (model.kv_lora_rank + model.qk_rope_head_dim) if model.is_mla else 2 * g * model.head_dim
+    cp_chunk = mb * s_loc * kv_elems * ACT_BYTES / np.where(model.is_mla, 1.0, tp)
+    bw_cp, inter_cp = C.bus_bandwidth(links, cp, tp)
+    cp_raw = np.where(cp > 1, 3.0 * (cp - 1.0) * cp_chunk / bw_cp, 0.0) * n_layers
+    cp_comm = np.maximum(cp_raw - (attn_tot_f * 3.5), 0.0)
+    cp_hidden = cp_raw - cp_comm
+    # ---- EP all-to-all: dispatch + combine, fwd and bwd, per MoE layer ----------------------------
+    if model.is_moe:
+        a2a_bytes = T / sp_div * model.moe_topk * h * ACT_BYTES
+        ep_comm = n_moe * 4.0 * C.all_to_all(links, a2a_bytes, ep, etp)
+    else:
+        ep_comm = np.zeros(n)
+
+    slot = fwd + bwd + recompute + overhead + tp_comm + cp_comm + ep_comm  # one micro-batch, whole stage
+    contention_mb = co.overlap_contention * cp_hidden
+    slot = slot + contention_mb
+    pipeline = m * slot
+    bubble = (pp - 1.0) / chunk * slot
+
+    # ---- PP send/recv: act fwd + grad bwd per micro-batch chunk, on the critical path --------------
+    pp_bytes = T * h * ACT_BYTES / sp_div
+    pp_inter = (tp * cp * dp) >= links.devices_per_node
+    pp_one = C.p2p(links, pp_bytes, pp_inter)
+    pp_comm = np.where(pp > 1, 2.0 * pp_one * (m * vpp + pp - 1.0), 0.0)
+
+    # ---- data parallel / ZeRO ------------------------------------------------------------------------
+    dense_params = param_counts["nonexpert"]  # per rank on the heaviest stage
+    exp_params = param_counts["expert"]
+    zero = lay["zero"]
+    dpcp = dp * cp
+    shard = np.where(lay["shard_group"] > 0, lay["shard_group"], dpcp).astype(np.float64)
+    replicas = dpcp / shard
+    edp = tp * cp * dp / (ep * etp)
+    gbytes = ACT_BYTES  # bf16 gradients on the wire
+    stride_dp = tp
+
+    def grad_sync(params, group, stride):
+        ar = C.all_reduce(links, params * gbytes, group, stride)
+        rs = C.reduce_scatter(links, params * gbytes, group, stride)
+        return ar, rs
+
+    def dp_costs(params, group_size, rep):
+        ar_full, rs = grad_sync(params, group_size, stride_dp)
+        ag = C.all_gather(links, params * ACT_BYTES, group_size, stride_dp)
+        ar_rep = C.all_reduce(links, params / group_size * gbytes, rep, stride_dp * group_size)
+        # per step: (per-micro-batch part, once-per-step part)
+        per_mb = np.select([zero >= 3, zero == 2], [2.0 * ag + rs + ar_rep, rs + ar_rep], default=0.0)
+        per_step = np.select([zero >= 3, zero == 2, zero == 1], [0.0, ag, rs + ar_rep + ag],
+                             default=C.all_reduce(links, params * gbytes, group_size * rep, stride_dp))
+        return per_mb, per_step
+
+    d_mb, d_step = dp_costs(dense_params, shard, replicas)
+    e_shard = np.minimum(shard, edp)
+    e_mb, e_step = dp_costs(exp_params, e_shard, edp / e_shard) if model.is_moe else (0.0, 0.0)
+    dp_per_mb = d_mb + e_mb
+    dp_per_step = d_step + e_step
+    # Overlap windows: ZeRO-3 gathers/reductions hide behind each micro-batch's compute; the
+    # once-per-step gradient reduction hides behind the last micro-batch's backward.
+    mb_compute = fwd + bwd + recompute
+    exposed_mb = np.maximum(dp_per_mb - mb_compute, 0.0)
+    exposed_step = np.maximum(dp_per_step - bwd, 0.0)
+    dp_exposed = m * exposed_mb + exposed_step
+    dp_hidden = (m * dp_per_mb + dp_per_step) - dp_exposed
+    dp_comm = dp_exposed + co.overlap_contention * dp_hidden
+
+    # ---- optimizer step (memory bound: ~28 bytes per locally optimized parameter) ------------------
+    local_opt = np.where(zero >= 1, dense_params / shard, dense_params) + np.where(
+        zero >= 1, exp_params / np.minimum(shard, edp), exp_params)
+    opt_gpu = local_opt * 28.0 / co.hbm_bw
+    opt_cpu = local_opt * 16.0 / co.host_bw + local_opt * 4.0 * 2 / co.pcie_bw
+    optimizer = np.where(lay["offload"] > 0, opt_cpu, opt_gpu)
+
+    # ---- assemble; split the pipeline slots into their components ---------------------------------
+    parts = {
+        "gemm": 3.0 * gemm_f,
+        "attention": 3.5 * attn_tot_f,
+        "elementwise": 3.0 * elem_tot_f + overhead + contention_mb,
+        "recompute": recompute,
+        "tp_comm": tp_comm,
+        "cp_comm": cp_comm,
+        "ep_comm": ep_comm,
+    }
+    out = {k: m * v for k, v in parts.items()}
+    out["pp_comm"] = pp_comm
+    out["dp_comm"] = dp_comm
+    out["pipeline_bubble"] = bubble
+    out["optimizer"] = optimizer
+    out["step_time"] = sum(out[k] for k in TIME_COMPONENTS)
+    total_comm = m * (tp_comm + cp_raw + ep_comm) + pp_comm + m * dp_per_mb + dp_per_step
+    exposed_comm = m * (tp_comm + cp_comm + ep_comm) + pp_comm + dp_exposed
+    out["comm_total"] = total_comm
+    out["comm_exposed"] = exposed_comm
+    out["compute_busy"] = m * (fwd + bwd + recompute)
+    return out

@@ -1,0 +1,238 @@
+"""Per-device memory of training layouts, vectorized over a :class:`LayoutTable`.
+
+Model state follows ZeRO (Rajbhandari et al. 2020, arXiv 1910.02054): 2-byte weights, 2-byte
+gradients and K = 12 bytes of fp32 Adam state (master weights, momentum, variance) per parameter,
+sharded by stage. Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Table 2),
+generalized to GQA, gated MLPs, MoE, MLA, FlashAttention, sequence and context parallelism and each
+recompute mode. The reported device is the most loaded pipeline stage (first or last).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopar.layout import RECOMPUTE_CODES, LayoutTable
+
+GIB = float(1 << 30)
+WEIGHT_BYTES = 2.0  # bf16/fp16 working weights (FP8 recipes keep bf16 weights plus transient casts)
+GRAD_BYTES = 2.0
+OPTIM_BYTES = 12.0  # fp32 master + Adam m + v
+# Per process-group communication buffers (NCCL channels, ~0.35-0.4 GB per group: AIConfigurator,
+# REFERENCE Part D) and the allocator/framework reserve (CUDA context, cuBLAS/TE workspaces).
+COMM_BUFFER_BYTES = 0.4e9
+FRAMEWORK_RESERVE_BYTES = 2.0 * GIB
+# Caching-allocator fragmentation on activations (fraction); measured 5-15% in PyTorch traces.
+FRAGMENTATION = 0.10
+# Bytes per stored logit: bf16 logits plus the fp32 copy the cross-entropy keeps for backward.
+LOGIT_BYTES = 6.0
+
+REC_NONE, REC_SELECTIVE, REC_FULL = (RECOMPUTE_CODES.index(x) for x in ("none", "selective", "full"))
+
+MEMORY_COMPONENTS = (
+    "weights", "gradients", "optimizer", "activations", "embeddings_logits",
+    "zero3_buffers", "comm_buffers", "framework_reserve",
+)
+
+
+@dataclass(frozen=True)
+class StageShape:
+    """How many dense and MoE layers the first and the last pipeline stage hold (arrays)."""
+
+    first_dense: np.ndarray
+    first_moe: np.ndarray
+    last_dense: np.ndarray
+    last_moe: np.ndarray
+    layers_per_stage: np.ndarray
+
+
+def stage_shape(model, lay: LayoutTable) -> StageShape:
+    """Layers per stage with ceil division (the slowest/heaviest stage decides)."""
+    pp = lay["pp"]
+    lps = -(-model.layers // pp)
+    if model.moe_layers == 0:
+        zero = np.zeros_like(lps)
+        return StageShape(lps, zero, lps, zero, lps)
+    if model.first_dense_layers or model.moe_layers == model.layers:
+        first_dense = np.minimum(model.first_dense_layers, lps)
+        first_moe = lps - first_dense
+        last_moe = np.minimum(model.moe_layers, lps)
+        last_dense = lps - last_moe
+    else:  # interleaved MoE layers (e.g. every other layer): spread evenly
+        first_moe = np.rint(lps * model.moe_layers / model.layers).astype(np.int64)
+        first_dense = lps - first_moe
+        last_moe, last_dense = first_moe, first_dense
+    return StageShape(first_dense, first_moe, last_dense, last_moe, lps)
+
+
+def layer_params_per_rank(model, lay: LayoutTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dense layer, MoE layer non-expert part, MoE layer routed-expert part) parameters per rank."""
+    tp = lay["tp"].astype(np.float64)
+    attn = model.attn_params_per_layer / tp + model.norm_params_per_layer
+    dense = attn + model.dense_mlp_params / tp
+    moe_shared = attn + (model.shared_expert_params / tp if model.is_moe else 0.0) + (
+        model.router_params if model.is_moe else 0.0)
+    experts = (model.num_experts * model.expert_params / (lay["ep"] * lay["etp"])) if model.is_moe else 0.0 * tp
+    return dense, moe_shared, np.broadcast_to(experts, tp.shape).astype(np.float64)
+
+
+def activation_bytes_per_layer(
+    model,
+    *,
+    seq_len: float | np.ndarray,
+    micro_batch: np.ndarray,
+    tp: np.ndarray,
+    cp: np.ndarray,
+    sp: np.ndarray,
+    recompute: np.ndarray,
+    moe: bool,
+    flash_attention: bool = True,
+    dropout: bool = False,
+    ep: np.ndarray | None = None,
+) -> np.ndarray:
+    """Activation bytes one transformer layer keeps for backward, per rank, for one micro-batch.
+
+    Korthikanti et al. 2022, Table 2, term by term (16-bit activations, s = local sequence s/cp):
+    replicated across TP unless SP: two norm inputs 4sbh, QKV-GEMM input 2sbh, MLP input 2sbh,
+    dropout masks 2sbh (when dropout is used); sharded by TP: Q, K, V (2sb per element of
+    a*dq + 2*g*dk), attention output 2sb*a*dv, the MLP's intermediate tensors (GELU: 4sbF;
+    gated: 6sbF), and without FlashAttention the 5*a*s^2*b softmax/dropout term.
+    With F = 4h, MHA, dropout and no flash this is exactly s*b*h*(10 + 24/t + 5as/(ht)).
+    """
+    s = np.asarray(seq_len, dtype=np.float64) / cp
+    b = micro_batch.astype(np.float64)
+    t = tp.astype(np.float64)
+    sb = s * b
+    h = float(model.hidden)
+    sp_div = np.where(sp > 0, t, 1.0)
+    replicated = sb * h * (8.0 + (2.0 if dropout else 0.0)) / sp_div
+    if model.is_mla:
+        q_elems = model.heads * model.qk_head_dim
+        kv_elems = model.heads * (model.qk_head_dim + model.v_dim)  # up-projected K and V
+        latent = model.kv_lora_rank + model.qk_rope_head_dim + model.q_lora_rank  # compressed inputs
+        qkv = 2.0 * sb * (q_elems + kv_elems) / t + 2.0 * sb * latent / sp_div
+    else:
+        qkv = 2.0 * sb * (model.heads * model.head_dim + 2 * model.kv_heads * model.head_dim) / t
+    attn_out = 2.0 * sb * model.heads * model.v_dim / t
+    if flash_attention:
+        core = 4.0 * sb * model.heads / t  # fp32 log-sum-exp per row
+    else:
+        core = 5.0 * model.heads * s * sb / t
+    if moe:
+        k = model.moe_topk
+        f_e = model.moe_ffn_hidden
+        mult = 6.0 if model.gated_mlp else 4.0
+        # Routed copies arrive balanced: each rank handles (local tokens)*k copies of h and F_e.
+        routed = sb / sp_div * k * (2.0 * h + mult * f_e)
+        shared = mult * sb * model.shared_expert_ffn / t
+        mlp = routed + shared
+    else:
+        mult = 6.0 if model.gated_mlp else 4.0
+        mlp = mult * sb * model.ffn_hidden / t
+    full = replicated + qkv + attn_out + core + mlp
+    selective = full - core
+    checkpoint_only = 2.0 * sb * h / sp_div  # full recompute keeps the layer input only
+    return np.select(
+        [recompute == REC_FULL, recompute == REC_SELECTIVE], [checkpoint_only, selective], default=full
+    )
+
+
+def inflight_microbatches(lay: LayoutTable, num_microbatches: np.ndarray) -> np.ndarray:
+    """Micro-batches whose activations the first stage holds at the 1F1B peak (Narayanan et al. 2021).
+
+    1F1B: min(p, m); interleaved 1F1B with v chunks multiplies by 1 + (p-1)/(p*v) (Megatron estimator).
+    """
+    p = lay["pp"].astype(np.float64)
+    v = lay["vpp"].astype(np.float64)
+    m = num_microbatches.astype(np.float64)
+    base = np.minimum(p, m)
+    interleave = np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
+    return base * interleave
+
+
+def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: bool = True,
+                     dropout: bool = False) -> dict[str, np.ndarray]:
+    """Bytes per device for the most loaded pipeline stage, by component (sums to ``total``)."""
+    st = stage_shape(model, lay)
+    dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
+    tp = lay["tp"].astype(np.float64)
+    pp = lay["pp"]
+    embed = model.embedding_params / tp
+    head = (model.head_params / tp) + model.final_norm_params
+    if model.tie_embeddings:
+        head = head + np.where(pp > 1, embed, 0.0)  # the last stage keeps its own copy of the tied matrix
+    first_nonexp = st.first_dense * dense_p + st.first_moe * moe_p + embed + np.where(pp == 1, head, 0.0)
+    last_nonexp = st.last_dense * dense_p + st.last_moe * moe_p + np.where(pp == 1, embed, 0.0) + head
+    first_exp = st.first_moe * expert_p
+    last_exp = st.last_moe * expert_p
+
+    dpcp = (lay["dp"] * lay["cp"]).astype(np.float64)
+    shard = np.where(lay["shard_group"] > 0, lay["shard_group"], dpcp).astype(np.float64)
+    # Expert parameters are replicated over expert-data-parallel ranks only.
+    edp = (lay["tp"] * lay["cp"] * lay["dp"]) / (lay["ep"] * lay["etp"])
+    eshard = np.minimum(shard, edp).astype(np.float64)
+    zero = lay["zero"]
+    offload = lay["offload"] > 0
+
+    def state(nonexp: np.ndarray, exp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        w = WEIGHT_BYTES * (np.where(zero >= 3, nonexp / shard, nonexp) + np.where(zero >= 3, exp / eshard, exp))
+        g = GRAD_BYTES * (np.where(zero >= 2, nonexp / shard, nonexp) + np.where(zero >= 2, exp / eshard, exp))
+        o = OPTIM_BYTES * (np.where(zero >= 1, nonexp / shard, nonexp) + np.where(zero >= 1, exp / eshard, exp))
+        o = np.where(offload, 0.0, o)
+        return w, g, o
+
+    wf, gf, of = state(first_nonexp, first_exp)
+    wl, gl, ol = state(last_nonexp, last_exp)
+
+    m = lay["grad_accum"]  # micro-batches per step per pipeline (global batch / (mb * dp))
+    common = dict(seq_len=seq_len, micro_batch=lay["micro_batch"], tp=lay["tp"], cp=lay["cp"],
+                  sp=lay["sp"], recompute=lay["recompute"], flash_attention=flash_attention, dropout=dropout)
+    act_dense = activation_bytes_per_layer(model, moe=False, **common)
+    act_moe = activation_bytes_per_layer(model, moe=True, **common) if model.is_moe else act_dense * 0
+    per_mb_first = st.first_dense * act_dense + st.first_moe * act_moe
+    per_mb_last = st.last_dense * act_dense + st.last_moe * act_moe
+    inflight = inflight_microbatches(lay, m)
+    # Full recompute re-materializes one layer at a time during backward: add one layer's full set.
+    full_layer = activation_bytes_per_layer(model, moe=model.is_moe, **{**common, "recompute": lay["recompute"] * 0})
+    working = np.where(lay["recompute"] == REC_FULL, full_layer, 0.0)
+    act_first = per_mb_first * inflight + working
+    last_inflight = np.where(pp > 1, 1.0, inflight)
+    act_last = per_mb_last * last_inflight + working
+
+    s_local = seq_len / lay["cp"]
+    sb = s_local * lay["micro_batch"]
+    sp_div = np.where(lay["sp"] > 0, tp, 1.0)
+    embed_out = 2.0 * sb * model.hidden / sp_div * inflight
+    logits = LOGIT_BYTES * sb * model.vocab / tp
+    emb_first = embed_out + np.where(pp == 1, logits, 0.0)
+    emb_last = logits + np.where(pp == 1, embed_out, 0.0)
+
+    max_layer = np.maximum(dense_p, moe_p + expert_p * (1 if model.is_moe else 0))
+    z3 = np.where(zero >= 3, 2.0 * max_layer * WEIGHT_BYTES + max_layer * GRAD_BYTES * 2, 0.0)
+
+    groups = ((lay["tp"] > 1).astype(float) + (lay["pp"] > 1) + (lay["cp"] > 1) + (lay["ep"] > 1)
+              + ((lay["dp"] * lay["cp"]) > 1))
+    comm = COMM_BUFFER_BYTES * groups
+    reserve = np.full(len(lay), FRAMEWORK_RESERVE_BYTES)
+
+    first_total = wf + gf + of + act_first * (1 + FRAGMENTATION) + emb_first + z3
+    last_total = wl + gl + ol + act_last * (1 + FRAGMENTATION) + emb_last + z3
+    use_first = first_total >= last_total
+    pick = lambda a, b: np.where(use_first, a, b)  # noqa: E731
+    out = {
+        "weights": pick(wf, wl),
+        "gradients": pick(gf, gl),
+        "optimizer": pick(of, ol),
+        "activations": pick(act_first, act_last) * (1 + FRAGMENTATION),
+        "embeddings_logits": pick(emb_first, emb_last),
+        "zero3_buffers": z3,
+        "comm_buffers": comm,
+        "framework_reserve": reserve,
+    }
+    out["total"] = sum(out[k] for k in MEMORY_COMPONENTS)
+    out["stage"] = np.where(use_first, 0, lay["pp"] - 1)
+    # Model state (weights + gradients + optimizer) of each end stage, for invariants and reports.
+    out["state_first"] = wf + gf + of
+    out["state_last"] = wl + gl + ol
+    return out
