@@ -1,0 +1,414 @@
+"""The exporter contract: a :class:`Job` (what a layout runs), the :class:`Exporter` ABC, the registry.
+
+Every exporter renders a resolved :class:`~autopar.layout.Layout` plus its :class:`Job` as the
+text one launcher reads, and parses that text back (``parse(render(l, j)) == (l, j)``). A layout
+feature the launcher cannot express raises :class:`ExportError`; nothing is dropped or rewritten.
+
+Job fields a launcher has no key for (the model id of a DeepSpeed JSON, the node size of a vLLM
+command, ...) travel in a one-line *autopar header*: ``# autopar-export: {json}`` at the top of
+the text (a top-level ``"autopar"`` key in JSON formats). Parsing takes every value the launcher
+expresses from the launcher's own keys and only the rest from the header; a header that
+disagrees with the launcher keys (a hand-edited file) is an error. The header also carries the
+expert tensor-parallel size of a dense layout (``ep == 1``) where the target has no ETP key: it
+has no effect there, and keeping it lets the layout round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import ValidationError
+
+from autopar.errors import AutoparError
+from autopar.layout import COLUMNS, Layout
+
+HEADER_TAG = "autopar-export"
+HEADER_VERSION = 1
+_HEADER_RE = re.compile(r"^#\s*" + HEADER_TAG + r":\s*(\{.*\})\s*$", re.MULTILINE)
+
+
+class ExportError(AutoparError):
+    """A layout (or job) that a launcher format cannot express, or text that does not parse back."""
+
+
+def unsupported(feature: str, fmt: str, hint: str | None = None) -> ExportError:
+    """The one wording for 'this target cannot say that': names the feature and the format."""
+    return ExportError(f"{feature} cannot be expressed in {fmt}", hint)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """What a layout runs: the model, the world, the workload. Keyword-only.
+
+    ``model`` is a preset id or a config path, written as given. ``num_layers`` is needed only by
+    targets that size virtual pipeline stages in layers (torchtitan with ``vpp > 2``) and is used to
+    check ``num_layers % (pp * vpp) == 0`` where known. ``device`` is the device-profile id of the
+    prediction (context only; no launcher consumes it).
+    """
+
+    model: str
+    num_devices: int
+    seq_len: int
+    global_batch: int
+    devices_per_node: int = 8
+    num_layers: int | None = None
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise ExportError(f"Job.model must be a non-empty string, got {self.model!r}",
+                              "pass a preset id or a config path")
+        for name in ("num_devices", "seq_len", "global_batch", "devices_per_node"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ExportError(f"Job.{name} must be a positive integer, got {v!r}", "pass a value >= 1")
+        if self.num_layers is not None and (isinstance(self.num_layers, bool)
+                                            or not isinstance(self.num_layers, int) or self.num_layers < 1):
+            raise ExportError(f"Job.num_layers must be a positive integer or None, got {self.num_layers!r}")
+        if self.device is not None and not isinstance(self.device, str):
+            raise ExportError(f"Job.device must be a string or None, got {self.device!r}")
+
+    @property
+    def nnodes(self) -> int:
+        """Nodes the job spans; every node runs the same number of ranks."""
+        if self.num_devices <= self.devices_per_node:
+            return 1
+        if self.num_devices % self.devices_per_node:
+            raise ExportError(
+                f"num_devices={self.num_devices} is not a multiple of devices_per_node={self.devices_per_node}",
+                "launchers start the same number of ranks on every node; use whole nodes")
+        return self.num_devices // self.devices_per_node
+
+    @property
+    def nproc_per_node(self) -> int:
+        return self.num_devices // self.nnodes
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Job:
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ExportError(f"unknown job field(s) {unknown}", f"known: {sorted(names)}")
+        missing = sorted(n for n in ("model", "num_devices", "seq_len", "global_batch") if d.get(n) is None)
+        if missing:
+            raise ExportError(f"job field(s) {missing} missing", "predict/recommend --json records carry them")
+        return cls(**{k: v for k, v in d.items() if v is not None})
+
+
+class Exporter(ABC):
+    """One launcher format. Subclasses set ``name``, ``suffix`` and ``description``.
+
+    ``serving`` exporters (vLLM, SGLang) refuse training-only settings that are not at their
+    defaults (``zero``, ``shard_group``, ``recompute``, ``grad_accum``, ``offload``): a serving
+    engine has no optimizer step, and a non-default value would mean the scored layout was a
+    training layout.
+    """
+
+    name: ClassVar[str]
+    suffix: ClassVar[str]
+    description: ClassVar[str]
+    serving: ClassVar[bool] = False
+
+    def render(self, layout: Layout, job: Job) -> str:
+        """The launcher text for ``layout`` running ``job``; raises :class:`ExportError`."""
+        check_layout_and_job(layout, job, self.name)
+        if self.serving:
+            check_serving(layout, self.name)
+        text = self._render(layout, job)
+        return text if text.endswith("\n") else text + "\n"
+
+    def parse(self, text: str) -> tuple[Layout, Job]:
+        """Read text written by :meth:`render` back into the layout and the job."""
+        layout, job = self._parse(text)
+        check_layout_and_job(layout, job, self.name)
+        return layout, job
+
+    @abstractmethod
+    def _render(self, layout: Layout, job: Job) -> str: ...
+
+    @abstractmethod
+    def _parse(self, text: str) -> tuple[Layout, Job]: ...
+
+
+EXPORTERS: dict[str, Exporter] = {}
+_E = TypeVar("_E", bound=type[Exporter])
+
+
+def register(cls: _E) -> _E:
+    """Class decorator: instantiate the exporter and file it under its ``name``."""
+    if cls.name in EXPORTERS:
+        raise ValueError(f"exporter {cls.name!r} registered twice")
+    EXPORTERS[cls.name] = cls()
+    return cls
+
+
+def get_exporter(fmt: str) -> Exporter:
+    try:
+        return EXPORTERS[fmt]
+    except KeyError:
+        raise ExportError(f"unknown export format {fmt!r}", f"use one of {', '.join(sorted(EXPORTERS))}") from None
+
+
+def export(layout: Layout, fmt: str, job: Job) -> str:
+    """Render ``layout`` for ``job`` in format ``fmt`` (a key of :data:`EXPORTERS`)."""
+    return get_exporter(fmt).render(layout, job)
+
+
+def parse(text: str, fmt: str) -> tuple[Layout, Job]:
+    """Parse text written by ``export(..., fmt, ...)`` back into ``(layout, job)``."""
+    return get_exporter(fmt).parse(text)
+
+
+def layout_and_job_from_json(d: Mapping[str, Any]) -> tuple[Layout, Job]:
+    """Read one record of ``predict --json`` / ``recommend --json`` (a flat dict).
+
+    Layout fields and job fields are taken by name; metric keys (step time, memory, reasons, ...)
+    are ignored. A missing layout field takes the Layout default; a missing job field is an error.
+    """
+    if not isinstance(d, Mapping):
+        raise ExportError(f"expected a JSON object (one predict/recommend record), got {type(d).__name__}")
+    lay = {k: d[k] for k in COLUMNS if k in d}
+    layout = build_layout(lay, "the JSON record")
+    job_keys = {f.name for f in fields(Job)}
+    job = Job.from_dict({k: d[k] for k in job_keys if k in d})
+    check_layout_and_job(layout, job, "the JSON record")
+    return layout, job
+
+
+# ---------------------------------------------------------------------------------------------
+# checks shared by every format
+
+
+def check_layout_and_job(layout: Layout, job: Job, fmt: str) -> None:
+    """Identities every launcher relies on; a mismatch means the pair was not scored together."""
+    if layout.num_devices != job.num_devices:
+        raise ExportError(
+            f"layout uses tp*pp*cp*dp = {layout.tp}*{layout.pp}*{layout.cp}*{layout.dp} = {layout.num_devices} "
+            f"devices but the job has num_devices={job.num_devices} ({fmt})",
+            "export the layout with the job it was resolved for")
+    if layout.global_batch != job.global_batch:
+        raise ExportError(
+            f"layout batch micro_batch*grad_accum*dp = {layout.micro_batch}*{layout.grad_accum}*{layout.dp} = "
+            f"{layout.global_batch} != job global_batch={job.global_batch} ({fmt})",
+            "export the layout with the job it was resolved for")
+    expert_width = layout.ep * layout.etp
+    dense_width = layout.tp * layout.cp * layout.dp
+    if dense_width % expert_width:
+        raise ExportError(f"ep*etp = {layout.ep}*{layout.etp} = {expert_width} does not divide "
+                          f"tp*cp*dp = {dense_width} ({fmt})", "expert ranks are carved out of tp*cp*dp")
+    if layout.sp and layout.tp == 1:
+        raise ExportError(f"sequence parallel (sp=True) with tp=1 ({fmt})",
+                          "sequence parallelism shards along the tensor-parallel group; set sp=False")
+    if layout.vpp > 1 and layout.pp == 1:
+        raise ExportError(f"virtual pipeline stages (vpp={layout.vpp}) without pipeline parallelism ({fmt})",
+                          "vpp > 1 needs pp > 1")
+    if job.num_layers is not None and job.num_layers % (layout.pp * layout.vpp):
+        raise ExportError(f"num_layers={job.num_layers} is not divisible by pp*vpp = {layout.pp}*{layout.vpp} ({fmt})",
+                          "choose pp and vpp that split the layers evenly")
+    job.nnodes  # noqa: B018  (raises on a partial last node)
+
+
+def check_sharding(layout: Layout, fmt: str) -> None:
+    """For launcher formats: a shard group and optimizer offload both need a sharded optimizer."""
+    if layout.shard_group:
+        if layout.zero == 0:
+            raise unsupported(f"shard_group={layout.shard_group} without ZeRO/FSDP (zero=0)", fmt,
+                              "a shard group only means something with zero >= 1")
+        if (layout.dp * layout.cp) % layout.shard_group:
+            raise ExportError(f"shard_group={layout.shard_group} does not divide dp*cp = "
+                              f"{layout.dp * layout.cp} ({fmt})")
+    if layout.offload and layout.zero == 0:
+        raise unsupported("optimizer offload without a sharded optimizer (offload=True, zero=0)", fmt,
+                          "the launcher offloads the distributed/ZeRO optimizer; use zero >= 1")
+
+
+def check_serving(layout: Layout, fmt: str) -> None:
+    """Serving engines have no optimizer: training-only settings must be at their defaults."""
+    for name, default in (("zero", 0), ("shard_group", 0), ("recompute", "none"), ("grad_accum", 1),
+                          ("offload", False)):
+        v = getattr(layout, name)
+        if v != default:
+            raise unsupported(f"training-only setting {name}={v}", fmt,
+                              f"a serving engine has no optimizer step; {name} must be {default!r}")
+
+
+def build_layout(values: Mapping[str, Any], fmt: str) -> Layout:
+    try:
+        return Layout(**values)
+    except ValidationError as e:
+        errs = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors())
+        raise ExportError(f"{fmt} text does not describe a valid layout: {errs}") from None
+
+
+def canonical_shard_group(layout: Layout) -> int:
+    """``shard_group`` as launchers express it: 0 when the group is all dp*cp ranks."""
+    return 0 if layout.shard_group in (0, layout.dp * layout.cp) else layout.shard_group
+
+
+def shard_instances(layout: Layout) -> int:
+    """Replicas of the sharded state (HSDP outer size): dp*cp / shard size."""
+    return (layout.dp * layout.cp) // layout.shard_size
+
+
+# ---------------------------------------------------------------------------------------------
+# the autopar header
+
+
+def header_payload(fmt: str, job: Job, inert: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"format": fmt, "version": HEADER_VERSION, "job": job.to_dict()}
+    if inert:
+        out["inert"] = dict(inert)
+    return out
+
+
+def header_line(fmt: str, job: Job, inert: Mapping[str, Any] | None = None) -> str:
+    body = json.dumps(header_payload(fmt, job, inert), sort_keys=True, separators=(",", ":"))
+    return f"# {HEADER_TAG}: {body}"
+
+
+def read_header(text: str, fmt: str, *, required: bool = True) -> dict[str, Any] | None:
+    """The header dict of ``text`` (from a ``# autopar-export:`` line)."""
+    found = _HEADER_RE.findall(text)
+    if not found:
+        if required:
+            raise ExportError(f"no '# {HEADER_TAG}:' header line in the {fmt} text",
+                              "parse reads text written by `autopar export`")
+        return None
+    if len(found) > 1:
+        raise ExportError(f"{len(found)} '# {HEADER_TAG}:' header lines in the {fmt} text", "keep exactly one")
+    try:
+        payload = json.loads(found[0])
+    except json.JSONDecodeError as e:
+        raise ExportError(f"malformed {HEADER_TAG} header in the {fmt} text: {e}") from None
+    return check_header(payload, fmt)
+
+
+def check_header(payload: Any, fmt: str) -> dict[str, Any]:
+    if not isinstance(payload, dict) or not isinstance(payload.get("job"), dict):
+        raise ExportError(f"malformed {HEADER_TAG} header in the {fmt} text: expected an object with 'job'")
+    if payload.get("format") != fmt:
+        raise ExportError(f"the text was exported as {payload.get('format')!r}, not {fmt!r}",
+                          f"parse it with format {payload.get('format')!r}")
+    if payload.get("version") != HEADER_VERSION:
+        raise ExportError(f"{HEADER_TAG} header version {payload.get('version')!r} is not {HEADER_VERSION}")
+    unknown = set(payload) - {"format", "version", "job", "inert"}
+    if unknown:
+        raise ExportError(f"unknown {HEADER_TAG} header key(s) {sorted(unknown)} in the {fmt} text")
+    inert = payload.get("inert", {})
+    if not isinstance(inert, dict) or set(inert) - {"etp"}:
+        raise ExportError(f"malformed 'inert' entry in the {HEADER_TAG} header of the {fmt} text")
+    return payload
+
+
+def merge_job(header: Mapping[str, Any] | None, native: Mapping[str, Any], fmt: str) -> Job:
+    """The job from launcher keys (``native``) completed by the header; disagreement is an error."""
+    d: dict[str, Any] = dict(header["job"]) if header else {}
+    for k, v in native.items():
+        if k in d and d[k] is not None and d[k] != v:
+            raise ExportError(f"{fmt} text says {k}={v!r} but its {HEADER_TAG} header says {d[k]!r}",
+                              "the file was edited after export; re-export it")
+        d[k] = v
+    return Job.from_dict(d)
+
+
+def inert_etp(layout: Layout) -> dict[str, int]:
+    """ETP of a dense layout, for targets without an ETP key (it has no effect when ep == 1)."""
+    return {"etp": layout.etp} if layout.ep == 1 else {}
+
+
+def etp_from_header(header: Mapping[str, Any] | None, tp: int) -> int:
+    """Dense-layout ETP back from the header; Megatron's own default (etp = tp) when absent."""
+    inert = (header or {}).get("inert", {})
+    v = inert.get("etp", tp)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ExportError(f"malformed inert etp {v!r} in the {HEADER_TAG} header")
+    return v
+
+
+# ---------------------------------------------------------------------------------------------
+# command-line helpers (Megatron flags, vLLM/SGLang/torchrun commands)
+
+
+def strip_comments(text: str) -> str:
+    """Shell text without comment lines and line continuations."""
+    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
+    return "\n".join(lines).replace("\\\n", " ")
+
+
+def shell_lines(parts: Iterable[str], indent: str = "  ") -> str:
+    """Arguments one per line, joined with backslash continuations (already shell-quoted)."""
+    parts = list(parts)
+    if not parts:
+        return ""
+    return (" \\\n" + indent).join(parts)
+
+
+def flag(name: str, value: Any = None) -> str:
+    if value is None:
+        return name
+    return f"{name} {shlex.quote(str(value))}"
+
+
+def parse_flags(tokens: list[str], value_flags: Iterable[str], bool_flags: Iterable[str],
+                fmt: str) -> dict[str, Any]:
+    """``--flag value`` / ``--flag`` tokens into a dict; unknown or repeated flags are errors."""
+    value_flags, bool_flags = set(value_flags), set(bool_flags)
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        name, eq, inline = tok.partition("=")
+        if name in out:
+            raise ExportError(f"{name} given twice in the {fmt} text")
+        if name in bool_flags and not eq:
+            out[name] = True
+            i += 1
+        elif name in value_flags:
+            if eq:
+                out[name] = inline
+                i += 1
+            else:
+                if i + 1 >= len(tokens):
+                    raise ExportError(f"{name} has no value in the {fmt} text")
+                out[name] = tokens[i + 1]
+                i += 2
+        else:
+            raise ExportError(f"unknown argument {tok!r} in the {fmt} text",
+                              f"autopar reads only {', '.join(sorted(value_flags | bool_flags))}")
+    return out
+
+
+def to_int(value: Any, what: str, fmt: str) -> int:
+    if isinstance(value, bool):
+        raise ExportError(f"{what} must be an integer in the {fmt} text, got {value!r}")
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ExportError(f"{what} must be an integer in the {fmt} text, got {value!r}") from None
+
+
+def exact_div(a: int, b: int, what: str, fmt: str) -> int:
+    if b <= 0 or a % b:
+        raise ExportError(f"{what}: {a} is not divisible by {b} in the {fmt} text")
+    return a // b
+
+
+def check_keys(d: Mapping[str, Any], allowed: Iterable[str], where: str, fmt: str) -> None:
+    unknown = sorted(set(d) - set(allowed))
+    if unknown:
+        raise ExportError(f"unknown key(s) {unknown} in {where} of the {fmt} text",
+                          f"autopar reads only {sorted(allowed)}")
+
+
+def expect(cond: bool, make: Callable[[], ExportError]) -> None:
+    if not cond:
+        raise make()

@@ -1,0 +1,243 @@
+"""Megatron-LM ``pretrain_gpt.py`` arguments (flag spellings of Megatron-LM main, 2026; mcore 0.16+).
+
+ZeRO mapping (decided here, documented in the module):
+
+* ``zero=1`` -> ``--use-distributed-optimizer`` (Megatron's distributed optimizer shards optimizer
+  state over dp*cp, i.e. ZeRO-1).
+* ``zero=2`` -> Megatron-FSDP ``--data-parallel-sharding-strategy optim_grads``: the only way
+  Megatron-LM shards gradients as well as optimizer state. Plain ``--use-distributed-optimizer``
+  keeps a full gradient buffer per rank, so writing it for zero=2 would rewrite the layout.
+* ``zero=3`` -> Megatron-FSDP ``optim_grads_params``.
+  Megatron-FSDP also needs ``--use-distributed-optimizer``, ``--ckpt-format fsdp_dtensor``
+  (asserted by ``validate_args``) and ``--no-gradient-accumulation-fusion`` (per NVIDIA's
+  Megatron-FSDP guide); they are written with it.
+* ``shard_group`` (HSDP) -> ``--num-distributed-optimizer-instances = dp*cp / shard_group``.
+* ``offload`` -> ``--optimizer-cpu-offload --optimizer-offload-fraction 1.0
+  --use-precision-aware-optimizer`` (``validate_args`` requires the last; the precision-aware
+  optimizer requires the distributed optimizer, so ``offload`` needs ``zero >= 1``).
+* ``recompute=full`` -> ``--recompute-granularity full --recompute-method uniform
+  --recompute-num-layers 1`` (every layer's input kept, everything else recomputed);
+  ``selective`` -> ``--recompute-granularity selective`` (no method: Megatron rejects one).
+* ``fp8`` -> ``--bf16 --fp8-format hybrid`` (E4M3 forward, E5M2 backward, on a bf16 base).
+* interleaving -> ``--num-virtual-stages-per-pipeline-rank`` (parse also reads
+  ``--num-layers-per-virtual-pipeline-stage`` when the header carries ``num_layers``).
+
+Refused, because Megatron-LM would reject or silently change them: interleaving with ``pp < 2``,
+``cp > 1`` with ``seq_len % (2*cp) != 0``, expert parallelism with fp16.
+The world size comes from the launcher (torchrun), so ``num_devices``/``devices_per_node`` and the
+model id travel in the autopar header.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from autopar.export.base import (
+    Exporter,
+    ExportError,
+    Job,
+    build_layout,
+    canonical_shard_group,
+    check_sharding,
+    exact_div,
+    flag,
+    header_line,
+    merge_job,
+    parse_flags,
+    read_header,
+    register,
+    shard_instances,
+    shell_lines,
+    strip_comments,
+    to_int,
+    unsupported,
+)
+from autopar.layout import Layout
+
+FMT = "megatron"
+
+VALUE_FLAGS = (
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank",
+    "--num-layers-per-virtual-pipeline-stage", "--context-parallel-size", "--expert-model-parallel-size",
+    "--expert-tensor-parallel-size", "--micro-batch-size", "--global-batch-size", "--seq-length",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+    "--data-parallel-sharding-strategy", "--ckpt-format", "--num-distributed-optimizer-instances",
+    "--optimizer-offload-fraction", "--fp8-format",
+)
+BOOL_FLAGS = (
+    "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--no-gradient-accumulation-fusion",
+    "--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--bf16", "--fp16",
+)
+FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
+    """The Megatron-LM flags of a layout (shared with the accelerate MEGATRON_LM checks)."""
+    check_sharding(layout, fmt)
+    if layout.vpp > 1 and layout.pp < 2:
+        raise unsupported(f"interleaved pipeline (vpp={layout.vpp}) with pp={layout.pp}", fmt, "needs pp >= 2")
+    if layout.cp > 1 and job.seq_len % (2 * layout.cp):
+        raise unsupported(f"context parallel (cp={layout.cp}) with seq_len={job.seq_len}", fmt,
+                          "Megatron-LM needs seq_len divisible by 2*cp")
+    if layout.ep > 1 and layout.precision == "fp16":
+        raise unsupported(f"expert parallel (ep={layout.ep}) with fp16", fmt, "Megatron-LM refuses EP with fp16")
+    a = [
+        flag("--tensor-model-parallel-size", layout.tp),
+        flag("--pipeline-model-parallel-size", layout.pp),
+    ]
+    if layout.vpp > 1:
+        a.append(flag("--num-virtual-stages-per-pipeline-rank", layout.vpp))
+    a += [
+        flag("--context-parallel-size", layout.cp),
+        flag("--expert-model-parallel-size", layout.ep),
+        flag("--expert-tensor-parallel-size", layout.etp),
+    ]
+    if layout.sp:
+        a.append(flag("--sequence-parallel"))
+    a += [
+        flag("--micro-batch-size", layout.micro_batch),
+        flag("--global-batch-size", job.global_batch),
+        flag("--seq-length", job.seq_len),
+    ]
+    if layout.recompute == "selective":
+        a.append(flag("--recompute-granularity", "selective"))
+    elif layout.recompute == "full":
+        a += [flag("--recompute-granularity", "full"), flag("--recompute-method", "uniform"),
+              flag("--recompute-num-layers", 1)]
+    if layout.zero >= 1:
+        a.append(flag("--use-distributed-optimizer"))
+    if layout.zero >= 2:
+        a += [flag("--use-megatron-fsdp"), flag("--data-parallel-sharding-strategy", FSDP_STRATEGY[layout.zero]),
+              flag("--ckpt-format", "fsdp_dtensor"), flag("--no-gradient-accumulation-fusion")]
+    if canonical_shard_group(layout):
+        a.append(flag("--num-distributed-optimizer-instances", shard_instances(layout)))
+    if layout.offload:
+        a += [flag("--optimizer-cpu-offload"), flag("--optimizer-offload-fraction", "1.0"),
+              flag("--use-precision-aware-optimizer")]
+    if layout.precision == "bf16":
+        a.append(flag("--bf16"))
+    elif layout.precision == "fp16":
+        a.append(flag("--fp16"))
+    elif layout.precision == "fp8":
+        a += [flag("--bf16"), flag("--fp8-format", "hybrid")]
+    return a
+
+
+def layout_fields_from_megatron(f: dict[str, Any], *, num_devices: int, global_batch: int,
+                                num_layers: int | None, fmt: str = FMT) -> dict[str, Any]:
+    """Layout fields from parsed Megatron flags (underscored names, Megatron defaults applied)."""
+
+    def num(key: str, default: int | None = None) -> int:
+        if key not in f:
+            if default is None:
+                raise ExportError(f"{key} missing from the {fmt} text")
+            return default
+        return to_int(f[key], key, fmt)
+
+    tp, pp, cp = num("tensor_model_parallel_size", 1), num("pipeline_model_parallel_size", 1), num("context_parallel_size", 1)
+    ep = num("expert_model_parallel_size", 1)
+    etp = num("expert_tensor_parallel_size", tp)  # Megatron's default ETP is TP
+    if "num_virtual_stages_per_pipeline_rank" in f and "num_layers_per_virtual_pipeline_stage" in f:
+        raise ExportError(f"both virtual-pipeline flags given in the {fmt} text", "Megatron-LM allows only one")
+    if "num_layers_per_virtual_pipeline_stage" in f:
+        if num_layers is None:
+            raise ExportError(f"--num-layers-per-virtual-pipeline-stage needs num_layers ({fmt})",
+                              "keep the autopar header, which carries num_layers")
+        per_stage = exact_div(num_layers, pp, "num_layers / pp", fmt)
+        vpp = exact_div(per_stage, num("num_layers_per_virtual_pipeline_stage"), "layers per stage / layers per virtual stage", fmt)
+    else:
+        vpp = num("num_virtual_stages_per_pipeline_rank", 1)
+    dp = exact_div(num_devices, tp * pp * cp, "num_devices / (tp*pp*cp)", fmt)
+    mb = num("micro_batch_size")
+    gb = num("global_batch_size", mb * dp)
+    if gb != global_batch:
+        raise ExportError(f"global batch {gb} in the {fmt} text != job global_batch={global_batch}")
+    ga = exact_div(gb, mb * dp, "global_batch / (micro_batch*dp)", fmt)
+
+    gran = f.get("recompute_granularity")
+    if gran is None:
+        recompute = "none"
+        if "recompute_method" in f or "recompute_num_layers" in f:
+            raise ExportError(f"--recompute-method without --recompute-granularity in the {fmt} text")
+    elif gran == "selective":
+        if "recompute_method" in f:
+            raise ExportError(f"selective recompute takes no --recompute-method ({fmt})")
+        recompute = "selective"
+    elif gran == "full":
+        if f.get("recompute_method") != "uniform" or num("recompute_num_layers", 0) != 1:
+            raise unsupported("full recompute other than '--recompute-method uniform --recompute-num-layers 1'",
+                              "autopar (reading " + fmt + ")", "autopar models full recompute of every layer")
+        recompute = "full"
+    else:
+        raise ExportError(f"--recompute-granularity {gran!r} in the {fmt} text", "use full or selective")
+
+    dist_opt = bool(f.get("use_distributed_optimizer"))
+    if f.get("use_megatron_fsdp"):
+        strategy = f.get("data_parallel_sharding_strategy", "optim_grads_params")
+        zero = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}.get(strategy)
+        if zero is None:
+            raise ExportError(f"unknown --data-parallel-sharding-strategy {strategy!r} in the {fmt} text")
+    else:
+        if "data_parallel_sharding_strategy" in f:
+            raise ExportError(f"--data-parallel-sharding-strategy without --use-megatron-fsdp in the {fmt} text")
+        zero = 1 if dist_opt else 0
+    instances = num("num_distributed_optimizer_instances", 1)
+    shard_group = 0 if instances == 1 else exact_div(dp * cp, instances, "dp*cp / optimizer instances", fmt)
+
+    offload = bool(f.get("optimizer_cpu_offload"))
+    if offload and f.get("optimizer_offload_fraction", "1.0") not in ("1.0", "1", 1.0, 1):
+        raise unsupported(f"partial optimizer offload (fraction {f['optimizer_offload_fraction']})",
+                          "autopar (reading " + fmt + ")", "autopar models offloading the whole optimizer")
+
+    fp8 = f.get("fp8_format")
+    if fp8 is not None:
+        if fp8 != "hybrid":
+            raise unsupported(f"fp8 format {fp8!r}", "autopar (reading " + fmt + ")", "autopar's fp8 is 'hybrid'")
+        if not f.get("bf16"):
+            raise unsupported("fp8 on a non-bf16 base", "autopar (reading " + fmt + ")")
+        precision = "fp8"
+    elif f.get("bf16") and f.get("fp16"):
+        raise ExportError(f"both --bf16 and --fp16 in the {fmt} text")
+    else:
+        precision = "bf16" if f.get("bf16") else "fp16" if f.get("fp16") else "fp32"
+
+    return dict(tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero, shard_group=shard_group,
+                sp=bool(f.get("sequence_parallel")), micro_batch=mb, grad_accum=ga, recompute=recompute,
+                offload=offload, precision=precision)
+
+
+@register
+class MegatronExporter(Exporter):
+    name = FMT
+    suffix = ".sh"
+    description = "Megatron-LM pretrain_gpt.py arguments (append to your torchrun ... pretrain_gpt.py command)"
+
+    def _render(self, layout: Layout, job: Job) -> str:
+        args = megatron_args(layout, job)
+        return "\n".join([
+            header_line(FMT, job),
+            f"# Megatron-LM arguments for layout: {layout.short()}",
+            shell_lines(args, indent=""),
+        ])
+
+    def _parse(self, text: str) -> tuple[Layout, Job]:
+        header = read_header(text, FMT)
+        assert header is not None
+        flags = parse_flags(shlex.split(strip_comments(text)), VALUE_FLAGS, BOOL_FLAGS, FMT)
+        f = {k[2:].replace("-", "_"): v for k, v in flags.items()}
+        if f.pop("no_gradient_accumulation_fusion", False) and not f.get("use_megatron_fsdp"):
+            raise ExportError(f"--no-gradient-accumulation-fusion outside Megatron-FSDP in the {FMT} text")
+        if "ckpt_format" in f and (f.pop("ckpt_format") != "fsdp_dtensor" or not f.get("use_megatron_fsdp")):
+            raise ExportError(f"autopar writes --ckpt-format only as fsdp_dtensor with Megatron-FSDP ({FMT})")
+        hj = header["job"]
+        native = {"seq_len": to_int(f["seq_length"], "--seq-length", FMT)} if "seq_length" in f else {}
+        if "global_batch_size" in f:
+            native["global_batch"] = to_int(f["global_batch_size"], "--global-batch-size", FMT)
+        job = merge_job(header, native, FMT)
+        values = layout_fields_from_megatron(f, num_devices=job.num_devices, global_batch=job.global_batch,
+                                             num_layers=hj.get("num_layers"))
+        layout = build_layout(values, FMT)
+        if layout.zero >= 1 and not f.get("use_distributed_optimizer"):
+            raise ExportError(f"Megatron-FSDP without --use-distributed-optimizer in the {FMT} text")
+        return layout, job

@@ -1,0 +1,109 @@
+"""SGLang serving command (``python -m sglang.launch_server``; ``ServerArgs`` flags of SGLang 0.5.x).
+
+* ``--tp-size``, ``--pp-size``, ``--dp-size`` (DP replicas without DP attention: each replica
+  runs on tp*pp GPUs, so the world is tp*pp*dp as in a layout).
+* ``--ep-size`` is an **integer** in SGLang (unlike vLLM's switch) and partitions each replica's
+  TP ranks: ``ep`` must divide ``tp`` and the experts' TP is ``tp / ep``, so a layout with
+  ``ep > 1`` is expressible only when ``etp == tp // ep``. With ``ep == 1`` the layout's ``etp``
+  is kept in the autopar header.
+* ``micro_batch`` -> ``--max-running-requests`` (per scheduler, i.e. per DP replica when DP
+  attention is off); ``seq_len`` -> ``--context-length``.
+* precision: ``--dtype bfloat16|float16|float32``; fp8 -> ``--dtype bfloat16 --quantization fp8``.
+* refused: context parallel (SGLang's decode-context parallel reuses TP ranks), virtual stages,
+  Megatron sequence parallelism, and non-default training-only settings.
+* multi-node: ``--nnodes N --node-rank 0 --dist-init-addr "$MASTER_ADDR:$MASTER_PORT"``.
+"""
+
+from __future__ import annotations
+
+from autopar.export._cmd import split_command
+from autopar.export.base import (
+    Exporter,
+    ExportError,
+    Job,
+    build_layout,
+    etp_from_header,
+    exact_div,
+    flag,
+    header_line,
+    inert_etp,
+    merge_job,
+    read_header,
+    register,
+    shell_lines,
+    to_int,
+    unsupported,
+)
+from autopar.layout import Layout
+
+FMT = "sglang"
+DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
+VALUE_FLAGS = ("--model-path", "--tp-size", "--pp-size", "--dp-size", "--ep-size", "--context-length",
+               "--max-running-requests", "--dtype", "--quantization", "--nnodes", "--node-rank", "--dist-init-addr")
+
+
+@register
+class SglangExporter(Exporter):
+    name = FMT
+    suffix = ".sh"
+    description = "SGLang serving command (python -m sglang.launch_server)"
+    serving = True
+
+    def _render(self, layout: Layout, job: Job) -> str:
+        for cond, feature, hint in (
+            (layout.cp > 1, f"context parallel (cp={layout.cp})", "SGLang's DCP reuses TP ranks"),
+            (layout.vpp > 1, f"virtual pipeline stages (vpp={layout.vpp})", None),
+            (layout.sp, "sequence parallel (sp=True)", "SGLang has no Megatron-style sequence parallelism"),
+        ):
+            if cond:
+                raise unsupported(feature, FMT, hint)
+        if layout.ep > 1 and (layout.tp % layout.ep or layout.etp != layout.tp // layout.ep):
+            raise unsupported(f"expert parallel ep={layout.ep}, etp={layout.etp} with tp={layout.tp}", FMT,
+                              "SGLang splits each replica's TP ranks: ep must divide tp and etp = tp/ep")
+        a = ["python -m sglang.launch_server",
+             flag("--model-path", job.model),
+             flag("--tp-size", layout.tp),
+             flag("--pp-size", layout.pp),
+             flag("--dp-size", layout.dp)]
+        if layout.ep > 1:
+            a.append(flag("--ep-size", layout.ep))
+        a += [flag("--context-length", job.seq_len), flag("--max-running-requests", layout.micro_batch),
+              flag("--dtype", DTYPE[layout.precision])]
+        if layout.precision == "fp8":
+            a.append(flag("--quantization", "fp8"))
+        if job.nnodes > 1:
+            a += [flag("--nnodes", job.nnodes), flag("--node-rank", 0),
+                  '--dist-init-addr "${MASTER_ADDR}:${MASTER_PORT}"']
+        return "\n".join([header_line(FMT, job, inert_etp(layout)),
+                          f"# SGLang serving command for layout: {layout.short()}", shell_lines(a)])
+
+    def _parse(self, text: str) -> tuple[Layout, Job]:
+        header = read_header(text, FMT)
+        _, f = split_command(text, ["python", "-m", "sglang.launch_server"], VALUE_FLAGS, (), FMT)
+
+        def num(key: str, default: int | None = None) -> int:
+            if key not in f:
+                if default is None:
+                    raise ExportError(f"{key} missing from the {FMT} text")
+                return default
+            return to_int(f[key], key, FMT)
+
+        tp, pp, dp, ep = num("--tp-size", 1), num("--pp-size", 1), num("--dp-size", 1), num("--ep-size", 1)
+        mb = num("--max-running-requests")
+        if "--model-path" not in f:
+            raise ExportError(f"--model-path missing from the {FMT} text")
+        job = merge_job(header, {"model": f["--model-path"], "seq_len": num("--context-length"),
+                                 "num_devices": tp * pp * dp, "global_batch": mb * dp}, FMT)
+        if num("--nnodes", 1) != job.nnodes:
+            raise ExportError(f"--nnodes {num('--nnodes', 1)} but the job spans {job.nnodes} node(s) ({FMT})")
+        dtype, quant = f.get("--dtype", "bfloat16"), f.get("--quantization")
+        if quant not in (None, "fp8") or (quant == "fp8" and dtype != "bfloat16"):
+            raise unsupported(f"--quantization {quant} with --dtype {dtype}", "autopar (reading " + FMT + ")")
+        precision = "fp8" if quant else {v: k for k, v in DTYPE.items() if k != "fp8"}.get(dtype)
+        if precision is None:
+            raise ExportError(f"--dtype {dtype!r} in the {FMT} text")
+        etp = exact_div(tp, ep, "tp / ep", FMT) if ep > 1 else etp_from_header(header, tp)
+        layout = build_layout(dict(tp=tp, pp=pp, dp=dp, ep=ep, etp=etp, micro_batch=mb,
+                                   grad_accum=exact_div(job.global_batch, mb * dp, "batch", FMT),
+                                   precision=precision), FMT)
+        return layout, job

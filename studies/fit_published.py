@@ -1,0 +1,70 @@
+"""Fit the latency model's coefficients to the measured training runs of a published-runs CSV.
+
+    python studies/fit_published.py --csv ../shared/data/published_runs_dev.csv \
+        [--out cost_models/calibration/default.yaml] [--holdout-source SOURCE_ID]
+
+Only rows with a *measured* throughput or step time are used (derived TFLOP/s or MFU targets are
+not). With --holdout-source the named source is left out of the fit and its error is printed, to
+show how the coefficients carry over to a framework they were not fitted on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from autopar.calibration import Calibration, default_calibration_path
+from autopar.fit import Sample, file_digest, fit, now_iso, residuals, write_calibration
+from autopar.published import load_cases, run_case
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", required=True, type=Path)
+    ap.add_argument("--out", type=Path, default=None, help="write the calibration here")
+    ap.add_argument("--holdout-source", default=None)
+    ap.add_argument("--max-nfev", type=int, default=60)
+    a = ap.parse_args(argv)
+    if not a.csv.is_file():
+        print(f"error: {a.csv} does not exist", file=sys.stderr)
+        return 2
+    base = Calibration()
+    cases = load_cases(a.csv)
+    for c in cases:
+        run_case(c, base)
+    usable = [c for c in cases if c.prediction is not None and c.target_kind == "measured" and c.measured_tps]
+    train = [c for c in usable if c.row.get("source_id") != a.holdout_source]
+    test = [c for c in usable if c.row.get("source_id") == a.holdout_source]
+
+    def samples(cs):
+        return [Sample(c.run_id, c.job, c.table, c.measured_tps, c.row.get("precision") or "bf16") for c in cs]
+
+    t0 = time.perf_counter()
+    prov = {
+        "method": "scipy least_squares (soft_l1, log throughput residuals) on measured training rows",
+        "data": a.csv.name, "data_sha256_16": file_digest(a.csv), "rows": len(train),
+        "holdout_source": a.holdout_source, "date": now_iso(),
+    }
+    res = fit(samples(train), base, max_nfev=a.max_nfev, provenance=prov)
+    dt = time.perf_counter() - t0
+    print(f"fitted {len(res.names)} coefficients on {len(train)} rows in {dt:.1f} s; train MAPE {res.mape:.1%}")
+    for n, v in zip(res.names, res.values, strict=True):
+        print(f"  {n:<40} {v:10.4f}")
+    if test:
+        r = residuals(samples(test), res.calibration)
+        print(f"holdout {a.holdout_source}: n={len(test)} MAPE {np.mean(np.abs(np.exp(r) - 1)):.1%}")
+    if a.out:
+        res.calibration.provenance["train_mape"] = round(res.mape, 4)
+        write_calibration(res.calibration, a.out)
+        print(f"wrote {a.out}")
+    elif a.out is None and not a.holdout_source:
+        print(f"(pass --out {default_calibration_path()} to ship it)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
