@@ -144,13 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the presets")
     p.add_argument("--json", action="store_true")
 
-    for register in _EXTRA_COMMANDS:
-        register(sub)
+    from importlib import import_module
+
+    from autopar.commands import COMMAND_MODULES
+
+    for name in COMMAND_MODULES:
+        COMMANDS.update(import_module(name).register(sub))
     return parser
-
-
-# Feature modules add their sub-commands here: (subparsers) -> None, and put a handler in COMMANDS.
-_EXTRA_COMMANDS: list[Callable[[Any], None]] = []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
