@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    "predict": "autopar.predict",
-    "Prediction": "autopar.predict",
+    "predict": "autopar.prediction",
+    "Prediction": "autopar.prediction",
     "load_model": "autopar.model",
     "ModelSpec": "autopar.model",
     "load_device": "autopar.hardware",

@@ -92,7 +92,7 @@ def _print_json(obj: Any) -> None:
 
 
 def cmd_predict(a: argparse.Namespace) -> int:
-    from autopar.predict import predict
+    from autopar.prediction import predict
     from autopar.report import print_prediction
 
     pred = predict(**_job_kwargs(a), **_layout_kwargs(a), calibration=a.calibration)

@@ -54,9 +54,9 @@ def check_layout(layout: Layout, cfg: RunnerModelConfig, *, seq_len: int, global
     if cfg.layers % stages:
         raise RunError(f"layers={cfg.layers} do not split evenly into pp*vpp = {layout.pp}*{layout.vpp} stages",
                        f"choose pp*vpp among the divisors of {cfg.layers}")
-    if layout.pp > 1 and layout.vpp > 1 and layout.grad_accum % layout.pp:
-        raise RunError(f"interleaved 1F1B needs grad_accum={layout.grad_accum} (micro-batches) to be a "
-                       f"multiple of pp={layout.pp}", "raise grad_accum or lower micro_batch")
+    if layout.pp > 1 and layout.vpp == 1 and layout.grad_accum < layout.pp:
+        raise RunError(f"1F1B needs at least pp={layout.pp} micro-batches per step, got grad_accum="
+                       f"{layout.grad_accum}", "raise grad_accum (lower micro_batch) or use vpp > 1")
     if layout.zero == 0 and layout.shard_group not in (0, layout.dp * layout.cp):
         raise RunError(f"shard_group={layout.shard_group} needs ZeRO >= 1 (zero=0 shards nothing)",
                        "set zero >= 1 for HSDP, or shard_group=0")

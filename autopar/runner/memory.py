@@ -58,14 +58,14 @@ def live_state_bytes(modules: Iterable[nn.Module], optimizer: torch.optim.Optimi
     return sum(seen.values())
 
 
-def cpu_step_peak(fn: Callable[[], Any]) -> tuple[Any, int]:
-    """Run ``fn`` under the profiler; return its result and the peak of bytes allocated (and not
-    freed) during the call, from the CPU allocator's running total."""
+def cpu_step_peak(fn: Callable[..., Any], *args: Any) -> tuple[Any, int]:
+    """Run ``fn(*args)`` under the profiler; return its result and the peak of bytes allocated (and
+    not freed) during the call, from the CPU allocator's running total."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = fn()
+        out = fn(*args)
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     allocs = []
     while stack:

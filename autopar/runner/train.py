@@ -112,6 +112,16 @@ def forward_backward(pm, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[fl
     return total, 1
 
 
+def train_step(pm, opt: torch.optim.Optimizer, inputs: torch.Tensor, labels: torch.Tensor,
+               grads_out: dict | None = None) -> tuple[float, int]:
+    """One optimizer step; fills ``grads_out`` with the full gradients before the update."""
+    res = forward_backward(pm, inputs, labels)
+    if grads_out is not None:
+        grads_out.update(gather_full_grads(pm))
+    opt.step()
+    return res
+
+
 def gather_full_grads(pm) -> dict[str, torch.Tensor]:
     """Full (unsharded, fp32) gradients of this rank's parts, keyed by the unwrapped model's names.
     Collective over each part's mesh: every rank must call it."""
@@ -169,24 +179,18 @@ def run_one(layout: Layout, cfg: RunnerModelConfig, *, seq_len: int, global_batc
         tokens = tokens[dp_rank * rows:(dp_rank + 1) * rows].to(device)
         inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         opt.zero_grad(set_to_none=True)
-        if step == probe_step:
+        probe = step == probe_step and device.type == "cpu"
+        if probe:
             gc.collect()  # so that the probe's baseline holds no garbage of earlier steps
+            base = live_state_bytes(pm.parts, opt)
+        grads_out = grads if step == 0 and want_grads else None
         _barrier(device)
         t0 = time.perf_counter()
-
-        def fwd_bwd_step(_inputs=inputs, _labels=labels, _step=step):
-            res = forward_backward(pm, _inputs, _labels)
-            if _step == 0 and want_grads:
-                grads.update(gather_full_grads(pm))
-            opt.step()
-            return res
-
-        if step == probe_step and device.type == "cpu":
-            base = live_state_bytes(pm.parts, opt)
-            (loss_sum, holds), during = cpu_step_peak(fwd_bwd_step)
+        if probe:
+            (loss_sum, holds), during = cpu_step_peak(train_step, pm, opt, inputs, labels, grads_out)
             peak_mem = base + during
         else:
-            loss_sum, holds = fwd_bwd_step()
+            loss_sum, holds = train_step(pm, opt, inputs, labels, grads_out)
         _sync(device)
         _barrier(device)
         step_times.append(time.perf_counter() - t0)
@@ -225,10 +229,7 @@ def run_one(layout: Layout, cfg: RunnerModelConfig, *, seq_len: int, global_batc
     }
     if layout.offload and device.type == "cpu":
         result["note"] = "offload is a no-op on CPU (the optimizer state is already in host memory)"
-    full_grads = _gather_grads(grads, world) if want_grads else {}
-    del pm, opt
-    gc.collect()
-    return result, full_grads
+    return result, (_gather_grads(grads, world) if want_grads else {})
 
 
 def _barrier(device: torch.device) -> None:
@@ -329,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{ERROR_MARKER}{layout.short()}: {res['error']}", file=sys.stderr, flush=True)
             results.append(res)
             grads.append(g)
+            gc.collect()  # free this layout's model, optimizer and process groups' tensors
     except Exception as exc:  # noqa: BLE001
         code = 1
         fail = _failure(exc, None)
