@@ -12,7 +12,16 @@ import shlex
 from dataclasses import fields
 from typing import Any
 
-from autopar.export.base import Exporter, ExportError, Job, build_layout, header_line, merge_job, read_header, register
+from autopar.export.base import (
+    Exporter,
+    ExportError,
+    Job,
+    build_layout,
+    header_line,
+    merge_job,
+    read_header,
+    register,
+)
 from autopar.layout import COLUMNS, Layout
 
 FMT = "env"
