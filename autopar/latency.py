@@ -58,6 +58,9 @@ def _gemm_time(co: Coefficients, flops_peak: np.ndarray, eff_max: np.ndarray, M,
     return np.maximum(compute, traffic)
 
 
+gemm_time = _gemm_time  # public name: the serving model reuses the same shape-dependent roofline
+
+
 def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links, co: Coefficients,
                         param_counts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Seconds per optimizer step by component, plus ``step_time`` and communication totals."""
