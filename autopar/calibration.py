@@ -38,15 +38,39 @@ class DeviceCoefficients(BaseModel):
     scale_out_latency_us: float | None = None
 
 
-class Calibration(BaseModel):
+class Transfer(BaseModel):
+    """How fitted coefficients carry over to devices that were not in the fit.
+
+    ``same_silicon`` maps a device id to a fitted one with the same compute die (H200 and H800 are
+    GH100 like the H100): compute efficiencies are taken over unchanged, while memory, links and
+    power stay the device's own. Other devices get their profile's published efficiencies scaled
+    by the fitted/published ratios, i.e. by how far real training stacks fall short of
+    microbenchmarks on the devices that were measured.
+    """
+
     model_config = ConfigDict(extra="forbid")
+    same_silicon: dict[str, str] = Field(default_factory=dict)
+    gemm_ratio: float = 1.0
+    attention_ratio: float = 1.0
+
+
+class Calibration(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     schema_: str = Field("autopar.calibration/v1", alias="schema")
     provenance: dict[str, Any] = Field(default_factory=dict)
     global_: dict[str, float] = Field(default_factory=dict, alias="global")
+    transfer: Transfer = Field(default_factory=Transfer)
     devices: dict[str, DeviceCoefficients] = Field(default_factory=dict)
 
     def device(self, device_id: str) -> DeviceCoefficients:
-        return self.devices.get(device_id, DeviceCoefficients())
+        """Fitted coefficients of a device, or ones carried over from the fit (see Transfer)."""
+        if device_id in self.devices:
+            return self.devices[device_id]
+        twin = self.transfer.same_silicon.get(device_id)
+        if twin in self.devices:
+            d = self.devices[twin]
+            return DeviceCoefficients(gemm=dict(d.gemm), gemm_half_dim=d.gemm_half_dim, attention=d.attention)
+        return DeviceCoefficients()
 
     def global_value(self, key: str) -> float:
         return float(self.global_.get(key, GLOBAL_DEFAULTS[key]))
@@ -91,7 +115,12 @@ def coefficients_for(device, calibration: Calibration | None = None) -> tuple[Co
     cal = calibration or load_calibration()
     dc = cal.device(device.id)
     eff = device.efficiency
-    gemm = {**eff.gemm, **dc.gemm}
+    if not dc.gemm:  # not fitted: published efficiencies scaled by the fitted/published ratios
+        gemm = {k: min(v * cal.transfer.gemm_ratio, 0.95) for k, v in eff.gemm.items()}
+        if dc.attention is None:
+            dc = dc.model_copy(update={"attention": eff.attention * cal.transfer.attention_ratio})
+    else:
+        gemm = {**eff.gemm, **dc.gemm}
     peak = {k: v * 1e12 for k, v in device.peak_tflops.items()}
     hbm = dc.hbm if dc.hbm is not None else eff.hbm
     co = Coefficients(

@@ -13,18 +13,20 @@ import numpy as np
 from autopar import collectives as C
 from autopar.calibration import Calibration, coefficients_for, load_calibration
 from autopar.energy import energy_per_step
+from autopar.hardware import DeviceProfile
 from autopar.latency import TIME_COMPONENTS, step_time_breakdown
 from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.legality import Context, legality_mask
 from autopar.memory import MEMORY_COMPONENTS, layer_params_per_rank, memory_breakdown, stage_shape
+from autopar.model import ModelSpec
 
 
 @dataclass(frozen=True)
 class TrainingJob:
     """Everything but the layout: the model, the cluster and the training workload."""
 
-    model: object          # autopar.model.ModelSpec
-    device: object         # autopar.hardware.DeviceProfile
+    model: ModelSpec
+    device: DeviceProfile
     num_devices: int
     devices_per_node: int
     seq_len: int

@@ -26,7 +26,7 @@ from autopar.layout import LayoutTable
 # (name, lower, upper) per device; gemm_<precision> entries only where that precision was measured.
 DEVICE_PARAMS = (("attention", 0.08, 0.9), ("gemm_half_dim", 8.0, 2048.0))
 GEMM_BOUNDS = (0.2, 0.95)
-GLOBAL_PARAMS = (("overlap_contention", 0.0, 0.6), ("kernel_overhead_us", 0.0, 300.0))
+GLOBAL_PARAMS = (("overlap_contention", 0.0, 1.0), ("kernel_overhead_us", 0.0, 300.0))
 
 
 @dataclass
@@ -38,6 +38,7 @@ class Sample:
     table: LayoutTable
     measured_tokens_per_s_per_device: float
     precision: str
+    group: str = ""        # e.g. the source: groups are balanced in the loss
 
 
 @dataclass
@@ -106,8 +107,33 @@ def calibration_from_vector(names: Sequence[str], x: np.ndarray, base: Calibrati
         "schema": "autopar.calibration/v1",
         "provenance": provenance or dict(base.provenance),
         "global": glob,
+        "transfer": base.transfer.model_dump(),
         "devices": {k: DeviceCoefficients(**v) for k, v in merged.items()},
     })
+
+
+def group_weights(samples: Sequence[Sample]) -> np.ndarray:
+    """Weight 1/sqrt(group size): a large group counts more than a small one, but not linearly."""
+    from collections import Counter
+
+    n = Counter(s.group for s in samples)
+    w = np.array([1.0 / np.sqrt(n[s.group]) for s in samples])
+    return w / w.mean()
+
+
+def transfer_ratios(cal: Calibration, samples: Sequence[Sample]) -> dict[str, float]:
+    """Geometric-mean fitted/published ratios of GEMM (bf16) and attention efficiency."""
+    g, a = [], []
+    for dev in {s.job.device.id: s.job.device for s in samples}.values():
+        dc = cal.devices.get(dev.id)
+        if dc is None:
+            continue
+        if "bf16" in dc.gemm:
+            g.append(dc.gemm["bf16"] / dev.efficiency.gemm["bf16"])
+        if dc.attention is not None:
+            a.append(dc.attention / dev.efficiency.attention)
+    return {"gemm_ratio": float(np.exp(np.mean(np.log(g)))) if g else 1.0,
+            "attention_ratio": float(np.exp(np.mean(np.log(a)))) if a else 1.0}
 
 
 def residuals(samples: Sequence[Sample], cal: Calibration) -> np.ndarray:
@@ -124,13 +150,16 @@ def fit(samples: Sequence[Sample], base: Calibration | None = None, *, max_nfev:
     base = base or Calibration()
     names, x0, lo, hi = _parameter_space(samples, base)
 
+    w = group_weights(samples)
+
     def f(x: np.ndarray) -> np.ndarray:
-        return residuals(samples, calibration_from_vector(names, x, base))
+        return w * residuals(samples, calibration_from_vector(names, x, base))
 
     sol = least_squares(f, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, max_nfev=max_nfev,
                         x_scale=np.maximum(np.abs(x0), 1e-3), diff_step=1e-3)
     cal = calibration_from_vector(names, sol.x, base, provenance)
-    return FitResult(cal, f(sol.x), names, sol.x)
+    cal = cal.model_copy(update={"transfer": cal.transfer.model_copy(update=transfer_ratios(cal, samples))})
+    return FitResult(cal, residuals(samples, cal), names, sol.x)
 
 
 def file_digest(path: Path) -> str:
@@ -143,6 +172,8 @@ def write_calibration(cal: Calibration, path: Path) -> None:
         "schema": "autopar.calibration/v1",
         "provenance": cal.provenance,
         "global": {k: round(v, 6) for k, v in cal.global_.items()},
+        "transfer": {**cal.transfer.model_dump(), "gemm_ratio": round(cal.transfer.gemm_ratio, 4),
+                     "attention_ratio": round(cal.transfer.attention_ratio, 4)},
         "devices": {k: {kk: (({g: round(x, 4) for g, x in vv.items()}) if isinstance(vv, dict) else round(vv, 4))
                         for kk, vv in v.model_dump(exclude_none=True).items() if vv not in ({}, None)}
                     for k, v in sorted(cal.devices.items())},

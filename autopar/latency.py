@@ -193,7 +193,6 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     slot = fwd + bwd + recompute + overhead + tp_comm + cp_comm + ep_comm  # one micro-batch, whole stage
     contention_mb = co.overlap_contention * cp_hidden
     slot = slot + contention_mb
-    pipeline = m * slot
     bubble = (pp - 1.0) / chunk * slot
 
     # ---- PP send/recv: act fwd + grad bwd per micro-batch chunk, on the critical path --------------

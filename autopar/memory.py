@@ -10,6 +10,7 @@ recompute mode. The reported device is the most loaded pipeline stage (first or 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -186,7 +187,7 @@ def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: 
     wl, gl, ol = state(last_nonexp, last_exp)
 
     m = lay["grad_accum"]  # micro-batches per step per pipeline (global batch / (mb * dp))
-    common = dict(seq_len=seq_len, micro_batch=lay["micro_batch"], tp=lay["tp"], cp=lay["cp"],
+    common: dict[str, Any] = dict(seq_len=seq_len, micro_batch=lay["micro_batch"], tp=lay["tp"], cp=lay["cp"],
                   sp=lay["sp"], recompute=lay["recompute"], flash_attention=flash_attention, dropout=dropout)
     act_dense = activation_bytes_per_layer(model, moe=False, **common)
     act_moe = activation_bytes_per_layer(model, moe=True, **common) if model.is_moe else act_dense * 0
@@ -219,7 +220,10 @@ def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: 
     first_total = wf + gf + of + act_first * (1 + FRAGMENTATION) + emb_first + z3
     last_total = wl + gl + ol + act_last * (1 + FRAGMENTATION) + emb_last + z3
     use_first = first_total >= last_total
-    pick = lambda a, b: np.where(use_first, a, b)  # noqa: E731
+
+    def pick(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.where(use_first, a, b)
+
     out = {
         "weights": pick(wf, wl),
         "gradients": pick(gf, gl),

@@ -14,7 +14,6 @@ import pytest
 from autopar import predict
 from autopar.engine import evaluate
 from autopar.errors import AutoparError, LayoutError
-from autopar.latency import TIME_COMPONENTS
 from autopar.layout import Layout, LayoutTable
 from autopar.prediction import make_job
 

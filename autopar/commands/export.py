@@ -87,7 +87,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     else:
         missing = [f for f in ("model", "device", "num_devices", "seq_len", "global_batch") if getattr(a, f) is None]
         if missing:
-            raise AutoparError(f"autopar export needs --from-json FILE or the job flags; missing: "
+            raise AutoparError("autopar export needs --from-json FILE or the job flags; missing: "
                                + ", ".join("--" + m.replace("_", "-") for m in missing))
         from autopar.cli import _job_kwargs, _layout_kwargs
         from autopar.prediction import predict

@@ -17,7 +17,6 @@ parallelism). Rank 0 writes the result JSON.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
@@ -169,7 +168,11 @@ def run_one(layout: Layout, cfg: RunnerModelConfig, *, seq_len: int, global_batc
 
     rows = layout.micro_batch * layout.grad_accum
     dp_rank = dims.dp_rank
+    # CPU memory is probed on the last warm-up step (the profiler slows the step it watches); never
+    # on step 0 when its gradients are gathered for --dump-grads, which would inflate the peak.
     probe_step = max(warmup - 1, 0)
+    if want_grads and probe_step == 0 and steps > 1:
+        probe_step = 1
     step_times, losses, grads = [], [], {}
     peak_mem = 0
     if device.type == "cuda":
@@ -181,7 +184,6 @@ def run_one(layout: Layout, cfg: RunnerModelConfig, *, seq_len: int, global_batc
         opt.zero_grad(set_to_none=True)
         probe = step == probe_step and device.type == "cpu"
         if probe:
-            gc.collect()  # so that the probe's baseline holds no garbage of earlier steps
             base = live_state_bytes(pm.parts, opt)
         grads_out = grads if step == 0 and want_grads else None
         _barrier(device)
@@ -330,7 +332,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{ERROR_MARKER}{layout.short()}: {res['error']}", file=sys.stderr, flush=True)
             results.append(res)
             grads.append(g)
-            gc.collect()  # free this layout's model, optimizer and process groups' tensors
     except Exception as exc:  # noqa: BLE001
         code = 1
         fail = _failure(exc, None)
