@@ -3,8 +3,9 @@
     python studies/fit_published.py --csv ../shared/data/published_runs_dev.csv \
         [--out cost_models/calibration/default.yaml] [--holdout-source SOURCE_ID]
 
-Only rows with a *measured* throughput or step time are used (derived TFLOP/s or MFU targets are
-not). With --holdout-source the named source is left out of the fit and its error is printed, to
+Rows with a measured throughput or step time are used, and (unless --measured-only) rows whose
+target is a published TFLOP/s or MFU converted with the source's own FLOP formula. Sources are
+balanced (weight 1/sqrt(rows of the source)). With --holdout-source the named source is left out of the fit and its error is printed, to
 show how the coefficients carry over to a framework they were not fitted on.
 """
 
@@ -21,6 +22,16 @@ from autopar.calibration import Calibration, default_calibration_path
 from autopar.fit import Sample, file_digest, fit, now_iso, residuals, write_calibration
 from autopar.published import load_cases, run_case
 
+# Devices built on the same compute die as a device in the data (NVIDIA: H200, H800 and H100 96GB
+# are GH100; A100 40GB and 80GB are GA100): their compute efficiencies carry over unchanged.
+SAME_SILICON = {
+    "h200-sxm-141gb": "h100-sxm-80gb",
+    "h800-sxm-80gb": "h100-sxm-80gb",
+    "h100-sxm-96gb": "h100-sxm-80gb",
+    "a100-40gb": "a100-80gb",
+    "a100-80gb": "a100-40gb",
+}
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -28,24 +39,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the calibration here")
     ap.add_argument("--holdout-source", default=None)
     ap.add_argument("--max-nfev", type=int, default=60)
+    ap.add_argument("--measured-only", action="store_true", help="ignore derived (TFLOP/s, MFU) targets")
     a = ap.parse_args(argv)
     if not a.csv.is_file():
         print(f"error: {a.csv} does not exist", file=sys.stderr)
         return 2
-    base = Calibration()
+    base = Calibration.model_validate({"transfer": {"same_silicon": SAME_SILICON}})
     cases = load_cases(a.csv)
     for c in cases:
         run_case(c, base)
-    usable = [c for c in cases if c.prediction is not None and c.target_kind == "measured" and c.measured_tps]
+    usable = [c for c in cases if c.prediction is not None and c.measured_tps
+              and (c.target_kind == "measured" or not a.measured_only)]
     train = [c for c in usable if c.row.get("source_id") != a.holdout_source]
     test = [c for c in usable if c.row.get("source_id") == a.holdout_source]
 
     def samples(cs):
-        return [Sample(c.run_id, c.job, c.table, c.measured_tps, c.row.get("precision") or "bf16") for c in cs]
+        return [Sample(c.run_id, c.job, c.table, c.measured_tps, c.row.get("precision") or "bf16",
+                       c.row.get("source_id") or "") for c in cs]
 
     t0 = time.perf_counter()
     prov = {
-        "method": "scipy least_squares (soft_l1, log throughput residuals) on measured training rows",
+        "method": "scipy least_squares (soft_l1, source-balanced log-throughput residuals) on training rows",
+        "derived_targets": not a.measured_only,
         "data": a.csv.name, "data_sha256_16": file_digest(a.csv), "rows": len(train),
         "holdout_source": a.holdout_source, "date": now_iso(),
     }
