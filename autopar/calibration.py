@@ -23,6 +23,7 @@ from autopar.latency import Coefficients
 GLOBAL_DEFAULTS: dict[str, float] = {
     "overlap_contention": 0.15,   # compute slowdown per second of overlapped communication
     "kernel_overhead_us": 30.0,   # per layer per micro-batch (fwd+bwd+recompute launches and syncs)
+    "tp_overlap": 0.0,            # fraction of TP/SP communication hidden behind GEMMs
 }
 
 
@@ -130,6 +131,7 @@ def coefficients_for(device, calibration: Calibration | None = None) -> tuple[Co
         attention_eff=dc.attention if dc.attention is not None else eff.attention,
         hbm_bw=device.memory_bw_gbps * 1e9 * hbm,
         overlap_contention=cal.global_value("overlap_contention"),
+        tp_overlap=cal.global_value("tp_overlap"),
         kernel_overhead_s=cal.global_value("kernel_overhead_us") * 1e-6,
     )
     links = {

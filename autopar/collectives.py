@@ -73,22 +73,32 @@ def bus_bandwidth(links: Links, n: np.ndarray, stride: np.ndarray) -> tuple[np.n
     return np.where(inter, inter_bw, intra_bw), inter
 
 
-def _alpha(links: Links, n: np.ndarray, inter: np.ndarray, steps_factor: float) -> np.ndarray:
+def _ring_alpha(links: Links, n: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Latency of one pass around a ring: k-1 inter-node hops and n-k hops inside nodes (k nodes)."""
+    k = n / np.maximum(g, 1.0)
+    return (k - 1.0) * links.lat_out + (n - k) * links.lat_up
+
+
+def _tree_alpha(links: Links, n: np.ndarray, inter: np.ndarray) -> np.ndarray:
     lat = np.where(inter, links.lat_out, links.lat_up)
-    return np.where(n > 1, lat * steps_factor * (1.0 + np.log2(np.maximum(n, 1.0))), 0.0)
+    return 2.0 * np.log2(np.maximum(n, 1.0)) * lat
 
 
 def all_reduce(links: Links, nbytes, n, stride) -> np.ndarray:
     n = np.asarray(n, dtype=np.float64)
     bw, inter = bus_bandwidth(links, n, stride)
-    return np.where(n > 1, 2.0 * (n - 1.0) / n * nbytes / bw + _alpha(links, n, inter, 2.0), 0.0)
+    g = ranks_per_node(n, stride, links.devices_per_node)
+    # NCCL picks ring (2 passes) or tree (log depth) by size; take the cheaper latency.
+    alpha = np.minimum(2.0 * _ring_alpha(links, n, g), _tree_alpha(links, n, inter))
+    return np.where(n > 1, 2.0 * (n - 1.0) / n * nbytes / bw + alpha, 0.0)
 
 
 def all_gather(links: Links, nbytes, n, stride) -> np.ndarray:
     """All-gather (or reduce-scatter) whose *full* (gathered) buffer is ``nbytes``."""
     n = np.asarray(n, dtype=np.float64)
-    bw, inter = bus_bandwidth(links, n, stride)
-    return np.where(n > 1, (n - 1.0) / n * nbytes / bw + _alpha(links, n, inter, 1.0), 0.0)
+    bw, _ = bus_bandwidth(links, n, stride)
+    g = ranks_per_node(n, stride, links.devices_per_node)
+    return np.where(n > 1, (n - 1.0) / n * nbytes / bw + _ring_alpha(links, n, g), 0.0)
 
 
 reduce_scatter = all_gather
@@ -100,7 +110,7 @@ def all_to_all(links: Links, nbytes, n, stride) -> np.ndarray:
     g = ranks_per_node(n, stride, links.devices_per_node)
     intra = nbytes * (g - 1.0) / n / _intra_bw(links, g)
     inter = nbytes * (n - g) / n / links.out_nic
-    alpha = _alpha(links, n, g < n, 1.0)
+    alpha = _tree_alpha(links, n, g < n) / 2.0  # pairwise exchanges run concurrently
     return np.where(n > 1, intra + inter + alpha, 0.0)
 
 

@@ -26,7 +26,10 @@ from autopar.layout import LayoutTable
 # (name, lower, upper) per device; gemm_<precision> entries only where that precision was measured.
 DEVICE_PARAMS = (("attention", 0.08, 0.9), ("gemm_half_dim", 8.0, 2048.0))
 GEMM_BOUNDS = (0.2, 0.95)
-GLOBAL_PARAMS = (("overlap_contention", 0.0, 1.0), ("kernel_overhead_us", 0.0, 300.0))
+GLOBAL_PARAMS = (("overlap_contention", 0.0, 1.0), ("kernel_overhead_us", 0.0, 300.0), ("tp_overlap", 0.0, 0.9))
+# A fitted GEMM efficiency may not exceed the device's measured max-achievable matmul rate (MAMF,
+# its profile value) by more than this factor: end-to-end training cannot beat the microbenchmark.
+MAMF_SLACK = 1.05
 
 
 @dataclass
@@ -65,9 +68,11 @@ def _parameter_space(samples: Sequence[Sample], base: Calibration):
                         if s.job.device.id == d})
         for p in precs:
             names.append(f"{d}.gemm_{p}")
+            mamf = dev.efficiency.gemm.get(p, dev.efficiency.gemm["bf16"])
+            top = min(GEMM_BOUNDS[1], mamf * MAMF_SLACK)
             lo.append(GEMM_BOUNDS[0])
-            hi.append(GEMM_BOUNDS[1])
-            x0.append(min(max(dev.efficiency.gemm.get(p, dev.efficiency.gemm["bf16"]), GEMM_BOUNDS[0]), GEMM_BOUNDS[1]))
+            hi.append(top)
+            x0.append(min(max(mamf * 0.9, GEMM_BOUNDS[0]), top))
         for name, a, b in DEVICE_PARAMS:
             names.append(f"{d}.{name}")
             lo.append(a)

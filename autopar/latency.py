@@ -37,6 +37,7 @@ class Coefficients:
     attention_eff: float              # FlashAttention-class achieved fraction of bf16 peak
     hbm_bw: float                     # achieved HBM bytes/s for memory-bound kernels
     overlap_contention: float         # compute slowdown per second of overlapped communication
+    tp_overlap: float                 # fraction of TP/SP communication hidden behind GEMMs (comm overlap)
     kernel_overhead_s: float          # fixed per-layer per-micro-batch launch/sync cost (fwd+bwd)
     host_bw: float = 50e9             # host memory bandwidth share for an offloaded optimizer step
     pcie_bw: float = 25e9             # host<->device bytes/s for optimizer offload
@@ -175,7 +176,10 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     tp_bytes = T * h * ACT_BYTES
     tp_one = C.all_reduce(links, tp_bytes, tp, np.ones(n))
     n_tp_coll = 4.0 + np.where(rec == REC_FULL, 2.0, 0.0)
-    tp_comm = n_layers * n_tp_coll * tp_one
+    tp_raw = n_layers * n_tp_coll * tp_one
+    # Stacks that pipeline TP collectives with the neighbouring GEMMs (userbuffers/TE comm overlap,
+    # async TP) hide a fraction; the hidden part still contends for SMs and HBM.
+    tp_comm = tp_raw * (1.0 - co.tp_overlap) + co.overlap_contention * co.tp_overlap * tp_raw
     # ---- CP ring attention: (c-1) KV chunks per layer fwd, 2x bwd; hidden behind attention -------
     kv_elems = (model.kv_lora_rank + model.qk_rope_head_dim) if model.is_mla else 2 * g * model.head_dim
     cp_chunk = mb * s_loc * kv_elems * ACT_BYTES / np.where(model.is_mla, 1.0, tp)
@@ -264,8 +268,8 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     out["pipeline_bubble"] = bubble
     out["optimizer"] = optimizer
     out["step_time"] = sum(out[k] for k in TIME_COMPONENTS)
-    total_comm = m * (tp_comm + cp_raw + ep_comm) + pp_comm + m * dp_per_mb + dp_per_step
-    exposed_comm = m * (tp_comm + cp_comm + ep_comm) + pp_comm + dp_exposed
+    total_comm = m * (tp_raw + cp_raw + ep_comm) + pp_comm + m * dp_per_mb + dp_per_step
+    exposed_comm = m * (tp_raw * (1.0 - co.tp_overlap) + cp_comm + ep_comm) + pp_comm + dp_exposed
     out["comm_total"] = total_comm
     out["comm_exposed"] = exposed_comm
     out["compute_busy"] = m * (fwd + bwd + recompute)
