@@ -54,6 +54,7 @@ class Case:
     target_kind: str = "measured"  # measured | derived
     prediction: dict[str, Any] | None = None
     job: TrainingJob | None = None
+    measured_step: float | None = None
     table: LayoutTable | None = None
 
 
@@ -63,6 +64,10 @@ FAMILY_CONVENTIONS = (
     ("mpt", dict(gated_mlp=False, norm="layernorm", tie_embeddings=True), "MPT: GELU MLP, LayerNorm, tied embeddings"),
     ("gpt", dict(gated_mlp=False, norm="layernorm", tie_embeddings=True), "GPT: GELU MLP, LayerNorm, tied embeddings"),
 )
+
+
+# Sources whose dims-only models are Megatron GPT models (the paper/README tables say so).
+MEGATRON_GPT_SOURCES = ("narayanan", "korthikanti", "megatron_core")
 
 
 def build_model(case: Case):
@@ -76,6 +81,9 @@ def build_model(case: Case):
     if missing:
         raise AutoparError(f"architecture columns missing: {', '.join(missing)}")
     name = (row.get("model") or "").lower()
+    source = (row.get("source_id") or "").lower()
+    if source.startswith(MEGATRON_GPT_SOURCES):
+        name = "gpt " + name
     conv = None
     for key, fields, note in FAMILY_CONVENTIONS:
         if key in name:
@@ -192,6 +200,9 @@ def measured_target(case: Case, model, num_devices: int, global_batch: int, seq:
 def run_case(case: Case, calibration=None) -> None:
     row = case.row
     kind = (row.get("workload_kind") or "").strip()
+    if kind == "microbench":
+        run_microbench(case, calibration)
+        return
     if kind not in TRAINING_KINDS:
         case.skipped = f"workload_kind={kind or 'blank'} (not a training run)"
         return
@@ -229,6 +240,37 @@ def run_case(case: Case, calibration=None) -> None:
         case.skipped = str(exc)
 
 
+def run_microbench(case: Case, calibration=None) -> None:
+    """One transformer layer, forward + backward (Korthikanti Table 4): no embedding, loss or optimizer.
+
+    Predicted as a one-layer model with a one-token vocabulary on dp = 1, minus the optimizer step.
+    """
+    row = case.row
+    try:
+        if _int(row, "layers") != 1:
+            raise AutoparError("microbench rows must describe one layer")
+        if not (row.get("vocab") or "").strip():
+            row = {**row, "vocab": "1"}
+            case.row = row
+        model = build_model(case)
+        case.assumptions = [a for a in case.assumptions if not a.startswith("vocab=")]
+        num_devices, seq, mb = _int(row, "num_devices"), _int(row, "seq_len"), _int(row, "micro_batch") or 1
+        st = _num(row, "step_time_s")
+        if not num_devices or not seq or st is None:
+            raise AutoparError("num_devices, seq_len or step_time_s missing")
+        dev = load_device((row.get("device") or "").strip())
+        lay = layout_for(case, num_devices, mb)
+        job = TrainingJob(model, dev, num_devices, min(_int(row, "devices_per_node") or 8, num_devices), seq, mb)
+        table = LayoutTable.from_layouts([lay])
+        res = evaluate(job, table, calibration=calibration, check_legal=False)
+        layer = float(res["step_time_s"][0] - res["time_optimizer"][0] - res["time_dp_comm"][0])
+        case.target_kind = "microbench"
+        case.measured_step = st
+        case.prediction = {"layout": lay.short(), "predicted_layer_time_s": layer}
+    except AutoparError as exc:
+        case.skipped = str(exc)
+
+
 def load_cases(path: Path) -> list[Case]:
     with path.open(newline="") as f:
         return [Case(row=r, run_id=r.get("run_id", "")) for r in csv.DictReader(f)]
@@ -240,7 +282,8 @@ def ape(case: Case) -> float:
 
 
 def summarize(cases: list[Case], *, out=sys.stdout, worst: int = 10) -> dict[str, Any]:
-    done = [c for c in cases if c.prediction is not None and c.measured_tps]
+    done = [c for c in cases if c.prediction is not None and c.measured_tps and c.target_kind != "microbench"]
+    micro = [c for c in cases if c.target_kind == "microbench" and c.prediction is not None]
     meas = [c for c in done if c.target_kind == "measured"]
     derived = [c for c in done if c.target_kind == "derived"]
     training = [c for c in cases if (c.row.get("workload_kind") or "") in TRAINING_KINDS]
@@ -282,6 +325,12 @@ def summarize(cases: list[Case], *, out=sys.stdout, worst: int = 10) -> dict[str
             groups[c.row.get("source_id") or ""].append(c)
         for k in sorted(groups):
             p(line(k, stats(groups[k])))
+    if micro:
+        p("== microbench: one layer forward+backward (step time) ==")
+        for c in micro:
+            pr, m = c.prediction["predicted_layer_time_s"], c.measured_step  # type: ignore[index]
+            p(f"  run {c.run_id:>4} {c.prediction['layout']:<40} pred {pr * 1e3:7.2f} ms  "  # type: ignore[index]
+              f"meas {m * 1e3:7.2f} ms  ({(pr - m) / m:+.0%})")
     p(f"== worst {worst} rows ==")
     for c in sorted(done, key=ape, reverse=True)[:worst]:
         pr = c.prediction
@@ -308,6 +357,11 @@ def records(cases: list[Case]) -> list[dict[str, Any]]:
     for c in cases:
         if c.skipped or c.prediction is None:
             out.append({"run_id": c.run_id, "skipped": c.skipped or "no target"})
+            continue
+        if c.target_kind == "microbench":
+            out.append({"run_id": c.run_id, "target_kind": "microbench", "layout": c.prediction["layout"],
+                        "predicted_step_time_s": c.prediction["predicted_layer_time_s"],
+                        "measured_step_time_s": c.measured_step, "assumptions": c.assumptions})
             continue
         out.append({
             "run_id": c.run_id,
