@@ -87,7 +87,7 @@ def _load(path: str) -> Calibration:
     if not p.is_file():
         raise AutoparError(f"calibration file {path} does not exist", "pass an existing --calibration FILE")
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         raise AutoparError(f"calibration file {path} is not valid YAML: {exc}".splitlines()[0],
                            "fix the YAML syntax") from None

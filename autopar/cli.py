@@ -93,12 +93,13 @@ def _print_json(obj: Any) -> None:
 
 def cmd_predict(a: argparse.Namespace) -> int:
     from autopar.prediction import predict
-    from autopar.report import print_prediction
 
     pred = predict(**_job_kwargs(a), **_layout_kwargs(a), calibration=a.calibration)
     if a.json:
         _print_json(pred.to_dict())
     else:
+        from autopar.report import print_prediction
+
         print_prediction(pred)
     return 0
 
