@@ -112,17 +112,26 @@ def test_importing_the_launcher_does_not_import_torch():
 # ---------------------------------------------------------------- real launches
 
 @pytest.mark.slow
-def test_run_layout_returns_the_measured_result():
-    pytest.importorskip("torch")
-    lay = Layout(dp=2, zero=3, micro_batch=2, precision="fp32")
-    res = run_layout(lay, TINY, seq_len=32, global_batch=4, steps=3, warmup=1, timeout_s=240)
+def test_run_layout_returns_the_measured_result(tmp_path):
+    """One launch, single-layout mode, on one rank (the cheapest launch; multi-rank layouts are
+    covered by test_runner_correctness.py)."""
+    torch = pytest.importorskip("torch")
+    from autopar.runner.train import reference_run
+
+    lay = Layout(micro_batch=2, grad_accum=2, precision="fp32")
+    res = run_layout(lay, TINY, seq_len=32, global_batch=4, steps=3, warmup=1, timeout_s=240,
+                     dump_grads=tmp_path / "g.pt")
     assert res["status"] == "ok", res.get("log_tail", "")[-3000:]
-    assert res["world_size"] == 2 and res["backend"] == "gloo"
+    assert res["world_size"] == 1 and res["backend"] == "gloo" and res["layout"] == lay.model_dump()
     assert len(res["step_times_s"]) == 3 and len(res["losses"]) == 3
     assert res["median_step_time_s"] == pytest.approx(statistics.median(res["step_times_s"][1:]))
-    assert len(res["peak_memory_bytes"]) == 2 and min(res["peak_memory_bytes"]) > 0
-    assert res["layout"] == lay.model_dump()
+    assert len(res["peak_memory_bytes"]) == 1 and res["peak_memory_bytes"][0] > 0
+    assert "step 1" in res["peak_memory_method"]
     json.dumps(res)
+    ref = reference_run(TINY, seq_len=32, global_batch=4, steps=3)
+    assert res["losses"] == pytest.approx(ref["losses"], rel=1e-5)
+    grads = torch.load(tmp_path / "g.pt")
+    assert set(grads) == set(ref["grads"])
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ attention-core recompute: with fused SDPA kernels the attention scores are never
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
@@ -46,7 +47,7 @@ def apply_ac(model: Transformer, mode: str) -> None:
     """Wrap every block of ``model`` in place; ``mode`` is ``"full"`` or ``"selective"``."""
     if mode == "none":
         return
-    kwargs = {"preserve_rng_state": False}
+    kwargs: dict[str, Any] = {"preserve_rng_state": False}
     if mode == "selective":
         kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, partial(_policy, _save_list()))
     elif mode != "full":

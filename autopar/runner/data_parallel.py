@@ -16,6 +16,8 @@ parallelism the schedule itself defers gradient reduction to the last micro-batc
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -42,7 +44,7 @@ def apply_data_parallel(
     """Wrap ``model`` (a whole model or one pipeline stage) for data parallelism over ``dp_mesh``."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32 if param_dtype else None)
     offload_policy = CPUOffloadPolicy() if offload else OffloadPolicy()
-    units: list[nn.Module | list[nn.Module]] = []
+    units: list[Any] = []
     if model.tok_embeddings is not None:
         units.append(model.tok_embeddings)
     units.extend(model.layers.values())

@@ -16,7 +16,9 @@ two exact parts:
 RSS is deliberately not used: it includes the ~0.3-0.5 GB of the torch runtime, never shrinks,
 and moves in allocator-page steps, so it cannot resolve the effect of a layout on a small model
 (``rss_peak_bytes`` is still reported, for reference). The profiled step is slower, so the runner
-probes a warm-up step whose time is not counted.
+probes the last warm-up step, whose time is not counted (step 1 when step 0's gradients are dumped;
+with ``warmup=0`` the probed step is a timed one). Probe at step >= 1 for the steady state: on step
+0 the AdamW state is only created at the end.
 """
 
 from __future__ import annotations

@@ -61,6 +61,7 @@ def parallelize(full: Transformer, layout: Layout, dims: ParallelDims, device: t
         parts = [split_stage(full, sid, num_stages) for sid in ids]
     else:
         num_stages, ids, parts = 1, [0], [full]
+    modules: list[nn.Module] = list(parts)
 
     for part in parts:
         part.to(device)
@@ -71,7 +72,7 @@ def parallelize(full: Transformer, layout: Layout, dims: ParallelDims, device: t
             apply_data_parallel(part, dp_mesh, zero=layout.zero, param_dtype=mp_dtype,
                                 offload=layout.offload and device.type == "cuda")
 
-    pm = ParallelModel(parts=parts, dims=dims, layout=layout, device=device, autocast_dtype=autocast_dtype,
+    pm = ParallelModel(parts=modules, dims=dims, layout=layout, device=device, autocast_dtype=autocast_dtype,
                        sync_each_microbatch=sync_every_microbatch(layout.zero))
     if pp_mesh is not None:
         pm.schedule = build_schedule(parts, ids, num_stages, pp_mesh, device,

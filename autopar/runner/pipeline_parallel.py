@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from autopar.runner.model import Transformer
 
@@ -50,7 +51,7 @@ def build_schedule(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ):
     group = pp_mesh.get_group()
-    stages = [PipelineStage(part, sid, num_stages, device, group=group) for part, sid in zip(parts, ids, strict=True)]
+    stages: list[_PipelineStageBase] = [PipelineStage(part, sid, num_stages, device, group=group) for part, sid in zip(parts, ids, strict=True)]
     if len(stages) == 1:
         return Schedule1F1B(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True)
     return ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True)

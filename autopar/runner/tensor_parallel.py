@@ -12,6 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
     PrepareModuleInputOutput,
     RowwiseParallel,
@@ -30,7 +31,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
     """
     sp = sequence_parallel
     seq = Shard(1) if sp else Replicate()
-    root_plan = {}
+    root_plan: dict[str, ParallelStyle] = {}
     if model.tok_embeddings is not None:
         root_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=seq)
     if model.norm is not None and sp:
@@ -42,7 +43,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
         parallelize_module(model, tp_mesh, root_plan)
 
     for block in model.layers.values():
-        plan = {
+        plan: dict[str, ParallelStyle] = {
             "attention.wq": ColwiseParallel(),
             "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(),

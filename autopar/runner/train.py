@@ -41,7 +41,7 @@ from autopar.runner.model import Transformer, lm_loss
 from autopar.runner.parallel_dims import ParallelDims
 
 ERROR_MARKER = "autopar-runner-error: "
-ADAMW = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+ADAMW_BETAS, ADAMW_EPS, ADAMW_WEIGHT_DECAY = (0.9, 0.95), 1e-8, 0.1
 
 
 # ---------------------------------------------------------------- data and reference
@@ -58,7 +58,8 @@ def synthetic_batch(vocab: int, seq_len: int, global_batch: int, step: int, seed
 
 
 def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=lr, foreach=False, **ADAMW)
+    """AdamW as torchtitan configures it (no gradient clipping, no LR schedule)."""
+    return torch.optim.AdamW(params, lr=lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=ADAMW_WEIGHT_DECAY)
 
 
 def reference_run(cfg: RunnerModelConfig, *, seq_len: int, global_batch: int, steps: int, seed: int = 0,
@@ -75,7 +76,7 @@ def reference_run(cfg: RunnerModelConfig, *, seq_len: int, global_batch: int, st
         loss = lm_loss(model(tokens[:, :-1]), tokens[:, 1:])
         loss.backward()
         if step == 0:
-            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
         opt.step()
         losses.append(loss.item())
     return {"losses": losses, "grads": grads}
@@ -96,10 +97,10 @@ def forward_backward(pm, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[fl
             else:
                 pm.schedule.step(target=labels, losses=losses)
         if pm.has_last_stage:
-            return float(sum(loss.item() for loss in losses) / len(losses)), 1
+            return float(torch.stack([loss.detach().float() for loss in losses]).mean().item()), 1
         return 0.0, 0
     model, mb, ga = pm.parts[0], layout.micro_batch, layout.grad_accum
-    total = 0.0
+    total = torch.zeros((), device=inputs.device)
     for i in range(ga):
         if not pm.sync_each_microbatch:
             set_gradient_sync(model, i == ga - 1)
@@ -107,8 +108,8 @@ def forward_backward(pm, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[fl
             logits = model(inputs[i * mb:(i + 1) * mb])
         loss = lm_loss(logits, labels[i * mb:(i + 1) * mb]) / ga
         loss.backward()
-        total += loss.item()
-    return total, 1
+        total += loss.detach()
+    return float(total.item()), 1
 
 
 def train_step(pm, opt: torch.optim.Optimizer, inputs: torch.Tensor, labels: torch.Tensor,
@@ -173,7 +174,9 @@ def run_one(layout: Layout, cfg: RunnerModelConfig, *, seq_len: int, global_batc
     probe_step = max(warmup - 1, 0)
     if want_grads and probe_step == 0 and steps > 1:
         probe_step = 1
-    step_times, losses, grads = [], [], {}
+    step_times: list[float] = []
+    losses: list[float] = []
+    grads: dict[str, torch.Tensor] = {}
     peak_mem = 0
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -196,11 +199,11 @@ def run_one(layout: Layout, cfg: RunnerModelConfig, *, seq_len: int, global_batc
         _sync(device)
         _barrier(device)
         step_times.append(time.perf_counter() - t0)
-        losses.append(_global_loss(loss_sum, holds, device))
+        losses.append(_global_loss(loss_sum, holds))
     if device.type == "cuda":
         peak_mem = int(torch.cuda.max_memory_allocated(device))
 
-    per_rank = _all_gather_ints([peak_mem, rss_peak_bytes()], device)
+    per_rank = _all_gather_ints([peak_mem, rss_peak_bytes()])
     timed = step_times[warmup:]
     result = {
         "status": "ok",
@@ -242,7 +245,7 @@ def _barrier(device: torch.device) -> None:
             dist.barrier()
 
 
-def _global_loss(loss_sum: float, holds: int, device: torch.device) -> float:
+def _global_loss(loss_sum: float, holds: int) -> float:
     if not dist.is_initialized():
         return loss_sum
     t = torch.tensor([loss_sum * holds, float(holds)], dtype=torch.float64)
@@ -250,7 +253,7 @@ def _global_loss(loss_sum: float, holds: int, device: torch.device) -> float:
     return float(t[0] / t[1])
 
 
-def _all_gather_ints(values: list[int], device: torch.device) -> list[list[int]]:
+def _all_gather_ints(values: list[int]) -> list[list[int]]:
     if not dist.is_initialized():
         return [values]
     out: list[Any] = [None] * dist.get_world_size()
@@ -295,6 +298,9 @@ def _pick_device(choice: str, local_rank: int) -> torch.device:
     if use_cuda:
         if not torch.cuda.is_available():
             raise RunError("--device cuda but torch sees no GPU", "use --device cpu")
+        if local_rank >= torch.cuda.device_count():
+            raise RunError(f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs on this host",
+                           "use at most one rank per GPU (or --device cpu)")
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
