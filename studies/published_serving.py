@@ -1,0 +1,235 @@
+"""Accuracy of autopar's serving model against published inference runs.
+
+    python studies/published_serving.py --csv ../shared/data/published_runs_dev.csv [--json OUT] [--fit]
+
+Predicts every inference row of a published-runs CSV (columns documented in the data README:
+``isl``, ``osl``, ``output_tokens_per_s``, ``tp``/``pp``/``ep``, ``device``, ``precision``, the model
+preset or its dimensions) and prints the MAPE of output tokens/s overall, by TP and by model, the
+worst rows and every skipped row with its reason. The rows are offline max-throughput runs
+(data README caveat 7): the runtime chooses the batch, modeled as the largest concurrency the
+KV cache holds, capped by trtllm-bench's tuning cap of 4096 sequences, with its token-budget
+heuristic. The model uses the device coefficients of the training calibration plus the
+serving-specific ones of :class:`autopar.serving.ServingCoefficients`; ``--fit`` refits those
+(least squares on log throughput, soft-L1) and prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autopar.calibration import load_calibration
+from autopar.errors import AutoparError
+from autopar.hardware import load_device
+from autopar.model import load_model
+from autopar.serving import ServingCoefficients, ServingTable, evaluate, make_context, make_workload
+
+PRECISION = {"fp8": "fp8", "mxfp8": "fp8", "bf16": "bf16", "fp16": "fp16"}
+
+
+def _num(row: dict[str, str], key: str) -> float | None:
+    v = (row.get(key) or "").strip()
+    try:
+        return float(v) if v else None
+    except ValueError:
+        return None
+
+
+def _int(row: dict[str, str], key: str) -> int | None:
+    v = _num(row, key)
+    return None if v is None or math.isnan(v) else int(round(v))
+
+
+def _model(row: dict[str, str]):
+    preset = (row.get("model_preset") or "").strip()
+    if preset:
+        return load_model(preset)
+    dims = {k: _int(row, k) for k in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")}
+    missing = [k for k in ("layers", "hidden", "heads", "ffn_hidden", "vocab") if dims[k] is None]
+    if missing:
+        raise AutoparError(f"no model_preset and architecture columns missing: {', '.join(missing)}")
+    raw: dict[str, Any] = {"name": row.get("model") or "model", **{k: v for k, v in dims.items() if v is not None}}
+    return load_model(raw)
+
+
+def load_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return [r for r in csv.DictReader(f) if (r.get("workload_kind") or "").strip() == "inference"]
+
+
+def prepare(row: dict[str, str]) -> dict[str, Any]:
+    """Everything a prediction needs, or ``skipped`` with the reason."""
+    rec: dict[str, Any] = {"run_id": row.get("run_id"), "assumptions": []}
+    meas = _num(row, "output_tokens_per_s")
+    isl, osl = _int(row, "isl"), _int(row, "osl")
+    if meas is None or not meas > 0:
+        return rec | {"skipped": "no measured output_tokens_per_s"}
+    if not isl or not osl:
+        return rec | {"skipped": "isl/osl not stated"}
+    prec = (row.get("precision") or "").strip().lower()
+    if prec and prec not in PRECISION:
+        return rec | {"skipped": f"precision {prec!r} is not modeled for serving"}
+    if not prec:
+        prec = "bf16"
+        rec["assumptions"].append("precision bf16 (not stated)")
+    tp = _int(row, "tp")
+    if tp is None:
+        return rec | {"skipped": "tp not stated"}
+    pp = _int(row, "pp") or 1
+    ep = _int(row, "ep") or 1
+    n = _int(row, "num_devices") or tp * pp
+    if n % (tp * pp):
+        return rec | {"skipped": f"num_devices {n} is not a multiple of tp*pp {tp * pp}"}
+    try:
+        model = _model(row)
+        device = load_device((row.get("device") or "").strip())
+    except AutoparError as exc:
+        return rec | {"skipped": str(exc)}
+    dpn = _int(row, "devices_per_node") or min(device.scale_up.domain, n)
+    rec.update(model=model, device=device, isl=isl, osl=osl, tp=tp, pp=pp, ep=ep, replicas=n // (tp * pp),
+               devices_per_node=min(dpn, n), precision=PRECISION[prec], measured=meas,
+               label=f"{row.get('model_preset') or row.get('model')} {row.get('device')} tp{tp} pp{pp} {isl}/{osl}")
+    return rec
+
+
+def predict(rec: dict[str, Any], cal, sc: ServingCoefficients | None) -> dict[str, Any]:
+    w = make_workload(isl=rec["isl"], osl=rec["osl"], offline=True, weight_precision=rec["precision"])
+    ctx = make_context(rec["model"], rec["device"], w, devices_per_node=rec["devices_per_node"], calibration=cal,
+                       serving_coefficients=sc)
+    tab = ServingTable({"tp": rec["tp"], "pp": rec["pp"], "ep": rec["ep"]})
+    res = evaluate(ctx, tab)
+    if not res["valid"][0]:
+        bad = [k for k, v in res["bad"].items() if v[0]]
+        return {"skipped": f"layout does not fit or is illegal: {', '.join(bad)}"}
+    return {"predicted": float(res["output_tps_instance"][0]) * rec["replicas"], "batch": float(res["batch"][0]),
+            "tpot_ms": float(res["tpot_s"][0]) * 1e3, "ttft_ms": float(res["ttft_service_s"][0]) * 1e3}
+
+
+def run(recs: list[dict[str, Any]], cal, sc: ServingCoefficients | None) -> None:
+    for r in recs:
+        for k in ("predicted", "batch", "tpot_ms", "ttft_ms", "error"):
+            r.pop(k, None)
+        if "skipped" in r and "measured" not in r:
+            continue
+        r.pop("skipped", None)
+        out = predict(r, cal, sc)
+        r.update(out)
+        if "predicted" in r:
+            r["error"] = r["predicted"] / r["measured"] - 1.0
+
+
+def fit(recs: list[dict[str, Any]], cal) -> ServingCoefficients:
+    """Least squares (soft-L1 on log throughput) of the fitted serving coefficients."""
+    from scipy.optimize import least_squares
+
+    ok = [r for r in recs if "measured" in r]
+    base = ServingCoefficients.from_calibration(cal)
+    meas = np.array([r["measured"] for r in ok])
+
+    def coeffs(x) -> ServingCoefficients:
+        return ServingCoefficients(host_step_s=x[0] * 1e-6, host_per_seq_s=x[1] * 1e-6, collective_sync_s=x[2] * 1e-6,
+                                   runtime_reserve_bytes=base.runtime_reserve_bytes)
+
+    def resid(x):
+        pred = np.array([predict(r, cal, coeffs(x)).get("predicted", np.nan) for r in ok])
+        return np.nan_to_num(np.log(pred / meas), nan=5.0)
+
+    x0 = [base.host_step_s * 1e6, base.host_per_seq_s * 1e6, base.collective_sync_s * 1e6]
+    sol = least_squares(resid, x0, bounds=([0.0, 0.0, 0.0], [20000.0, 200.0, 1000.0]), loss="soft_l1", f_scale=0.1)
+    return coeffs(sol.x)
+
+
+def summarize(recs: list[dict[str, Any]], worst: int) -> dict[str, Any]:
+    done = [r for r in recs if "error" in r]
+    skipped = [r for r in recs if "error" not in r]
+    if not done:
+        print("no inference row could be predicted")
+        for r in skipped:
+            print(f"  skipped run {r['run_id']}: {r.get('skipped')}")
+        return {"rows": 0}
+    ape = np.array([abs(r["error"]) for r in done])
+    print(f"inference rows predicted: {len(done)}, skipped: {len(skipped)}")
+    print(f"MAPE output tokens/s: {ape.mean():.1%} (median {np.median(ape):.1%}, max {ape.max():.1%}, "
+          f"bias {np.mean([r['error'] for r in done]):+.1%})")
+    groups: dict[str, dict[str, list[float]]] = {"tp": defaultdict(list), "model": defaultdict(list),
+                                                 "device": defaultdict(list)}
+    for r in done:
+        groups["tp"][f"tp{r['tp']}"].append(abs(r["error"]))
+        groups["model"][str(r["model"].name)].append(abs(r["error"]))
+        groups["device"][r["device"].id].append(abs(r["error"]))
+    summary: dict[str, Any] = {"rows": len(done), "skipped": len(skipped), "mape": float(ape.mean())}
+    for g, d in groups.items():
+        parts = ", ".join(f"{k} {np.mean(v):.1%} (n={len(v)})" for k, v in sorted(d.items()))
+        print(f"  by {g}: {parts}")
+        summary[f"mape_by_{g}"] = {k: float(np.mean(v)) for k, v in d.items()}
+    print(f"worst {min(worst, len(done))} rows:")
+    for r in sorted(done, key=lambda r: -abs(r["error"]))[:worst]:
+        print(f"  run {r['run_id']:>5} {r['label']:45s} measured {r['measured']:10.1f} predicted "
+              f"{r['predicted']:10.1f} ({r['error']:+.1%}), batch {r['batch']:.0f}, TPOT {r['tpot_ms']:.1f} ms")
+    for r in skipped:
+        print(f"  skipped run {r['run_id']}: {r.get('skipped')}")
+    return summary
+
+
+def records(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in recs:
+        d: dict[str, Any] = {"run_id": r["run_id"]}
+        if "error" in r:
+            d.update(predicted_output_tokens_per_s=r["predicted"], measured_output_tokens_per_s=r["measured"],
+                     error=r["error"], batch=r["batch"], tpot_ms=r["tpot_ms"], ttft_ms=r["ttft_ms"],
+                     assumptions=r["assumptions"])
+        else:
+            d["skipped"] = r.get("skipped", "not predicted")
+            if "measured" in r:
+                d["measured_output_tokens_per_s"] = r["measured"]
+        out.append(d)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", required=True, type=Path)
+    ap.add_argument("--json", type=Path, default=None, help="write one record per inference row")
+    ap.add_argument("--calibration", default=None, help="calibration YAML (default: the shipped one)")
+    ap.add_argument("--fit", action="store_true", help="refit the serving-specific coefficients first")
+    ap.add_argument("--worst", type=int, default=8)
+    a = ap.parse_args(argv)
+    if not a.csv.is_file():
+        print(f"error: {a.csv} does not exist (pass --csv PATH to a published-runs CSV)", file=sys.stderr)
+        return 2
+    try:
+        cal = load_calibration(a.calibration)
+    except AutoparError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    recs = [prepare(r) for r in load_rows(a.csv)]
+    sc = None
+    if a.fit:
+        sc = fit(recs, cal)
+        print(f"fitted serving coefficients: host_step {sc.host_step_s * 1e6:.1f} us, host_per_seq "
+              f"{sc.host_per_seq_s * 1e6:.2f} us, collective_sync {sc.collective_sync_s * 1e6:.1f} us "
+              f"(runtime reserve fixed at {sc.runtime_reserve_bytes / 2**30:.2f} GiB)")
+    else:
+        sc = ServingCoefficients.from_calibration(cal)
+        print(f"serving coefficients: host_step {sc.host_step_s * 1e6:.1f} us, host_per_seq "
+              f"{sc.host_per_seq_s * 1e6:.2f} us, collective_sync {sc.collective_sync_s * 1e6:.1f} us, "
+              f"runtime reserve {sc.runtime_reserve_bytes / 2**30:.2f} GiB")
+    run(recs, cal, sc)
+    summary = summarize(recs, a.worst)
+    if a.json:
+        a.json.write_text(json.dumps({"summary": summary, "records": records(recs)}, indent=1))
+        print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
