@@ -24,6 +24,10 @@ GLOBAL_DEFAULTS: dict[str, float] = {
     "overlap_contention": 0.15,   # compute slowdown per second of overlapped communication
     "kernel_overhead_us": 30.0,   # per layer per micro-batch (fwd+bwd+recompute launches and syncs)
     "tp_overlap": 0.0,            # fraction of TP/SP communication hidden behind GEMMs
+    # Memory model constants of the runtime (CUDA + NCCL defaults; see autopar/memory.py).
+    "framework_reserve_gib": 2.0,
+    "comm_buffer_gb": 0.4,
+    "fragmentation": 0.10,
 }
 
 
@@ -106,6 +110,16 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
         p = default_calibration_path()
         return _load(str(p)) if p.is_file() else Calibration()
     return _load(str(Path(path).resolve()))
+
+
+def memory_constants(cal: Calibration | None = None) -> dict[str, float]:
+    """Keyword arguments of :func:`autopar.memory.memory_breakdown` from a calibration."""
+    cal = cal or load_calibration()
+    return {
+        "framework_reserve_bytes": cal.global_value("framework_reserve_gib") * 2**30,
+        "comm_buffer_bytes": cal.global_value("comm_buffer_gb") * 1e9,
+        "fragmentation": cal.global_value("fragmentation"),
+    }
 
 
 def coefficients_for(device, calibration: Calibration | None = None) -> tuple[Coefficients, dict[str, float]]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar import collectives as C
-from autopar.calibration import Calibration, coefficients_for, load_calibration
+from autopar.calibration import Calibration, coefficients_for, load_calibration, memory_constants
 from autopar.energy import energy_per_step
 from autopar.hardware import DeviceProfile
 from autopar.latency import TIME_COMPONENTS, step_time_breakdown
@@ -67,7 +67,7 @@ def evaluate(job: TrainingJob, lay: LayoutTable, *, calibration: Calibration | N
     else:
         legal = np.ones(n, dtype=bool)
 
-    mem = memory_breakdown(model, lay, seq_len=job.seq_len)
+    mem = memory_breakdown(model, lay, seq_len=job.seq_len, **memory_constants(cal))
     capacity = dev.memory_gb * 1e9
     fits = mem["total"] <= capacity
 

@@ -153,8 +153,14 @@ def inflight_microbatches(lay: LayoutTable, num_microbatches: np.ndarray) -> np.
 
 
 def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: bool = True,
-                     dropout: bool = False) -> dict[str, np.ndarray]:
-    """Bytes per device for the most loaded pipeline stage, by component (sums to ``total``)."""
+                     dropout: bool = False, framework_reserve_bytes: float = FRAMEWORK_RESERVE_BYTES,
+                     comm_buffer_bytes: float = COMM_BUFFER_BYTES,
+                     fragmentation: float = FRAGMENTATION) -> dict[str, np.ndarray]:
+    """Bytes per device for the most loaded pipeline stage, by component (sums to ``total``).
+
+    The reserve, buffer and fragmentation defaults are CUDA/NCCL figures; a calibration for another
+    runtime (e.g. CPU/gloo validation runs) overrides them.
+    """
     st = stage_shape(model, lay)
     dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
     tp = lay["tp"].astype(np.float64)
@@ -214,11 +220,11 @@ def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: 
 
     groups = ((lay["tp"] > 1).astype(float) + (lay["pp"] > 1) + (lay["cp"] > 1) + (lay["ep"] > 1)
               + ((lay["dp"] * lay["cp"]) > 1))
-    comm = COMM_BUFFER_BYTES * groups
-    reserve = np.full(len(lay), FRAMEWORK_RESERVE_BYTES)
+    comm = comm_buffer_bytes * groups
+    reserve = np.full(len(lay), float(framework_reserve_bytes))
 
-    first_total = wf + gf + of + act_first * (1 + FRAGMENTATION) + emb_first + z3
-    last_total = wl + gl + ol + act_last * (1 + FRAGMENTATION) + emb_last + z3
+    first_total = wf + gf + of + act_first * (1 + fragmentation) + emb_first + z3
+    last_total = wl + gl + ol + act_last * (1 + fragmentation) + emb_last + z3
     use_first = first_total >= last_total
 
     def pick(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -228,7 +234,7 @@ def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: 
         "weights": pick(wf, wl),
         "gradients": pick(gf, gl),
         "optimizer": pick(of, ol),
-        "activations": pick(act_first, act_last) * (1 + FRAGMENTATION),
+        "activations": pick(act_first, act_last) * (1 + fragmentation),
         "embeddings_logits": pick(emb_first, emb_last),
         "zero3_buffers": z3,
         "comm_buffers": comm,
