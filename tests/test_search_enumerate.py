@@ -1,0 +1,140 @@
+"""Enumeration: exactly the legal layouts of a space, reasons counted exactly, grid scoring == flat scoring."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from autopar.calibration import load_calibration
+from autopar.engine import evaluate
+from autopar.enumerate import STAGE_RULES, _violated, axis_values, enumerate_space
+from autopar.errors import SearchSpaceError
+from autopar.layout import COLUMNS
+from autopar.legality import Context, legality_mask
+from autopar.prediction import make_job
+from autopar.search_space import load_space
+
+CASES = [
+    ("llama-3.1-8b", "a100-80gb", 16, 4096, 64, []),
+    ("mixtral-8x7b", "h100-sxm-80gb", 32, 4096, 64,
+     ["shard_group=0,2,4,8", "sp=both", "precision=bf16,fp8", "pp.max=8", "micro_batch=1,2", "vpp.max=4"]),
+    ("qwen3-30b-a3b", "a100-80gb", 64, 8192, 128,
+     ["precision=bf16,fp8", "cp.max=16", "ep.max=128", "pp.max=8", "micro_batch=1,4", "zero=0,1,3"]),
+]
+# Axes each generation stage binds: its rules see these, later axes at neutral values.
+BOUND = [("tp", "pp", "cp", "dp"), ("ep", "etp"), ("micro_batch", "grad_accum"), ("vpp",), ("sp",),
+         ("zero", "shard_group", "offload"), ("precision",)]
+NEUTRAL = dict(tp=1, pp=1, cp=1, dp=1, ep=1, etp=1, micro_batch=1, grad_accum=1, vpp=1, sp=0, zero=0,
+               shard_group=0, offload=0, precision=0, recompute=0)
+
+
+def brute_force(job, space):
+    """The full candidate product, first broken rule of each candidate (Python loops, no cleverness)."""
+    av = axis_values(space, job)
+    m = job.model
+    ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in job.device.peak_tflops)
+    N, B = job.num_devices, job.global_batch
+    rows = []
+    for tp, pp, cp in itertools.product(av.tp, av.pp, av.cp):
+        etps = sorted({1 if e == 1 else tp for e in av.etp}) if m.is_moe else [tp]
+        sps = [int(tp > 1)] if av.sp == "auto" else {"on": [1], "off": [0], "both": [0, 1]}[av.sp]
+        for ep, etp, mb, vpp, sp, z, sg, off, rec, prec in itertools.product(
+                av.ep, etps, av.micro_batch, av.vpp, sps, av.zero, av.shard_group, av.offload, av.recompute,
+                av.precision):
+            dp = N // (tp * pp * cp) if N % (tp * pp * cp) == 0 else 0
+            ga = B // (mb * dp) if dp and B % (mb * dp) == 0 else 0
+            rows.append((tp, pp, vpp, dp, cp, ep, etp, z, sg, sp, mb, ga, rec, off, prec))
+    arr = np.array(rows)
+    alive = np.ones(len(arr), bool)
+    counts: Counter = Counter()
+    for si, (_, codes) in enumerate(STAGE_RULES):
+        have = set(sum(BOUND[:si + 1], ()))
+        cols = {c: (arr[:, i] if c in have else np.full(len(arr), NEUTRAL[c])) for i, c in enumerate(COLUMNS)}
+        for code in codes:
+            if code == "duplicate" and 0 not in av.shard_group:
+                continue
+            bad = np.broadcast_to(_violated(code, m, cols, ctx), alive.shape) & alive
+            counts[code] += int(bad.sum())
+            alive &= ~bad
+    return arr, alive, {k: v for k, v in counts.items() if v}
+
+
+def _job(model, device, n, seq, gb):
+    return make_job(model=model, device=device, num_devices=n, devices_per_node=None, seq_len=seq,
+                    global_batch=gb)[0]
+
+
+@pytest.mark.parametrize(("model", "device", "n", "seq", "gb", "sets"), CASES)
+def test_enumeration_equals_brute_force(model, device, n, seq, gb, sets) -> None:
+    job = _job(model, device, n, seq, gb)
+    space = load_space("default", sets)
+    en = enumerate_space(job, space)
+    arr, alive, counts = brute_force(job, space)
+    legal_bf = {tuple(r) for r in arr[alive].tolist()}
+    cols = en.decode(en.legal_ids())
+    legal_en = {tuple(r) for r in np.stack([cols[c] for c in COLUMNS], axis=1).tolist()}
+    assert legal_en == legal_bf
+    assert en.size == len(legal_bf) == len(en.legal_ids())
+    assert en.excluded == counts
+    assert en.candidates_total == len(arr) == en.size + sum(en.excluded.values())
+
+
+@pytest.mark.parametrize(("model", "device", "n", "seq", "gb", "sets"), CASES)
+def test_every_enumerated_layout_is_legal(model, device, n, seq, gb, sets) -> None:
+    job = _job(model, device, n, seq, gb)
+    en = enumerate_space(job, load_space("default", sets))
+    ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in job.device.peak_tflops)
+    for _, table in en.iter_tables(200_000):
+        legal, bad = legality_mask(job.model, table, ctx)
+        assert legal.all(), {k: int(v.sum()) for k, v in bad.items()}
+
+
+@pytest.mark.parametrize(("model", "device", "n", "seq", "gb", "sets"), CASES[:2] + [
+    ("deepseek-v3", "h100-sxm-80gb", 256, 4096, 512, ["precision=bf16,fp8", "shard_group=0,8,16"]),
+])
+def test_grid_scoring_equals_flat_scoring(model, device, n, seq, gb, sets) -> None:
+    """The broadcast grid is the engine on the same numbers: bit-identical to a flat table.
+
+    This guards the grid path against engine changes that would stop it broadcasting.
+    """
+    job = _job(model, device, n, seq, gb)
+    en = enumerate_space(job, load_space("default", sets))
+    cal = load_calibration()
+    rng = np.random.default_rng(0)
+    for p, s0, s1 in en.chunks(20_000)[:4]:
+        table, shape = en.grid_table(p, s0, s1)
+        grid = evaluate(job, table, calibration=cal, check_legal=False)
+        mask = en.grid_mask(s0, s1).reshape(-1)
+        ids = (p * en.n_structural + s0) * en.cells_per_row + np.flatnonzero(mask)
+        pick = rng.choice(len(ids), size=min(len(ids), 3000), replace=False)
+        flat = evaluate(job, en.table(ids[pick]), calibration=cal)
+        assert flat["legal"].all()
+        for key in ("step_time_s", "memory_bytes", "fits", "energy_j_per_step", "mfu", "exposed_comm_fraction",
+                    "mem_activations", "time_dp_comm", "time_pipeline_bubble"):
+            g = np.broadcast_to(grid[key], shape).reshape(-1)[mask][pick]
+            assert np.array_equal(g, flat[key]), key
+
+
+def test_limits_and_uneven_refused() -> None:
+    job = _job("llama-3.1-8b", "a100-80gb", 16, 4096, 64)
+    with pytest.raises(SearchSpaceError, match="above limits.max_layouts=10"):
+        enumerate_space(job, load_space("default", ["tp=1"]).model_copy(
+            update={"limits": load_space("default").limits.model_copy(update={"max_layouts": 10})}))
+    with pytest.raises(SearchSpaceError, match="autopar study"):
+        enumerate_space(job, load_space("uneven_pipeline"))
+    with pytest.raises(SearchSpaceError, match="axes.tp has no candidate values"):
+        enumerate_space(job, load_space("default", ["tp.min=16"]))
+
+
+def test_chunks_cover_the_grid_once() -> None:
+    job = _job("qwen3-30b-a3b", "a100-80gb", 64, 8192, 128)
+    en = enumerate_space(job, load_space("default", ["precision=bf16,fp16"]))
+    seen = np.zeros(en.grid_size, dtype=int)
+    for p, s0, s1 in en.chunks(5_000):
+        a = (p * en.n_structural + s0) * en.cells_per_row
+        seen[a:a + (s1 - s0) * en.cells_per_row] += 1
+    assert (seen == 1).all()
+    assert len(en.precision) == 2
