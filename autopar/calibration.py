@@ -112,6 +112,22 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
     return _load(str(Path(path).resolve()))
 
 
+def coefficient_source(device_id: str, cal: Calibration | None = None) -> str:
+    """Where a device's time-model coefficients come from (shown with every prediction).
+
+    A prediction for a device that was never measured rests on transferred coefficients; the
+    user should treat it as less certain and validate it (``autopar validate``) before relying on it.
+    """
+    cal = cal or load_calibration()
+    data = cal.provenance.get("data", "measurements")
+    if device_id in cal.devices:
+        return f"fitted ({data})"
+    twin = cal.transfer.same_silicon.get(device_id)
+    if twin in cal.devices:
+        return f"same silicon as {twin} (fitted on {data})"
+    return "published efficiencies x fitted/published ratio (device not measured: validate before relying on it)"
+
+
 def memory_constants(cal: Calibration | None = None) -> dict[str, float]:
     """Keyword arguments of :func:`autopar.memory.memory_breakdown` from a calibration."""
     cal = cal or load_calibration()

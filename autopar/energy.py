@@ -13,6 +13,9 @@ import numpy as np
 COMPUTE_POWER_FLOOR = 0.55
 # f for exposed communication and bubbles: links and HBM busy, tensor cores idle.
 STALL_POWER_FRACTION = 0.20
+# Device profiles give the node overhead at its maximum (system max power minus the GPUs' TDP, per
+# GPU); under training load host CPUs, NICs and fans draw about half of it (estimate).
+NODE_OVERHEAD_LOAD = 0.5
 
 
 def energy_per_step(device, t: dict[str, np.ndarray], *, num_devices: int, peak_flops,
@@ -24,6 +27,6 @@ def energy_per_step(device, t: dict[str, np.ndarray], *, num_devices: int, peak_
     span = p.tdp_w - p.idle_w
     p_compute = p.idle_w + span * (COMPUTE_POWER_FLOOR + (1.0 - COMPUTE_POWER_FLOOR) * util)
     p_stall = p.idle_w + span * STALL_POWER_FRACTION
-    per_device = busy * p_compute + (step - busy) * p_stall + step * p.node_overhead_w
+    per_device = busy * p_compute + (step - busy) * p_stall + step * p.node_overhead_w * NODE_OVERHEAD_LOAD
     energy = per_device * num_devices
     return {"energy_j": energy, "avg_power_w": per_device / step}

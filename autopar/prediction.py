@@ -36,6 +36,7 @@ class Prediction:
     energy_j_per_step: float
     avg_power_w: float
     memory_stage: int
+    coefficients: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -57,6 +58,7 @@ class Prediction:
             avg_power_w=self.avg_power_w,
             time_breakdown=self.time_breakdown,
             memory_breakdown=self.memory_breakdown,
+            coefficients=self.coefficients,
         )
         return d
 
@@ -153,7 +155,7 @@ def predict(
     size; ``sp`` defaults to on when tp > 1. Raises :class:`LayoutError` (with ``reasons``) for a
     layout that is not legal; a legal layout that does not fit returns ``fits=False`` and reasons.
     """
-    from autopar.calibration import load_calibration
+    from autopar.calibration import coefficient_source, load_calibration
 
     job, info = make_job(model=model, device=device, num_devices=num_devices,
                          devices_per_node=devices_per_node, seq_len=seq_len, global_batch=global_batch)
@@ -165,6 +167,7 @@ def predict(
     cal = load_calibration(calibration)
     res = evaluate(job, table, calibration=cal)
     pred = prediction_from_row(job, info, table, res, 0)
+    pred.coefficients = coefficient_source(job.device.id, cal)
     illegal = [r for r in pred.reasons if r.code != "out_of_memory"]
     if illegal:
         first = illegal[0]
