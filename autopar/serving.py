@@ -406,11 +406,13 @@ class _Acc:
     time: np.ndarray
     flops: np.ndarray
     bytes: np.ndarray
+    busy_compute: np.ndarray  # time the math units would need at their achievable rate
+    busy_memory: np.ndarray   # time HBM would need at its achieved bandwidth
 
 
 def _gemm(co_inf: Coefficients, co: Coefficients, peak: np.ndarray, eff: float, M, N, K, wbytes: float,
-          weight_frac=1.0, count=1.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(time, flops, HBM bytes) of ``count`` GEMMs (M tokens x K) @ (K x N weights).
+          weight_frac=1.0, count=1.0) -> tuple[np.ndarray, ...]:
+    """(time, flops, HBM bytes, compute time, traffic time) of ``count`` GEMMs (M tokens x K) @ (K x N weights).
 
     Compute: the shared shape-dependent roofline in N and K (``gemm_time`` with the token dim taken
     large, i.e. per-row time), paid for ``max(M, 64)`` rows. Traffic: the weights (``weight_frac``
@@ -423,18 +425,20 @@ def _gemm(co_inf: Coefficients, co: Coefficients, peak: np.ndarray, eff: float, 
     compute = count * per_row * rows
     traffic_b = count * (np.asarray(N, dtype=np.float64) * K * wbytes * weight_frac * (M > 0)
                          + ACT_BYTES * M * (np.asarray(K, dtype=np.float64) + N))
-    t = np.maximum(compute, traffic_b / co.hbm_bw)
-    return t, count * 2.0 * M * N * K, traffic_b
+    traffic = traffic_b / co.hbm_bw
+    # Power follows the useful work: padded MMA rows of a skinny GEMM run while HBM is the bottleneck.
+    useful = count * per_row * M
+    return np.maximum(compute, traffic), count * 2.0 * M * N * K, traffic_b, useful, traffic
 
 
 def iteration(ctx: ServingContext, tab: ServingTable, *, n_dec, n_pre, dec_ctx, pre_ctx, pre_len,
-              logit_rows, clock=1.0) -> dict[str, np.ndarray]:
+              logit_rows, pre_seqs=None, clock=1.0) -> dict[str, np.ndarray]:
     """Seconds (and FLOPs, HBM bytes) of ONE continuous-batching iteration of an instance.
 
     ``n_dec`` sequences decode one token, ``n_pre`` prompt tokens are prefilled (mean attended
     context ``pre_ctx`` keys, prompt length ``pre_len``), decode sequences have ``dec_ctx`` cached
-    tokens on average, ``logit_rows`` tokens need logits. ``clock`` scales the compute peaks (power
-    cap). The whole batch is split into ``pp`` micro-batches that each pass every stage once.
+    tokens on average, ``logit_rows`` tokens need logits, ``pre_seqs`` requests are in prefill
+    (default ``n_pre / pre_len``). ``clock`` scales the compute peaks (power cap). The whole batch is split into ``pp`` micro-batches that each pass every stage once.
     """
     m, co, links, sc = ctx.model, ctx.co, ctx.links, ctx.sc
     n = len(tab)
@@ -465,13 +469,15 @@ def iteration(ctx: ServingContext, tab: ServingTable, *, n_dec, n_pre, dec_ctx, 
     dec_a = n_dec / mb / adp                  # decoding sequences per attention rank
     pre_a = n_pre / mb / adp
 
-    acc = _Acc(np.zeros(n), np.zeros(n), np.zeros(n))
+    acc = _Acc(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
 
     def add(res, weight=1.0):
-        t, f, b = res
+        t, f, b, tc, tm = res
         acc.time += weight * t
         acc.flops += weight * f
         acc.bytes += weight * b
+        acc.busy_compute += weight * tc
+        acc.busy_memory += weight * tm
 
     def gemm(Mx, N, K, wbytes=wb, p=peak, e=eff, **kw):
         return _gemm(co_inf, co, p, e, Mx, N, K, wbytes, **kw)
@@ -495,11 +501,8 @@ def iteration(ctx: ServingContext, tab: ServingTable, *, n_dec, n_pre, dec_ctx, 
         d = m.head_dim
         kvh = np.ceil(m.kv_heads / ta)
         attn_parts += [gemm(M, (a / ta + 2.0 * kvh) * d, h), gemm(M, h, a * d / ta)]
-    attn_t = sum(p[0] for p in attn_parts)
-    attn_f = sum(p[1] for p in attn_parts)
-    attn_b = sum(p[2] for p in attn_parts)
     layers = n_dense + n_moe
-    add((attn_t, attn_f, attn_b), layers)
+    add(tuple(sum(p[i] for p in attn_parts) for i in range(5)), layers)
 
     # ---- attention core ---------------------------------------------------------------------------
     full_l = m.layers - m.sliding_window_layers
@@ -517,12 +520,15 @@ def iteration(ctx: ServingContext, tab: ServingTable, *, n_dec, n_pre, dec_ctx, 
     else:
         dec_dims = m.qk_head_dim + m.v_dim
     dec_flops = 2.0 * dec_a * dec_c * (a / ta) * dec_dims
-    dec_t = np.maximum(dec_flops / (peak16 * co.attention_eff), dec_bytes / co.hbm_bw)
+    dec_tc, dec_tm = dec_flops / (peak16 * co.attention_eff), dec_bytes / co.hbm_bw
+    dec_t = np.maximum(dec_tc, dec_tm)
     pre_flops = 2.0 * pre_a * mean_ctx(pre_ctx) * (a / ta) * (m.qk_head_dim + m.v_dim)
     s_kv = np.maximum(pre_len, 1.0)
     pre_eff = co.attention_eff * s_kv / (s_kv + co.gemm_half_dim)
     pre_t = pre_flops / (peak16 * pre_eff)
-    add((dec_t + pre_t, dec_flops + pre_flops, dec_bytes + pre_a * kv_tok_dev * 2.0), layers)
+    pre_b = pre_a * kv_tok_dev * 2.0
+    add((dec_t + pre_t, dec_flops + pre_flops, dec_bytes + pre_b, dec_tc + pre_t, dec_tm + pre_b / co.hbm_bw),
+        layers)
     t_attn_dec, t_attn_pre = layers * dec_t, layers * pre_t
 
     # ---- MLPs -------------------------------------------------------------------------------------
@@ -542,18 +548,20 @@ def iteration(ctx: ServingContext, tab: ServingTable, *, n_dec, n_pre, dec_ctx, 
         if m.shared_expert_ffn:
             S = m.shared_expert_ffn
             parts += [gemm(M, up * S / ta, h), gemm(M, h, S / ta)]
-        add(tuple(sum(p[i] for p in parts) for i in range(3)), n_moe)
+        add(tuple(sum(p[i] for p in parts) for i in range(5)), n_moe)
 
     # ---- elementwise (norms, residuals, activation function, RoPE), memory-bound ------------------
     act_f = m.ffn_hidden if m.ffn_hidden else m.moe_ffn_hidden * max(m.moe_topk, 1)
     per_tok = ACT_BYTES * (10.0 * h + 3.0 * act_f / ta + 2.0 * (a + m.kv_heads) * m.qk_head_dim / ta)
-    add((M * per_tok / co.hbm_bw, np.zeros(n), M * per_tok), layers)
+    t_el = M * per_tok / co.hbm_bw
+    add((t_el, np.zeros(n), M * per_tok, np.zeros(n), t_el), layers)
 
     # ---- LM head on the last stage (16-bit weights) + sampling over the logits ---------------------
     rows = logit_rows / mb
     hd = gemm(rows, m.vocab / tp, h, wbytes=2.0, p=peak16, e=eff16)
     samp_b = rows * m.vocab / tp * LOGIT_BYTES * 2.0
-    add((hd[0] + samp_b / co.hbm_bw, hd[1], hd[2] + samp_b))
+    t_s = samp_b / co.hbm_bw
+    add((hd[0] + t_s, hd[1], hd[2] + samp_b, hd[3], hd[4] + t_s))
 
     gpu_stage = acc.time.copy()
 
@@ -575,12 +583,15 @@ def iteration(ctx: ServingContext, tab: ServingTable, *, n_dec, n_pre, dec_ctx, 
 
     stage = gpu_stage + comm + p2p
     gpu = mb * stage
-    host = mb * sc.host_step_s + sc.host_per_seq_s * (n_dec + n_pre / np.maximum(pre_len, 1.0))
+    if pre_seqs is None:
+        pre_seqs = n_pre / np.maximum(pre_len, 1.0)
+    host = mb * sc.host_step_s + sc.host_per_seq_s * (n_dec + pre_seqs)
     t_iter = gpu + host
     # FLOPs and bytes per device for one iteration.
     return {
         "t_iter": t_iter, "gpu": gpu, "host": host, "comm": mb * (comm + p2p), "compute": mb * gpu_stage,
         "flops_per_device": mb * acc.flops, "bytes_per_device": mb * acc.bytes,
+        "busy_compute": mb * acc.busy_compute, "busy_memory": mb * acc.busy_memory,
         "attn_decode": mb * t_attn_dec, "attn_prefill": mb * t_attn_pre,
     }
 
@@ -591,7 +602,8 @@ def steady_state(ctx: ServingContext, tab: ServingTable, batch, *, budget, clock
 
     Each iteration advances ``B`` decodes and admits ``B/osl`` requests (``B*isl/osl`` prefill
     tokens, chunked); the token budget caps ``B*(1+isl/osl)``. TPOT is the mean iteration time.
-    TTFT (service, no queueing) is the iterations the prompt needs at the chunk the budget leaves.
+    TTFT (service, no open-loop queueing) is the iterations the prompt needs at the chunk the budget
+    leaves, plus the admission wait of sequences the budget cannot keep decoding.
     """
     w = ctx.workload
     isl, osl = float(w.isl), float(w.osl)
@@ -601,17 +613,24 @@ def steady_state(ctx: ServingContext, tab: ServingTable, batch, *, budget, clock
     pre = b_eff * isl / osl
     dec_ctx = isl + osl / 2.0
     it = iteration(ctx, tab, n_dec=b_eff, n_pre=pre, dec_ctx=dec_ctx, pre_ctx=isl / 2.0, pre_len=isl,
-                   logit_rows=b_eff + b_eff / osl, clock=clock)
+                   logit_rows=b_eff + b_eff / osl, pre_seqs=b_eff / osl, clock=clock)
     tpot = it["t_iter"]
     if w.chunked_prefill:
         chunk = np.clip(budget - b_eff, ALIGN_TOKENS, isl)
     else:
         chunk = np.full_like(b_eff, isl)
     n_chunks = np.ceil(isl / chunk)
-    # The prompt's own chunk rides along with the other decodes (its own decode slot is not yet used).
-    itc = iteration(ctx, tab, n_dec=np.maximum(b_eff - 1.0, 0.0), n_pre=chunk, dec_ctx=dec_ctx,
-                    pre_ctx=isl / 2.0, pre_len=isl, logit_rows=b_eff, clock=clock)
-    ttft = n_chunks * itc["t_iter"]
+    last = isl - (n_chunks - 1.0) * chunk
+    # The prompt's chunks ride along with the other decodes (its own decode slot is not yet used).
+    others = np.maximum(b_eff - 1.0, 0.0)
+    itc = iteration(ctx, tab, n_dec=others, n_pre=chunk, dec_ctx=dec_ctx, pre_ctx=isl / 2.0, pre_len=isl,
+                    logit_rows=others, pre_seqs=1.0, clock=clock)
+    itl = iteration(ctx, tab, n_dec=others, n_pre=last, dec_ctx=dec_ctx, pre_ctx=isl / 2.0, pre_len=isl,
+                    logit_rows=others + 1.0, pre_seqs=1.0, clock=clock)
+    ttft = (n_chunks - 1.0) * itc["t_iter"] + itl["t_iter"]
+    # Closed loop: sequences beyond what the token budget keeps decoding wait for admission; by
+    # Little's law B = X * (wait + osl * TPOT) with X = b_eff / (osl * TPOT).
+    ttft = ttft + osl * tpot * (B / b_eff - 1.0)
     return {
         "batch": b_eff, "tpot": tpot, "ttft": ttft, "prefill_tokens_per_iter": pre,
         "output_tps_instance": b_eff / tpot, "request_rate_instance": b_eff / (osl * tpot),
@@ -624,11 +643,10 @@ def power_demand(ctx: ServingContext, it: dict[str, np.ndarray], clock=1.0) -> d
     dev, co = ctx.device, ctx.co
     p = dev.power
     span = p.tdp_w - p.idle_w
-    prec = ctx.compute_precision
-    peak = co.peak(prec) * np.asarray(clock) * co.gemm_eff.get(prec, co.gemm_eff["bf16"])
     busy = np.maximum(it["compute"], 1e-15)
-    u_c = np.clip(it["flops_per_device"] / (busy * peak), 0.0, 1.0)
-    u_m = np.clip(it["bytes_per_device"] / (busy * co.hbm_bw), 0.0, 1.0)
+    # Share of kernel time the math units (at their achievable rate) and HBM are busy.
+    u_c = np.clip(it["busy_compute"] / busy, 0.0, 1.0)
+    u_m = np.clip(it["busy_memory"] / busy, 0.0, 1.0)
     active = p.idle_w + span * np.minimum(1.0, F_BASE + F_COMPUTE * u_c + F_MEMORY * u_m)
     stall = p.idle_w + span * STALL_POWER_FRACTION
     t = it["t_iter"]

@@ -335,9 +335,10 @@ def _disaggregated(ctx: ServingContext, inst: ServingTable, num_devices: int, pr
     tpot = np.broadcast_to(t_d[D][None, :], ttft_service.shape)
     if w.mode == "request_rate":
         lam = float(w.request_rate or 0.0)
-        x = np.ceil(lam / rp)
-        y = np.ceil(lam / rd)
-        thr = np.full(x.shape, lam)
+        shape = (len(P), len(D))
+        x = np.broadcast_to(np.ceil(lam / rp), shape)
+        y = np.broadcast_to(np.ceil(lam / rd), shape)
+        thr = np.full(shape, lam)
     else:
         # Best pool ratio within the device budget: x prefill instances, just enough decoders.
         xs = np.arange(1, num_devices + 1, dtype=np.float64)[None, None, :]
