@@ -640,8 +640,7 @@ def steady_state(ctx: ServingContext, tab: ServingTable, batch, *, budget, clock
 
 def power_demand(ctx: ServingContext, it: dict[str, np.ndarray], clock=1.0) -> dict[str, np.ndarray]:
     """Average device power during one iteration (kernels, communication/host stalls, node share)."""
-    dev, co = ctx.device, ctx.co
-    p = dev.power
+    p = ctx.device.power
     span = p.tdp_w - p.idle_w
     busy = np.maximum(it["compute"], 1e-15)
     # Share of kernel time the math units (at their achievable rate) and HBM are busy.
