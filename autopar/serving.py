@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from autopar import collectives as C
 from autopar.calibration import Calibration, coefficients_for, load_calibration
-from autopar.energy import STALL_POWER_FRACTION
+from autopar.energy import NODE_OVERHEAD_LOAD, STALL_POWER_FRACTION
 from autopar.errors import AutoparError
 from autopar.latency import Coefficients, gemm_time
 from autopar.memory import COMM_BUFFER_BYTES, FRAMEWORK_RESERVE_BYTES, GIB
@@ -755,8 +755,8 @@ def evaluate(ctx: ServingContext, tab: ServingTable, *, rate_per_instance: np.nd
         out_inst = np.minimum(out_inst, np.asarray(rate_per_instance) * w.osl)
     p = ctx.device.power
     # Energy per second of wall time per device: busy share at the iteration's average power, the rest
-    # idle; node overhead (CPU, NIC, fans share) always.
-    dev_w = duty * pw["avg_w"] + (1.0 - duty) * p.idle_w + p.node_overhead_w
+    # idle; node overhead (CPU, NIC, fans share, at typical load as in training) always.
+    dev_w = duty * pw["avg_w"] + (1.0 - duty) * p.idle_w + p.node_overhead_w * NODE_OVERHEAD_LOAD
     j_per_tok = dev_w * devs / np.maximum(out_inst, 1e-30)
     valid = ~np.logical_or.reduce([v for v in bad.values()])
     return {

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from autopar.energy import NODE_OVERHEAD_LOAD
 from autopar.errors import AutoparError, InfeasibleError
 from autopar.serving import (
     GIB,
@@ -23,6 +24,7 @@ from autopar.serving import (
     ServingContext,
     ServingTable,
     ServingWorkload,
+    attainment,
     evaluate,
     iteration,
     make_context,
@@ -224,6 +226,7 @@ def _aggregated(ctx: ServingContext, inst: ServingTable, num_devices: int, caps:
     bad["devices"] = tab.devices > num_devices
     bad.update(meets_targets(ctx, res))
     first = _first_reason(bad, len(tab))
+    res["attainment"] = attainment(ctx, res)
     return {"tab": tab, "res": res, "replicas": rr, "first": first, "inst_index": ii,
             "cost": _cost_per_mtok(price, res["output_tps_per_device"])}
 
@@ -245,7 +248,7 @@ def _agg_record(ctx: ServingContext, agg: dict[str, Any], i: int, price: float |
         "output_tokens_per_s_per_user": float(res["output_tps_per_user"][i]),
         "request_rate": float(res["request_rate_instance"][i]) * reps,
         "load_factor": float(res["rho"][i]) if w.mode == "request_rate" else None,
-        "saturated": bool(res["saturated"][i]),
+        "saturated": bool(res["saturated"][i]), "slo_attainment": float(res["attainment"][i]),
         "avg_power_w": float(res["power_w"][i]), "clock_factor": float(res["clock"][i]),
         "j_per_output_token": float(res["j_per_token"][i]), "j_per_request": float(res["j_per_request"][i]),
         "output_tokens_per_joule": 1.0 / float(res["j_per_token"][i]),
@@ -361,13 +364,15 @@ def _disaggregated(ctx: ServingContext, inst: ServingTable, num_devices: int, pr
     p = ctx.device.power
     pool_w = (x * np_dev * (rho_p * pw_p[P][:, None] + (1 - rho_p) * p.idle_w)
               + y * nd_dev * (rho_d * pw_d[D][None, :] + (1 - rho_d) * p.idle_w)
-              + devices * p.node_overhead_w)
+              + devices * p.node_overhead_w * NODE_OVERHEAD_LOAD)
     out_tps = thr * osl
     tps_dev = out_tps / np.maximum(devices, 1)
     valid = (y >= 1) & (x >= 1) & (devices <= num_devices) & (thr > 0)
     res = {"ttft_s": ttft, "ttft_service_s": ttft_service, "tpot_s": tpot, "rho": np.maximum(rho_p, rho_d)
            if w.mode == "request_rate" else np.zeros_like(ttft)}
-    targets = meets_targets(ctx, {k: v.ravel() for k, v in res.items()})
+    flat = {k: v.ravel() for k, v in res.items()}
+    targets = meets_targets(ctx, flat)
+    att = attainment(ctx, flat).reshape(ttft.shape)
     bad = {"devices": ~valid.ravel(), **targets}
     if w.mode == "request_rate":
         bad["saturated"] = np.zeros(valid.size, dtype=bool)
@@ -375,7 +380,7 @@ def _disaggregated(ctx: ServingContext, inst: ServingTable, num_devices: int, pr
         "count": int(valid.size), "P": P, "D": D, "di": di, "B": B, "x": x, "y": y, "devices": devices,
         "ttft": ttft, "tpot": tpot, "kv_t": kv_t, "out_tps": out_tps, "tps_dev": tps_dev, "pool_w": pool_w,
         "bad": bad, "first": _first_reason(bad, valid.size), "inst": inst, "dtab": dtab,
-        "cost": _cost_per_mtok(price, tps_dev), "t_p": t_p, "t_d": t_d, "ptab": ptab, "k": k,
+        "cost": _cost_per_mtok(price, tps_dev), "t_p": t_p, "t_d": t_d, "ptab": ptab, "k": k, "att": att,
     }
 
 
@@ -396,7 +401,7 @@ def _dis_record(dis: dict[str, Any], flat: int) -> dict[str, Any]:
         "devices": int(dis["devices"][i, j]),
         "short": f"{x}P({_short(**pre)} k{int(dis['k'][pi])}) + {y}D({_short(**dec)} b{B:.0f})",
         "ttft_ms": float(dis["ttft"][i, j]) * 1e3, "tpot_ms": float(dis["tpot"][i, j]) * 1e3,
-        "kv_transfer_ms": float(dis["kv_t"][i, j]) * 1e3,
+        "kv_transfer_ms": float(dis["kv_t"][i, j]) * 1e3, "slo_attainment": float(dis["att"][i, j]),
         "output_tokens_per_s": tps, "output_tokens_per_s_per_device": float(dis["tps_dev"][i, j]),
         "output_tokens_per_s_per_user": 1.0 / float(dis["tpot"][i, j]),
         "avg_power_w": float(dis["pool_w"][i, j]) / max(int(dis["devices"][i, j]), 1),
@@ -601,7 +606,7 @@ def serve(
     :class:`~autopar.errors.InfeasibleError`, exit status 2 on the CLI) with the closest achievable
     figures when no layout meets the targets.
     """
-    from autopar.calibration import load_calibration
+    from autopar.calibration import coefficient_source, load_calibration
     from autopar.hardware import load_cluster
     from autopar.model import ModelSpec, load_model
 
@@ -626,11 +631,15 @@ def serve(
             if not (0 < c <= dev.power.tdp_w):
                 raise AutoparError(f"power cap {c:g} W is outside (0, TDP {dev.power.tdp_w:g} W] of {dev.id}",
                                    "give caps in watts up to the TDP")
-    ctx = make_context(spec, dev, workload, devices_per_node=cluster.devices_per_node,
-                       calibration=load_calibration(calibration))
+    cal = load_calibration(calibration)
+    ctx = make_context(spec, dev, workload, devices_per_node=cluster.devices_per_node, calibration=cal)
     job = {"model": model if isinstance(model, str) else spec.name, "device": dev.id, "num_devices": num_devices,
            "devices_per_node": cluster.devices_per_node, "compute_precision": ctx.compute_precision,
-           "kv_precision": workload.kv_dtype}
+           "kv_precision": workload.kv_dtype, "coefficients": coefficient_source(dev.id, cal),
+           "serving_coefficients": {"host_step_us": ctx.sc.host_step_s * 1e6,
+                                    "host_per_seq_us": ctx.sc.host_per_seq_s * 1e6,
+                                    "collective_sync_us": ctx.sc.collective_sync_s * 1e6,
+                                    "runtime_reserve_gb": ctx.sc.runtime_reserve_bytes / 1e9}}
     return search(ctx, num_devices=num_devices, top=top, power_caps_w=power_caps_w,
                   price_per_device_hour=price_per_device_hour, disaggregated=disaggregated,
                   pin={"tp": tp, "pp": pp, "ep": ep, "adp": adp}, job=job)

@@ -124,6 +124,7 @@ def print_serving(res) -> None:
     con.print(f"{job['model']} on {job['num_devices']} x {job['device']}: isl {w['isl']}, osl {w['osl']}, "
               f"{load}; weights {w['weight_precision']} (GEMMs {job['compute_precision']}), "
               f"KV {job['kv_precision']}")
+    con.print(f"coefficients: {job.get('coefficients', 'default')}")
     con.print(f"{res.layouts_enumerated} candidates, {res.layouts_feasible} feasible; infeasible: "
               + (", ".join(f"{k} {v}" for k, v in res.infeasible_by_reason.items()) or "none"))
     t = Table(title="best serving layouts")
