@@ -122,6 +122,7 @@ def _training_cell(model: str, device: str, num_devices: int, seq_len: int, glob
         "feasible": True, "layout": tab.row(int(i)).short(), "devices_used": num_devices,
         "tokens_per_s_per_device": t, "tokens_per_joule": job.tokens_per_step / float(res["energy_j_per_step"][i]),
         "step_time_s": float(res["step_time_s"][i]), "mfu": float(res["mfu"][i]),
+        "j_per_step": float(res["energy_j_per_step"][i]),
         "cost_per_mtok": None if price is None else price / 3600.0 / t * 1e6,
     }
 
@@ -223,7 +224,7 @@ def _changes(winners: list[dict[str, Any]]) -> list[str]:
 # ============================================================================================= outputs
 CSV_FIELDS = ("model", "seq_len", "batch", "device", "feasible", "winner", "layout", "devices_used",
               "tokens_per_s_per_device", "tokens_per_s_per_user", "tokens_per_joule", "cost_per_mtok", "ttft_ms",
-              "tpot_ms", "step_time_s", "mfu", "reason")
+              "tpot_ms", "step_time_s", "mfu", "j_per_step", "reason")
 
 _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 

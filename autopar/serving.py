@@ -675,6 +675,7 @@ REASONS = {
     "kv_cache": "no room in the KV cache for the requested concurrency",
     "token_budget": "without chunked prefill the token budget must hold a whole prompt",
     "saturated": "the request rate exceeds what the instance can sustain",
+    "devices": "the instance (or the prefill and decode pools) needs more devices than given",
 }
 
 

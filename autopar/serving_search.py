@@ -515,6 +515,15 @@ def _closest(ctx: ServingContext, agg: dict[str, Any], dis: dict[str, Any] | Non
     runs = np.isin(agg["first"], [REASON_ORDER.index(c) for c in ("ttft_target", "tpot_target", "goodput_target",
                                                                   "saturated")]) | (agg["first"] < 0)
     out: dict[str, Any] = {}
+    if not np.any(runs):  # nothing fits in memory: say by how much the best shape misses
+        i = int(np.argmin(res["mem_weights"] + res["mem_workspace"] + res["mem_reserve"]))
+        rec = _agg_record(ctx, agg, i, None)
+        mem = rec["memory_gib_per_device"]
+        out["least_memory_layout"] = rec["short"].split(" x")[0]
+        out["needs_gib_per_device"] = mem["weights"] + mem["workspace"] + mem["runtime_reserve"]
+        out["weights_gib_per_device"] = mem["weights"]
+        out["capacity_gib"] = mem["capacity"]
+        return out
     if np.any(runs):
         idx = np.flatnonzero(runs)
         i_tpot = idx[np.argmin(res["tpot_s"][idx])]
@@ -541,6 +550,10 @@ def _infeasible_message(ctx: ServingContext, result: ServingResult) -> str:
     reasons = result.infeasible_by_reason
     c = result.closest or {}
     top = ", ".join(f"{k} {v}" for k, v in list(reasons.items())[:4])
+    if "needs_gib_per_device" in c:
+        return (f"no serving layout fits in memory: even {c['least_memory_layout']} needs "
+                f"{c['needs_gib_per_device']:.1f} GiB per device (weights {c['weights_gib_per_device']:.1f} GiB) "
+                f"of {c['capacity_gib']:.1f} GiB [{top}]")
     if not c:
         return (f"no serving layout fits: {top} of {result.layouts_enumerated} candidates "
                 f"({REASONS.get(next(iter(reasons), ''), '')})")
@@ -561,7 +574,7 @@ def _infeasible_message(ctx: ServingContext, result: ServingResult) -> str:
 
 def _infeasible_hint(result: ServingResult) -> str:
     r = result.infeasible_by_reason
-    if "weights_do_not_fit" in r and len(r) == 1:
+    if "weights_do_not_fit" in r and set(r) <= {"weights_do_not_fit", "kv_cache", "devices"}:
         return "use more devices, a lower weight precision, or a device with more memory"
     return "relax the targets, add devices, or lower the load"
 
