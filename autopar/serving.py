@@ -170,8 +170,9 @@ class ServingCoefficients:
       measured 8-GPU busbw is 11.7 GB/s at 256 KiB and 107 GB/s at 4 MiB [S17]).
 
     Not fitted: the runtime reserve (CUDA context, cuBLAS/NCCL workspaces, decoder and sampling
-    buffers) is the training model's framework reserve (2 GiB, :mod:`autopar.memory`) plus the
-    NCCL buffers per communicating group; AIConfigurator reserves 3.5 GB in all.
+    buffers) is the training model's framework reserve (2 GiB, ``framework_reserve_gib`` of the
+    calibration) plus its NCCL buffers (0.4 GB) per communicating group; AIConfigurator reserves
+    3.5 GB in all.
 
     Fitted once (``studies/published_serving.py --fit``: soft-L1 least squares on log throughput)
     to the 43 TensorRT-LLM 0.17 offline rows of ``published_runs_dev.csv`` (H100, FP8, Llama 3.1
@@ -186,12 +187,20 @@ class ServingCoefficients:
     host_per_seq_s: float = 5.33e-6
     collective_sync_s: float = 53.3e-6
     runtime_reserve_bytes: float = FRAMEWORK_RESERVE_BYTES
+    comm_buffer_bytes: float = COMM_BUFFER_BYTES
 
     @classmethod
     def from_calibration(cls, cal: Calibration | None) -> ServingCoefficients:
-        base = cls()
+        """The defaults, the calibration's memory constants (framework reserve, NCCL buffers, as
+        training uses them) and any ``serving_*`` overrides in its ``global`` section."""
+        from autopar.calibration import memory_constants
+
+        mc = memory_constants(cal) if cal is not None else {}
+        base = cls(runtime_reserve_bytes=mc.get("framework_reserve_bytes", FRAMEWORK_RESERVE_BYTES),
+                   comm_buffer_bytes=mc.get("comm_buffer_bytes", COMM_BUFFER_BYTES))
         g = dict(cal.global_) if cal is not None else {}
         return cls(
+            comm_buffer_bytes=base.comm_buffer_bytes,
             host_step_s=float(g.get("serving_host_step_us", base.host_step_s * 1e6)) * 1e-6,
             host_per_seq_s=float(g.get("serving_host_per_seq_us", base.host_per_seq_s * 1e6)) * 1e-6,
             collective_sync_s=float(g.get("serving_collective_sync_us", base.collective_sync_s * 1e6)) * 1e-6,
@@ -388,7 +397,7 @@ def memory(ctx: ServingContext, tab: ServingTable, *, seq_len: float | None = No
     per_tok = ACT_BYTES * (4.0 * m.hidden + qkv / ta + 3.0 * F / ta)
     workspace = budget / adp * per_tok + bcap / adp * m.vocab / tp * LOGIT_BYTES
     groups = (tp > 1).astype(float) + (pp > 1).astype(float) + ((adp > 1) & (tp > 1)).astype(float)
-    reserve = ctx.sc.runtime_reserve_bytes + groups * COMM_BUFFER_BYTES
+    reserve = ctx.sc.runtime_reserve_bytes + groups * ctx.sc.comm_buffer_bytes
     free = cap - weights - workspace - reserve
     kv_avail = np.maximum(free, 0.0) * w.kv_cache_fraction
     kv_seq = _kv_seq_bytes_per_device(ctx, tab, seq)

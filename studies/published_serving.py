@@ -136,7 +136,8 @@ def fit(recs: list[dict[str, Any]], cal) -> ServingCoefficients:
 
     def coeffs(x) -> ServingCoefficients:
         return ServingCoefficients(host_step_s=x[0] * 1e-6, host_per_seq_s=x[1] * 1e-6, collective_sync_s=x[2] * 1e-6,
-                                   runtime_reserve_bytes=base.runtime_reserve_bytes)
+                                   runtime_reserve_bytes=base.runtime_reserve_bytes,
+                                   comm_buffer_bytes=base.comm_buffer_bytes)
 
     def resid(x):
         pred = np.array([predict(r, cal, coeffs(x)).get("predicted", np.nan) for r in ok])
