@@ -21,6 +21,10 @@ _EXPORTS = {
     "DeviceProfile": "autopar.hardware",
     "Layout": "autopar.layout",
     "AutoparError": "autopar.errors",
+    "serve": "autopar.serving_search",
+    "ServingResult": "autopar.serving_search",
+    "compare": "autopar.compare",
+    "export": "autopar.export",
 }
 
 __all__ = sorted(_EXPORTS)

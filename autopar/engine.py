@@ -67,7 +67,9 @@ def evaluate(job: TrainingJob, lay: LayoutTable, *, calibration: Calibration | N
     else:
         legal = np.ones(n, dtype=bool)
 
-    mem = memory_breakdown(model, lay, seq_len=job.seq_len, **memory_constants(cal))
+    mc = memory_constants(cal)
+    mem = memory_breakdown(model, lay, seq_len=job.seq_len, framework_reserve_bytes=mc["framework_reserve_bytes"],
+                           comm_buffer_bytes=mc["comm_buffer_bytes"], fragmentation=mc["fragmentation"])
     capacity = dev.memory_gb * 1e9
     fits = mem["total"] <= capacity
 
