@@ -34,4 +34,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'autopar' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+    value = getattr(import_module(module), name)
+    # Cache it: importing a submodule of the same name (autopar.export) binds the module here.
+    globals()[name] = value
+    return value

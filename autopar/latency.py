@@ -20,6 +20,7 @@ from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.memory import REC_FULL, REC_SELECTIVE, stage_shape
 
 ACT_BYTES = 2.0
+FP32_BYTES = 4.0  # fp32 training (e.g. the CPU reference runs): activations, gradients and wire bytes
 
 TIME_COMPONENTS = (
     "gemm", "attention", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm",
@@ -46,7 +47,8 @@ class Coefficients:
         return self.peak_flops.get(precision) or self.peak_flops["bf16"]
 
 
-def _gemm_time(co: Coefficients, flops_peak: np.ndarray, eff_max: np.ndarray, M, N, K) -> np.ndarray:
+def _gemm_time(co: Coefficients, flops_peak: np.ndarray, eff_max: np.ndarray, M, N, K,
+               elem_bytes=ACT_BYTES) -> np.ndarray:
     """Roofline time of one GEMM (M×K by K×N) with efficiency falling for small N, K (tiles/waves)."""
     M = np.maximum(np.asarray(M, dtype=np.float64), 1.0)
     N = np.maximum(np.asarray(N, dtype=np.float64), 1.0)
@@ -55,7 +57,7 @@ def _gemm_time(co: Coefficients, flops_peak: np.ndarray, eff_max: np.ndarray, M,
     shape = 1.0 / (1.0 + hd / M + hd / N + hd / K)
     flops = 2.0 * M * N * K
     compute = flops / (flops_peak * eff_max * shape / (1.0 / (1.0 + 3.0 * hd / 16384.0)))
-    traffic = ACT_BYTES * (M * K + K * N + M * N) / co.hbm_bw
+    traffic = elem_bytes * (M * K + K * N + M * N) / co.hbm_bw
     return np.maximum(compute, traffic)
 
 
@@ -91,6 +93,11 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
             geff[sel] = co.gemm_eff.get(name, co.gemm_eff["bf16"])
     bf16_peak = co.peak("bf16")
     is_fp8 = prec_code == PRECISION_CODES.index("fp8")
+    # Bytes per activation/gradient element: 16-bit, except fp32 training, whose activations,
+    # gradients and communication are fp32 and whose attention runs at the fp32 rate.
+    is_fp32 = prec_code == PRECISION_CODES.index("fp32")
+    elem = np.where(is_fp32, FP32_BYTES, ACT_BYTES)
+    attn_peak = np.where(is_fp32, co.peak("fp32"), bf16_peak)
 
     s_loc = seq_len / cp
     T = mb * s_loc  # tokens per rank per micro-batch (before SP sharding)
@@ -98,7 +105,7 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     # ---- GEMMs of one layer, forward, per rank --------------------------------------------
     a, g = model.heads, model.kv_heads
     def gt(M, N, K):  # noqa: E306
-        return _gemm_time(co, peak, geff, M, N, K)
+        return _gemm_time(co, peak, geff, M, N, K, elem)
 
     if model.is_mla:
         qd = model.heads * model.qk_head_dim
@@ -132,7 +139,7 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     def attn_fwd(s_kv):  # noqa: E306
         fl = 2.0 * mb * s_loc * s_kv * (a / tp) * (model.qk_head_dim + model.v_dim) * 0.5
         eff = co.attention_eff * s_kv / (s_kv + co.gemm_half_dim)
-        return fl / (bf16_peak * eff)
+        return fl / (attn_peak * eff)
     if window and model.sliding_window_layers:
         frac_sw = model.sliding_window_layers / model.layers
         attn_f = (1 - frac_sw) * attn_fwd(s_kv_full) + frac_sw * attn_fwd(min(window, s_kv_full))
@@ -149,7 +156,7 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
         + 2 * (a + g) * model.qk_head_dim / tp            # RoPE on q and k
     )
     fp8_casts = np.where(is_fp8, 1.5 * (4 * h + act_f) / tp, 0.0)  # quantize inputs of each GEMM
-    elem_f = T * ACT_BYTES * (per_tok + fp8_casts) / co.hbm_bw
+    elem_f = T * elem * (per_tok + fp8_casts) / co.hbm_bw
 
     st = stage_shape(model, lay)
     n_dense = np.maximum(st.first_dense, st.last_dense).astype(np.float64)
@@ -173,7 +180,7 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     overhead = co.kernel_overhead_s * n_layers
 
     # ---- TP / SP (Megatron: 2 all-reduces fwd + 2 bwd per layer; RS+AG with SP: same bytes) -------
-    tp_bytes = T * h * ACT_BYTES
+    tp_bytes = T * h * elem
     tp_one = C.all_reduce(links, tp_bytes, tp, np.ones(n))
     n_tp_coll = 4.0 + np.where(rec == REC_FULL, 2.0, 0.0)
     tp_raw = n_layers * n_tp_coll * tp_one
@@ -182,14 +189,14 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     tp_comm = tp_raw * (1.0 - co.tp_overlap) + co.overlap_contention * co.tp_overlap * tp_raw
     # ---- CP ring attention: (c-1) KV chunks per layer fwd, 2x bwd; hidden behind attention -------
     kv_elems = (model.kv_lora_rank + model.qk_rope_head_dim) if model.is_mla else 2 * g * model.head_dim
-    cp_chunk = mb * s_loc * kv_elems * ACT_BYTES / np.where(model.is_mla, 1.0, tp)
+    cp_chunk = mb * s_loc * kv_elems * elem / np.where(model.is_mla, 1.0, tp)
     bw_cp, inter_cp = C.bus_bandwidth(links, cp, tp)
     cp_raw = np.where(cp > 1, 3.0 * (cp - 1.0) * cp_chunk / bw_cp, 0.0) * n_layers
     cp_comm = np.maximum(cp_raw - (attn_tot_f * 3.5), 0.0)
     cp_hidden = cp_raw - cp_comm
     # ---- EP all-to-all: dispatch + combine, fwd and bwd, per MoE layer ----------------------------
     if model.is_moe:
-        a2a_bytes = T / sp_div * model.moe_topk * h * ACT_BYTES
+        a2a_bytes = T / sp_div * model.moe_topk * h * elem
         ep_comm = n_moe * 4.0 * C.all_to_all(links, a2a_bytes, ep, etp)
     else:
         ep_comm = np.zeros(n)
@@ -200,7 +207,7 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     bubble = (pp - 1.0) / chunk * slot
 
     # ---- PP send/recv: act fwd + grad bwd per micro-batch chunk, on the critical path --------------
-    pp_bytes = T * h * ACT_BYTES / sp_div
+    pp_bytes = T * h * elem / sp_div
     pp_inter = (tp * cp * dp) >= links.devices_per_node
     pp_one = C.p2p(links, pp_bytes, pp_inter)
     pp_comm = np.where(pp > 1, 2.0 * pp_one * (m * vpp + pp - 1.0), 0.0)
@@ -213,7 +220,7 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     shard = np.where(lay["shard_group"] > 0, lay["shard_group"], dpcp).astype(np.float64)
     replicas = dpcp / shard
     edp = tp * cp * dp / (ep * etp)
-    gbytes = ACT_BYTES  # bf16 gradients on the wire
+    gbytes = elem  # bf16 gradients on the wire (fp32 when training in fp32)
     stride_dp = tp
 
     def grad_sync(params, group, stride):
@@ -223,7 +230,7 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
 
     def dp_costs(params, group_size, rep):
         ar_full, rs = grad_sync(params, group_size, stride_dp)
-        ag = C.all_gather(links, params * ACT_BYTES, group_size, stride_dp)
+        ag = C.all_gather(links, params * elem, group_size, stride_dp)
         ar_rep = C.all_reduce(links, params / group_size * gbytes, rep, stride_dp * group_size)
         # per step: (per-micro-batch part, once-per-step part)
         per_mb = np.select([zero >= 3, zero == 2], [2.0 * ag + rs + ar_rep, rs + ar_rep], default=0.0)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from autopar.layout import RECOMPUTE_CODES, LayoutTable
+from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, LayoutTable
 
 GIB = float(1 << 30)
 WEIGHT_BYTES = 2.0  # bf16/fp16 working weights (FP8 recipes keep bf16 weights plus transient casts)
@@ -28,6 +28,10 @@ FRAMEWORK_RESERVE_BYTES = 2.0 * GIB
 FRAGMENTATION = 0.10
 # Bytes per stored logit: bf16 logits plus the fp32 copy the cross-entropy keeps for backward.
 LOGIT_BYTES = 6.0
+# Pure fp32 training (no mixed precision; e.g. the CPU reference runs): 4-byte weights and
+# gradients, AdamW's two fp32 moments (no separate master copy), 4-byte activations, and fp32
+# logits plus the fp32 log-probabilities the cross-entropy keeps.
+FP32_WEIGHT_BYTES, FP32_GRAD_BYTES, FP32_OPTIM_BYTES, FP32_LOGIT_BYTES = 4.0, 4.0, 8.0, 8.0
 
 REC_NONE, REC_SELECTIVE, REC_FULL = (RECOMPUTE_CODES.index(x) for x in ("none", "selective", "full"))
 
@@ -181,11 +185,16 @@ def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: 
     eshard = np.minimum(shard, edp).astype(np.float64)
     zero = lay["zero"]
     offload = lay["offload"] > 0
+    fp32 = lay["precision"] == PRECISION_CODES.index("fp32")
+    w_bytes = np.where(fp32, FP32_WEIGHT_BYTES, WEIGHT_BYTES)
+    g_bytes = np.where(fp32, FP32_GRAD_BYTES, GRAD_BYTES)
+    o_bytes = np.where(fp32, FP32_OPTIM_BYTES, OPTIM_BYTES)
+    act_scale = np.where(fp32, 2.0, 1.0)  # activation_bytes_per_layer counts 16-bit elements
 
     def state(nonexp: np.ndarray, exp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        w = WEIGHT_BYTES * (np.where(zero >= 3, nonexp / shard, nonexp) + np.where(zero >= 3, exp / eshard, exp))
-        g = GRAD_BYTES * (np.where(zero >= 2, nonexp / shard, nonexp) + np.where(zero >= 2, exp / eshard, exp))
-        o = OPTIM_BYTES * (np.where(zero >= 1, nonexp / shard, nonexp) + np.where(zero >= 1, exp / eshard, exp))
+        w = w_bytes * (np.where(zero >= 3, nonexp / shard, nonexp) + np.where(zero >= 3, exp / eshard, exp))
+        g = g_bytes * (np.where(zero >= 2, nonexp / shard, nonexp) + np.where(zero >= 2, exp / eshard, exp))
+        o = o_bytes * (np.where(zero >= 1, nonexp / shard, nonexp) + np.where(zero >= 1, exp / eshard, exp))
         o = np.where(offload, 0.0, o)
         return w, g, o
 
@@ -195,13 +204,14 @@ def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: 
     m = lay["grad_accum"]  # micro-batches per step per pipeline (global batch / (mb * dp))
     common: dict[str, Any] = dict(seq_len=seq_len, micro_batch=lay["micro_batch"], tp=lay["tp"], cp=lay["cp"],
                   sp=lay["sp"], recompute=lay["recompute"], flash_attention=flash_attention, dropout=dropout)
-    act_dense = activation_bytes_per_layer(model, moe=False, **common)
-    act_moe = activation_bytes_per_layer(model, moe=True, **common) if model.is_moe else act_dense * 0
+    act_dense = activation_bytes_per_layer(model, moe=False, **common) * act_scale
+    act_moe = activation_bytes_per_layer(model, moe=True, **common) * act_scale if model.is_moe else act_dense * 0
     per_mb_first = st.first_dense * act_dense + st.first_moe * act_moe
     per_mb_last = st.last_dense * act_dense + st.last_moe * act_moe
     inflight = inflight_microbatches(lay, m)
     # Full recompute re-materializes one layer at a time during backward: add one layer's full set.
-    full_layer = activation_bytes_per_layer(model, moe=model.is_moe, **{**common, "recompute": lay["recompute"] * 0})
+    full_layer = activation_bytes_per_layer(model, moe=model.is_moe,
+                                            **{**common, "recompute": lay["recompute"] * 0}) * act_scale
     working = np.where(lay["recompute"] == REC_FULL, full_layer, 0.0)
     act_first = per_mb_first * inflight + working
     last_inflight = np.where(pp > 1, 1.0, inflight)
@@ -210,13 +220,13 @@ def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: 
     s_local = seq_len / lay["cp"]
     sb = s_local * lay["micro_batch"]
     sp_div = np.where(lay["sp"] > 0, tp, 1.0)
-    embed_out = 2.0 * sb * model.hidden / sp_div * inflight
-    logits = LOGIT_BYTES * sb * model.vocab / tp
+    embed_out = 2.0 * act_scale * sb * model.hidden / sp_div * inflight
+    logits = np.where(fp32, FP32_LOGIT_BYTES, LOGIT_BYTES) * sb * model.vocab / tp
     emb_first = embed_out + np.where(pp == 1, logits, 0.0)
     emb_last = logits + np.where(pp == 1, embed_out, 0.0)
 
     max_layer = np.maximum(dense_p, moe_p + expert_p * (1 if model.is_moe else 0))
-    z3 = np.where(zero >= 3, 2.0 * max_layer * WEIGHT_BYTES + max_layer * GRAD_BYTES * 2, 0.0)
+    z3 = np.where(zero >= 3, 2.0 * max_layer * w_bytes + max_layer * g_bytes * 2, 0.0)
 
     groups = ((lay["tp"] > 1).astype(float) + (lay["pp"] > 1) + (lay["cp"] > 1) + (lay["ep"] > 1)
               + ((lay["dp"] * lay["cp"]) > 1))
