@@ -64,8 +64,13 @@ class Prediction:
 
 
 def prediction_from_row(job: TrainingJob, job_info: dict[str, Any], lay: LayoutTable,
-                        res: dict[str, Any], i: int) -> Prediction:
-    """Turn row ``i`` of ``evaluate``'s arrays into a :class:`Prediction`."""
+                        res: dict[str, Any], i: int, calibration=None) -> Prediction:
+    """Turn row ``i`` of ``evaluate``'s arrays into a :class:`Prediction`.
+
+    ``calibration`` must be the one ``res`` was computed with (default: the shipped one).
+    """
+    from autopar.calibration import coefficient_source
+
     ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in job.device.peak_tflops)
     reasons = reasons_for_row(job.model, lay, ctx, i)
     mem_gib = float(res["memory_bytes"][i]) / GIB
@@ -99,6 +104,7 @@ def prediction_from_row(job: TrainingJob, job_info: dict[str, Any], lay: LayoutT
         energy_j_per_step=float(res["energy_j_per_step"][i]),
         avg_power_w=float(res["avg_power_w"][i]),
         memory_stage=int(res["memory_stage"][i]),
+        coefficients=coefficient_source(job.device.id, calibration),
     )
 
 
@@ -155,7 +161,7 @@ def predict(
     size; ``sp`` defaults to on when tp > 1. Raises :class:`LayoutError` (with ``reasons``) for a
     layout that is not legal; a legal layout that does not fit returns ``fits=False`` and reasons.
     """
-    from autopar.calibration import coefficient_source, load_calibration
+    from autopar.calibration import load_calibration
 
     job, info = make_job(model=model, device=device, num_devices=num_devices,
                          devices_per_node=devices_per_node, seq_len=seq_len, global_batch=global_batch)
@@ -166,8 +172,7 @@ def predict(
     table = LayoutTable.from_layouts([layout])
     cal = load_calibration(calibration)
     res = evaluate(job, table, calibration=cal)
-    pred = prediction_from_row(job, info, table, res, 0)
-    pred.coefficients = coefficient_source(job.device.id, cal)
+    pred = prediction_from_row(job, info, table, res, 0, cal)
     illegal = [r for r in pred.reasons if r.code != "out_of_memory"]
     if illegal:
         first = illegal[0]
