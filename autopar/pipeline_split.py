@@ -227,3 +227,71 @@ def _base_key(base: Layout) -> tuple:
     d = base.model_dump()
     d.pop("recompute")
     return tuple(sorted(d.items()))
+
+
+def balanced_split(scorer: UnevenScorer, base: Layout, rec: tuple[int, ...], max_shift: int
+                   ) -> tuple[float, StagePlan] | None:
+    """The split that minimizes the slowest stage for a fixed recompute assignment (None if none fits).
+
+    Stage memory and slot time are affine in a stage's layer count, so for a target slot time T
+    stage i can hold at most min((T - c_i) / a_i, (capacity - beta_i) / alpha_i, even_i + k)
+    layers; the smallest T whose maxima add up to the model's layers is found by bisection, and the
+    surplus layers come off the stages with the most expensive layers first.
+    """
+    import math
+
+    p, L = base.pp, scorer.job.model.layers
+    even = even_split(L, p)
+    lo = [max(1, e - max_shift) for e in even]
+    hi = [e + max_shift for e in even]
+    m1 = scorer.stage_memory(base, StagePlan((1,) * p, rec))
+    m2 = scorer.stage_memory(base, StagePlan((2,) * p, rec))
+    alpha, beta = m2 - m1, 2 * m1 - m2
+    cap = scorer.job.device.memory_gb * 1e9
+    bc = scorer.base_costs(base)
+    a = [float(bc.a[r]) for r in rec]
+    c = [0.0] * (p - 1) + [bc.c]
+    mem_max = [min(hi[i], math.floor((cap - beta[i]) / alpha[i])) for i in range(p)]
+    if any(mem_max[i] < lo[i] for i in range(p)) or sum(mem_max) < L:
+        return None
+
+    def most(t: float) -> list[int]:
+        return [min(mem_max[i], math.floor((t - c[i]) / a[i] + 1e-9)) for i in range(p)]
+
+    t_lo, t_hi = 0.0, max(mem_max[i] * a[i] + c[i] for i in range(p))
+    for _ in range(60):
+        t = 0.5 * (t_lo + t_hi)
+        cnt = most(t)
+        if all(cnt[i] >= lo[i] for i in range(p)) and sum(cnt) >= L:
+            t_hi = t
+        else:
+            t_lo = t
+    layers = most(t_hi)
+    surplus = sum(layers) - L
+    for i in sorted(range(p), key=lambda i: -a[i]):
+        take = min(surplus, layers[i] - lo[i])
+        layers[i] -= take
+        surplus -= take
+    plan = StagePlan(tuple(layers), rec)
+    s = scorer.score(base, plan)
+    return (s["tokens_per_s_per_device"], plan) if s["fits"] else None
+
+
+def best_monotone_split(scorer: UnevenScorer, base: Layout, modes: list[int], max_shift: int
+                        ) -> tuple[float, StagePlan] | None:
+    """:func:`balanced_split` over every monotone recompute assignment (heavier modes first)."""
+    heavy = sorted(set(modes), reverse=True)
+    p = base.pp
+    best: tuple[float, StagePlan] | None = None
+    counts = [()] if len(heavy) == 1 else [(a,) for a in range(p + 1)]
+    if len(heavy) == 3:
+        counts = [(a, b) for a in range(p + 1) for b in range(p + 1 - a)]
+    for cnt in counts:
+        rec: list[int] = []
+        for mode, n in zip(heavy, cnt, strict=False):
+            rec += [mode] * n
+        rec += [heavy[-1]] * (p - len(rec))
+        got = balanced_split(scorer, base, tuple(rec), max_shift)
+        if got is not None and (best is None or got[0] > best[0]):
+            best = got
+    return best

@@ -82,14 +82,18 @@ class IntAxis(BaseModel):
 class UnevenPipeline(BaseModel):
     """Per-stage layer counts (even split +- ``max_shift``) and, optionally, per-stage recompute.
 
-    The product over stages is astronomically large (C(L-1, p-1) splits times 3^p recompute
+    The product over stages is astronomically large ((2k+1)^(p-1) splits times the recompute
     assignments), so such a space is searched with ``autopar study`` (Optuna), never enumerated.
+    ``recompute_pattern``: ``free`` (any mode on any stage, 3^p) or ``monotone`` (heavier modes on
+    the earlier stages, which hold more micro-batches in flight under 1F1B: a count of stages per
+    mode, O(p^2) assignments).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     max_shift: int = Field(4, ge=1, le=64, description="layers a stage may hold above/below the even split")
     per_stage_recompute: bool = True
+    recompute_pattern: Literal["free", "monotone"] = "free"
 
 
 class Axes(BaseModel):

@@ -35,7 +35,7 @@ from autopar.enumerate import Enumeration, enumerate_space
 from autopar.errors import AutoparError, SearchSpaceError
 from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, Layout, LayoutTable
 from autopar.memory import GIB
-from autopar.pipeline_split import StagePlan, UnevenScorer, check_model, even_split
+from autopar.pipeline_split import StagePlan, UnevenScorer, best_monotone_split, check_model, even_split
 from autopar.search import DEFAULT_PRICE_PER_DEVICE_HOUR, Objectives, search
 from autopar.search_space import SearchSpace
 
@@ -161,6 +161,10 @@ class TrialSpace:
         if not per_stage_rec:
             self.choices["recompute"] = rec_names
         self.stage_recompute = rec_names if per_stage_rec else None
+        self.monotone = per_stage_rec and self.uneven is not None and self.uneven.recompute_pattern == "monotone"
+        # heaviest mode first (full, selective, none): the order of a monotone assignment
+        self.modes_heavy_first = sorted(rec_names, key=lambda r: -RECOMPUTE_CODES.index(r))
+        self.pp_max = int(S["pp"].max())
         self.choices["precision"] = [PRECISION_CODES[int(p)] for p in en.precision]
         self._coords = np.stack([_log2(S["tp"]), _log2(S["pp"]), _log2(S["cp"]), _log2(S["ep"]),
                                  0.5 * _log2(S["micro_batch"]), 0.5 * _log2(S["vpp"])], axis=1)
@@ -185,13 +189,21 @@ class TrialSpace:
             p, L, k = layout.pp, self.job.model.layers, self.uneven.max_shift
             base = even_split(L, p)
             shifts = [trial.suggest_int(f"shift_{i}", -k, k) for i in range(p - 1)]
-            recs = ([trial.suggest_categorical(f"recompute_{i}", self.stage_recompute) for i in range(p)]
-                    if self.stage_recompute else [layout.recompute] * p)
+            recs = self._stage_recompute(trial, p) if self.stage_recompute else [layout.recompute] * p
             layers, fixed = _repair_split(base, shifts, k)
             plan = StagePlan(tuple(layers), tuple(RECOMPUTE_CODES.index(r) for r in recs))
             repaired = repaired or fixed
             layout = layout.model_copy(update={"recompute": RECOMPUTE_CODES[max(plan.recompute)]})
         return Candidate(layout, plan, repaired)
+
+    def _stage_recompute(self, trial: Any, p: int) -> list[str]:
+        if not self.monotone:
+            return [trial.suggest_categorical(f"recompute_{i}", self.stage_recompute) for i in range(p)]
+        out: list[str] = []
+        for mode in self.modes_heavy_first[:-1]:
+            n = min(trial.suggest_int(f"stages_{mode}", 0, self.pp_max), p - len(out))
+            out += [mode] * n
+        return out + [self.modes_heavy_first[-1]] * (p - len(out))
 
     def _nearest(self, want: dict[str, Any]) -> tuple[Layout, bool]:
         en = self.enum
@@ -222,8 +234,8 @@ class TrialSpace:
                         offload=bool(en.offload[oi]), precision=want["precision"])
         return layout, not exact
 
-    def params_for(self, layout: Layout, recompute_per_stage: str | None = None) -> dict[str, Any]:
-        """Trial parameters that propose ``layout`` (even split, uniform recompute): for enqueue_trial."""
+    def params_for(self, layout: Layout, plan: StagePlan | None = None) -> dict[str, Any]:
+        """Trial parameters that propose ``layout`` (split as ``plan``, or evenly): for enqueue_trial."""
         d = layout.model_dump()
         out: dict[str, Any] = {}
         for k in self.params:
@@ -234,11 +246,18 @@ class TrialSpace:
             else:
                 out[k] = d[k]
         if self.uneven is not None:
-            for i in range(layout.pp - 1):
-                out[f"shift_{i}"] = 0
-            if self.stage_recompute:
-                for i in range(layout.pp):
-                    out[f"recompute_{i}"] = recompute_per_stage or layout.recompute
+            p, L = layout.pp, self.job.model.layers
+            even = even_split(L, p)
+            layers = list(plan.layers) if plan is not None else even
+            for i in range(p - 1):
+                out[f"shift_{i}"] = layers[i] - even[i]
+            recs = ([RECOMPUTE_CODES[r] for r in plan.recompute] if plan is not None else [layout.recompute] * p)
+            if self.stage_recompute and self.monotone:
+                for mode in self.modes_heavy_first[:-1]:
+                    out[f"stages_{mode}"] = recs.count(mode)
+            elif self.stage_recompute:
+                for i in range(p):
+                    out[f"recompute_{i}"] = recs[i]
         return out
 
 
@@ -325,6 +344,7 @@ class StudyConfig:
     calibration: str | None = None
     seed_top_k: int = 10
     batch: int = 8
+    structured_seeds: bool = True
 
 
 @dataclass
@@ -362,16 +382,27 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def fail_stale_trials(study: Any) -> int:
-    """Mark RUNNING trials of dead local workers FAIL (a killed run leaves its in-flight trials RUNNING)."""
+def fail_stale_trials(study: Any, *, untagged_after_s: float = 30.0) -> int:
+    """Mark RUNNING trials of dead workers FAIL (a killed run leaves its in-flight trials RUNNING).
+
+    A trial is tagged with its worker (host:pid) right after it is created; a tagged trial of a dead
+    local process is failed at once. A process killed between creating a trial and tagging it leaves
+    an untagged one: that is failed once it is older than ``untagged_after_s`` (trials live for
+    milliseconds).
+    """
+    import datetime as dt
+
     from optuna.trial import TrialState
 
     host = socket.gethostname()
+    now = dt.datetime.now()
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         w = t.user_attrs.get("worker", "")
         h, _, pid = w.rpartition(":")
-        if h == host and pid.isdigit() and not _pid_alive(int(pid)):
+        dead = h == host and pid.isdigit() and not _pid_alive(int(pid))
+        stale = not w and t.datetime_start is not None and (now - t.datetime_start).total_seconds() > untagged_after_s
+        if dead or stale:
             study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
             n += 1
     return n
@@ -466,7 +497,25 @@ def enqueue_seeds(study: Any, tspace: TrialSpace, cfg: StudyConfig, cal: Calibra
         study.enqueue_trial(tspace.params_for(lay), user_attrs={"seed_trial": "exhaustive top-k"},
                             skip_if_exists=True)
     study.set_user_attr("seeded_top_k", len(layouts))
-    return len(layouts)
+    n = len(layouts)
+    up = cfg.space.uneven_pipeline
+    if up is not None and cfg.structured_seeds:
+        # For each seed's base layout, the best split under monotone recompute (pipeline_split.balanced_split).
+        scorer = UnevenScorer(cfg.job, cal)
+        modes = ([RECOMPUTE_CODES.index(m) for m in tspace.stage_recompute] if tspace.stage_recompute else None)
+        seen: set[str] = set()
+        for lay in layouts:
+            base_key = json.dumps({k: v for k, v in lay.model_dump().items() if k != "recompute"}, sort_keys=True)
+            if base_key in seen:
+                continue
+            seen.add(base_key)
+            got = best_monotone_split(scorer, lay, modes or [RECOMPUTE_CODES.index(lay.recompute)], up.max_shift)
+            if got is not None:
+                study.enqueue_trial(tspace.params_for(lay, got[1]), user_attrs={"seed_trial": "balanced split"},
+                                    skip_if_exists=True)
+                n += 1
+        study.set_user_attr("seeded_balanced_splits", n - len(layouts))
+    return n
 
 
 def _cache_from_storage(study: Any) -> dict[str, dict[str, Any]]:
@@ -481,8 +530,13 @@ def _cache_from_storage(study: Any) -> dict[str, dict[str, Any]]:
 
 
 def run_study(cfg: StudyConfig, *, n_trials: int, timeout: float | None = None,
-              on_trial: Callable[[int, Candidate, dict[str, Any]], None] | None = None) -> StudyReport:
-    """Create or resume the study and run it until it has ``n_trials`` complete trials (or timeout)."""
+              on_trial: Callable[[int, Candidate, dict[str, Any], bool], None] | None = None,
+              stop: Callable[[], bool] | None = None) -> StudyReport:
+    """Create or resume the study and run it until it has ``n_trials`` complete trials (or timeout).
+
+    ``on_trial(number, candidate, result, cached)`` is called after each trial is stored; ``stop()``
+    is checked between batches.
+    """
     from optuna.trial import TrialState
 
     t0 = time.perf_counter()
@@ -508,7 +562,7 @@ def run_study(cfg: StudyConfig, *, n_trials: int, timeout: float | None = None,
     cache = _cache_from_storage(study)
     new = 0
     worker = _worker_id()
-    while done < n_trials and (timeout is None or time.perf_counter() - t0 < timeout):
+    while done < n_trials and (timeout is None or time.perf_counter() - t0 < timeout) and not (stop and stop()):
         k = max(1, min(cfg.batch, n_trials - done))
         trials = []
         for _ in range(k):
@@ -529,14 +583,15 @@ def run_study(cfg: StudyConfig, *, n_trials: int, timeout: float | None = None,
             t.set_user_attr("layout", c.short())
             t.set_user_attr("result", {k: v for k, v in r.items() if k != "values"} | {"values": r["values"]})
             t.set_user_attr("fits", r["fits"])
-            t.set_user_attr("cached", i not in uniq.values())
+            cached = i not in uniq.values()
+            t.set_user_attr("cached", cached)
             t.set_user_attr("repaired", c.repaired)
             t.set_constraint(CONSTRAINT, float(r["constraint"]))
             study.tell(t, r["values"])
             done += 1
             new += 1
             if on_trial is not None:
-                on_trial(t.number, c, r)
+                on_trial(t.number, c, r, cached)
     report = study_report(study, top=5)
     report.new_trials, report.resumed, report.elapsed_s = new, resumed, time.perf_counter() - t0
     return report

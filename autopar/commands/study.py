@@ -31,6 +31,8 @@ def register(sub: Any) -> dict[str, Any]:
     r.add_argument("--batch", type=positive_int, default=8, help="trials asked and scored together (default 8)")
     r.add_argument("--seed-top-k", type=nonneg_int, default=10,
                    help="enqueue the exhaustive top-k of the enumerable sub-space as first trials (0: off)")
+    r.add_argument("--no-structured-seeds", action="store_true",
+                   help="uneven spaces: do not also enqueue the balanced split of each seed's base layout")
     r.add_argument("--storage", default=None, help="journal file path (default autopar-studies.log), *.db for "
                                                    "SQLite, or an Optuna storage URL")
     r.add_argument("--top", type=positive_int, default=5)
@@ -87,9 +89,9 @@ def _run(a: argparse.Namespace) -> int:
                          devices_per_node=a.devices_per_node, seq_len=a.seq_len, global_batch=a.global_batch)
     cfg = StudyConfig(name=a.name, job=job, info=info, space=space, objectives=objectives, sampler=a.sampler,
                       seed=a.seed, storage=a.storage, calibration=a.calibration, seed_top_k=a.seed_top_k,
-                      batch=a.batch)
+                      batch=a.batch, structured_seeds=not a.no_structured_seeds)
 
-    def on_trial(number: int, cand: Any, r: dict[str, Any]) -> None:
+    def on_trial(number: int, cand: Any, r: dict[str, Any], cached: bool) -> None:
         if a.verbose:
             fits = "fits" if r["fits"] else "does not fit"
             print(f"trial {number} done: {cand.short()} -> {r['tokens_per_s_per_device']:,.1f} tokens/s/device, "
