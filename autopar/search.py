@@ -468,7 +468,7 @@ def predict_layout(job: TrainingJob, info: dict[str, Any], layout: Layout, cal: 
     """Exactly what ``predict`` computes for ``layout`` (a table of one row, same engine call)."""
     table = LayoutTable.from_layouts([layout])
     res = evaluate(job, table, calibration=cal)
-    return prediction_from_row(job, info, table, res, 0)
+    return prediction_from_row(job, info, table, res, 0, cal)
 
 
 def _predictions(en: Enumeration, ids: np.ndarray, info: dict[str, Any], cal: Calibration) -> list[Prediction]:
