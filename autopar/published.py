@@ -116,7 +116,7 @@ def layout_for(case: Case, num_devices: int, global_batch: int):
     row = case.row
     tp, pp, cp = _int(row, "tp"), _int(row, "pp"), _int(row, "cp") or 1
     if tp is None or pp is None:
-        raise AutoparError("tp/pp not stated by the source")
+        return best_layout_for(case, num_devices, global_batch)
     vpp = _int(row, "vpp")
     if vpp is None:
         vpp = 1
@@ -155,6 +155,23 @@ def layout_for(case: Case, num_devices: int, global_batch: int):
     return resolve_layout(num_devices=num_devices, global_batch=global_batch, tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp,
                           ep=ep, etp=etp, zero=zero, shard_group=shard if shard and shard < (dp or 0) * cp else 0,
                           sp=sp, micro_batch=mb, recompute=rec, precision=prec)
+
+
+def best_layout_for(case: Case, num_devices: int, global_batch: int):
+    """The source does not state its layout: assume the practitioners ran autopar's top-1 layout of
+    the default search space (a stated assumption; the prediction is then an upper bound)."""
+    from autopar.search import recommend
+
+    row = case.row
+    prec = (row.get("precision") or "").strip() or "bf16"
+    model = build_model(case)
+    dev = (row.get("device") or "").strip()
+    res = recommend(model=model, device=dev, num_devices=num_devices,
+                    devices_per_node=_int(row, "devices_per_node"), seq_len=_int(row, "seq_len") or 0,
+                    global_batch=global_batch, top=1, overrides=[f"precision={prec}"], progress=False)
+    lay = res.results[0].layout
+    case.assumptions.append("layout not stated: autopar's top-1 layout of the default space")
+    return lay
 
 
 def megatron_flops_per_iter(model, B: int, s: int) -> float:
