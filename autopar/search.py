@@ -429,8 +429,8 @@ def _fmt_t(x: float) -> str:
     return f"{x * 1e3:.1f} ms" if abs(x) < 1 else f"{x:.2f} s"
 
 
-def explain_choice(a: Prediction, b: Prediction, objective: str) -> str:
-    """Why ``a`` ranks above ``b``: the breakdown component that differs most in a's favour."""
+def explain_choice(a: Prediction, b: Prediction, objective: str, other: str = "the runner-up") -> str:
+    """Why ``a`` ranks above ``b`` (called ``other``): the breakdown component that differs most in a's favour."""
     if objective == "memory":
         parts_a, parts_b, total_a, total_b = (a.memory_breakdown, b.memory_breakdown,
                                               a.memory_gib_per_device, b.memory_gib_per_device)
@@ -444,16 +444,16 @@ def explain_choice(a: Prediction, b: Prediction, objective: str) -> str:
         labels = _LABELS
     diffs = {k: parts_b.get(k, 0.0) - parts_a.get(k, 0.0) for k in set(parts_a) | set(parts_b)}
     if total_a == total_b and all(abs(d) < 1e-15 for d in diffs.values()):
-        return (f"{a.layout.short()} ties with {b.layout.short()} on {what}; it ranks first on "
+        return (f"{a.layout.short()} ties with {other} {b.layout.short()} on {what}; it ranks first on "
                 f"{'memory' if objective != 'memory' else 'step time'}.")
     best = max(diffs, key=lambda k: diffs[k])
     worst = min(diffs, key=lambda k: diffs[k])
     rel = (total_b - total_a) / total_b if total_b else 0.0
     if objective == "energy":
-        head = (f"{a.layout.short()} beats the runner-up {b.layout.short()} on energy per token "
+        head = (f"{a.layout.short()} beats {other} {b.layout.short()} on energy per token "
                 f"({a.energy_j_per_step / 1e3:,.1f} vs {b.energy_j_per_step / 1e3:,.1f} kJ per step)")
     else:
-        head = (f"{a.layout.short()} beats the runner-up {b.layout.short()} by {rel:.1%} in {what} "
+        head = (f"{a.layout.short()} beats {other} {b.layout.short()} by {rel:.1%} in {what} "
                 f"({fmt(total_a)} vs {fmt(total_b)})")
     if diffs[best] <= 0:
         return head + "."
