@@ -110,7 +110,10 @@ class UnevenScorer:
 
     @staticmethod
     def _slots(res: dict[str, np.ndarray], m: int) -> np.ndarray:
-        return sum(res[f"time_{k}"] for k in SLOT_PARTS) / float(m)
+        total = np.zeros_like(res["step_time_s"])
+        for k in SLOT_PARTS:
+            total = total + res[f"time_{k}"]
+        return total / float(m)
 
     def base_costs(self, base: Layout) -> BaseCosts:
         key = _base_key(base)
@@ -148,8 +151,9 @@ class UnevenScorer:
         head = model.head_params / tp + model.final_norm_params
         if model.tie_embeddings:
             head = head + embed
-        common = dict(seq_len=self.job.seq_len, micro_batch=one["micro_batch"], tp=one["tp"], cp=one["cp"],
-                      sp=one["sp"], recompute=one["recompute"], flash_attention=True, dropout=False)
+        common: dict[str, Any] = dict(seq_len=self.job.seq_len, micro_batch=one["micro_batch"], tp=one["tp"],
+                                      cp=one["cp"], sp=one["sp"], recompute=one["recompute"], flash_attention=True,
+                                      dropout=False)
         act_layer = activation_bytes_per_layer(model, moe=model.is_moe, **common)  # by recompute code
         full_layer = float(activation_bytes_per_layer(model, moe=model.is_moe, **{**common, "recompute":
                                                                                    one["recompute"] * 0})[0])
@@ -283,7 +287,7 @@ def best_monotone_split(scorer: UnevenScorer, base: Layout, modes: list[int], ma
     heavy = sorted(set(modes), reverse=True)
     p = base.pp
     best: tuple[float, StagePlan] | None = None
-    counts = [()] if len(heavy) == 1 else [(a,) for a in range(p + 1)]
+    counts: list[tuple[int, ...]] = [()] if len(heavy) == 1 else [(a,) for a in range(p + 1)]
     if len(heavy) == 3:
         counts = [(a, b) for a in range(p + 1) for b in range(p + 1 - a)]
     for cnt in counts:

@@ -104,14 +104,14 @@ class Axes(BaseModel):
     vpp: IntAxis = IntAxis(candidates="divisors", max=8)
     cp: IntAxis = IntAxis(candidates="pow2", max=8)
     ep: IntAxis = IntAxis(candidates="divisors", max=64)
-    etp: list[Literal[1, "tp"]] = Field(default_factory=lambda: [1, "tp"])
+    etp: list[Literal[1, "tp"]] = Field(default_factory=lambda: [1, "tp"])  # type: ignore[arg-type]
     micro_batch: IntAxis = IntAxis(candidates="divisors", max=8)
-    zero: list[Literal[0, 1, 2, 3]] = Field(default_factory=lambda: [0, 1, 2, 3])
+    zero: list[Literal[0, 1, 2, 3]] = Field(default_factory=lambda: [0, 1, 2, 3])  # type: ignore[arg-type]
     shard_group: IntAxis = IntAxis(values=[0])
     sp: SpMode = "auto"
-    recompute: list[Recompute] = Field(default_factory=lambda: list(RECOMPUTE_CODES))
+    recompute: list[Recompute] = Field(default_factory=lambda: list(RECOMPUTE_CODES))  # type: ignore[arg-type]
     offload: list[bool] = Field(default_factory=lambda: [False, True])
-    precision: list[Precision] = Field(default_factory=lambda: ["bf16"])
+    precision: list[Precision] = Field(default_factory=lambda: ["bf16"])  # type: ignore[arg-type]
 
     @field_validator("etp", "zero", "recompute", "offload", "precision")
     @classmethod
@@ -136,7 +136,7 @@ class SearchSpace(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    schema_: Literal["autopar.search_space/v1"] = Field(SCHEMA, alias="schema")
+    schema_: Literal["autopar.search_space/v1"] = Field("autopar.search_space/v1", alias="schema")
     name: str = "custom"
     description: str = ""
     axes: Axes = Field(default_factory=Axes)

@@ -225,7 +225,7 @@ class TrialSpace:
             Z, G, O = np.meshgrid(np.arange(ok.shape[0]), np.arange(ok.shape[1]), np.arange(ok.shape[2]),
                                   indexing="ij")
             d = np.abs(Z - zi) + (G != gi) + (O != oi) + np.where(ok, 0, 1000)
-            zi, gi, oi = np.unravel_index(int(np.argmin(d)), ok.shape)
+            zi, gi, oi = (int(x) for x in np.unravel_index(int(np.argmin(d)), ok.shape))
         cols = {k: int(S[k][s]) for k in S}
         layout = Layout(tp=cols["tp"], pp=cols["pp"], vpp=cols["vpp"], dp=cols["dp"], cp=cols["cp"], ep=cols["ep"],
                         etp=cols["etp"], zero=int(en.zero[zi]), shard_group=int(en.shard_group[gi]),
@@ -251,7 +251,8 @@ class TrialSpace:
             layers = list(plan.layers) if plan is not None else even
             for i in range(p - 1):
                 out[f"shift_{i}"] = layers[i] - even[i]
-            recs = ([RECOMPUTE_CODES[r] for r in plan.recompute] if plan is not None else [layout.recompute] * p)
+            recs: list[str] = ([RECOMPUTE_CODES[r] for r in plan.recompute] if plan is not None
+                               else [str(layout.recompute)] * p)
             if self.stage_recompute and self.monotone:
                 for mode in self.modes_heavy_first[:-1]:
                     out[f"stages_{mode}"] = recs.count(mode)
@@ -426,7 +427,7 @@ def open_study(cfg: StudyConfig) -> tuple[Any, bool, str, int]:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = resolve_storage(cfg.storage) if not _is_storage_obj(cfg.storage) else cfg.storage
-    directions = [OBJECTIVE_VALUES[n][1] for n in cfg.objectives.names]
+    directions: list[Any] = [OBJECTIVE_VALUES[n][1] for n in cfg.objectives.names]
     attrs = _job_attrs(cfg)
     try:
         existing = optuna.load_study(study_name=cfg.name, storage=storage, sampler=optuna.samplers.RandomSampler(0))

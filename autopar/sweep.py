@@ -81,8 +81,7 @@ def load_sweep(path: str | Path) -> SweepFile:
         err = exc.errors()[0]
         key = ".".join(str(x) for x in err["loc"]) or "(top level)"
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-        allowed = ", ".join(f.alias or n for n, f in SweepFile.model_fields.items())
-        hint = f"allowed keys: {allowed}" if err["type"] == "extra_forbidden" else "see studies/sweeps/example.yaml"
+        hint = f"allowed keys: {', '.join(allowed)}" if err["type"] == "extra_forbidden" else "see studies/sweeps/example.yaml"
         raise AutoparError(f"sweep file {path}: {key}: {msg}", hint) from None
     return sw
 
