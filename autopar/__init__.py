@@ -21,6 +21,8 @@ _EXPORTS = {
     "DeviceProfile": "autopar.hardware",
     "Layout": "autopar.layout",
     "AutoparError": "autopar.errors",
+    "recommend": "autopar.search",
+    "SearchResult": "autopar.search",
     "serve": "autopar.serving_search",
     "ServingResult": "autopar.serving_search",
     "compare": "autopar.compare",
