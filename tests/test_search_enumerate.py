@@ -12,7 +12,7 @@ from autopar.calibration import load_calibration
 from autopar.engine import evaluate
 from autopar.enumerate import STAGE_RULES, _violated, axis_values, enumerate_space
 from autopar.errors import SearchSpaceError
-from autopar.layout import COLUMNS
+from autopar.layout import COLUMNS, LayoutTable
 from autopar.legality import Context, legality_mask
 from autopar.prediction import make_job
 from autopar.search_space import load_space
@@ -138,3 +138,34 @@ def test_chunks_cover_the_grid_once() -> None:
         seen[a:a + (s1 - s0) * en.cells_per_row] += 1
     assert (seen == 1).all()
     assert len(en.precision) == 2
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=st.sampled_from(["llama-3.1-8b", "qwen3-30b-a3b", "mixtral-8x7b", "llama-2-13b"]),
+       n=st.sampled_from([1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64]),
+       gb=st.sampled_from([1, 3, 8, 12, 32, 96]),
+       seq=st.sampled_from([2048, 4096, 6144]),
+       sets=st.sampled_from([[], ["sp=both"], ["shard_group=0,2,4"], ["precision=bf16,fp8"], ["etp=1"]]))
+def test_enumeration_invariants(model, n, gb, seq, sets) -> None:
+    """Counts add up, every layout is legal, none is listed twice (any job, any space)."""
+    from autopar.errors import AutoparError
+
+    try:
+        job = _job(model, "a100-80gb", n, seq, gb)
+    except AutoparError:
+        return  # e.g. devices that do not fill whole nodes
+    en = enumerate_space(job, load_space("default", sets))
+    assert en.candidates_total == en.size + sum(en.excluded.values())
+    if en.size == 0:
+        return
+    ids = en.legal_ids()
+    cols = en.decode(ids)
+    rows = np.stack([cols[c] for c in COLUMNS], axis=1)
+    assert len(np.unique(rows, axis=0)) == len(rows)
+    ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in job.device.peak_tflops)
+    legal, _ = legality_mask(job.model, LayoutTable(cols), ctx)
+    assert legal.all()
