@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=DEFAULT_JOB["seq_len"])
     ap.add_argument("--space", default="uneven_pipeline")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="override a space axis")
+    ap.add_argument("--pattern", choices=["free", "monotone"], default=None,
+                    help="per-stage recompute encoding (default: the space file's)")
+    ap.add_argument("--max-shift", type=int, default=None, help="per-stage layer shift bound (default: the file's)")
     a = ap.parse_args(argv)
 
     from autopar.prediction import make_job
@@ -142,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     job, info = make_job(model=a.model, device=DEFAULT_JOB["device"], num_devices=a.num_devices,
                          devices_per_node=None, seq_len=a.seq_len, global_batch=a.global_batch)
     space = load_space(a.space, tuple(a.overrides))
+    if space.uneven_pipeline is not None and (a.pattern or a.max_shift):
+        up = space.uneven_pipeline.model_copy(update={k: v for k, v in (("recompute_pattern", a.pattern),
+                                                                        ("max_shift", a.max_shift)) if v})
+        space = space.model_copy(update={"uneven_pipeline": up})
     ts = TrialSpace(job, space)
     pp_max = int(ts.enum.S["pp"].max())
     k = space.uneven_pipeline.max_shift if space.uneven_pipeline else 0
@@ -149,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.model} on {a.num_devices} x {DEFAULT_JOB['device']}, seq {a.seq_len}, global batch {a.global_batch}; "
           f"space {space.name}: {ts.enum.size:,} uniform base layouts with pp >= 2, up to pp={pp_max} stages, "
           f"each stage's layers shifted by [-{k}, {k}], per-stage recompute "
+          f"({space.uneven_pipeline.recompute_pattern if space.uneven_pipeline else '-'}) "
           f"(~{ts.enum.size * (2 * k + 1) ** (pp_max - 1) * n_rec:.1e} layouts; "
           f"{len(ts.params)} base parameters + up to {2 * pp_max - 1} per-stage parameters)")
     t0 = time.perf_counter()
