@@ -54,7 +54,7 @@ CONSTRAINT = "memory_over_capacity_gib"
 # ------------------------------------------------------------------------------------ storage
 def resolve_storage(storage: str | None) -> Any:
     """An Optuna storage: a URL as is, ``*.db``/``*.sqlite`` as SQLite, any other path a journal file."""
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
+    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
 
     s = storage or DEFAULT_STORAGE
     if "://" in s:
@@ -64,9 +64,10 @@ def resolve_storage(storage: str | None) -> Any:
         return f"sqlite:///{p.resolve()}"
     if p.parent and not p.parent.exists():
         raise AutoparError(f"storage directory {p.parent} does not exist", "create it or pass another --storage")
-    # A writer killed while holding the lock leaves its lock file; the next writer breaks it after
-    # the grace period (the lock is held only while one line is appended).
-    lock = JournalFileOpenLock(str(p), grace_period=10)
+    # Optuna's default lock kind (so other Optuna writers of the same file interoperate). A writer
+    # killed while holding it leaves the lock behind; the next writer breaks it after the grace
+    # period (it is held only while one line is appended).
+    lock = JournalFileSymlinkLock(str(p), grace_period=10)
     return JournalStorage(JournalFileBackend(str(p), lock_obj=lock))
 
 
