@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
           f"each stage's layers shifted by [-{k}, {k}], per-stage recompute "
           f"({space.uneven_pipeline.recompute_pattern if space.uneven_pipeline else '-'}) "
           f"(~{ts.enum.size * (2 * k + 1) ** (pp_max - 1) * n_rec:.1e} layouts; "
-          f"{len(ts.params)} base parameters + up to {2 * pp_max - 1} per-stage parameters)")
+          f"{len(ts.params)} base parameters + up to {pp_max - 1} layer shifts and "
+          f"{(len(ts.modes_heavy_first) - 1) if ts.monotone else pp_max} recompute parameters)")
     t0 = time.perf_counter()
     uniform_best, (ls_val, ls_base, ls_plan, how) = best_known_reference(job, info, space)
     print(f"exhaustive uniform sub-space (even split, one recompute mode; engine numbers): "
