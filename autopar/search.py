@@ -182,41 +182,52 @@ class ScoringState:
     k: int
 
 
-def _full(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    return np.broadcast_to(x, shape).reshape(-1)
-
-
 def summarize_results(state: ScoringState, ids: np.ndarray, res: dict[str, np.ndarray],
-                      pick: np.ndarray | None, shape: tuple[int, ...] | None) -> Summary:
-    """Reduce one chunk's engine output (grid-shaped when ``shape`` is given) to a Summary."""
+                      legal: np.ndarray | None = None, shape: tuple[int, ...] | None = None,
+                      base: int = 0) -> Summary:
+    """Reduce one chunk's engine output to a Summary.
+
+    Grid path: ``res`` arrays broadcast to ``shape`` and ``legal`` is the legal-cell mask of that
+    shape; values are gathered only at the cells that matter (fitting cells, or the misses of a
+    chunk where nothing fits: only then can they be the closest misses overall); a cell's layout id
+    is ``base`` + its flat index. Flat path: ``shape`` is None and ``ids`` are the rows' layout ids.
+    """
     job, obj = state.enum.job, state.objectives
+    flat_ids = ids if shape is None else None
+    if shape is None:
+        shape = (len(ids),)
+        legal = np.ones(shape, dtype=bool)
+    assert legal is not None
 
-    def flat(x: np.ndarray) -> np.ndarray:
-        v = _full(x, shape) if shape is not None else np.broadcast_to(x, (len(ids),))
-        return v[pick] if pick is not None else v
+    def at(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(x, shape)[mask]
 
-    fits = flat(res["fits"])
-    s = Summary(n_legal=len(ids), n_fit=int(fits.sum()))
-    primary = flat(obj.values(obj.primary, res, job))
-    secondary = flat(res["memory_bytes"] if obj.primary == "throughput" else res["step_time_s"])
-    fid = ids[fits]
-    if len(fid):
-        keys = np.stack([primary[fits], secondary[fits]], axis=1)
-        s.top_ids, s.top_keys = _top(fid, keys, state.k)
+    fits = np.broadcast_to(res["fits"], shape) & legal
+    n_fit = int(fits.sum())
+    s = Summary(n_legal=len(ids), n_fit=n_fit)
+
+    def cell_ids(mask: np.ndarray) -> np.ndarray:
+        return flat_ids[mask] if flat_ids is not None else base + np.flatnonzero(mask)
+
+    if n_fit:
+        fid = cell_ids(fits)
+        primary = at(obj.values(obj.primary, res, job), fits)
+        secondary = at(res["memory_bytes"] if obj.primary == "throughput" else res["step_time_s"], fits)
+        s.top_ids, s.top_keys = _top(fid, np.stack([primary, secondary], axis=1), state.k)
         if len(obj.names) > 1:
-            vals = np.stack([flat(obj.values(n, res, job))[fits] for n in obj.names], axis=1)
+            vals = np.stack([at(obj.values(n, res, job), fits) for n in obj.names], axis=1)
             keep = pareto_mask(vals, fid)
             s.front_ids, s.front_vals = fid[keep], vals[keep]
         else:
             s.front_vals = np.zeros((0, 1))
     else:
         s.front_vals = np.zeros((0, len(obj.names)))
-    miss = ~fits
-    if miss.any():
-        ratio = flat(res["memory_bytes"] / res["memory_capacity_bytes"])[miss]
-        mid = ids[miss]
-        order = np.lexsort((mid, ratio))[:KEEP_CLOSEST]
-        s.close_ids, s.close_ratio = mid[order], ratio[order]
+        miss = legal & ~fits
+        if miss.any():
+            ratio = at(res["memory_bytes"] / res["memory_capacity_bytes"], miss)
+            mid = cell_ids(miss)
+            order = np.lexsort((mid, ratio))[:KEEP_CLOSEST]
+            s.close_ids, s.close_ratio = mid[order], ratio[order]
     return s
 
 
@@ -224,20 +235,20 @@ def score_chunk(state: ScoringState, p: int, s0: int, s1: int) -> Summary:
     """Score grid rows [s0, s1) at precision index p with the engine (broadcast grid)."""
     en = state.enum
     table, shape = en.grid_table(p, s0, s1)
-    mask = en.grid_mask(s0, s1).reshape(-1)
+    legal = en.grid_mask(s0, s1)
     base = (p * en.n_structural + s0) * en.cells_per_row
-    ids = base + np.flatnonzero(mask)
+    ids = base + np.flatnonzero(legal)
     try:
         res = evaluate(en.job, table, calibration=state.calibration, check_legal=False)
     except (ValueError, IndexError):  # pragma: no cover - the engine stopped broadcasting: score flat
         return score_ids(state, ids)
-    return summarize_results(state, ids, res, mask, shape)
+    return summarize_results(state, ids, res, legal, shape, base)
 
 
 def score_ids(state: ScoringState, ids: np.ndarray) -> Summary:
     """Score the given layout ids as a flat table (the reference path; used by tests and fallbacks)."""
     res = evaluate(state.enum.job, state.enum.table(ids), calibration=state.calibration, check_legal=False)
-    return summarize_results(state, ids, res, None, None)
+    return summarize_results(state, ids, res)
 
 
 def score_chunks(state: ScoringState, chunks: Sequence[tuple[int, int, int]]) -> Summary:

@@ -211,3 +211,24 @@ def test_cli_human_output_and_impossible_request() -> None:
     assert r.stderr.startswith("error: none of the") and "Traceback" not in r.stderr
     r = _cli("recommend", *JOB_ARGS, "--objective", "speed")
     assert r.returncode == 2 and "unknown objective" in r.stderr
+
+
+@pytest.mark.parametrize(("job", "sets", "objective"), [
+    (MOE, ["precision=bf16,fp8"], "throughput,memory,energy"),
+    (dict(model="llama-3.1-70b", device="h100-sxm-80gb", num_devices=8, seq_len=8192, global_batch=16),
+     ["recompute=none", "zero=0", "offload=false"], "throughput"),  # nothing fits: closest misses
+])
+def test_grid_summary_equals_flat_summary(job, sets, objective) -> None:
+    from autopar.search import ScoringState, merge, run_scoring, score_ids
+
+    j, _ = make_job(devices_per_node=None, **job)
+    en = enumerate_space(j, load_space("default", sets))
+    obj = Objectives.parse(objective)
+    st = ScoringState(en, load_calibration(), obj, 5)
+    grid, _, _ = run_scoring(st, workers=1)
+    ids = en.legal_ids()
+    flat = merge([score_ids(st, ids[i:i + 50_000]) for i in range(0, len(ids), 50_000)], k=5,
+                 pareto=len(obj.names) > 1)
+    assert (grid.n_legal, grid.n_fit) == (flat.n_legal, flat.n_fit)
+    for f in ("top_ids", "top_keys", "front_ids", "front_vals", "close_ids", "close_ratio"):
+        assert np.array_equal(getattr(grid, f), getattr(flat, f)), f
