@@ -1,0 +1,93 @@
+"""Uneven pipeline splits: consistent with the engine on even splits, affine stage costs, balanced splits."""
+
+from __future__ import annotations
+
+import pytest
+
+from autopar.engine import evaluate
+from autopar.errors import SearchSpaceError
+from autopar.layout import LayoutTable, resolve_layout
+from autopar.pipeline_split import (
+    StagePlan,
+    UnevenScorer,
+    balanced_split,
+    best_monotone_split,
+    even_split,
+)
+from autopar.prediction import make_job
+
+CASES = [
+    ("llama-3.1-70b", 64, 128, dict(tp=4, pp=4, zero=1)),
+    ("qwen3-30b-a3b", 64, 128, dict(tp=2, pp=4, ep=8, zero=3, cp=2)),
+    ("llama-2-7b", 16, 64, dict(tp=2, pp=4, zero=2, offload=True)),
+]
+
+
+def _job(model: str, n: int, gb: int):
+    return make_job(model=model, device="h100-sxm-80gb", num_devices=n, devices_per_node=None, seq_len=8192,
+                    global_batch=gb)[0]
+
+
+@pytest.mark.parametrize(("model", "n", "gb", "kw"), CASES)
+@pytest.mark.parametrize("rec", ["none", "selective", "full"])
+def test_even_split_matches_the_engine(model, n, gb, kw, rec) -> None:
+    """Memory equals the engine's exactly; step time differs by exactly the LM head the engine puts in
+    every bubble slot ((p - 1) * c)."""
+    job = _job(model, n, gb)
+    sc = UnevenScorer(job)
+    base = resolve_layout(num_devices=n, global_batch=gb, recompute=rec, **kw)
+    res = evaluate(job, LayoutTable.from_layouts([base]))
+    code = ["none", "selective", "full"].index(rec)
+    s = sc.score(base, StagePlan(tuple(even_split(job.model.layers, base.pp)), (code,) * base.pp))
+    assert s["memory_bytes"] == res["memory_bytes"][0]
+    head = sc.base_costs(base).c
+    assert res["step_time_s"][0] - s["step_time_s"] == pytest.approx((base.pp - 1) * head, rel=1e-9)
+
+
+def test_stage_costs_are_affine_in_layers() -> None:
+    job = _job("llama-3.1-70b", 64, 128)
+    sc = UnevenScorer(job)
+    base = resolve_layout(num_devices=64, global_batch=128, tp=4, pp=4, zero=1)
+    bc = sc.base_costs(base)
+    for r in (0, 1, 2):
+        three = sc._slots(sc._eval(base, 3, [r]), base.grad_accum)[0]
+        assert three == pytest.approx(3 * bc.a[r] + bc.c, rel=1e-12)
+    m1 = sc.stage_memory(base, StagePlan((1,) * 4, (2, 1, 0, 0)))
+    m2 = sc.stage_memory(base, StagePlan((2,) * 4, (2, 1, 0, 0)))
+    m5 = sc.stage_memory(base, StagePlan((5,) * 4, (2, 1, 0, 0)))
+    assert m5 == pytest.approx(m1 + 4 * (m2 - m1), rel=1e-12)
+
+
+def test_per_stage_recompute_beats_uniform_when_memory_bound() -> None:
+    """405B on 128 H100s: only full recompute fits uniformly; full on the first stages only is faster."""
+    job = _job("llama-3.1-405b", 128, 128)
+    sc = UnevenScorer(job)
+    base = resolve_layout(num_devices=128, global_batch=128, tp=8, pp=8, cp=2, zero=1, recompute="full")
+    even = tuple(even_split(126, 8))
+    uniform = {r: sc.score(base, StagePlan(even, (r,) * 8)) for r in (0, 1, 2)}
+    assert uniform[2]["fits"] and not uniform[0]["fits"]
+    got = best_monotone_split(sc, base, [0, 1, 2], 8)
+    assert got is not None
+    value, plan = got
+    assert value > 1.05 * uniform[2]["tokens_per_s_per_device"]
+    assert sum(plan.layers) == 126 and list(plan.recompute) == sorted(plan.recompute, reverse=True)
+    s = sc.score(base, plan)
+    assert s["fits"] and s["tokens_per_s_per_device"] == value
+    # the stages with full recompute hold fewer layers than the ones without
+    full = [n for n, r in zip(plan.layers, plan.recompute, strict=True) if r == 2]
+    none = [n for n, r in zip(plan.layers, plan.recompute, strict=True) if r == 0]
+    assert full and none and max(full) <= min(none)
+    assert balanced_split(sc, base, (0,) * 8, 8) is None  # no recompute anywhere cannot fit
+
+
+def test_rejects_mixed_dense_moe_models_and_bad_plans() -> None:
+    job = _job("deepseek-v3", 256, 512)
+    with pytest.raises(SearchSpaceError, match="mixes 3 dense and 58 MoE layers"):
+        UnevenScorer(job)
+    job = _job("llama-3.1-70b", 64, 128)
+    sc = UnevenScorer(job)
+    base = resolve_layout(num_devices=64, global_batch=128, tp=4, pp=4, zero=1)
+    with pytest.raises(ValueError, match="sum to 80"):
+        sc.score(base, StagePlan((20, 20, 20, 19), (0,) * 4))
+    with pytest.raises(ValueError, match="needs 4 stages"):
+        sc.score(base, StagePlan((40, 40), (0, 0)))
