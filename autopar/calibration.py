@@ -24,6 +24,7 @@ GLOBAL_DEFAULTS: dict[str, float] = {
     "overlap_contention": 0.15,   # compute slowdown per second of overlapped communication
     "kernel_overhead_us": 30.0,   # per layer per micro-batch (fwd+bwd+recompute launches and syncs)
     "tp_overlap": 0.0,            # fraction of TP/SP communication hidden behind GEMMs
+    "tp_collective_overhead_us": 0.0,  # software cost per TP/SP collective beyond the link alpha (DTensor/gloo)
     # Memory model constants of the runtime (CUDA + NCCL defaults; see autopar/memory.py).
     "framework_reserve_gib": 2.0,
     "comm_buffer_gb": 0.4,
@@ -163,6 +164,7 @@ def coefficients_for(device, calibration: Calibration | None = None) -> tuple[Co
         overlap_contention=cal.global_value("overlap_contention"),
         tp_overlap=cal.global_value("tp_overlap"),
         kernel_overhead_s=cal.global_value("kernel_overhead_us") * 1e-6,
+        tp_collective_overhead_s=cal.global_value("tp_collective_overhead_us") * 1e-6,
     )
     links = {
         "scale_up_bus": dc.scale_up_bus if dc.scale_up_bus is not None else eff.scale_up_bus,

@@ -42,6 +42,9 @@ class Coefficients:
     kernel_overhead_s: float          # fixed per-layer per-micro-batch launch/sync cost (fwd+bwd)
     host_bw: float = 50e9             # host memory bandwidth share for an offloaded optimizer step
     pcie_bw: float = 25e9             # host<->device bytes/s for optimizer offload
+    # Fixed software cost of each TP/SP collective on top of the link alpha (framework dispatch and
+    # launch): ~0 for Megatron/NCCL, large for DTensor on gloo (measured by autopar calibrate).
+    tp_collective_overhead_s: float = 0.0
 
     def peak(self, precision: str) -> float:
         return self.peak_flops.get(precision) or self.peak_flops["bf16"]
@@ -181,7 +184,7 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
 
     # ---- TP / SP (Megatron: 2 all-reduces fwd + 2 bwd per layer; RS+AG with SP: same bytes) -------
     tp_bytes = T * h * elem
-    tp_one = C.all_reduce(links, tp_bytes, tp, np.ones(n))
+    tp_one = C.all_reduce(links, tp_bytes, tp, np.ones(n)) + np.where(tp > 1, co.tp_collective_overhead_s, 0.0)
     n_tp_coll = 4.0 + np.where(rec == REC_FULL, 2.0, 0.0)
     tp_raw = n_layers * n_tp_coll * tp_one
     # Stacks that pipeline TP collectives with the neighbouring GEMMs (userbuffers/TE comm overlap,

@@ -6,5 +6,13 @@ returns ``{command name: handler(args) -> exit code}``. Modules must import heav
 """
 
 # Listed explicitly (not discovered) so the CLI surface is reviewable in one place.
-COMMAND_MODULES: tuple[str, ...] = ("autopar.commands.export", "autopar.commands.recommend", "autopar.commands.study",
-                                   "autopar.commands.sweep", "autopar.commands.serve", "autopar.commands.compare")
+COMMAND_MODULES: tuple[str, ...] = (
+    "autopar.commands.export",
+    "autopar.commands.recommend",
+    "autopar.commands.study",
+    "autopar.commands.sweep",
+    "autopar.commands.serve",
+    "autopar.commands.compare",
+    "autopar.commands.calibrate",
+    "autopar.commands.validate",
+)
