@@ -123,12 +123,12 @@ def _emit(rep: Any, as_json: bool) -> None:
     t = Table(title="best feasible trials" if len(rep.objectives) == 1 else "Pareto front (feasible trials)")
     t.add_column("#", justify="right")
     t.add_column("trial", justify="right")
-    t.add_column("layout", no_wrap=True)
-    t.add_column("step time", justify="right")
-    t.add_column("tokens/s/device", justify="right")
-    t.add_column("memory/device", justify="right")
+    t.add_column("tokens/s/device", justify="right", no_wrap=True)
+    t.add_column("memory", justify="right", no_wrap=True)
+    t.add_column("step time", justify="right", no_wrap=True)
+    t.add_column("layout | per-stage layers+recompute", overflow="fold", ratio=1)
     for i, b in enumerate(rep.best, 1):
         st = b.get("step_time_s") or 0.0
-        t.add_row(str(i), str(b["trial"]), str(b["layout"]), f"{st:.3f} s", f"{b.get('tokens_per_s_per_device') or 0:,.1f}",
-                  f"{b.get('memory_gib_per_device') or 0:.1f} GiB")
+        t.add_row(str(i), str(b["trial"]), f"{b.get('tokens_per_s_per_device') or 0:,.1f}",
+                  f"{b.get('memory_gib_per_device') or 0:.1f} GiB", f"{st:.3f} s", str(b["layout"]))
     con.print(t)
