@@ -31,6 +31,7 @@ class TrainingJob:
     devices_per_node: int
     seq_len: int
     global_batch: int
+    frozen_weights: bool = False  # LoRA-style fine-tuning: base weights frozen, adapters neglected
 
     @property
     def tokens_per_step(self) -> int:
@@ -69,12 +70,14 @@ def evaluate(job: TrainingJob, lay: LayoutTable, *, calibration: Calibration | N
 
     mc = memory_constants(cal)
     mem = memory_breakdown(model, lay, seq_len=job.seq_len, framework_reserve_bytes=mc["framework_reserve_bytes"],
-                           comm_buffer_bytes=mc["comm_buffer_bytes"], fragmentation=mc["fragmentation"])
+                           comm_buffer_bytes=mc["comm_buffer_bytes"], fragmentation=mc["fragmentation"],
+                           frozen_weights=job.frozen_weights)
     capacity = dev.memory_gb * 1e9
     fits = mem["total"] <= capacity
 
     params = stage_param_counts(model, lay)
-    t = step_time_breakdown(model, lay, seq_len=job.seq_len, links=links, co=co, param_counts=params)
+    t = step_time_breakdown(model, lay, seq_len=job.seq_len, links=links, co=co, param_counts=params,
+                            frozen_weights=job.frozen_weights)
     step = t["step_time"]
     tokens = float(job.tokens_per_step)
     tps_dev = tokens / (step * job.num_devices)

@@ -68,8 +68,13 @@ gemm_time = _gemm_time  # public name: the serving model reuses the same shape-d
 
 
 def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links, co: Coefficients,
-                        param_counts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Seconds per optimizer step by component, plus ``step_time`` and communication totals."""
+                        param_counts: dict[str, np.ndarray], frozen_weights: bool = False) -> dict[str, np.ndarray]:
+    """Seconds per optimizer step by component, plus ``step_time`` and communication totals.
+
+    ``frozen_weights`` (LoRA-style fine-tuning): the base weights get no gradients, so backward
+    runs only the input-gradient GEMMs (1x forward instead of 2x), and no gradient reduction or
+    optimizer step happens for them (adapters are a fraction of a percent and are neglected).
+    """
     n = len(lay)
     tp = lay["tp"].astype(np.float64)
     pp = lay["pp"].astype(np.float64)
@@ -175,7 +180,8 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     gemm_f = gemm_f + head_f
 
     fwd = gemm_f + attn_tot_f + elem_tot_f
-    bwd = 2.0 * gemm_f + 2.5 * attn_tot_f + 2.0 * elem_tot_f
+    wgrad = 0.0 if frozen_weights else 1.0  # weight-gradient GEMMs, as many FLOPs as the forward
+    bwd = (1.0 + wgrad) * gemm_f + 2.5 * attn_tot_f + 2.0 * elem_tot_f
     recompute = np.select(
         [rec == REC_FULL, rec == REC_SELECTIVE],
         [fwd - head_f, attn_tot_f], default=0.0,
@@ -239,6 +245,9 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
         per_mb = np.select([zero >= 3, zero == 2], [2.0 * ag + rs + ar_rep, rs + ar_rep], default=0.0)
         per_step = np.select([zero >= 3, zero == 2, zero == 1], [0.0, ag, rs + ar_rep + ag],
                              default=C.all_reduce(links, params * gbytes, group_size * rep, stride_dp))
+        if frozen_weights:  # only ZeRO-3's parameter gathers remain
+            per_mb = np.where(zero >= 3, 2.0 * ag, 0.0)
+            per_step = np.zeros_like(per_step)
         return per_mb, per_step
 
     d_mb, d_step = dp_costs(dense_params, shard, replicas)
@@ -260,11 +269,11 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
         zero >= 1, exp_params / np.minimum(shard, edp), exp_params)
     opt_gpu = local_opt * 28.0 / co.hbm_bw
     opt_cpu = local_opt * 16.0 / co.host_bw + local_opt * 4.0 * 2 / co.pcie_bw
-    optimizer = np.where(lay["offload"] > 0, opt_cpu, opt_gpu)
+    optimizer = np.where(lay["offload"] > 0, opt_cpu, opt_gpu) * wgrad
 
     # ---- assemble; split the pipeline slots into their components ---------------------------------
     parts = {
-        "gemm": 3.0 * gemm_f,
+        "gemm": (2.0 + wgrad) * gemm_f,
         "attention": 3.5 * attn_tot_f,
         "elementwise": 3.0 * elem_tot_f + overhead + contention_mb,
         "recompute": recompute,

@@ -159,7 +159,8 @@ def inflight_microbatches(lay: LayoutTable, num_microbatches: np.ndarray) -> np.
 def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: bool = True,
                      dropout: bool = False, framework_reserve_bytes: float = FRAMEWORK_RESERVE_BYTES,
                      comm_buffer_bytes: float = COMM_BUFFER_BYTES,
-                     fragmentation: float = FRAGMENTATION) -> dict[str, np.ndarray]:
+                     fragmentation: float = FRAGMENTATION,
+                     frozen_weights: bool = False) -> dict[str, np.ndarray]:
     """Bytes per device for the most loaded pipeline stage, by component (sums to ``total``).
 
     The reserve, buffer and fragmentation defaults are CUDA/NCCL figures; a calibration for another
@@ -200,6 +201,8 @@ def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: 
 
     wf, gf, of = state(first_nonexp, first_exp)
     wl, gl, ol = state(last_nonexp, last_exp)
+    if frozen_weights:  # LoRA-style: no gradients or optimizer state for the frozen base weights
+        gf, of, gl, ol = (x * 0.0 for x in (gf, of, gl, ol))
 
     m = lay["grad_accum"]  # micro-batches per step per pipeline (global batch / (mb * dp))
     common: dict[str, Any] = dict(seq_len=seq_len, micro_batch=lay["micro_batch"], tp=lay["tp"], cp=lay["cp"],

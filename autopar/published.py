@@ -223,9 +223,7 @@ def run_case(case: Case, calibration=None) -> None:
     if kind not in TRAINING_KINDS:
         case.skipped = f"workload_kind={kind or 'blank'} (not a training run)"
         return
-    if "lora" in (row.get("model") or "").lower() or "lora" in (row.get("orig_workload") or "").lower():
-        case.skipped = "LoRA fine-tuning (frozen weights) is not modeled"
-        return
+    lora = "lora" in (row.get("model") or "").lower() or "lora" in (row.get("orig_workload") or "").lower()
     try:
         model = build_model(case)
         num_devices = _int(row, "num_devices")
@@ -237,7 +235,9 @@ def run_case(case: Case, calibration=None) -> None:
         measured_target(case, model, num_devices, gb, seq)
         lay = layout_for(case, num_devices, gb)
         dpn = _int(row, "devices_per_node") or dev.scale_up.domain
-        job = TrainingJob(model, dev, num_devices, min(dpn, num_devices), seq, gb)
+        job = TrainingJob(model, dev, num_devices, min(dpn, num_devices), seq, gb, frozen_weights=lora)
+        if lora:
+            case.assumptions.append("LoRA: base weights frozen (no weight gradients or optimizer)")
         table = LayoutTable.from_layouts([lay])
         case.job, case.table = job, table
         res = evaluate(job, table, calibration=calibration)
