@@ -6,7 +6,8 @@ A small Llama-style model (4 layers, hidden 256, GQA 8/4 heads, SwiGLU 768, voca
 global batch 4, fp32) at world size 4 on gloo (4 processes sharing this host's cores):
 
 1. **calibrate**: ``autopar calibrate``'s microbenchmarks at world size 4, fitted into a local device
-   profile and a calibration (``cost_models/calibration/cpu-gloo-w4{,.device}.yaml``);
+   profile and a calibration (``cost_models/calibration/cpu-gloo-w4{,.device}.yaml``; the probe
+   refit below is written as ``cpu-gloo-w4-probes.yaml``);
 2. **enumerate** every legal layout of the space (tp, pp in {1, 2, 4}, dp = rest, ZeRO 0-3,
    every micro-batch that divides the batch, recompute none/full; cp, ep, vpp and fp8 excluded on
    CPU) with ``autopar.enumerate``, minus the layouts the runner treats identically (ZeRO > 0
@@ -21,7 +22,8 @@ global batch 4, fp32) at world size 4 on gloo (4 processes sharing this host's c
    * ``microbench``: the calibration from microbenchmarks alone (no layout seen);
    * ``after`` (the headline): microbenchmarks plus a refit on 8 *probe* layouts chosen by a fixed
      rule before anything is measured (one per (tp, pp) shape, plus ZeRO-3 and full recompute on
-     pure DP); figures on all layouts and on the 36 held-out ones;
+     pure DP) of the overlap contention, the link latency and the per-TP-collective overhead (and
+     the memory constants); figures on all layouts and on the 36 held-out ones;
    * ``refit``: refitted on all measured layouts (in-sample) and 4-fold cross-validated
      (each layout predicted by a refit that did not see it).
 
@@ -50,6 +52,7 @@ from autopar.calibrate import (  # noqa: E402
     naive_cpu_profile,
     refit_memory,
     refit_time,
+    write_calibration_atomic,
     write_profile_atomic,
 )
 from autopar.calibration import Calibration, load_calibration  # noqa: E402
@@ -200,7 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from autopar.runner.config import RunnerModelConfig
 
-        recs = run_items([Item(lay) for lay in layouts], RunnerModelConfig.from_model_spec(spec), seq_len=SEQ,
+        t_mb, m_mb = predict(job, layouts, cal_mb)  # shown next to each measurement as the runs finish
+        items = [Item(lay, prediction={"predicted_step_time_s": float(t_mb[i]), "predicted_peak_memory_gib": float(m_mb[i])})
+                 for i, lay in enumerate(layouts)]
+        recs = run_items(items, RunnerModelConfig.from_model_spec(spec), seq_len=SEQ,
                          global_batch=BATCH, steps=a.steps, warmup=a.warmup, timeout_s=a.timeout,
                          batch_size=a.batch_size, device="cpu", progress=Progress(len(layouts)))
     if a.raw and not saved:
@@ -209,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
     # 4. predict with each calibration
     variants: dict[str, tuple[TrainingJob, Calibration]] = {"before": (job_before, cal_default), "microbench": (job, cal_mb)}
     cal_after = refit(job, layouts, recs, probes, cal_mb, PROBE_PARAMS)
+    prov = dict(cal_after.provenance)
+    prov["refit"] = {"on": f"{len(probes)} probe layouts of studies/cpu_validation.py", "params": list(PROBE_PARAMS),
+                     "probes": [layouts[i].short() for i in probes]}
+    cal_after = cal_after.model_copy(update={"provenance": prov})
+    after_path = write_calibration_atomic(cal_after, Path(a.out_dir) / f"{a.name}-probes.yaml")
     variants["after"] = (job, cal_after)
     all_idx = list(range(len(layouts)))
     variants["refit_in_sample"] = (job, refit(job, layouts, recs, all_idx, cal_mb, PROBE_PARAMS))
@@ -250,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmeasured best {summary['microbench only'].get('measured_best')}; predicted best (after) "
           f"{summary['after: microbench + 8 probes, all'].get('predicted_best')}")
     print("probe refit: " + ", ".join(f"{k}={_coef(cal_after, dev.id, k):.4g}" for k in PROBE_PARAMS))
-    print(f"wrote {cal_path} and {prof_path}; total {time.perf_counter() - t0:.0f} s")
+    print(f"wrote {cal_path} (microbenchmarks), {after_path} (+ probes) and {prof_path}; "
+          f"total {time.perf_counter() - t0:.0f} s")
     if a.json:
         out = [{"layout": r["layout"], "layout_short": r["layout_short"], "status": r["status"],
                 "predicted_step_time_s": r.get("after_step_time_s"),
