@@ -213,7 +213,12 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     slot = fwd + bwd + recompute + overhead + tp_comm + cp_comm + ep_comm  # one micro-batch, whole stage
     contention_mb = co.overlap_contention * cp_hidden
     slot = slot + contention_mb
-    bubble = (pp - 1.0) / chunk * slot
+    # Warm-up and cool-down pass through the other p-1 stages: charge them the average stage
+    # (L/p layers, no LM head), while the steady state runs at the slowest stage's pace.
+    head_slot = (2.0 + wgrad) * head_f
+    avg_layers = model.layers / pp
+    avg_stage = (slot - head_slot) * (avg_layers / np.maximum(n_layers, 1.0))
+    bubble = (pp - 1.0) / chunk * avg_stage
 
     # ---- PP send/recv: act fwd + grad bwd per micro-batch chunk, on the critical path --------------
     pp_bytes = T * h * elem / sp_div
@@ -237,7 +242,7 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
         rs = C.reduce_scatter(links, params * gbytes, group, stride)
         return ar, rs
 
-    def dp_costs(params, group_size, rep):
+    def dp_costs(params, group_size, rep, stride_dp):
         ar_full, rs = grad_sync(params, group_size, stride_dp)
         ag = C.all_gather(links, params * elem, group_size, stride_dp)
         ar_rep = C.all_reduce(links, params / group_size * gbytes, rep, stride_dp * group_size)
@@ -250,9 +255,10 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
             per_step = np.zeros_like(per_step)
         return per_mb, per_step
 
-    d_mb, d_step = dp_costs(dense_params, shard, replicas)
+    d_mb, d_step = dp_costs(dense_params, shard, replicas, stride_dp)
     e_shard = np.minimum(shard, edp)
-    e_mb, e_step = dp_costs(exp_params, e_shard, edp / e_shard) if model.is_moe else (0.0, 0.0)
+    # Expert-data-parallel groups (Megatron expert order etp, ep, edp) are spaced ep*etp apart.
+    e_mb, e_step = dp_costs(exp_params, e_shard, edp / e_shard, ep * etp) if model.is_moe else (0.0, 0.0)
     dp_per_mb = d_mb + e_mb
     dp_per_step = d_step + e_step
     # Overlap windows: ZeRO-3 gathers/reductions hide behind each micro-batch's compute; the

@@ -50,6 +50,8 @@ def _rules() -> list[Rule]:
              lambda m, L, c: L["pp"] * L["vpp"] > m.layers, ("pp", "vpp")),
         Rule("vpp_needs_pp", "virtual pipeline stages need pp > 1",
              lambda m, L, c: (L["vpp"] > 1) & (L["pp"] == 1), ("vpp", "pp")),
+        Rule("vpp_layers", "the interleaved schedule needs layers divisible by pp*vpp (equal model chunks)",
+             lambda m, L, c: (L["vpp"] > 1) & (m.layers % (L["pp"] * L["vpp"]) != 0), ("pp", "vpp")),
         Rule("vpp_microbatches", "the interleaved schedule needs at least pp micro-batches per step",
              lambda m, L, c: (L["vpp"] > 1) & (L["grad_accum"] < L["pp"]), ("vpp", "grad_accum", "pp")),
         Rule("sp_needs_tp", "sequence parallelism needs tp > 1",

@@ -13,8 +13,8 @@ head charged to every slot). Here stage i holds ``layers[i]`` layers with its ow
   of ``min(p - i, m)`` in-flight micro-batches (Narayanan et al. 2021, 1F1B), embedding on stage 0,
   logits on the last stage, the same buffers and reserve as the engine.
 
-For an even split this is the engine's memory exactly, and its step time minus ``(p - 1) * c``:
-the engine charges the LM head in every bubble slot, this model only on the last stage.
+For an even split this is the engine's memory and step time exactly (both charge the LM head to
+the last stage only).
 """
 
 from __future__ import annotations
