@@ -56,3 +56,16 @@ def test_bad_json_and_missing_format(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--format" in r.stderr
     r = _cli("export", "--format", "nope", *JOB)
     assert r.returncode == 2 and "nope" in r.stderr
+
+
+def test_recommend_export_writes_the_winner(tmp_path: Path) -> None:
+    from autopar.export import parse
+
+    out = tmp_path / "winner.toml"
+    r = _cli("recommend", *JOB, "--set", "zero=2,3", "--export", "torchtitan", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    best = json.loads(r.stdout)["results"][0]
+    layout, job = parse(out.read_text(), "torchtitan")
+    assert (layout.tp, layout.pp, layout.dp, layout.zero) == (best["tp"], best["pp"], best["dp"], best["zero"])
+    r = _cli("recommend", *JOB, "--set", "zero=1", "--export", "torchtitan", "--out", str(tmp_path / "x.toml"))
+    assert r.returncode == 2 and "torchtitan" in r.stderr and not (tmp_path / "x.toml").exists()

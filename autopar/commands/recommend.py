@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -39,6 +40,10 @@ def register(sub: Any) -> dict[str, Any]:
     p.add_argument("--workers", type=positive_int, default=None,
                    help="processes that score chunks (default: 1 below 1.5M layouts, else one per core)")
     p.add_argument("--json", action="store_true", help="machine-readable output (no progress bar)")
+    p.add_argument("--export", default=None, metavar="FMT",
+                   help="also render the winner for a launcher (see `autopar export --list-formats`)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="with --export: write the launcher file here (default: stdout after the report)")
     return {"recommend": cmd_recommend}
 
 
@@ -49,7 +54,13 @@ def price(a: argparse.Namespace) -> float:
 
 
 def cmd_recommend(a: argparse.Namespace) -> int:
+    from autopar.errors import AutoparError
     from autopar.search import recommend
+
+    if a.export and a.json and a.out is None:
+        raise AutoparError("--export with --json needs --out PATH", "stdout carries the JSON")
+    if a.out is not None and not a.export:
+        raise AutoparError("--out is for the launcher file of --export", "add --export FMT")
 
     started = _maybe_start_ray(a.ray)
     try:
@@ -63,10 +74,25 @@ def cmd_recommend(a: argparse.Namespace) -> int:
             from autopar.ray_backend import shutdown
 
             shutdown()
+    rendered = None
+    if a.export:  # render before printing anything: an unexpressible layout is exit 2 with no output
+        from autopar.commands.export import render_record
+
+        from autopar.export import ExportError
+
+        try:
+            rendered = render_record(res.results[0].to_dict(), a.export)
+        except ExportError as exc:
+            raise ExportError(f"the winner {res.results[0].layout.short()}: {exc.message}",
+                              f"restrict the search to what {a.export} runs, e.g. --set zero=2,3") from None
     if a.json:
         sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=float) + "\n")
     else:
         print_search_result(res)
+    if rendered is not None:
+        from autopar.commands.export import write_output
+
+        write_output(rendered, a.out)
     return 0
 
 
