@@ -468,12 +468,8 @@ def open_study(cfg: StudyConfig) -> tuple[Any, bool, str, int]:
     names = [OBJECTIVE_VALUES[n][0] for n in cfg.objectives.names]
     study.set_user_attr("objective_names", names)
     study.set_user_attr("constraint", f"{CONSTRAINT} <= 0")
-    try:
-        import optuna_dashboard
-
-        optuna_dashboard.set_objective_names(study, names)
-    except ImportError:
-        pass
+    # Optuna's own metric names: optuna-dashboard and study.trials_dataframe() show them.
+    study.set_metric_names(names)
     return study, False, sampler_name, seed
 
 

@@ -112,6 +112,7 @@ def test_multi_objective_pareto_and_sqlite(tmp_path: Path) -> None:
     assert rep.objectives == ("throughput", "memory")
     study = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 's.db'}")
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    assert study.metric_names == ["tokens_per_s_per_device", "memory_gib_per_device"]  # dashboard labels
     vals = [(b["values"]["tokens_per_s_per_device"], b["values"]["memory_gib_per_device"]) for b in rep.best]
     for a in vals:  # no reported point dominates another
         assert not any(b[0] >= a[0] and b[1] <= a[1] and b != a for b in vals)
