@@ -147,8 +147,7 @@ def layout_for(case: Case, num_devices: int, global_batch: int):
     if not prec:
         prec = "bf16"
         case.assumptions.append("precision=bf16 (not stated; same peak as fp16 on these devices)")
-    if prec == "fp16":
-        prec = "fp16"
+    prec = normalize_precision(case, prec)
     shard = _int(row, "shard_group") or 0
     if shard and zero == 0:
         shard = 0
@@ -157,13 +156,23 @@ def layout_for(case: Case, num_devices: int, global_batch: int):
                           sp=sp, micro_batch=mb, recompute=rec, precision=prec)
 
 
+def normalize_precision(case: Case, prec: str) -> str:
+    """The data format's precision vocabulary onto autopar's GEMM precisions (stated when mapped)."""
+    if prec == "mxfp8":  # MX block-scaled FP8 runs on the same FP8 tensor-core rate
+        case.assumptions.append("mxfp8 costed as fp8 (same tensor-core rate; block scales neglected)")
+        return "fp8"
+    if prec not in ("bf16", "fp16", "fp8", "fp32"):
+        raise AutoparError(f"precision {prec} is not modeled for training")
+    return prec
+
+
 def best_layout_for(case: Case, num_devices: int, global_batch: int):
     """The source does not state its layout: assume the practitioners ran autopar's top-1 layout of
     the default search space (a stated assumption; the prediction is then an upper bound)."""
     from autopar.search import recommend
 
     row = case.row
-    prec = (row.get("precision") or "").strip() or "bf16"
+    prec = normalize_precision(case, (row.get("precision") or "").strip() or "bf16")
     model = build_model(case)
     dev = (row.get("device") or "").strip()
     res = recommend(model=model, device=dev, num_devices=num_devices,

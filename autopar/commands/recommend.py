@@ -77,7 +77,6 @@ def cmd_recommend(a: argparse.Namespace) -> int:
     rendered = None
     if a.export:  # render before printing anything: an unexpressible layout is exit 2 with no output
         from autopar.commands.export import render_record
-
         from autopar.export import ExportError
 
         try:
