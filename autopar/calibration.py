@@ -113,6 +113,15 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
     return _load(str(Path(path).resolve()))
 
 
+def expected_error(device_id: str, cal: Calibration | None = None) -> float | None:
+    """90th-percentile relative error of the fit on this device (or its same-silicon twin), if any."""
+    cal = cal or load_calibration()
+    res = cal.provenance.get("residuals") or {}
+    key = device_id if device_id in res else cal.transfer.same_silicon.get(device_id)
+    entry = res.get(key) if key else None
+    return float(entry["p90_ape"]) if entry else None
+
+
 def coefficient_source(device_id: str, cal: Calibration | None = None) -> str:
     """Where a device's time-model coefficients come from (shown with every prediction).
 

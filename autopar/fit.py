@@ -164,7 +164,22 @@ def fit(samples: Sequence[Sample], base: Calibration | None = None, *, max_nfev:
                         x_scale=np.maximum(np.abs(x0), 1e-3), diff_step=1e-3)
     cal = calibration_from_vector(names, sol.x, base, provenance)
     cal = cal.model_copy(update={"transfer": cal.transfer.model_copy(update=transfer_ratios(cal, samples))})
-    return FitResult(cal, residuals(samples, cal), names, sol.x)
+    r = residuals(samples, cal)
+    cal.provenance["residuals"] = residual_summary(samples, r)
+    return FitResult(cal, r, names, sol.x)
+
+
+def residual_summary(samples: Sequence[Sample], r: np.ndarray) -> dict[str, dict[str, float]]:
+    """Per device: rows and the median / 90th-percentile absolute relative error of the fit.
+
+    Predictions quote these as their expected error (an in-sample figure: a lower bound).
+    """
+    out: dict[str, dict[str, float]] = {}
+    for d in sorted({s.job.device.id for s in samples}):
+        e = np.array([abs(np.exp(x) - 1.0) for s, x in zip(samples, r, strict=True) if s.job.device.id == d])
+        out[d] = {"rows": int(len(e)), "median_ape": round(float(np.median(e)), 4),
+                  "p90_ape": round(float(np.percentile(e, 90)), 4)}
+    return out
 
 
 def file_digest(path: Path) -> str:

@@ -37,6 +37,7 @@ class Prediction:
     avg_power_w: float
     memory_stage: int
     coefficients: str = ""
+    expected_error_p90: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -59,6 +60,7 @@ class Prediction:
             time_breakdown=self.time_breakdown,
             memory_breakdown=self.memory_breakdown,
             coefficients=self.coefficients,
+            expected_error_p90=self.expected_error_p90,
         )
         return d
 
@@ -69,7 +71,7 @@ def prediction_from_row(job: TrainingJob, job_info: dict[str, Any], lay: LayoutT
 
     ``calibration`` must be the one ``res`` was computed with (default: the shipped one).
     """
-    from autopar.calibration import coefficient_source
+    from autopar.calibration import coefficient_source, expected_error
 
     ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in job.device.peak_tflops)
     reasons = reasons_for_row(job.model, lay, ctx, i)
@@ -105,6 +107,7 @@ def prediction_from_row(job: TrainingJob, job_info: dict[str, Any], lay: LayoutT
         avg_power_w=float(res["avg_power_w"][i]),
         memory_stage=int(res["memory_stage"][i]),
         coefficients=coefficient_source(job.device.id, calibration),
+        expected_error_p90=expected_error(job.device.id, calibration),
     )
 
 
