@@ -170,3 +170,17 @@ def test_frozen_weights_lora_is_cheaper_and_keeps_no_optimizer_state() -> None:
     assert lora["time_optimizer"][0] == 0 and lora["time_dp_comm"][0] == 0
     # backward loses its weight-gradient GEMMs: between 1.2x and 1.5x faster for a dense model
     assert 1.2 < full["step_time_s"][0] / lora["step_time_s"][0] < 1.5
+
+
+def test_cli_model_json_and_hf_config(tmp_path: Path) -> None:
+    r = _cli("model", "mixtral-8x7b", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert abs(d["total_params"] / 46.70e9 - 1) < 0.01 and abs(d["active_params"] / 12.88e9 - 1) < 0.01
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4,
+                               "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 2816,
+                               "vocab_size": 32000}))
+    r = _cli("predict", "--model", str(cfg), *JOB_ARGS[2:], "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["model"] == str(cfg)
