@@ -5,7 +5,19 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-_console = Console(highlight=False)
+# Output that goes to a pipe or a log gets a fixed width that fits a ranked layout table; a
+# terminal uses its own width.
+PIPE_WIDTH = 150
+
+
+def console() -> Console:
+    """The console every command prints its tables with."""
+    import sys
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
+
+
+_console = console()
 
 
 def _fmt_s(x: float) -> str:

@@ -121,10 +121,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 
 def _print(res) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(highlight=False)
+    from autopar.report import console
+
+    con = console()
     unit = "output tok" if res.workload == "serving" else "tok"
     t = Table(title=f"{res.workload}: best layout per device (winner by {res.metric})")
     for c in ("model", "seq", "batch", "device", "layout", f"{unit}/s/device", f"{unit}/J", "$/Mtok", ""):

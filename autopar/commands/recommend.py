@@ -134,11 +134,9 @@ def _ranked_table(title: str, preds: list, res, extra_cols: list[str]):
 
 
 def print_search_result(res) -> None:
-    from rich.console import Console
+    from autopar.report import breakdown_table, console
 
-    from autopar.report import breakdown_table
-
-    con = Console(highlight=False)
+    con = console()
     job = res.job
     tj = res.training_job
     tokens = job["seq_len"] * job["global_batch"]

@@ -114,10 +114,11 @@ def _f(x: Any, nd: int = 1) -> str:
 
 
 def print_serving(res) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(highlight=False)
+    from autopar.report import console
+
+    con = console()
     w, job = res.workload, res.job
     load = ("offline max-throughput" if w["offline"] else f"concurrency {w['concurrency']}" if w["concurrency"]
             else f"{w['request_rate']:g} req/s" if w["request_rate"] else "concurrency sweep")

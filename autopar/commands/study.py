@@ -106,10 +106,11 @@ def _emit(rep: Any, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(rep.to_dict(), indent=2, default=str) + "\n")
         return
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(highlight=False)
+    from autopar.report import console
+
+    con = console()
     job = rep.attrs.get("job", {})
     con.print(f"[bold]study {rep.name}[/]: {job.get('model')} on {job.get('num_devices')} x {job.get('device')}, "
               f"space {rep.attrs.get('space')}, objectives {', '.join(rep.objectives)}; sampler {rep.sampler} "

@@ -56,10 +56,11 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
 
 def print_summary(sw: Any, rows: list[dict[str, Any]], path: Any, elapsed: float, backend: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(highlight=False)
+    from autopar.report import console
+
+    con = console()
     ok = [r for r in rows if r["status"] == "ok"]
     infeasible = [r for r in rows if r["status"] == "infeasible"]
     errors = [r for r in rows if r["status"] == "error"]
