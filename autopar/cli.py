@@ -55,6 +55,8 @@ def add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=positive_int, required=True)
     p.add_argument("--global-batch", type=positive_int, required=True, help="sequences per optimizer step")
     p.add_argument("--calibration", default=None, help="calibration YAML (default: the shipped one)")
+    p.add_argument("--lora", action="store_true",
+                   help="LoRA/PEFT fine-tuning: base weights frozen (no weight gradients, sync or optimizer)")
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
@@ -78,7 +80,7 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
 
 def _job_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     return dict(model=a.model, device=a.device, num_devices=a.num_devices, devices_per_node=a.devices_per_node,
-                seq_len=a.seq_len, global_batch=a.global_batch)
+                seq_len=a.seq_len, global_batch=a.global_batch, lora=a.lora)
 
 
 def _layout_kwargs(a: argparse.Namespace) -> dict[str, Any]:

@@ -112,7 +112,7 @@ def prediction_from_row(job: TrainingJob, job_info: dict[str, Any], lay: LayoutT
 
 
 def make_job(*, model, device, num_devices: int, devices_per_node: int | None, seq_len: int,
-             global_batch: int) -> tuple[TrainingJob, dict[str, Any]]:
+             global_batch: int, lora: bool = False) -> tuple[TrainingJob, dict[str, Any]]:
     """Load the model and device and check the cluster and workload sizes."""
     from autopar.hardware import load_cluster
     from autopar.model import ModelSpec, load_model
@@ -122,7 +122,8 @@ def make_job(*, model, device, num_devices: int, devices_per_node: int | None, s
             raise AutoparError(f"{name} must be a positive integer, got {v!r}", f"pass --{name.replace('_', '-')} >= 1")
     spec = model if isinstance(model, ModelSpec) else load_model(model)
     cluster = load_cluster(device, num_devices, devices_per_node)
-    job = TrainingJob(spec, cluster.device, num_devices, cluster.devices_per_node, seq_len, global_batch)
+    job = TrainingJob(spec, cluster.device, num_devices, cluster.devices_per_node, seq_len, global_batch,
+                      frozen_weights=bool(lora))
     info = {
         "model": model if isinstance(model, str) else spec.name,
         "device": cluster.device.id,
@@ -130,6 +131,7 @@ def make_job(*, model, device, num_devices: int, devices_per_node: int | None, s
         "devices_per_node": cluster.devices_per_node,
         "seq_len": seq_len,
         "global_batch": global_batch,
+        "lora": bool(lora),
     }
     return job, info
 
@@ -156,18 +158,20 @@ def predict(
     recompute: str = "none",
     offload: bool = False,
     precision: str = "bf16",
+    lora: bool = False,
     calibration: str | None = None,
 ) -> Prediction:
     """Predict per-device memory and step time of one training layout.
 
     Keyword names mirror ``autopar predict`` flags. ``dp`` defaults to what is left of the world
-    size; ``sp`` defaults to on when tp > 1. Raises :class:`LayoutError` (with ``reasons``) for a
+    size; ``sp`` defaults to on when tp > 1. ``lora``: LoRA/PEFT fine-tuning (base weights frozen). Raises :class:`LayoutError` (with ``reasons``) for a
     layout that is not legal; a legal layout that does not fit returns ``fits=False`` and reasons.
     """
     from autopar.calibration import load_calibration
 
     job, info = make_job(model=model, device=device, num_devices=num_devices,
-                         devices_per_node=devices_per_node, seq_len=seq_len, global_batch=global_batch)
+                         devices_per_node=devices_per_node, seq_len=seq_len, global_batch=global_batch,
+                         lora=lora)
     layout = resolve_layout(num_devices=num_devices, global_batch=global_batch, tp=tp, pp=pp, vpp=vpp,
                             dp=dp, cp=cp, ep=ep, etp=etp, zero=zero, shard_group=shard_group, sp=sp,
                             micro_batch=micro_batch, recompute=recompute, offload=offload,

@@ -546,6 +546,7 @@ def recommend(
     ray: Any = None,
     workers: int | None = None,
     progress: bool = True,
+    lora: bool = False,
 ) -> SearchResult:
     """The best ``top`` layouts of a search space for one training job.
 
@@ -563,7 +564,7 @@ def recommend(
                                   price_per_kwh=price_per_kwh)
     sp = load_space(space, tuple(overrides))
     job, info = make_job(model=model, device=device, num_devices=num_devices, devices_per_node=devices_per_node,
-                         seq_len=seq_len, global_batch=global_batch)
+                         seq_len=seq_len, global_batch=global_batch, lora=lora)
     return search(job, info, sp, top=top, objectives=objectives, calibration=calibration, ray=ray,
                   workers=workers, progress=progress)
 
@@ -623,7 +624,7 @@ def _infeasible_message(en: Enumeration, summary: Summary, info: dict[str, Any],
             try:
                 job2, info2 = make_job(model=job.model, device=job.device, num_devices=n,
                                        devices_per_node=job.devices_per_node, seq_len=job.seq_len,
-                                       global_batch=job.global_batch)
+                                       global_batch=job.global_batch, lora=job.frozen_weights)
                 r = search(job2, info2, relaxed, top=1, objectives=objectives, calibration=cal,
                            explain_infeasible=False)
             except AutoparError:

@@ -184,3 +184,10 @@ def test_cli_model_json_and_hf_config(tmp_path: Path) -> None:
     r = _cli("predict", "--model", str(cfg), *JOB_ARGS[2:], "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["model"] == str(cfg)
+
+
+def test_lora_flag_reaches_the_engine() -> None:
+    kw = dict(model="llama-2-7b", device="h100-sxm-80gb", num_devices=8, seq_len=4096, global_batch=32)
+    full, lora = predict(**kw), predict(**kw, lora=True)
+    assert lora.to_dict()["lora"] is True and full.to_dict()["lora"] is False
+    assert lora.step_time_s < full.step_time_s and lora.memory_breakdown["optimizer"] == 0

@@ -115,6 +115,7 @@ def register(sub) -> dict:
     p.add_argument("--seq-len", type=int)
     p.add_argument("--global-batch", type=int)
     p.add_argument("--calibration", default=None)
+    p.add_argument("--lora", action="store_true", help="LoRA/PEFT fine-tuning (base weights frozen)")
     add_layout_args(p)
     add_export_output_args(p, required=False)
     return {"export": cmd_export}

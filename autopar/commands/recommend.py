@@ -68,7 +68,7 @@ def cmd_recommend(a: argparse.Namespace) -> int:
                         seq_len=a.seq_len, global_batch=a.global_batch, top=a.top, objective=a.objective,
                         space=a.space, overrides=tuple(a.overrides), calibration=a.calibration,
                         price_per_device_hour=price(a), price_per_kwh=a.price_per_kwh, ray=a.ray,
-                        workers=a.workers, progress=not a.json)
+                        workers=a.workers, progress=not a.json, lora=a.lora)
     finally:
         if started:
             from autopar.ray_backend import shutdown

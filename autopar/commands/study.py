@@ -86,7 +86,8 @@ def _run(a: argparse.Namespace) -> int:
     objectives = Objectives.parse(a.objective, price_per_device_hour=price(a), price_per_kwh=a.price_per_kwh)
     space = load_space(a.space, tuple(a.overrides))
     job, info = make_job(model=a.model, device=a.device, num_devices=a.num_devices,
-                         devices_per_node=a.devices_per_node, seq_len=a.seq_len, global_batch=a.global_batch)
+                         devices_per_node=a.devices_per_node, seq_len=a.seq_len, global_batch=a.global_batch,
+                         lora=a.lora)
     cfg = StudyConfig(name=a.name, job=job, info=info, space=space, objectives=objectives, sampler=a.sampler,
                       seed=a.seed, storage=a.storage, calibration=a.calibration, seed_top_k=a.seed_top_k,
                       batch=a.batch, structured_seeds=not a.no_structured_seeds)
