@@ -13,18 +13,9 @@ from autopar.errors import AutoparError
 
 
 def _int_list(text: str) -> list[int]:
-    out = []
-    for x in text.split(","):
-        x = x.strip()
-        if not x:
-            continue
-        try:
-            v = int(x)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{x!r} is not an integer") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{v} must be >= 1")
-        out.append(v)
+    from autopar.cli import positive_int
+
+    out = [positive_int(x.strip()) for x in text.split(",") if x.strip()]
     if not out:
         raise argparse.ArgumentTypeError("empty list")
     return out
