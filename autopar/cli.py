@@ -25,24 +25,22 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
+    if v < low:
+        raise argparse.ArgumentTypeError(f"{v} must be >= {low}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
 
 
 def nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 0")
-    return v
+    return _int_at_least(text, 0)
 
 
 def add_job_args(p: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ from autopar.hardware import DeviceProfile
 from autopar.latency import TIME_COMPONENTS, step_time_breakdown
 from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.legality import Context, legality_mask
-from autopar.memory import MEMORY_COMPONENTS, layer_params_per_rank, memory_breakdown, stage_shape
+from autopar.memory import MEMORY_COMPONENTS, memory_breakdown, stage_params
 from autopar.model import ModelSpec
 
 
@@ -40,18 +40,9 @@ class TrainingJob:
 
 def stage_param_counts(model, lay: LayoutTable) -> dict[str, np.ndarray]:
     """Non-expert and routed-expert parameters per rank on the heaviest pipeline stage."""
-    st = stage_shape(model, lay)
-    dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
-    tp = lay["tp"].astype(np.float64)
-    pp = lay["pp"]
-    embed = model.embedding_params / tp
-    head = model.head_params / tp + model.final_norm_params
-    first = st.first_dense * dense_p + st.first_moe * moe_p + embed + np.where(pp == 1, head, 0.0)
-    last = st.last_dense * dense_p + st.last_moe * moe_p + head + np.where(pp == 1, 0.0, 0.0)
-    return {
-        "nonexpert": np.maximum(first, last),
-        "expert": np.maximum(st.first_moe, st.last_moe) * expert_p,
-    }
+    sp = stage_params(model, lay)
+    return {"nonexpert": np.maximum(sp["first_nonexp"], sp["last_nonexp"]),
+            "expert": np.maximum(sp["first_exp"], sp["last_exp"])}
 
 
 def evaluate(job: TrainingJob, lay: LayoutTable, *, calibration: Calibration | None = None,

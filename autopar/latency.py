@@ -50,21 +50,26 @@ class Coefficients:
         return self.peak_flops.get(precision) or self.peak_flops["bf16"]
 
 
-def _gemm_time(co: Coefficients, flops_peak: np.ndarray, eff_max: np.ndarray, M, N, K,
-               elem_bytes=ACT_BYTES) -> np.ndarray:
-    """Roofline time of one GEMM (M×K by K×N) with efficiency falling for small N, K (tiles/waves)."""
+# The max-achievable-matmul (MAMF) efficiencies are measured on large square GEMMs of this size.
+MAMF_REFERENCE_DIM = 16384.0
+
+
+def gemm_time(co: Coefficients, flops_peak: np.ndarray, eff_max: np.ndarray, M, N, K,
+              elem_bytes=ACT_BYTES) -> np.ndarray:
+    """Roofline time of one GEMM (M×K by K×N) with efficiency falling for small M, N, K (tiles, waves).
+
+    Efficiency is ``eff_max`` at the MAMF reference size and falls as 1/(1 + d/M + d/N + d/K) with
+    d = ``gemm_half_dim``; the memory side moves the three operands once. Serving and calibration use
+    the same function.
+    """
     M = np.maximum(np.asarray(M, dtype=np.float64), 1.0)
     N = np.maximum(np.asarray(N, dtype=np.float64), 1.0)
     K = np.maximum(np.asarray(K, dtype=np.float64), 1.0)
     hd = co.gemm_half_dim
-    shape = 1.0 / (1.0 + hd / M + hd / N + hd / K)
-    flops = 2.0 * M * N * K
-    compute = flops / (flops_peak * eff_max * shape / (1.0 / (1.0 + 3.0 * hd / 16384.0)))
+    shape = (1.0 + 3.0 * hd / MAMF_REFERENCE_DIM) / (1.0 + hd / M + hd / N + hd / K)
+    compute = 2.0 * M * N * K / (flops_peak * eff_max * shape)
     traffic = elem_bytes * (M * K + K * N + M * N) / co.hbm_bw
     return np.maximum(compute, traffic)
-
-
-gemm_time = _gemm_time  # public name: the serving model reuses the same shape-dependent roofline
 
 
 def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links, co: Coefficients,
@@ -113,7 +118,7 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     # ---- GEMMs of one layer, forward, per rank --------------------------------------------
     a, g = model.heads, model.kv_heads
     def gt(M, N, K):  # noqa: E306
-        return _gemm_time(co, peak, geff, M, N, K, elem)
+        return gemm_time(co, peak, geff, M, N, K, elem)
 
     if model.is_mla:
         qd = model.heads * model.qk_head_dim
@@ -199,7 +204,7 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     # ---- CP ring attention: (c-1) KV chunks per layer fwd, 2x bwd; hidden behind attention -------
     kv_elems = (model.kv_lora_rank + model.qk_rope_head_dim) if model.is_mla else 2 * g * model.head_dim
     cp_chunk = mb * s_loc * kv_elems * elem / np.where(model.is_mla, 1.0, tp)
-    bw_cp, inter_cp = C.bus_bandwidth(links, cp, tp)
+    bw_cp, _ = C.bus_bandwidth(links, cp, tp)
     cp_raw = np.where(cp > 1, 3.0 * (cp - 1.0) * cp_chunk / bw_cp, 0.0) * n_layers
     cp_comm = np.maximum(cp_raw - (attn_tot_f * 3.5), 0.0)
     cp_hidden = cp_raw - cp_comm

@@ -110,7 +110,7 @@ def _allowed(code: str, model, lay: LayoutTable, ctx: Context, i: int):
     if code == "ep_experts":
         return divisors(model.num_experts) if model.num_experts else [1]
     if code == "cp_seq":
-        return [d for d in divisors(ctx.seq_len // 2)]
+        return divisors(ctx.seq_len // 2)
     if code == "world_size":
         return {"product": ctx.num_devices}
     if code == "batch":

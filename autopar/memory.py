@@ -82,6 +82,28 @@ def layer_params_per_rank(model, lay: LayoutTable) -> tuple[np.ndarray, np.ndarr
     return dense, moe_shared, np.broadcast_to(experts, tp.shape).astype(np.float64)
 
 
+def stage_params(model, lay: LayoutTable) -> dict[str, np.ndarray]:
+    """Parameters per rank on the first and the last pipeline stage, non-expert and routed-expert.
+
+    Stage 0 holds the input embedding, the last stage the final norm and the LM head (its own copy of a
+    tied matrix when pp > 1); with pp = 1 both are the same stage and hold both.
+    """
+    st = stage_shape(model, lay)
+    dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
+    tp = lay["tp"].astype(np.float64)
+    pp = lay["pp"]
+    embed = model.embedding_params / tp
+    head = (model.head_params / tp) + model.final_norm_params
+    if model.tie_embeddings:
+        head = head + np.where(pp > 1, embed, 0.0)
+    return {
+        "first_nonexp": st.first_dense * dense_p + st.first_moe * moe_p + embed + np.where(pp == 1, head, 0.0),
+        "last_nonexp": st.last_dense * dense_p + st.last_moe * moe_p + np.where(pp == 1, embed, 0.0) + head,
+        "first_exp": st.first_moe * expert_p,
+        "last_exp": st.last_moe * expert_p,
+    }
+
+
 def activation_bytes_per_layer(
     model,
     *,
@@ -170,14 +192,9 @@ def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: 
     dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
     tp = lay["tp"].astype(np.float64)
     pp = lay["pp"]
-    embed = model.embedding_params / tp
-    head = (model.head_params / tp) + model.final_norm_params
-    if model.tie_embeddings:
-        head = head + np.where(pp > 1, embed, 0.0)  # the last stage keeps its own copy of the tied matrix
-    first_nonexp = st.first_dense * dense_p + st.first_moe * moe_p + embed + np.where(pp == 1, head, 0.0)
-    last_nonexp = st.last_dense * dense_p + st.last_moe * moe_p + np.where(pp == 1, embed, 0.0) + head
-    first_exp = st.first_moe * expert_p
-    last_exp = st.last_moe * expert_p
+    sp_ = stage_params(model, lay)
+    first_nonexp, last_nonexp = sp_["first_nonexp"], sp_["last_nonexp"]
+    first_exp, last_exp = sp_["first_exp"], sp_["last_exp"]
 
     dpcp = (lay["dp"] * lay["cp"]).astype(np.float64)
     shard = np.where(lay["shard_group"] > 0, lay["shard_group"], dpcp).astype(np.float64)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CORE = ["autopar/layout.py", "autopar/memory.py", "autopar/latency.py", "autopar/collectives.py",
@@ -15,7 +12,6 @@ CORE = ["autopar/layout.py", "autopar/memory.py", "autopar/latency.py", "autopar
         "autopar/energy.py", "autopar/model.py", "autopar/hardware.py", "autopar/fit.py"]
 
 
-@pytest.mark.skipif(shutil.which("ruff") is None and sys.platform != "linux", reason="ruff not installed")
 def test_ruff_clean() -> None:
     r = subprocess.run([sys.executable, "-m", "ruff", "check", "autopar", "tests", "studies"], cwd=ROOT,
                        capture_output=True, text=True)
