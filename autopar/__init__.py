@@ -21,11 +21,11 @@ _EXPORTS = {
     "DeviceProfile": "autopar.hardware",
     "Layout": "autopar.layout",
     "AutoparError": "autopar.errors",
-    "recommend": "autopar.search",
-    "SearchResult": "autopar.search",
-    "serve": "autopar.serving_search",
-    "ServingResult": "autopar.serving_search",
-    "compare": "autopar.compare",
+    "recommend": "autopar.search.recommend",
+    "SearchResult": "autopar.search.recommend",
+    "serve": "autopar.serving.search",
+    "ServingResult": "autopar.serving.search",
+    "compare": "autopar.whatif.compare",
     "export": "autopar.export",
 }
 

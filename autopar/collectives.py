@@ -19,16 +19,18 @@ import numpy as np
 class Links:
     """Achieved bandwidths (bytes/s) and latencies (s) of one cluster, from its device profile."""
 
-    up_agg: float        # scale-up aggregate per direction, achieved (wire x bus efficiency)
-    up_peer: float       # scale-up to one peer, achieved
+    up_agg: float  # scale-up aggregate per direction, achieved (wire x bus efficiency)
+    up_peer: float  # scale-up to one peer, achieved
     up_switched: bool
-    out_nic: float       # scale-out per device NIC, achieved
+    out_nic: float  # scale-out per device NIC, achieved
     lat_up: float
     lat_out: float
     devices_per_node: int
 
     @classmethod
-    def from_cluster(cls, device, devices_per_node: int, link_coeffs: dict[str, float] | None = None) -> Links:
+    def from_cluster(
+        cls, device, devices_per_node: int, link_coeffs: dict[str, float] | None = None
+    ) -> Links:
         """Links of a cluster of ``device``; ``link_coeffs`` (from a calibration) override efficiencies."""
         eff = device.efficiency
         lc = link_coeffs or {}

@@ -18,8 +18,9 @@ STALL_POWER_FRACTION = 0.20
 NODE_OVERHEAD_LOAD = 0.5
 
 
-def energy_per_step(device, t: dict[str, np.ndarray], *, num_devices: int, peak_flops,
-                    model_flops_per_device) -> dict[str, np.ndarray]:
+def energy_per_step(
+    device, t: dict[str, np.ndarray], *, num_devices: int, peak_flops, model_flops_per_device
+) -> dict[str, np.ndarray]:
     p = device.power
     step = t["step_time"]
     busy = np.minimum(t["compute_busy"], step)

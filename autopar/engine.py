@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar import collectives as C
-from autopar.calibration import Calibration, coefficients_for, load_calibration, memory_constants
+from autopar.coefficients import Calibration, coefficients_for, load_calibration, memory_constants
 from autopar.energy import energy_per_step
 from autopar.hardware import DeviceProfile
 from autopar.latency import TIME_COMPONENTS, step_time_breakdown
@@ -41,12 +41,15 @@ class TrainingJob:
 def stage_param_counts(model, lay: LayoutTable) -> dict[str, np.ndarray]:
     """Non-expert and routed-expert parameters per rank on the heaviest pipeline stage."""
     sp = stage_params(model, lay)
-    return {"nonexpert": np.maximum(sp["first_nonexp"], sp["last_nonexp"]),
-            "expert": np.maximum(sp["first_exp"], sp["last_exp"])}
+    return {
+        "nonexpert": np.maximum(sp["first_nonexp"], sp["last_nonexp"]),
+        "expert": np.maximum(sp["first_exp"], sp["last_exp"]),
+    }
 
 
-def evaluate(job: TrainingJob, lay: LayoutTable, *, calibration: Calibration | None = None,
-             check_legal: bool = True) -> dict[str, np.ndarray]:
+def evaluate(
+    job: TrainingJob, lay: LayoutTable, *, calibration: Calibration | None = None, check_legal: bool = True
+) -> dict[str, np.ndarray]:
     """Arrays over layouts: ``legal``, ``fits``, memory and time breakdowns, metrics, energy."""
     model, dev = job.model, job.device
     cal = calibration or load_calibration()
@@ -60,15 +63,28 @@ def evaluate(job: TrainingJob, lay: LayoutTable, *, calibration: Calibration | N
         legal = np.ones(n, dtype=bool)
 
     mc = memory_constants(cal)
-    mem = memory_breakdown(model, lay, seq_len=job.seq_len, framework_reserve_bytes=mc["framework_reserve_bytes"],
-                           comm_buffer_bytes=mc["comm_buffer_bytes"], fragmentation=mc["fragmentation"],
-                           frozen_weights=job.frozen_weights)
+    mem = memory_breakdown(
+        model,
+        lay,
+        seq_len=job.seq_len,
+        framework_reserve_bytes=mc["framework_reserve_bytes"],
+        comm_buffer_bytes=mc["comm_buffer_bytes"],
+        fragmentation=mc["fragmentation"],
+        frozen_weights=job.frozen_weights,
+    )
     capacity = dev.memory_gb * 1e9
     fits = mem["total"] <= capacity
 
     params = stage_param_counts(model, lay)
-    t = step_time_breakdown(model, lay, seq_len=job.seq_len, links=links, co=co, param_counts=params,
-                            frozen_weights=job.frozen_weights)
+    t = step_time_breakdown(
+        model,
+        lay,
+        seq_len=job.seq_len,
+        links=links,
+        co=co,
+        param_counts=params,
+        frozen_weights=job.frozen_weights,
+    )
     step = t["step_time"]
     tokens = float(job.tokens_per_step)
     tps_dev = tokens / (step * job.num_devices)
@@ -77,8 +93,13 @@ def evaluate(job: TrainingJob, lay: LayoutTable, *, calibration: Calibration | N
     # FLOPs counted without causal halving; the logits GEMM included).
     peak = np.array([co.peak(p) for p in PRECISION_CODES])[lay["precision"]]
     mfu = model_flops / (step * job.num_devices * peak)
-    energy = energy_per_step(dev, t, num_devices=job.num_devices, peak_flops=peak,
-                             model_flops_per_device=model_flops / job.num_devices)
+    energy = energy_per_step(
+        dev,
+        t,
+        num_devices=job.num_devices,
+        peak_flops=peak,
+        model_flops_per_device=model_flops / job.num_devices,
+    )
 
     out: dict[str, np.ndarray] = {
         "legal": legal,

@@ -23,8 +23,17 @@ ACT_BYTES = 2.0
 FP32_BYTES = 4.0  # fp32 training (e.g. the CPU reference runs): activations, gradients and wire bytes
 
 TIME_COMPONENTS = (
-    "gemm", "attention", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm",
-    "pp_comm", "dp_comm", "pipeline_bubble", "optimizer",
+    "gemm",
+    "attention",
+    "elementwise",
+    "recompute",
+    "tp_comm",
+    "cp_comm",
+    "ep_comm",
+    "pp_comm",
+    "dp_comm",
+    "pipeline_bubble",
+    "optimizer",
 )
 
 
@@ -32,16 +41,16 @@ TIME_COMPONENTS = (
 class Coefficients:
     """The fitted coefficients of one device type; each has a physical meaning (README)."""
 
-    peak_flops: dict[str, float]      # FLOP/s dense per precision
-    gemm_eff: dict[str, float]        # achieved fraction of peak for large GEMMs
-    gemm_half_dim: float              # GEMM dimension at which efficiency halves (tile/wave effects)
-    attention_eff: float              # FlashAttention-class achieved fraction of bf16 peak
-    hbm_bw: float                     # achieved HBM bytes/s for memory-bound kernels
-    overlap_contention: float         # compute slowdown per second of overlapped communication
-    tp_overlap: float                 # fraction of TP/SP communication hidden behind GEMMs (comm overlap)
-    kernel_overhead_s: float          # fixed per-layer per-micro-batch launch/sync cost (fwd+bwd)
-    host_bw: float = 50e9             # host memory bandwidth share for an offloaded optimizer step
-    pcie_bw: float = 25e9             # host<->device bytes/s for optimizer offload
+    peak_flops: dict[str, float]  # FLOP/s dense per precision
+    gemm_eff: dict[str, float]  # achieved fraction of peak for large GEMMs
+    gemm_half_dim: float  # GEMM dimension at which efficiency halves (tile/wave effects)
+    attention_eff: float  # FlashAttention-class achieved fraction of bf16 peak
+    hbm_bw: float  # achieved HBM bytes/s for memory-bound kernels
+    overlap_contention: float  # compute slowdown per second of overlapped communication
+    tp_overlap: float  # fraction of TP/SP communication hidden behind GEMMs (comm overlap)
+    kernel_overhead_s: float  # fixed per-layer per-micro-batch launch/sync cost (fwd+bwd)
+    host_bw: float = 50e9  # host memory bandwidth share for an offloaded optimizer step
+    pcie_bw: float = 25e9  # host<->device bytes/s for optimizer offload
     # Fixed software cost of each TP/SP collective on top of the link alpha (framework dispatch and
     # launch): ~0 for Megatron/NCCL, large for DTensor on gloo (measured by autopar calibrate).
     tp_collective_overhead_s: float = 0.0
@@ -54,8 +63,9 @@ class Coefficients:
 MAMF_REFERENCE_DIM = 16384.0
 
 
-def gemm_time(co: Coefficients, flops_peak: np.ndarray, eff_max: np.ndarray, M, N, K,
-              elem_bytes=ACT_BYTES) -> np.ndarray:
+def gemm_time(
+    co: Coefficients, flops_peak: np.ndarray, eff_max: np.ndarray, M, N, K, elem_bytes=ACT_BYTES
+) -> np.ndarray:
     """Roofline time of one GEMM (M×K by K×N) with efficiency falling for small M, N, K (tiles, waves).
 
     Efficiency is ``eff_max`` at the MAMF reference size and falls as 1/(1 + d/M + d/N + d/K) with
@@ -72,8 +82,16 @@ def gemm_time(co: Coefficients, flops_peak: np.ndarray, eff_max: np.ndarray, M, 
     return np.maximum(compute, traffic)
 
 
-def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links, co: Coefficients,
-                        param_counts: dict[str, np.ndarray], frozen_weights: bool = False) -> dict[str, np.ndarray]:
+def step_time_breakdown(
+    model,
+    lay: LayoutTable,
+    *,
+    seq_len: int,
+    links: C.Links,
+    co: Coefficients,
+    param_counts: dict[str, np.ndarray],
+    frozen_weights: bool = False,
+) -> dict[str, np.ndarray]:
     """Seconds per optimizer step by component, plus ``step_time`` and communication totals.
 
     ``frozen_weights`` (LoRA-style fine-tuning): the base weights get no gradients, so backward
@@ -117,18 +135,26 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
 
     # ---- GEMMs of one layer, forward, per rank --------------------------------------------
     a, g = model.heads, model.kv_heads
+
     def gt(M, N, K):  # noqa: E306
         return gemm_time(co, peak, geff, M, N, K, elem)
 
     if model.is_mla:
         qd = model.heads * model.qk_head_dim
         attn_gemm = (
-            (gt(T, model.q_lora_rank, h) + gt(T, qd / tp, model.q_lora_rank)) if model.q_lora_rank
-            else gt(T, qd / tp, h)
-        ) + gt(T, model.kv_lora_rank + model.qk_rope_head_dim, h) + gt(
-            T, a * (model.qk_nope_head_dim + model.v_dim) / tp, model.kv_lora_rank) + gt(T, h, a * model.v_dim / tp)
+            (
+                (gt(T, model.q_lora_rank, h) + gt(T, qd / tp, model.q_lora_rank))
+                if model.q_lora_rank
+                else gt(T, qd / tp, h)
+            )
+            + gt(T, model.kv_lora_rank + model.qk_rope_head_dim, h)
+            + gt(T, a * (model.qk_nope_head_dim + model.v_dim) / tp, model.kv_lora_rank)
+            + gt(T, h, a * model.v_dim / tp)
+        )
     else:
-        attn_gemm = gt(T, (a * model.head_dim + 2 * g * model.head_dim) / tp, h) + gt(T, h, a * model.head_dim / tp)
+        attn_gemm = gt(T, (a * model.head_dim + 2 * g * model.head_dim) / tp, h) + gt(
+            T, h, a * model.head_dim / tp
+        )
     up_mult = 2.0 if model.gated_mlp else 1.0
 
     def mlp_gemm(F, M, width_div):
@@ -149,10 +175,12 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     # ---- attention core (FlashAttention): fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd ----------------
     window = model.sliding_window or 0
     s_kv_full = float(seq_len)
+
     def attn_fwd(s_kv):  # noqa: E306
         fl = 2.0 * mb * s_loc * s_kv * (a / tp) * (model.qk_head_dim + model.v_dim) * 0.5
         eff = co.attention_eff * s_kv / (s_kv + co.gemm_half_dim)
         return fl / (attn_peak * eff)
+
     if window and model.sliding_window_layers:
         frac_sw = model.sliding_window_layers / model.layers
         attn_f = (1 - frac_sw) * attn_fwd(s_kv_full) + frac_sw * attn_fwd(min(window, s_kv_full))
@@ -163,10 +191,10 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     sp_div = np.where(sp, tp, 1.0)
     act_f = model.ffn_hidden if model.ffn_hidden else model.moe_ffn_hidden * model.moe_topk
     per_tok = (
-        2 * 2 * h / sp_div            # two norms: read + write
-        + 2 * 3 * h / sp_div          # two residual adds: 2 reads + 1 write
+        2 * 2 * h / sp_div  # two norms: read + write
+        + 2 * 3 * h / sp_div  # two residual adds: 2 reads + 1 write
         + (3.0 if model.gated_mlp else 2.0) * act_f / tp  # activation function
-        + 2 * (a + g) * model.qk_head_dim / tp            # RoPE on q and k
+        + 2 * (a + g) * model.qk_head_dim / tp  # RoPE on q and k
     )
     fp8_casts = np.where(is_fp8, 1.5 * (4 * h + act_f) / tp, 0.0)  # quantize inputs of each GEMM
     elem_f = T * elem * (per_tok + fp8_casts) / co.hbm_bw
@@ -189,13 +217,16 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
     bwd = (1.0 + wgrad) * gemm_f + 2.5 * attn_tot_f + 2.0 * elem_tot_f
     recompute = np.select(
         [rec == REC_FULL, rec == REC_SELECTIVE],
-        [fwd - head_f, attn_tot_f], default=0.0,
+        [fwd - head_f, attn_tot_f],
+        default=0.0,
     )
     overhead = co.kernel_overhead_s * n_layers
 
     # ---- TP / SP (Megatron: 2 all-reduces fwd + 2 bwd per layer; RS+AG with SP: same bytes) -------
     tp_bytes = T * h * elem
-    tp_one = C.all_reduce(links, tp_bytes, tp, np.ones(n)) + np.where(tp > 1, co.tp_collective_overhead_s, 0.0)
+    tp_one = C.all_reduce(links, tp_bytes, tp, np.ones(n)) + np.where(
+        tp > 1, co.tp_collective_overhead_s, 0.0
+    )
     n_tp_coll = 4.0 + np.where(rec == REC_FULL, 2.0, 0.0)
     tp_raw = n_layers * n_tp_coll * tp_one
     # Stacks that pipeline TP collectives with the neighbouring GEMMs (userbuffers/TE comm overlap,
@@ -253,8 +284,11 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
         ar_rep = C.all_reduce(links, params / group_size * gbytes, rep, stride_dp * group_size)
         # per step: (per-micro-batch part, once-per-step part)
         per_mb = np.select([zero >= 3, zero == 2], [2.0 * ag + rs + ar_rep, rs + ar_rep], default=0.0)
-        per_step = np.select([zero >= 3, zero == 2, zero == 1], [0.0, ag, rs + ar_rep + ag],
-                             default=C.all_reduce(links, params * gbytes, group_size * rep, stride_dp))
+        per_step = np.select(
+            [zero >= 3, zero == 2, zero == 1],
+            [0.0, ag, rs + ar_rep + ag],
+            default=C.all_reduce(links, params * gbytes, group_size * rep, stride_dp),
+        )
         if frozen_weights:  # only ZeRO-3's parameter gathers remain
             per_mb = np.where(zero >= 3, 2.0 * ag, 0.0)
             per_step = np.zeros_like(per_step)
@@ -277,7 +311,8 @@ def step_time_breakdown(model, lay: LayoutTable, *, seq_len: int, links: C.Links
 
     # ---- optimizer step (memory bound: ~28 bytes per locally optimized parameter) ------------------
     local_opt = np.where(zero >= 1, dense_params / shard, dense_params) + np.where(
-        zero >= 1, exp_params / np.minimum(shard, edp), exp_params)
+        zero >= 1, exp_params / np.minimum(shard, edp), exp_params
+    )
     opt_gpu = local_opt * 28.0 / co.hbm_bw
     opt_cpu = local_opt * 16.0 / co.host_bw + local_opt * 4.0 * 2 / co.pcie_bw
     optimizer = np.where(lay["offload"] > 0, opt_cpu, opt_gpu) * wgrad

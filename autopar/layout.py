@@ -23,8 +23,21 @@ PRECISION_CODES: tuple[str, ...] = ("bf16", "fp8", "fp16", "fp32")
 
 # Columns of a LayoutTable, in order; integer-coded so that whole candidate sets are numpy arrays.
 COLUMNS: tuple[str, ...] = (
-    "tp", "pp", "vpp", "dp", "cp", "ep", "etp", "zero", "shard_group", "sp",
-    "micro_batch", "grad_accum", "recompute", "offload", "precision",
+    "tp",
+    "pp",
+    "vpp",
+    "dp",
+    "cp",
+    "ep",
+    "etp",
+    "zero",
+    "shard_group",
+    "sp",
+    "micro_batch",
+    "grad_accum",
+    "recompute",
+    "offload",
+    "precision",
 )
 
 
@@ -140,8 +153,16 @@ def resolve_layout(
 
     Raises :class:`LayoutError` naming every factor of the product when they do not divide.
     """
-    for name, value in (("num_devices", num_devices), ("global_batch", global_batch), ("tp", tp),
-                        ("pp", pp), ("vpp", vpp), ("cp", cp), ("ep", ep), ("micro_batch", micro_batch)):
+    for name, value in (
+        ("num_devices", num_devices),
+        ("global_batch", global_batch),
+        ("tp", tp),
+        ("pp", pp),
+        ("vpp", vpp),
+        ("cp", cp),
+        ("ep", ep),
+        ("micro_batch", micro_batch),
+    ):
         if value is None or int(value) < 1:
             raise LayoutError(f"{name} must be a positive integer, got {value}", "pass a value >= 1")
     mp = tp * pp * cp
@@ -150,8 +171,13 @@ def resolve_layout(
             raise LayoutError(
                 f"num_devices={num_devices} is not divisible by tp*pp*cp = {tp}*{pp}*{cp} = {mp}",
                 f"choose tp, pp, cp whose product divides {num_devices}",
-                [Reason("world_size", "tp*pp*cp must divide num_devices",
-                        {"num_devices": num_devices, "tp": tp, "pp": pp, "cp": cp})],
+                [
+                    Reason(
+                        "world_size",
+                        "tp*pp*cp must divide num_devices",
+                        {"num_devices": num_devices, "tp": tp, "pp": pp, "cp": cp},
+                    )
+                ],
             )
         dp = num_devices // mp
     if dp < 1:
@@ -160,30 +186,55 @@ def resolve_layout(
         raise LayoutError(
             f"tp*pp*cp*dp = {tp}*{pp}*{cp}*{dp} = {tp * pp * cp * dp} != num_devices={num_devices}",
             "leave --dp out to derive it, or make the product equal the device count",
-            [Reason("world_size", "tp*pp*cp*dp must equal num_devices",
-                    {"num_devices": num_devices, "tp": tp, "pp": pp, "cp": cp, "dp": dp})],
+            [
+                Reason(
+                    "world_size",
+                    "tp*pp*cp*dp must equal num_devices",
+                    {"num_devices": num_devices, "tp": tp, "pp": pp, "cp": cp, "dp": dp},
+                )
+            ],
         )
     per_step = micro_batch * dp
     if global_batch % per_step:
         raise LayoutError(
             f"global_batch={global_batch} is not divisible by micro_batch*dp = {micro_batch}*{dp} = {per_step}",
             "choose a micro-batch and dp whose product divides the global batch",
-            [Reason("batch", "micro_batch*dp must divide global_batch",
-                    {"global_batch": global_batch, "micro_batch": micro_batch, "dp": dp})],
+            [
+                Reason(
+                    "batch",
+                    "micro_batch*dp must divide global_batch",
+                    {"global_batch": global_batch, "micro_batch": micro_batch, "dp": dp},
+                )
+            ],
         )
     if recompute not in RECOMPUTE_CODES:
-        raise LayoutError(f"recompute={recompute!r} is not one of {', '.join(RECOMPUTE_CODES)}",
-                          "use none, selective or full")
+        raise LayoutError(
+            f"recompute={recompute!r} is not one of {', '.join(RECOMPUTE_CODES)}",
+            "use none, selective or full",
+        )
     if precision not in PRECISION_CODES:
-        raise LayoutError(f"precision={precision!r} is not one of {', '.join(PRECISION_CODES)}",
-                          "use bf16, fp8, fp16 or fp32")
+        raise LayoutError(
+            f"precision={precision!r} is not one of {', '.join(PRECISION_CODES)}",
+            "use bf16, fp8, fp16 or fp32",
+        )
     if zero not in (0, 1, 2, 3):
         raise LayoutError(f"zero={zero} is not a ZeRO stage", "use 0, 1, 2 or 3")
     return Layout(
-        tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=ep, etp=tp if etp is None and ep == 1 else (etp or 1),
-        zero=zero, shard_group=shard_group or 0, sp=(tp > 1) if sp is None else bool(sp),
-        micro_batch=micro_batch, grad_accum=global_batch // per_step, recompute=recompute,  # type: ignore[arg-type]
-        offload=offload, precision=precision,  # type: ignore[arg-type]
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        dp=dp,
+        cp=cp,
+        ep=ep,
+        etp=tp if etp is None and ep == 1 else (etp or 1),
+        zero=zero,
+        shard_group=shard_group or 0,
+        sp=(tp > 1) if sp is None else bool(sp),
+        micro_batch=micro_batch,
+        grad_accum=global_batch // per_step,
+        recompute=recompute,  # type: ignore[arg-type]
+        offload=offload,
+        precision=precision,  # type: ignore[arg-type]
     )
 
 
@@ -231,9 +282,24 @@ class LayoutTable:
     def row(self, i: int) -> Layout:
         c = {k: int(v[i]) for k, v in self.cols.items()}
         return Layout(
-            **{k: c[k] for k in ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "zero", "shard_group",
-                                 "micro_batch", "grad_accum")},
-            sp=bool(c["sp"]), offload=bool(c["offload"]),
+            **{
+                k: c[k]
+                for k in (
+                    "tp",
+                    "pp",
+                    "vpp",
+                    "dp",
+                    "cp",
+                    "ep",
+                    "etp",
+                    "zero",
+                    "shard_group",
+                    "micro_batch",
+                    "grad_accum",
+                )
+            },
+            sp=bool(c["sp"]),
+            offload=bool(c["offload"]),
             recompute=RECOMPUTE_CODES[c["recompute"]],  # type: ignore[arg-type]
             precision=PRECISION_CODES[c["precision"]],  # type: ignore[arg-type]
         )

@@ -35,42 +35,108 @@ def _rules() -> list[Rule]:
         return model.heads if model.is_mla else model.kv_heads
 
     return [
-        Rule("world_size", "tp*pp*cp*dp must equal num_devices",
-             lambda m, L, c: L["tp"] * L["pp"] * L["cp"] * L["dp"] != c.num_devices, ("tp", "pp", "cp", "dp")),
-        Rule("batch", "micro_batch*grad_accum*dp must equal global_batch",
-             lambda m, L, c: L["micro_batch"] * L["grad_accum"] * L["dp"] != c.global_batch,
-             ("micro_batch", "grad_accum", "dp")),
-        Rule("tp_heads", "tp must divide the attention heads",
-             lambda m, L, c: m.heads % L["tp"] != 0, ("tp",)),
-        Rule("tp_kv_heads", "tp must divide the KV heads (query groups)",
-             lambda m, L, c: kv_heads(m) % L["tp"] != 0, ("tp",)),
-        Rule("tp_hidden", "tp must divide the hidden and FFN sizes",
-             lambda m, L, c: (m.hidden % L["tp"] != 0) | ((m.ffn_hidden or 0) % L["tp"] != 0), ("tp",)),
-        Rule("pp_layers", "pp*vpp must not exceed the number of layers",
-             lambda m, L, c: L["pp"] * L["vpp"] > m.layers, ("pp", "vpp")),
-        Rule("vpp_needs_pp", "virtual pipeline stages need pp > 1",
-             lambda m, L, c: (L["vpp"] > 1) & (L["pp"] == 1), ("vpp", "pp")),
-        Rule("vpp_layers", "the interleaved schedule needs layers divisible by pp*vpp (equal model chunks)",
-             lambda m, L, c: (L["vpp"] > 1) & (m.layers % (L["pp"] * L["vpp"]) != 0), ("pp", "vpp")),
-        Rule("vpp_microbatches", "the interleaved schedule needs at least pp micro-batches per step",
-             lambda m, L, c: (L["vpp"] > 1) & (L["grad_accum"] < L["pp"]), ("vpp", "grad_accum", "pp")),
-        Rule("sp_needs_tp", "sequence parallelism needs tp > 1",
-             lambda m, L, c: (L["sp"] > 0) & (L["tp"] == 1), ("sp", "tp")),
-        Rule("cp_seq", "context parallelism needs seq_len divisible by 2*cp (load-balanced chunks)",
-             lambda m, L, c: (L["cp"] > 1) & (c.seq_len % (2 * L["cp"]) != 0), ("cp",)),
-        Rule("ep_dense", "expert parallelism needs a MoE model",
-             lambda m, L, c: (L["ep"] > 1) & (not m.is_moe), ("ep",)),
-        Rule("ep_experts", "ep must divide the number of experts",
-             lambda m, L, c: (m.num_experts or 1) % L["ep"] != 0, ("ep",)),
-        Rule("ep_ranks", "ep*etp must divide tp*cp*dp (experts are carved out of the same ranks)",
-             lambda m, L, c: (L["tp"] * L["cp"] * L["dp"]) % (L["ep"] * L["etp"]) != 0, ("ep", "etp")),
-        Rule("shard_group", "shard_group must divide dp*cp and needs zero >= 1",
-             lambda m, L, c: (L["shard_group"] > 0) & (((L["dp"] * L["cp"]) % np.maximum(L["shard_group"], 1) != 0)
-                                                    | (L["zero"] == 0)), ("shard_group", "zero")),
-        Rule("offload_needs_zero", "optimizer offload needs zero >= 1",
-             lambda m, L, c: (L["offload"] > 0) & (L["zero"] == 0), ("offload", "zero")),
-        Rule("fp8_unsupported", "the device has no FP8 tensor cores",
-             lambda m, L, c: (L["precision"] == PRECISION_CODES.index("fp8")) & (not c.fp8_supported), ("precision",)),
+        Rule(
+            "world_size",
+            "tp*pp*cp*dp must equal num_devices",
+            lambda m, L, c: L["tp"] * L["pp"] * L["cp"] * L["dp"] != c.num_devices,
+            ("tp", "pp", "cp", "dp"),
+        ),
+        Rule(
+            "batch",
+            "micro_batch*grad_accum*dp must equal global_batch",
+            lambda m, L, c: L["micro_batch"] * L["grad_accum"] * L["dp"] != c.global_batch,
+            ("micro_batch", "grad_accum", "dp"),
+        ),
+        Rule(
+            "tp_heads", "tp must divide the attention heads", lambda m, L, c: m.heads % L["tp"] != 0, ("tp",)
+        ),
+        Rule(
+            "tp_kv_heads",
+            "tp must divide the KV heads (query groups)",
+            lambda m, L, c: kv_heads(m) % L["tp"] != 0,
+            ("tp",),
+        ),
+        Rule(
+            "tp_hidden",
+            "tp must divide the hidden and FFN sizes",
+            lambda m, L, c: (m.hidden % L["tp"] != 0) | ((m.ffn_hidden or 0) % L["tp"] != 0),
+            ("tp",),
+        ),
+        Rule(
+            "pp_layers",
+            "pp*vpp must not exceed the number of layers",
+            lambda m, L, c: L["pp"] * L["vpp"] > m.layers,
+            ("pp", "vpp"),
+        ),
+        Rule(
+            "vpp_needs_pp",
+            "virtual pipeline stages need pp > 1",
+            lambda m, L, c: (L["vpp"] > 1) & (L["pp"] == 1),
+            ("vpp", "pp"),
+        ),
+        Rule(
+            "vpp_layers",
+            "the interleaved schedule needs layers divisible by pp*vpp (equal model chunks)",
+            lambda m, L, c: (L["vpp"] > 1) & (m.layers % (L["pp"] * L["vpp"]) != 0),
+            ("pp", "vpp"),
+        ),
+        Rule(
+            "vpp_microbatches",
+            "the interleaved schedule needs at least pp micro-batches per step",
+            lambda m, L, c: (L["vpp"] > 1) & (L["grad_accum"] < L["pp"]),
+            ("vpp", "grad_accum", "pp"),
+        ),
+        Rule(
+            "sp_needs_tp",
+            "sequence parallelism needs tp > 1",
+            lambda m, L, c: (L["sp"] > 0) & (L["tp"] == 1),
+            ("sp", "tp"),
+        ),
+        Rule(
+            "cp_seq",
+            "context parallelism needs seq_len divisible by 2*cp (load-balanced chunks)",
+            lambda m, L, c: (L["cp"] > 1) & (c.seq_len % (2 * L["cp"]) != 0),
+            ("cp",),
+        ),
+        Rule(
+            "ep_dense",
+            "expert parallelism needs a MoE model",
+            lambda m, L, c: (L["ep"] > 1) & (not m.is_moe),
+            ("ep",),
+        ),
+        Rule(
+            "ep_experts",
+            "ep must divide the number of experts",
+            lambda m, L, c: (m.num_experts or 1) % L["ep"] != 0,
+            ("ep",),
+        ),
+        Rule(
+            "ep_ranks",
+            "ep*etp must divide tp*cp*dp (experts are carved out of the same ranks)",
+            lambda m, L, c: (L["tp"] * L["cp"] * L["dp"]) % (L["ep"] * L["etp"]) != 0,
+            ("ep", "etp"),
+        ),
+        Rule(
+            "shard_group",
+            "shard_group must divide dp*cp and needs zero >= 1",
+            lambda m, L, c: (
+                (L["shard_group"] > 0)
+                & (((L["dp"] * L["cp"]) % np.maximum(L["shard_group"], 1) != 0) | (L["zero"] == 0))
+            ),
+            ("shard_group", "zero"),
+        ),
+        Rule(
+            "offload_needs_zero",
+            "optimizer offload needs zero >= 1",
+            lambda m, L, c: (L["offload"] > 0) & (L["zero"] == 0),
+            ("offload", "zero"),
+        ),
+        Rule(
+            "fp8_unsupported",
+            "the device has no FP8 tensor cores",
+            lambda m, L, c: (L["precision"] == PRECISION_CODES.index("fp8")) & (not c.fp8_supported),
+            ("precision",),
+        ),
     ]
 
 
@@ -105,8 +171,11 @@ def _allowed(code: str, model, lay: LayoutTable, ctx: Context, i: int):
 
     if code in ("tp_heads", "tp_kv_heads", "tp_hidden"):
         kv = model.heads if model.is_mla else model.kv_heads
-        return [d for d in divisors(np.gcd(model.heads, kv)) if model.hidden % d == 0
-                and (model.ffn_hidden or 0) % d == 0]
+        return [
+            d
+            for d in divisors(np.gcd(model.heads, kv))
+            if model.hidden % d == 0 and (model.ffn_hidden or 0) % d == 0
+        ]
     if code == "ep_experts":
         return divisors(model.num_experts) if model.num_experts else [1]
     if code == "cp_seq":

@@ -36,8 +36,14 @@ FP32_WEIGHT_BYTES, FP32_GRAD_BYTES, FP32_OPTIM_BYTES, FP32_LOGIT_BYTES = 4.0, 4.
 REC_NONE, REC_SELECTIVE, REC_FULL = (RECOMPUTE_CODES.index(x) for x in ("none", "selective", "full"))
 
 MEMORY_COMPONENTS = (
-    "weights", "gradients", "optimizer", "activations", "embeddings_logits",
-    "zero3_buffers", "comm_buffers", "framework_reserve",
+    "weights",
+    "gradients",
+    "optimizer",
+    "activations",
+    "embeddings_logits",
+    "zero3_buffers",
+    "comm_buffers",
+    "framework_reserve",
 )
 
 
@@ -76,9 +82,14 @@ def layer_params_per_rank(model, lay: LayoutTable) -> tuple[np.ndarray, np.ndarr
     tp = lay["tp"].astype(np.float64)
     attn = model.attn_params_per_layer / tp + model.norm_params_per_layer
     dense = attn + model.dense_mlp_params / tp
-    moe_shared = attn + (model.shared_expert_params / tp if model.is_moe else 0.0) + (
-        model.router_params if model.is_moe else 0.0)
-    experts = (model.num_experts * model.expert_params / (lay["ep"] * lay["etp"])) if model.is_moe else 0.0 * tp
+    moe_shared = (
+        attn
+        + (model.shared_expert_params / tp if model.is_moe else 0.0)
+        + (model.router_params if model.is_moe else 0.0)
+    )
+    experts = (
+        (model.num_experts * model.expert_params / (lay["ep"] * lay["etp"])) if model.is_moe else 0.0 * tp
+    )
     return dense, moe_shared, np.broadcast_to(experts, tp.shape).astype(np.float64)
 
 
@@ -97,7 +108,10 @@ def stage_params(model, lay: LayoutTable) -> dict[str, np.ndarray]:
     if model.tie_embeddings:
         head = head + np.where(pp > 1, embed, 0.0)
     return {
-        "first_nonexp": st.first_dense * dense_p + st.first_moe * moe_p + embed + np.where(pp == 1, head, 0.0),
+        "first_nonexp": st.first_dense * dense_p
+        + st.first_moe * moe_p
+        + embed
+        + np.where(pp == 1, head, 0.0),
         "last_nonexp": st.last_dense * dense_p + st.last_moe * moe_p + np.where(pp == 1, embed, 0.0) + head,
         "first_exp": st.first_moe * expert_p,
         "last_exp": st.last_moe * expert_p,
@@ -178,11 +192,18 @@ def inflight_microbatches(lay: LayoutTable, num_microbatches: np.ndarray) -> np.
     return base * interleave
 
 
-def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: bool = True,
-                     dropout: bool = False, framework_reserve_bytes: float = FRAMEWORK_RESERVE_BYTES,
-                     comm_buffer_bytes: float = COMM_BUFFER_BYTES,
-                     fragmentation: float = FRAGMENTATION,
-                     frozen_weights: bool = False) -> dict[str, np.ndarray]:
+def memory_breakdown(
+    model,
+    lay: LayoutTable,
+    *,
+    seq_len: int,
+    flash_attention: bool = True,
+    dropout: bool = False,
+    framework_reserve_bytes: float = FRAMEWORK_RESERVE_BYTES,
+    comm_buffer_bytes: float = COMM_BUFFER_BYTES,
+    fragmentation: float = FRAGMENTATION,
+    frozen_weights: bool = False,
+) -> dict[str, np.ndarray]:
     """Bytes per device for the most loaded pipeline stage, by component (sums to ``total``).
 
     The reserve, buffer and fragmentation defaults are CUDA/NCCL figures; a calibration for another
@@ -222,16 +243,28 @@ def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: 
         gf, of, gl, ol = (x * 0.0 for x in (gf, of, gl, ol))
 
     m = lay["grad_accum"]  # micro-batches per step per pipeline (global batch / (mb * dp))
-    common: dict[str, Any] = dict(seq_len=seq_len, micro_batch=lay["micro_batch"], tp=lay["tp"], cp=lay["cp"],
-                  sp=lay["sp"], recompute=lay["recompute"], flash_attention=flash_attention, dropout=dropout)
+    common: dict[str, Any] = dict(
+        seq_len=seq_len,
+        micro_batch=lay["micro_batch"],
+        tp=lay["tp"],
+        cp=lay["cp"],
+        sp=lay["sp"],
+        recompute=lay["recompute"],
+        flash_attention=flash_attention,
+        dropout=dropout,
+    )
     act_dense = activation_bytes_per_layer(model, moe=False, **common) * act_scale
-    act_moe = activation_bytes_per_layer(model, moe=True, **common) * act_scale if model.is_moe else act_dense * 0
+    act_moe = (
+        activation_bytes_per_layer(model, moe=True, **common) * act_scale if model.is_moe else act_dense * 0
+    )
     per_mb_first = st.first_dense * act_dense + st.first_moe * act_moe
     per_mb_last = st.last_dense * act_dense + st.last_moe * act_moe
     inflight = inflight_microbatches(lay, m)
     # Full recompute re-materializes one layer at a time during backward: add one layer's full set.
-    full_layer = activation_bytes_per_layer(model, moe=model.is_moe,
-                                            **{**common, "recompute": lay["recompute"] * 0}) * act_scale
+    full_layer = (
+        activation_bytes_per_layer(model, moe=model.is_moe, **{**common, "recompute": lay["recompute"] * 0})
+        * act_scale
+    )
     working = np.where(lay["recompute"] == REC_FULL, full_layer, 0.0)
     act_first = per_mb_first * inflight + working
     last_inflight = np.where(pp > 1, 1.0, inflight)
@@ -248,8 +281,13 @@ def memory_breakdown(model, lay: LayoutTable, *, seq_len: int, flash_attention: 
     max_layer = np.maximum(dense_p, moe_p + expert_p * (1 if model.is_moe else 0))
     z3 = np.where(zero >= 3, 2.0 * max_layer * w_bytes + max_layer * g_bytes * 2, 0.0)
 
-    groups = ((lay["tp"] > 1).astype(float) + (lay["pp"] > 1) + (lay["cp"] > 1) + (lay["ep"] > 1)
-              + ((lay["dp"] * lay["cp"]) > 1))
+    groups = (
+        (lay["tp"] > 1).astype(float)
+        + (lay["pp"] > 1)
+        + (lay["cp"] > 1)
+        + (lay["ep"] > 1)
+        + ((lay["dp"] * lay["cp"]) > 1)
+    )
     comm = comm_buffer_bytes * groups
     reserve = np.full(len(lay), float(framework_reserve_bytes))
 

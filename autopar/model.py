@@ -94,13 +94,17 @@ class ModelSpec(BaseModel):
             if self.moe_ffn_hidden <= 0:
                 raise bad("moe_ffn_hidden must be positive for a MoE model")
             if self.moe_layers == 0:
-                raise bad("num_experts > 0 but moe_layers is 0", "set moe_layers (= layers if every layer is MoE)")
+                raise bad(
+                    "num_experts > 0 but moe_layers is 0", "set moe_layers (= layers if every layer is MoE)"
+                )
         elif self.moe_layers or self.moe_topk or self.moe_ffn_hidden or self.shared_expert_ffn:
             raise bad("MoE fields are set but num_experts is 0")
         if self.dense_layers and self.ffn_hidden <= 0:
             raise bad(f"{self.dense_layers} dense layers but ffn_hidden is {self.ffn_hidden}")
         if self.first_dense_layers > self.dense_layers:
-            raise bad(f"first_dense_layers ({self.first_dense_layers}) exceeds dense layers ({self.dense_layers})")
+            raise bad(
+                f"first_dense_layers ({self.first_dense_layers}) exceeds dense layers ({self.dense_layers})"
+            )
         if self.sliding_window_layers > self.layers:
             raise bad(f"sliding_window_layers ({self.sliding_window_layers}) exceeds layers ({self.layers})")
         if self.sliding_window_layers and self.sliding_window <= 0:
@@ -144,10 +148,14 @@ class ModelSpec(BaseModel):
             # DeepSeek-V2 (arXiv 2405.04434) Sec. 2.1.2 / HF DeepseekV3Attention: q_a_proj, q_b_proj
             # (or q_proj when q_lora_rank is 0), kv_a_proj_with_mqa (latent + shared rope key),
             # kv_b_proj (latent -> per-head nope key and value), o_proj.
-            q = h * self.q_lora_rank + self.q_lora_rank * a * self.qk_head_dim if self.q_lora_rank else (
-                h * a * self.qk_head_dim)
+            q = (
+                h * self.q_lora_rank + self.q_lora_rank * a * self.qk_head_dim
+                if self.q_lora_rank
+                else (h * a * self.qk_head_dim)
+            )
             kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * a * (
-                self.qk_nope_head_dim + self.v_head_dim)
+                self.qk_nope_head_dim + self.v_head_dim
+            )
             return q + kv + a * self.v_head_dim * h
         d = self.head_dim
         return h * a * d + 2 * h * self.kv_heads * d + a * d * h  # Q, K, V, O
@@ -209,8 +217,13 @@ class ModelSpec(BaseModel):
     def moe_layer_params(self) -> int:
         if not self.is_moe:
             return 0
-        return (self.attn_params_per_layer + self.num_experts * self.expert_params + self.shared_expert_params
-                + self.router_params + self.norm_params_per_layer)
+        return (
+            self.attn_params_per_layer
+            + self.num_experts * self.expert_params
+            + self.shared_expert_params
+            + self.router_params
+            + self.norm_params_per_layer
+        )
 
     @property
     def moe_layer_active_params(self) -> int:
@@ -221,14 +234,24 @@ class ModelSpec(BaseModel):
     @property
     def total_params(self) -> int:
         """All parameters excluding MTP modules (embedding + layers + final norm + untied head)."""
-        return (self.dense_layers * self.dense_layer_params + self.moe_layers * self.moe_layer_params
-                + self.embedding_params + self.head_params + self.final_norm_params)
+        return (
+            self.dense_layers * self.dense_layer_params
+            + self.moe_layers * self.moe_layer_params
+            + self.embedding_params
+            + self.head_params
+            + self.final_norm_params
+        )
 
     @property
     def active_params(self) -> int:
         """Parameters touched per token: top-k routed experts, shared experts and every dense part."""
-        return (self.dense_layers * self.dense_layer_params + self.moe_layers * self.moe_layer_active_params
-                + self.embedding_params + self.head_params + self.final_norm_params)
+        return (
+            self.dense_layers * self.dense_layer_params
+            + self.moe_layers * self.moe_layer_active_params
+            + self.embedding_params
+            + self.head_params
+            + self.final_norm_params
+        )
 
     @property
     def mtp_params(self) -> int:
@@ -247,8 +270,16 @@ class ModelSpec(BaseModel):
     # ----------------------------------------------------------------------------------- FLOPs
     def _active_matmul_params(self) -> int:
         dense = self.attn_matmul_params_per_layer + self.dense_mlp_params
-        moe = (self.attn_matmul_params_per_layer + self.moe_topk * self.expert_params + self.shared_expert_params
-               + self.router_params) if self.is_moe else 0
+        moe = (
+            (
+                self.attn_matmul_params_per_layer
+                + self.moe_topk * self.expert_params
+                + self.shared_expert_params
+                + self.router_params
+            )
+            if self.is_moe
+            else 0
+        )
         # The logits GEMM runs whether or not the head is tied; the embedding lookup is not a GEMM.
         return self.dense_layers * dense + self.moe_layers * moe + self.vocab * self.hidden
 
@@ -279,7 +310,9 @@ class ModelSpec(BaseModel):
             per_ctx = 6.0 * self.heads * (self.qk_head_dim + self.v_dim)
             full = self.layers - self.sliding_window_layers
             flops += per_ctx * full * self._context(seq_len, 0, causal)
-            flops += per_ctx * self.sliding_window_layers * self._context(seq_len, self.sliding_window, causal)
+            flops += (
+                per_ctx * self.sliding_window_layers * self._context(seq_len, self.sliding_window, causal)
+            )
         return flops
 
     # -------------------------------------------------------------------------------- KV cache
@@ -312,24 +345,50 @@ class ModelSpec(BaseModel):
 # =========================================================================== HF normalization
 # model_type -> family. Every family below is handled explicitly by _normalize_hf.
 _FAMILY = {
-    "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama", "nemotron": "llama",
-    "mixtral": "mixtral", "grok-1": "mixtral", "grok1": "mixtral",
-    "qwen2_moe": "qwen_moe", "qwen3_moe": "qwen_moe",
-    "deepseek_v2": "deepseek", "deepseek_v3": "deepseek", "kimi_k2": "deepseek",
-    "gpt_oss": "gpt_oss", "llama4_text": "llama4",
-    "gpt2": "gpt2", "gpt_neox": "gpt_neox",
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "llama",
+    "qwen3": "llama",
+    "nemotron": "llama",
+    "mixtral": "mixtral",
+    "grok-1": "mixtral",
+    "grok1": "mixtral",
+    "qwen2_moe": "qwen_moe",
+    "qwen3_moe": "qwen_moe",
+    "deepseek_v2": "deepseek",
+    "deepseek_v3": "deepseek",
+    "kimi_k2": "deepseek",
+    "gpt_oss": "gpt_oss",
+    "llama4_text": "llama4",
+    "gpt2": "gpt2",
+    "gpt_neox": "gpt_neox",
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILY))
 # multimodal wrappers whose text_config is one of the above
-_TEXT_ALIASES = {"llama4": "llama4_text", "qwen2_5_vl_text": "qwen2", "qwen2_vl_text": "qwen2",
-                 "qwen3_vl_text": "qwen3", "qwen3_vl_moe_text": "qwen3_moe"}
+_TEXT_ALIASES = {
+    "llama4": "llama4_text",
+    "qwen2_5_vl_text": "qwen2",
+    "qwen2_vl_text": "qwen2",
+    "qwen3_vl_text": "qwen3",
+    "qwen3_vl_moe_text": "qwen3_moe",
+}
 _ARCHITECTURES = {
-    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral",
-    "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Qwen2MoeForCausalLM": "qwen2_moe",
-    "Qwen3MoeForCausalLM": "qwen3_moe", "DeepseekV2ForCausalLM": "deepseek_v2",
-    "DeepseekV3ForCausalLM": "deepseek_v3", "GptOssForCausalLM": "gpt_oss", "Llama4ForCausalLM": "llama4_text",
-    "Grok1ModelForCausalLM": "grok-1", "Grok1ForCausalLM": "grok-1", "NemotronForCausalLM": "nemotron",
-    "GPT2LMHeadModel": "gpt2", "GPTNeoXForCausalLM": "gpt_neox",
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
+    "GptOssForCausalLM": "gpt_oss",
+    "Llama4ForCausalLM": "llama4_text",
+    "Grok1ModelForCausalLM": "grok-1",
+    "Grok1ForCausalLM": "grok-1",
+    "NemotronForCausalLM": "nemotron",
+    "GPT2LMHeadModel": "gpt2",
+    "GPTNeoXForCausalLM": "gpt_neox",
 }
 # transformers' class default for tie_word_embeddings when the config omits it
 _TIE_DEFAULT = {"gpt2": True, "grok-1": True, "grok1": True}
@@ -343,8 +402,10 @@ def _int(cfg: dict, key: str, default: Any = ..., *, ctx: str = "") -> int:
     v = cfg.get(key)
     if v is None:
         if default is ...:
-            raise ModelConfigError(f"{ctx}missing required field {key!r}",
-                                   "add it to the config (see REFERENCE.md Part C(d) for the aliases read)")
+            raise ModelConfigError(
+                f"{ctx}missing required field {key!r}",
+                "add it to the config (see REFERENCE.md Part C(d) for the aliases read)",
+            )
         return default
     if isinstance(v, bool) or not isinstance(v, int | float | str):
         raise ModelConfigError(f"{ctx}field {key!r} must be an integer, got {v!r}")
@@ -361,8 +422,10 @@ def _first_int(cfg: dict, keys: tuple[str, ...], *, ctx: str) -> int:
     for k in keys:
         if cfg.get(k) is not None:
             return _int(cfg, k, ctx=ctx)
-    raise ModelConfigError(f"{ctx}missing required field {keys[0]!r}" + (
-        f" (or {', '.join(map(repr, keys[1:]))})" if len(keys) > 1 else ""))
+    raise ModelConfigError(
+        f"{ctx}missing required field {keys[0]!r}"
+        + (f" (or {', '.join(map(repr, keys[1:]))})" if len(keys) > 1 else "")
+    )
 
 
 def _resolve_model_type(cfg: dict) -> str:
@@ -377,7 +440,8 @@ def _resolve_model_type(cfg: dict) -> str:
     raise UnsupportedArchitecture(
         f"unsupported architecture: {what}",
         f"autopar models only these model_type values: {', '.join(SUPPORTED_MODEL_TYPES)}; "
-        "pass raw dimensions (ModelSpec field names) to describe another model")
+        "pass raw dimensions (ModelSpec field names) to describe another model",
+    )
 
 
 def _unwrap_text_config(cfg: dict) -> dict:
@@ -436,7 +500,8 @@ def _sliding_layers(cfg: dict, mt: str, L: int, ctx: str) -> tuple[int, int]:
         # bound on attention FLOPs.
         window = _int(cfg, "attention_chunk_size", ctx=ctx)
         rope = cfg.get("no_rope_layers") or [
-            int((i + 1) % _int(cfg, "no_rope_layer_interval", 4, ctx=ctx) != 0) for i in range(L)]
+            int((i + 1) % _int(cfg, "no_rope_layer_interval", 4, ctx=ctx) != 0) for i in range(L)
+        ]
         return window, sum(1 for r in rope[:L] if r)
     if types is not None:
         if len(types) != L:
@@ -444,13 +509,17 @@ def _sliding_layers(cfg: dict, mt: str, L: int, ctx: str) -> tuple[int, int]:
         known = {"full_attention", "sliding_attention", "chunked_attention"}
         for t in types:
             if t not in known:
-                raise UnsupportedArchitecture(f"{ctx}unsupported layer type {t!r} in layer_types",
-                                              f"supported: {', '.join(sorted(known))}")
+                raise UnsupportedArchitecture(
+                    f"{ctx}unsupported layer type {t!r} in layer_types",
+                    f"supported: {', '.join(sorted(known))}",
+                )
         n = sum(t != "full_attention" for t in types)
         if any(t == "chunked_attention" for t in types):
             window = _int(cfg, "attention_chunk_size", ctx=ctx)
         if n and window <= 0:
-            raise ModelConfigError(f"{ctx}missing required field 'sliding_window' for sliding layers in layer_types")
+            raise ModelConfigError(
+                f"{ctx}missing required field 'sliding_window' for sliding layers in layer_types"
+            )
         return (window, n) if n else (0, 0)
     if window <= 0:
         return 0, 0
@@ -462,8 +531,10 @@ def _sliding_layers(cfg: dict, mt: str, L: int, ctx: str) -> tuple[int, int]:
             return 0, 0
         n = max(0, L - _int(cfg, "max_window_layers", L, ctx=ctx))
         return (window, n) if n else (0, 0)
-    raise ModelConfigError(f"{ctx}sliding_window={window} without layer_types is not understood for {mt!r}",
-                           "give layer_types explicitly")
+    raise ModelConfigError(
+        f"{ctx}sliding_window={window} without layer_types is not understood for {mt!r}",
+        "give layer_types explicitly",
+    )
 
 
 def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
@@ -477,24 +548,38 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         L = _int(cfg, "n_layer", ctx=ctx)
         a = _int(cfg, "n_head", ctx=ctx)
         ffn = _int(cfg, "n_inner", 4 * h, ctx=ctx)  # GPT2MLP: n_inner or 4 * n_embd
-        f = {"hidden": h, "layers": L, "heads": a, "kv_heads": a, "head_dim": h // a, "ffn_hidden": ffn,
-             "vocab": _int(cfg, "vocab_size", ctx=ctx), "qkv_bias": True,
-             "max_position": _int(cfg, "n_positions", 0, ctx=ctx)}
+        f = {
+            "hidden": h,
+            "layers": L,
+            "heads": a,
+            "kv_heads": a,
+            "head_dim": h // a,
+            "ffn_hidden": ffn,
+            "vocab": _int(cfg, "vocab_size", ctx=ctx),
+            "qkv_bias": True,
+            "max_position": _int(cfg, "n_positions", 0, ctx=ctx),
+        }
     else:
         h = _int(cfg, "hidden_size", ctx=ctx)
         L = _int(cfg, "num_hidden_layers", ctx=ctx)
         a = _int(cfg, "num_attention_heads", ctx=ctx)
         if h % a and cfg.get("head_dim") is None and not cfg.get("kv_lora_rank"):
-            raise ModelConfigError(f"{ctx}hidden_size {h} is not a multiple of num_attention_heads {a} "
-                                   "and head_dim is not given")
+            raise ModelConfigError(
+                f"{ctx}hidden_size {h} is not a multiple of num_attention_heads {a} and head_dim is not given"
+            )
         qkv_bias = bool(cfg.get("attention_bias", fam in ("gpt_neox",)))
         if mt in ("qwen2", "qwen2_moe"):  # Qwen2Attention: q/k/v always carry a bias
             qkv_bias = bool(cfg.get("qkv_bias", True))
-        f = {"hidden": h, "layers": L, "heads": a,
-             "kv_heads": _int(cfg, "num_key_value_heads", a, ctx=ctx),  # absent => MHA
-             "head_dim": _int(cfg, "head_dim", h // a, ctx=ctx),  # Qwen3 / gpt-oss set it explicitly
-             "vocab": _int(cfg, "vocab_size", ctx=ctx), "qkv_bias": qkv_bias,
-             "max_position": _int(cfg, "max_position_embeddings", 0, ctx=ctx)}
+        f = {
+            "hidden": h,
+            "layers": L,
+            "heads": a,
+            "kv_heads": _int(cfg, "num_key_value_heads", a, ctx=ctx),  # absent => MHA
+            "head_dim": _int(cfg, "head_dim", h // a, ctx=ctx),  # Qwen3 / gpt-oss set it explicitly
+            "vocab": _int(cfg, "vocab_size", ctx=ctx),
+            "qkv_bias": qkv_bias,
+            "max_position": _int(cfg, "max_position_embeddings", 0, ctx=ctx),
+        }
         moe = _layer_kinds(cfg, mt, L, ctx)
         n_moe = sum(moe)
         dense_needed = n_moe < L
@@ -535,8 +620,10 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         f["sliding_window"], f["sliding_window_layers"] = _sliding_layers(cfg, mt, L, ctx)
     f["gated_mlp"] = mt not in _UNGATED
     if mt == "nemotron" and cfg.get("hidden_act", "relu2") != "relu2":
-        raise UnsupportedArchitecture(f"{ctx}nemotron with hidden_act {cfg.get('hidden_act')!r}",
-                                      "only squared-ReLU (relu2) Nemotron MLPs are modeled")
+        raise UnsupportedArchitecture(
+            f"{ctx}nemotron with hidden_act {cfg.get('hidden_act')!r}",
+            "only squared-ReLU (relu2) Nemotron MLPs are modeled",
+        )
     f["norm"] = "layernorm" if mt in _LAYERNORM else "rmsnorm"
     f["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", _TIE_DEFAULT.get(mt, False)))
     # rope_theta / rope_scaling (transformers < 5) and rope_parameters (>= 5) change neither the
@@ -555,9 +642,12 @@ def _build(fields: dict, ctx: str) -> ModelSpec:
         if err["type"] == "missing":
             raise ModelConfigError(f"{ctx}missing required field {loc!r}") from None
         if err["type"] == "extra_forbidden":
-            raise ModelConfigError(f"{ctx}unknown field {loc!r}",
-                                   f"valid fields: {', '.join(ModelSpec.model_fields)}") from None
-        raise ModelConfigError(f"{ctx}invalid value for {loc!r}: {err['msg']} (got {err.get('input')!r})") from None
+            raise ModelConfigError(
+                f"{ctx}unknown field {loc!r}", f"valid fields: {', '.join(ModelSpec.model_fields)}"
+            ) from None
+        raise ModelConfigError(
+            f"{ctx}invalid value for {loc!r}: {err['msg']} (got {err.get('input')!r})"
+        ) from None
 
 
 # ================================================================================ raw dims
@@ -573,7 +663,8 @@ def _from_raw(d: dict) -> ModelSpec:
             raise ModelConfigError(
                 f"{ctx}unknown key {k!r} in raw model dimensions",
                 f"use ModelSpec field names ({', '.join(ModelSpec.model_fields)}); "
-                "an HF config.json needs 'model_type' or 'architectures'")
+                "an HF config.json needs 'model_type' or 'architectures'",
+            )
     f = {k: v for k, v in d.items() if k in fields and v is not None and v != ""}
     for k, info in ModelSpec.model_fields.items():
         if k in f and info.annotation is int:
@@ -606,7 +697,9 @@ def _read_json(path: Path | Any, what: str) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ModelConfigError(f"malformed JSON in {what}: {e.msg} at line {e.lineno} column {e.colno}") from None
+        raise ModelConfigError(
+            f"malformed JSON in {what}: {e.msg} at line {e.lineno} column {e.colno}"
+        ) from None
     except OSError as e:
         raise ModelConfigError(f"cannot read {what}: {e.strerror or e}") from None
 
@@ -628,8 +721,10 @@ def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
             return _normalize_hf(d, source=str(d.get("_name_or_path") or ""))
         return _from_raw(d)
     if not isinstance(name_or_path, str | os.PathLike):
-        raise ModelConfigError(f"cannot load a model from {type(name_or_path).__name__}",
-                               "pass a preset id, a path to config.json or a dict")
+        raise ModelConfigError(
+            f"cannot load a model from {type(name_or_path).__name__}",
+            "pass a preset id, a path to config.json or a dict",
+        )
     key = os.fspath(name_or_path)
     presets = list_presets()
     if isinstance(name_or_path, str) and key.strip().lower() in presets:
@@ -640,8 +735,9 @@ def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
         if not path.is_file():
             raise ModelConfigError(f"no config.json in directory {key!r}")
     if not path.is_file():
-        raise ModelConfigError(f"unknown model {key!r}: not a preset and not a file",
-                               f"presets: {', '.join(presets)}")
+        raise ModelConfigError(
+            f"unknown model {key!r}: not a preset and not a file", f"presets: {', '.join(presets)}"
+        )
     cfg = _read_json(path, f"file {str(path)!r}")
     if not isinstance(cfg, dict):
         raise ModelConfigError(f"file {str(path)!r} does not hold a JSON object")

@@ -65,13 +65,19 @@ class Prediction:
         return d
 
 
-def prediction_from_row(job: TrainingJob, job_info: dict[str, Any], lay: LayoutTable,
-                        res: dict[str, Any], i: int, calibration=None) -> Prediction:
+def prediction_from_row(
+    job: TrainingJob,
+    job_info: dict[str, Any],
+    lay: LayoutTable,
+    res: dict[str, Any],
+    i: int,
+    calibration=None,
+) -> Prediction:
     """Turn row ``i`` of ``evaluate``'s arrays into a :class:`Prediction`.
 
     ``calibration`` must be the one ``res`` was computed with (default: the shipped one).
     """
-    from autopar.calibration import coefficient_source, expected_error
+    from autopar.coefficients import coefficient_source, expected_error
 
     ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in job.device.peak_tflops)
     reasons = reasons_for_row(job.model, lay, ctx, i)
@@ -80,14 +86,16 @@ def prediction_from_row(job: TrainingJob, job_info: dict[str, Any], lay: LayoutT
     if mem_gib > cap_gib:
         parts = {k: float(res[f"mem_{k}"][i]) / GIB for k in MEMORY_COMPONENTS}
         top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
-        reasons.append(Reason(
-            "out_of_memory",
-            f"needs {mem_gib:.1f} GiB per device on pipeline stage {int(res['memory_stage'][i])}, "
-            f"the device has {cap_gib:.1f} GiB; largest parts: "
-            + ", ".join(f"{k} {v:.1f} GiB" for k, v in top),
-            {"memory_gib": round(mem_gib, 2), "capacity_gib": round(cap_gib, 2)},
-            "more tp/pp, a higher zero stage, recompute, or a smaller micro-batch",
-        ))
+        reasons.append(
+            Reason(
+                "out_of_memory",
+                f"needs {mem_gib:.1f} GiB per device on pipeline stage {int(res['memory_stage'][i])}, "
+                f"the device has {cap_gib:.1f} GiB; largest parts: "
+                + ", ".join(f"{k} {v:.1f} GiB" for k, v in top),
+                {"memory_gib": round(mem_gib, 2), "capacity_gib": round(cap_gib, 2)},
+                "more tp/pp, a higher zero stage, recompute, or a smaller micro-batch",
+            )
+        )
     return Prediction(
         layout=lay.row(i),
         job=job_info,
@@ -111,19 +119,36 @@ def prediction_from_row(job: TrainingJob, job_info: dict[str, Any], lay: LayoutT
     )
 
 
-def make_job(*, model, device, num_devices: int, devices_per_node: int | None, seq_len: int,
-             global_batch: int, lora: bool = False) -> tuple[TrainingJob, dict[str, Any]]:
+def make_job(
+    *,
+    model,
+    device,
+    num_devices: int,
+    devices_per_node: int | None,
+    seq_len: int,
+    global_batch: int,
+    lora: bool = False,
+) -> tuple[TrainingJob, dict[str, Any]]:
     """Load the model and device and check the cluster and workload sizes."""
     from autopar.hardware import load_cluster
     from autopar.model import ModelSpec, load_model
 
     for name, v in (("num_devices", num_devices), ("seq_len", seq_len), ("global_batch", global_batch)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise AutoparError(f"{name} must be a positive integer, got {v!r}", f"pass --{name.replace('_', '-')} >= 1")
+            raise AutoparError(
+                f"{name} must be a positive integer, got {v!r}", f"pass --{name.replace('_', '-')} >= 1"
+            )
     spec = model if isinstance(model, ModelSpec) else load_model(model)
     cluster = load_cluster(device, num_devices, devices_per_node)
-    job = TrainingJob(spec, cluster.device, num_devices, cluster.devices_per_node, seq_len, global_batch,
-                      frozen_weights=bool(lora))
+    job = TrainingJob(
+        spec,
+        cluster.device,
+        num_devices,
+        cluster.devices_per_node,
+        seq_len,
+        global_batch,
+        frozen_weights=bool(lora),
+    )
     info = {
         "model": model if isinstance(model, str) else spec.name,
         "device": cluster.device.id,
@@ -167,15 +192,35 @@ def predict(
     size; ``sp`` defaults to on when tp > 1. ``lora``: LoRA/PEFT fine-tuning (base weights frozen). Raises :class:`LayoutError` (with ``reasons``) for a
     layout that is not legal; a legal layout that does not fit returns ``fits=False`` and reasons.
     """
-    from autopar.calibration import load_calibration
+    from autopar.coefficients import load_calibration
 
-    job, info = make_job(model=model, device=device, num_devices=num_devices,
-                         devices_per_node=devices_per_node, seq_len=seq_len, global_batch=global_batch,
-                         lora=lora)
-    layout = resolve_layout(num_devices=num_devices, global_batch=global_batch, tp=tp, pp=pp, vpp=vpp,
-                            dp=dp, cp=cp, ep=ep, etp=etp, zero=zero, shard_group=shard_group, sp=sp,
-                            micro_batch=micro_batch, recompute=recompute, offload=offload,
-                            precision=precision)
+    job, info = make_job(
+        model=model,
+        device=device,
+        num_devices=num_devices,
+        devices_per_node=devices_per_node,
+        seq_len=seq_len,
+        global_batch=global_batch,
+        lora=lora,
+    )
+    layout = resolve_layout(
+        num_devices=num_devices,
+        global_batch=global_batch,
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        dp=dp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        zero=zero,
+        shard_group=shard_group,
+        sp=sp,
+        micro_batch=micro_batch,
+        recompute=recompute,
+        offload=offload,
+        precision=precision,
+    )
     table = LayoutTable.from_layouts([layout])
     cal = load_calibration(calibration)
     res = evaluate(job, table, calibration=cal)
@@ -186,6 +231,7 @@ def predict(
         allowed = f"; allowed: {first.allowed}" if first.allowed is not None else ""
         raise LayoutError(
             f"illegal layout {layout.short()}: {first.message} ({first.values}{allowed})",
-            "change the named degrees", illegal,
+            "change the named degrees",
+            illegal,
         )
     return pred

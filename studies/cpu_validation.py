@@ -10,7 +10,7 @@ global batch 4, fp32) at world size 4 on gloo (4 processes sharing this host's c
    refit below is written as ``cpu-gloo-w4-probes.yaml``);
 2. **enumerate** every legal layout of the space (tp, pp in {1, 2, 4}, dp = rest, ZeRO 0-3,
    every micro-batch that divides the batch, recompute none/full; cp, ep, vpp and fp8 excluded on
-   CPU) with ``autopar.enumerate``, minus the layouts the runner treats identically (ZeRO > 0
+   CPU) with ``autopar.search.enumerate``, minus the layouts the runner treats identically (ZeRO > 0
    without data parallelism shards nothing) and the ones it refuses (1F1B with fewer micro-batches
    than stages);
 3. **run** them all with the reference runner (``autopar validate``'s machinery, 8 per launch);
@@ -47,7 +47,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autopar.calibrate import (  # noqa: E402
+from autopar.calibration.calibrate import (  # noqa: E402
     calibrate,
     naive_cpu_profile,
     refit_memory,
@@ -55,28 +55,45 @@ from autopar.calibrate import (  # noqa: E402
     write_calibration_atomic,
     write_profile_atomic,
 )
-from autopar.calibration import Calibration, load_calibration  # noqa: E402
+from autopar.calibration.microbench import run_microbenchmarks  # noqa: E402
+from autopar.calibration.validate import Item, Progress, run_items, summarize  # noqa: E402
+from autopar.coefficients import Calibration, load_calibration  # noqa: E402
 from autopar.engine import TrainingJob, evaluate  # noqa: E402
-from autopar.enumerate import enumerate_space  # noqa: E402
 from autopar.errors import RunError  # noqa: E402
 from autopar.hardware import load_device  # noqa: E402
 from autopar.layout import Layout, LayoutTable  # noqa: E402
 from autopar.memory import GIB  # noqa: E402
-from autopar.microbench import run_microbenchmarks  # noqa: E402
 from autopar.model import load_model  # noqa: E402
-from autopar.search_space import SearchSpace  # noqa: E402
-from autopar.validate import Item, Progress, run_items, summarize  # noqa: E402
+from autopar.search.enumerate import enumerate_space  # noqa: E402
+from autopar.search.space import SearchSpace  # noqa: E402
 
 WORLD, SEQ, BATCH = 4, 128, 4
-MODEL = {"name": "cpu-validation-llama", "hidden": 256, "layers": 4, "heads": 8, "kv_heads": 4, "head_dim": 32,
-         "ffn_hidden": 768, "vocab": 512}
+MODEL = {
+    "name": "cpu-validation-llama",
+    "hidden": 256,
+    "layers": 4,
+    "heads": 8,
+    "kv_heads": 4,
+    "head_dim": 32,
+    "ffn_hidden": 768,
+    "vocab": 512,
+}
 SPACE = {
     "name": "cpu-validation",
     "description": "tp x pp x dp x ZeRO x micro-batch x recompute at world size 4, fp32 (no cp/ep/vpp/fp8 on CPU)",
-    "axes": {"tp": {"values": [1, 2, 4]}, "pp": {"values": [1, 2, 4]}, "vpp": {"values": [1]},
-             "cp": {"values": [1]}, "ep": {"values": [1]}, "micro_batch": {"candidates": "divisors"},
-             "zero": [0, 1, 2, 3], "shard_group": {"values": [0]}, "recompute": ["none", "full"],
-             "offload": [False], "precision": ["fp32"]},
+    "axes": {
+        "tp": {"values": [1, 2, 4]},
+        "pp": {"values": [1, 2, 4]},
+        "vpp": {"values": [1]},
+        "cp": {"values": [1]},
+        "ep": {"values": [1]},
+        "micro_batch": {"candidates": "divisors"},
+        "zero": [0, 1, 2, 3],
+        "shard_group": {"values": [0]},
+        "recompute": ["none", "full"],
+        "offload": [False],
+        "precision": ["fp32"],
+    },
 }
 # Coefficients refitted on the probe layouts: the ones microbenchmarks measure least faithfully,
 # the links and the overlap contention as they behave inside a training step (gloo's threads and
@@ -110,8 +127,10 @@ def probe_indices(layouts: list[Layout]) -> list[int]:
     smallest micro-batch; plus pure DP with ZeRO-3 and pure DP with full recompute."""
     out: list[int] = []
     seen: set[tuple[int, int]] = set()
-    order = sorted(range(len(layouts)), key=lambda i: (layouts[i].zero, layouts[i].recompute != "none",
-                                                       layouts[i].micro_batch))
+    order = sorted(
+        range(len(layouts)),
+        key=lambda i: (layouts[i].zero, layouts[i].recompute != "none", layouts[i].micro_batch),
+    )
     for i in order:
         lay = layouts[i]
         if lay.recompute == "none" and (lay.tp, lay.pp) not in seen:
@@ -120,7 +139,12 @@ def probe_indices(layouts: list[Layout]) -> list[int]:
     for want in ({"zero": 3, "recompute": "none"}, {"zero": 0, "recompute": "full"}):
         for i in order:
             lay = layouts[i]
-            if lay.tp == 1 and lay.pp == 1 and all(getattr(lay, k) == v for k, v in want.items()) and i not in out:
+            if (
+                lay.tp == 1
+                and lay.pp == 1
+                and all(getattr(lay, k) == v for k, v in want.items())
+                and i not in out
+            ):
                 out.append(i)
                 break
     return sorted(out)
@@ -131,8 +155,14 @@ def predict(job: TrainingJob, layouts: list[Layout], cal: Calibration) -> tuple[
     return res["step_time_s"], res["memory_bytes"] / GIB
 
 
-def refit(job: TrainingJob, layouts: list[Layout], recs: list[dict[str, Any]], idx: list[int], base: Calibration,
-          params: tuple[str, ...]) -> Calibration:
+def refit(
+    job: TrainingJob,
+    layouts: list[Layout],
+    recs: list[dict[str, Any]],
+    idx: list[int],
+    base: Calibration,
+    params: tuple[str, ...],
+) -> Calibration:
     ok = [i for i in idx if recs[i]["status"] == "ok"]
     table = LayoutTable.from_layouts([layouts[i] for i in ok])
     t = np.array([recs[i]["measured_step_time_s"] for i in ok])
@@ -146,17 +176,23 @@ def refit(job: TrainingJob, layouts: list[Layout], recs: list[dict[str, Any]], i
 
 def figures(recs: list[dict[str, Any]], key: str, idx: list[int] | None = None) -> dict[str, Any]:
     sel = recs if idx is None else [recs[i] for i in idx]
-    rows = [dict(r, predicted_step_time_s=r[f"{key}_step_time_s"], predicted_peak_memory_gib=r[f"{key}_memory_gib"])
-            for r in sel]
+    rows = [
+        dict(
+            r, predicted_step_time_s=r[f"{key}_step_time_s"], predicted_peak_memory_gib=r[f"{key}_memory_gib"]
+        )
+        for r in sel
+    ]
     return summarize(rows)
 
 
 def line(name: str, s: dict[str, Any]) -> str:
     if not s.get("n_ok"):
         return f"{name:<34} no successful runs"
-    return (f"{name:<34} {100 * s['step_time_mape']:6.1f}%  {s['spearman']:7.3f}  {s['top1_regret']:7.3f}   "
-            f"{100 * s.get('memory_mape', float('nan')):6.1f}%  {100 * s.get('memory_max_abs_error', float('nan')):6.1f}%"
-            f"  {100 * s.get('memory_within_20pct', float('nan')):5.0f}%   {s['n_ok']:>3}")
+    return (
+        f"{name:<34} {100 * s['step_time_mape']:6.1f}%  {s['spearman']:7.3f}  {s['top1_regret']:7.3f}   "
+        f"{100 * s.get('memory_mape', float('nan')):6.1f}%  {100 * s.get('memory_max_abs_error', float('nan')):6.1f}%"
+        f"  {100 * s.get('memory_within_20pct', float('nan')):5.0f}%   {s['n_ok']:>3}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -178,13 +214,19 @@ def main(argv: list[str] | None = None) -> int:
 
     # 1. calibrate
     print(f"[{time.perf_counter() - t0:5.0f} s] calibrate: microbenchmarks on {WORLD} ranks", file=sys.stderr)
-    raw_mb = saved["microbench"] if saved else run_microbenchmarks(WORLD, sweep="full", device="cpu", timeout_s=900)
+    raw_mb = (
+        saved["microbench"]
+        if saved
+        else run_microbenchmarks(WORLD, sweep="full", device="cpu", timeout_s=900)
+    )
     fitted, cal_path, prof_path = calibrate(world_size=WORLD, name=a.name, out_dir=a.out_dir, raw=raw_mb)
     cal_mb = load_calibration(cal_path)
     dev = load_device(prof_path)
     job = TrainingJob(spec, dev, WORLD, WORLD, SEQ, BATCH)
     with tempfile.TemporaryDirectory() as tmp:
-        naive_dev = load_device(write_profile_atomic(naive_cpu_profile("naive-cpu", WORLD), Path(tmp) / "naive.yaml"))
+        naive_dev = load_device(
+            write_profile_atomic(naive_cpu_profile("naive-cpu", WORLD), Path(tmp) / "naive.yaml")
+        )
     job_before = TrainingJob(spec, naive_dev, WORLD, WORLD, SEQ, BATCH)
     cal_default = load_calibration()
 
@@ -192,9 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     layouts, dropped = space_layouts(job)
     probes = probe_indices(layouts)
     held = [i for i in range(len(layouts)) if i not in probes]
-    print(f"[{time.perf_counter() - t0:5.0f} s] space: {dropped['legal']} legal layouts, {dropped['zero_without_dp']} "
-          f"duplicates (ZeRO without dp), {dropped['runner_refuses']} refused by the runner -> {len(layouts)} to run",
-          file=sys.stderr)
+    print(
+        f"[{time.perf_counter() - t0:5.0f} s] space: {dropped['legal']} legal layouts, {dropped['zero_without_dp']} "
+        f"duplicates (ZeRO without dp), {dropped['runner_refuses']} refused by the runner -> {len(layouts)} to run",
+        file=sys.stderr,
+    )
 
     # 3. run
     if saved:
@@ -204,20 +248,43 @@ def main(argv: list[str] | None = None) -> int:
         from autopar.runner.config import RunnerModelConfig
 
         t_mb, m_mb = predict(job, layouts, cal_mb)  # shown next to each measurement as the runs finish
-        items = [Item(lay, prediction={"predicted_step_time_s": float(t_mb[i]), "predicted_peak_memory_gib": float(m_mb[i])})
-                 for i, lay in enumerate(layouts)]
-        recs = run_items(items, RunnerModelConfig.from_model_spec(spec), seq_len=SEQ,
-                         global_batch=BATCH, steps=a.steps, warmup=a.warmup, timeout_s=a.timeout,
-                         batch_size=a.batch_size, device="cpu", progress=Progress(len(layouts)))
+        items = [
+            Item(
+                lay,
+                prediction={
+                    "predicted_step_time_s": float(t_mb[i]),
+                    "predicted_peak_memory_gib": float(m_mb[i]),
+                },
+            )
+            for i, lay in enumerate(layouts)
+        ]
+        recs = run_items(
+            items,
+            RunnerModelConfig.from_model_spec(spec),
+            seq_len=SEQ,
+            global_batch=BATCH,
+            steps=a.steps,
+            warmup=a.warmup,
+            timeout_s=a.timeout,
+            batch_size=a.batch_size,
+            device="cpu",
+            progress=Progress(len(layouts)),
+        )
     if a.raw and not saved:
         Path(a.raw).write_text(json.dumps({"microbench": raw_mb, "records": recs}, indent=1))
 
     # 4. predict with each calibration
-    variants: dict[str, tuple[TrainingJob, Calibration]] = {"before": (job_before, cal_default), "microbench": (job, cal_mb)}
+    variants: dict[str, tuple[TrainingJob, Calibration]] = {
+        "before": (job_before, cal_default),
+        "microbench": (job, cal_mb),
+    }
     cal_after = refit(job, layouts, recs, probes, cal_mb, PROBE_PARAMS)
     prov = dict(cal_after.provenance)
-    prov["refit"] = {"on": f"{len(probes)} probe layouts of studies/cpu_validation.py", "params": list(PROBE_PARAMS),
-                     "probes": [layouts[i].short() for i in probes]}
+    prov["refit"] = {
+        "on": f"{len(probes)} probe layouts of studies/cpu_validation.py",
+        "params": list(PROBE_PARAMS),
+        "probes": [layouts[i].short() for i in probes],
+    }
     cal_after = cal_after.model_copy(update={"provenance": prov})
     after_path = write_calibration_atomic(cal_after, Path(a.out_dir) / f"{a.name}-probes.yaml")
     variants["after"] = (job, cal_after)
@@ -227,25 +294,33 @@ def main(argv: list[str] | None = None) -> int:
         t, m = predict(j, layouts, c)
         for i, r in enumerate(recs):
             r[f"{name}_step_time_s"], r[f"{name}_memory_gib"] = float(t[i]), float(m[i])
-    folds = [all_idx[k::a.folds] for k in range(a.folds)]
+    folds = [all_idx[k :: a.folds] for k in range(a.folds)]
     for fold in folds:
         train = [i for i in all_idx if i not in fold]
-        t, m = predict(job, [layouts[i] for i in fold], refit(job, layouts, recs, train, cal_mb, PROBE_PARAMS))
+        t, m = predict(
+            job, [layouts[i] for i in fold], refit(job, layouts, recs, train, cal_mb, PROBE_PARAMS)
+        )
         for j, i in enumerate(fold):
             recs[i]["refit_cv_step_time_s"], recs[i]["refit_cv_memory_gib"] = float(t[j]), float(m[j])
 
     # 5. report
-    print(f"\nCPU validation: {spec.name}, seq {SEQ}, batch {BATCH}, fp32, world {WORLD} on gloo "
-          f"({fitted.values['peak_tflops_fp32'] * 1e3:.0f} GFLOP/s per rank theoretical)")
-    print(f"{'layout':<40} {'measured':>9} {'before':>8} {'microb.':>8} {'after':>8}   {'mem MiB':>8} {'after':>7}  probe")
+    print(
+        f"\nCPU validation: {spec.name}, seq {SEQ}, batch {BATCH}, fp32, world {WORLD} on gloo "
+        f"({fitted.values['peak_tflops_fp32'] * 1e3:.0f} GFLOP/s per rank theoretical)"
+    )
+    print(
+        f"{'layout':<40} {'measured':>9} {'before':>8} {'microb.':>8} {'after':>8}   {'mem MiB':>8} {'after':>7}  probe"
+    )
     for i, r in enumerate(recs):
         if r["status"] != "ok":
             print(f"{r['layout_short']:<40} FAILED: {r.get('error', '')[:60]}")
             continue
-        print(f"{r['layout_short']:<40} {r['measured_step_time_s']:9.3f} {r['before_step_time_s']:8.3f} "
-              f"{r['microbench_step_time_s']:8.3f} {r['after_step_time_s']:8.3f}   "
-              f"{1024 * (r['measured_peak_memory_gib'] or 0):8.1f} {1024 * r['after_memory_gib']:7.1f}  "
-              f"{'*' if i in probes else ''}")
+        print(
+            f"{r['layout_short']:<40} {r['measured_step_time_s']:9.3f} {r['before_step_time_s']:8.3f} "
+            f"{r['microbench_step_time_s']:8.3f} {r['after_step_time_s']:8.3f}   "
+            f"{1024 * (r['measured_peak_memory_gib'] or 0):8.1f} {1024 * r['after_memory_gib']:7.1f}  "
+            f"{'*' if i in probes else ''}"
+        )
     summary = {
         "before (naive profile + default cal.)": figures(recs, "before"),
         "microbench only": figures(recs, "microbench"),
@@ -254,28 +329,53 @@ def main(argv: list[str] | None = None) -> int:
         "refit on all (in-sample)": figures(recs, "refit_in_sample"),
         f"refit, {a.folds}-fold cross-validated": figures(recs, "refit_cv"),
     }
-    print(f"\n{'calibration':<34} {'MAPE':>7}  {'Spearman':>7}  {'regret':>7}   {'mem MAPE':>7} {'max':>7}  "
-          f"{'<=20%':>5}   {'n':>3}")
+    print(
+        f"\n{'calibration':<34} {'MAPE':>7}  {'Spearman':>7}  {'regret':>7}   {'mem MAPE':>7} {'max':>7}  "
+        f"{'<=20%':>5}   {'n':>3}"
+    )
     for k, s in summary.items():
         print(line(k, s))
-    print(f"\nmeasured best {summary['microbench only'].get('measured_best')}; predicted best (after) "
-          f"{summary['after: microbench + 8 probes, all'].get('predicted_best')}")
+    print(
+        f"\nmeasured best {summary['microbench only'].get('measured_best')}; predicted best (after) "
+        f"{summary['after: microbench + 8 probes, all'].get('predicted_best')}"
+    )
     print("probe refit: " + ", ".join(f"{k}={_coef(cal_after, dev.id, k):.4g}" for k in PROBE_PARAMS))
-    print(f"wrote {cal_path} (microbenchmarks), {after_path} (+ probes) and {prof_path}; "
-          f"total {time.perf_counter() - t0:.0f} s")
+    print(
+        f"wrote {cal_path} (microbenchmarks), {after_path} (+ probes) and {prof_path}; "
+        f"total {time.perf_counter() - t0:.0f} s"
+    )
     if a.json:
-        out = [{"layout": r["layout"], "layout_short": r["layout_short"], "status": r["status"],
+        out = [
+            {
+                "layout": r["layout"],
+                "layout_short": r["layout_short"],
+                "status": r["status"],
                 "predicted_step_time_s": r.get("after_step_time_s"),
                 "measured_step_time_s": r.get("measured_step_time_s"),
                 "predicted_peak_memory_gib": r.get("after_memory_gib"),
                 "measured_peak_memory_gib": r.get("measured_peak_memory_gib"),
                 "measured_peak_memory_gib_per_rank": r.get("measured_peak_memory_gib_per_rank"),
-                "probe": i in probes, "error": r.get("error"),
-                "predictions": {k: {"step_time_s": r.get(f"{k}_step_time_s"), "peak_memory_gib": r.get(f"{k}_memory_gib")}
-                                for k in ("before", "microbench", "after", "refit_in_sample", "refit_cv")},
-                "final_loss": r.get("final_loss")} for i, r in enumerate(recs)]
-        Path(a.json).write_text(json.dumps({"job": {**MODEL, "seq_len": SEQ, "global_batch": BATCH, "world": WORLD},
-                                            "summary": summary, "records": out}, indent=1, default=float))
+                "probe": i in probes,
+                "error": r.get("error"),
+                "predictions": {
+                    k: {"step_time_s": r.get(f"{k}_step_time_s"), "peak_memory_gib": r.get(f"{k}_memory_gib")}
+                    for k in ("before", "microbench", "after", "refit_in_sample", "refit_cv")
+                },
+                "final_loss": r.get("final_loss"),
+            }
+            for i, r in enumerate(recs)
+        ]
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "job": {**MODEL, "seq_len": SEQ, "global_batch": BATCH, "world": WORLD},
+                    "summary": summary,
+                    "records": out,
+                },
+                indent=1,
+                default=float,
+            )
+        )
     return 0
 
 

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from published import load_cases, run_case
 
-from autopar.calibration import Calibration, default_calibration_path
-from autopar.fit import Sample, file_digest, fit, now_iso, residuals, write_calibration
-from autopar.published import load_cases, run_case
+from autopar.calibration.fit import Sample, file_digest, fit, now_iso, residuals, write_calibration
+from autopar.coefficients import Calibration, default_calibration_path
 
 # Devices built on the same compute die as a device in the data (NVIDIA: H200, H800 and H100 96GB
 # are GH100; A100 40GB and 80GB are GA100): their compute efficiencies carry over unchanged.
@@ -48,25 +48,44 @@ def main(argv: list[str] | None = None) -> int:
     cases = load_cases(a.csv)
     for c in cases:
         run_case(c, base)
-    usable = [c for c in cases if c.prediction is not None and c.measured_tps
-              and (c.target_kind == "measured" or not a.measured_only)]
+    usable = [
+        c
+        for c in cases
+        if c.prediction is not None
+        and c.measured_tps
+        and (c.target_kind == "measured" or not a.measured_only)
+    ]
     train = [c for c in usable if c.row.get("source_id") != a.holdout_source]
     test = [c for c in usable if c.row.get("source_id") == a.holdout_source]
 
     def samples(cs):
-        return [Sample(c.run_id, c.job, c.table, c.measured_tps, c.row.get("precision") or "bf16",
-                       c.row.get("source_id") or "") for c in cs]
+        return [
+            Sample(
+                c.run_id,
+                c.job,
+                c.table,
+                c.measured_tps,
+                c.row.get("precision") or "bf16",
+                c.row.get("source_id") or "",
+            )
+            for c in cs
+        ]
 
     t0 = time.perf_counter()
     prov = {
         "method": "scipy least_squares (soft_l1, source-balanced log-throughput residuals) on training rows",
         "derived_targets": not a.measured_only,
-        "data": a.csv.name, "data_sha256_16": file_digest(a.csv), "rows": len(train),
-        "holdout_source": a.holdout_source, "date": now_iso(),
+        "data": a.csv.name,
+        "data_sha256_16": file_digest(a.csv),
+        "rows": len(train),
+        "holdout_source": a.holdout_source,
+        "date": now_iso(),
     }
     res = fit(samples(train), base, max_nfev=a.max_nfev, provenance=prov)
     dt = time.perf_counter() - t0
-    print(f"fitted {len(res.names)} coefficients on {len(train)} rows in {dt:.1f} s; train MAPE {res.mape:.1%}")
+    print(
+        f"fitted {len(res.names)} coefficients on {len(train)} rows in {dt:.1f} s; train MAPE {res.mape:.1%}"
+    )
     for n, v in zip(res.names, res.values, strict=True):
         print(f"  {n:<40} {v:10.4f}")
     if test:

@@ -22,13 +22,14 @@ import statistics
 import sys
 import time
 
-DEFAULT_JOB = dict(model="llama-3.1-405b", device="h100-sxm-80gb", num_devices=128, seq_len=8192,
-                   global_batch=128)
+DEFAULT_JOB = dict(
+    model="llama-3.1-405b", device="h100-sxm-80gb", num_devices=128, seq_len=8192, global_batch=128
+)
 
 
 def local_search(scorer, base, plan, max_steps: int = 500):
     """Best-improvement hill climbing over (move a layer to a neighbour stage, change a stage's recompute)."""
-    from autopar.pipeline_split import StagePlan
+    from autopar.search.uneven import StagePlan
 
     cur = scorer.score(base, plan)
     if not cur["fits"]:
@@ -64,12 +65,17 @@ def _better(scorer, base, plan, best, cand):
 
 
 def best_known_reference(job, info, space, top: int = 10):
-    from autopar.pipeline_split import StagePlan, UnevenScorer, best_monotone_split, even_split
-    from autopar.search import search
+    from autopar.search.recommend import search
+    from autopar.search.uneven import StagePlan, UnevenScorer, best_monotone_split, even_split
 
     uniform = space.model_copy(update={"uneven_pipeline": None})
-    uniform = uniform.model_copy(update={"axes": uniform.axes.model_copy(update={
-        "pp": uniform.axes.pp.model_copy(update={"min": max(2, uniform.axes.pp.min)})})})
+    uniform = uniform.model_copy(
+        update={
+            "axes": uniform.axes.model_copy(
+                update={"pp": uniform.axes.pp.model_copy(update={"min": max(2, uniform.axes.pp.min)})}
+            )
+        }
+    )
     r = search(job, info, uniform, top=top)
     scorer = UnevenScorer(job)
     modes = sorted({["none", "selective", "full"].index(x) for x in space.axes.recompute}, reverse=True)
@@ -82,22 +88,33 @@ def best_known_reference(job, info, space, top: int = 10):
         if got and got[0] > best[0]:
             best = (got[0], base, got[1], "balanced split")
         for rec in modes:
-            v, plan = local_search(scorer, base, StagePlan(tuple(even_split(job.model.layers, p)), (rec,) * p))
+            v, plan = local_search(
+                scorer, base, StagePlan(tuple(even_split(job.model.layers, p)), (rec,) * p)
+            )
             if v is not None and v > best[0]:
                 best = (v, base, plan, "local search")
     return r.results[0], best
 
 
-def run_one(job, info, space, sampler: str, seed: int, evaluations: int, *, seed_top_k: int = 0,
-            max_trials_factor: int = 4):
+def run_one(
+    job,
+    info,
+    space,
+    sampler: str,
+    seed: int,
+    evaluations: int,
+    *,
+    seed_top_k: int = 0,
+    max_trials_factor: int = 4,
+):
     """One fresh in-memory study until ``evaluations`` unique layouts were scored.
 
     Returns the best feasible value after each unique evaluation, the report and the wall time.
     """
     import optuna
 
-    from autopar.search import Objectives
-    from autopar.study import StudyConfig, run_study
+    from autopar.search.recommend import Objectives
+    from autopar.search.study import StudyConfig, run_study
 
     trace: list[float] = []
     best = [0.0]
@@ -109,12 +126,26 @@ def run_one(job, info, space, sampler: str, seed: int, evaluations: int, *, seed
             best[0] = max(best[0], r["tokens_per_s_per_device"])
         trace.append(best[0])
 
-    cfg = StudyConfig(name=f"{sampler}-{seed}", job=job, info=info, space=space, objectives=Objectives(),
-                      sampler=sampler, seed=seed, storage=optuna.storages.InMemoryStorage(), seed_top_k=seed_top_k,
-                      batch=1, structured_seeds=False)
+    cfg = StudyConfig(
+        name=f"{sampler}-{seed}",
+        job=job,
+        info=info,
+        space=space,
+        objectives=Objectives(),
+        sampler=sampler,
+        seed=seed,
+        storage=optuna.storages.InMemoryStorage(),
+        seed_top_k=seed_top_k,
+        batch=1,
+        structured_seeds=False,
+    )
     t0 = time.perf_counter()
-    rep = run_study(cfg, n_trials=max_trials_factor * evaluations, on_trial=on_trial,
-                    stop=lambda: len(trace) >= evaluations)
+    rep = run_study(
+        cfg,
+        n_trials=max_trials_factor * evaluations,
+        on_trial=on_trial,
+        stop=lambda: len(trace) >= evaluations,
+    )
     return trace, rep, time.perf_counter() - t0
 
 
@@ -133,40 +164,63 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=DEFAULT_JOB["seq_len"])
     ap.add_argument("--space", default="uneven_pipeline")
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="override a space axis")
-    ap.add_argument("--pattern", choices=["free", "monotone"], default=None,
-                    help="per-stage recompute encoding (default: the space file's)")
-    ap.add_argument("--max-shift", type=int, default=None, help="per-stage layer shift bound (default: the file's)")
+    ap.add_argument(
+        "--pattern",
+        choices=["free", "monotone"],
+        default=None,
+        help="per-stage recompute encoding (default: the space file's)",
+    )
+    ap.add_argument(
+        "--max-shift", type=int, default=None, help="per-stage layer shift bound (default: the file's)"
+    )
     a = ap.parse_args(argv)
 
     from autopar.prediction import make_job
-    from autopar.search_space import load_space
-    from autopar.study import TrialSpace
+    from autopar.search.space import load_space
+    from autopar.search.study import TrialSpace
 
-    job, info = make_job(model=a.model, device=DEFAULT_JOB["device"], num_devices=a.num_devices,
-                         devices_per_node=None, seq_len=a.seq_len, global_batch=a.global_batch)
+    job, info = make_job(
+        model=a.model,
+        device=DEFAULT_JOB["device"],
+        num_devices=a.num_devices,
+        devices_per_node=None,
+        seq_len=a.seq_len,
+        global_batch=a.global_batch,
+    )
     space = load_space(a.space, tuple(a.overrides))
     if space.uneven_pipeline is not None and (a.pattern or a.max_shift):
-        up = space.uneven_pipeline.model_copy(update={k: v for k, v in (("recompute_pattern", a.pattern),
-                                                                        ("max_shift", a.max_shift)) if v})
+        up = space.uneven_pipeline.model_copy(
+            update={k: v for k, v in (("recompute_pattern", a.pattern), ("max_shift", a.max_shift)) if v}
+        )
         space = space.model_copy(update={"uneven_pipeline": up})
     ts = TrialSpace(job, space)
     pp_max = int(ts.enum.S["pp"].max())
     k = space.uneven_pipeline.max_shift if space.uneven_pipeline else 0
-    n_rec = 3 ** pp_max if space.uneven_pipeline and space.uneven_pipeline.recompute_pattern == "free" else pp_max ** 2
-    print(f"{a.model} on {a.num_devices} x {DEFAULT_JOB['device']}, seq {a.seq_len}, global batch {a.global_batch}; "
-          f"space {space.name}: {ts.enum.size:,} uniform base layouts with pp >= 2, up to pp={pp_max} stages, "
-          f"each stage's layers shifted by [-{k}, {k}], per-stage recompute "
-          f"({space.uneven_pipeline.recompute_pattern if space.uneven_pipeline else '-'}) "
-          f"(~{ts.enum.size * (2 * k + 1) ** (pp_max - 1) * n_rec:.1e} layouts; "
-          f"{len(ts.params)} base parameters + up to {pp_max - 1} layer shifts and "
-          f"{(len(ts.modes_heavy_first) - 1) if ts.monotone else pp_max} recompute parameters)")
+    n_rec = (
+        3**pp_max
+        if space.uneven_pipeline and space.uneven_pipeline.recompute_pattern == "free"
+        else pp_max**2
+    )
+    print(
+        f"{a.model} on {a.num_devices} x {DEFAULT_JOB['device']}, seq {a.seq_len}, global batch {a.global_batch}; "
+        f"space {space.name}: {ts.enum.size:,} uniform base layouts with pp >= 2, up to pp={pp_max} stages, "
+        f"each stage's layers shifted by [-{k}, {k}], per-stage recompute "
+        f"({space.uneven_pipeline.recompute_pattern if space.uneven_pipeline else '-'}) "
+        f"(~{ts.enum.size * (2 * k + 1) ** (pp_max - 1) * n_rec:.1e} layouts; "
+        f"{len(ts.params)} base parameters + up to {pp_max - 1} layer shifts and "
+        f"{(len(ts.modes_heavy_first) - 1) if ts.monotone else pp_max} recompute parameters)"
+    )
     t0 = time.perf_counter()
     uniform_best, (ls_val, ls_base, ls_plan, how) = best_known_reference(job, info, space)
-    print(f"exhaustive uniform sub-space (even split, one recompute mode; engine numbers): "
-          f"{uniform_best.tokens_per_s_per_device:,.2f} tokens/s/device  {uniform_best.layout.short()}")
+    print(
+        f"exhaustive uniform sub-space (even split, one recompute mode; engine numbers): "
+        f"{uniform_best.tokens_per_s_per_device:,.2f} tokens/s/device  {uniform_best.layout.short()}"
+    )
     if ls_base is not None:
-        print(f"structured search ({how}) over the uniform top-10 bases: {ls_val:,.2f} tokens/s/device  "
-              f"{ls_base.short()} | stages {ls_plan.short()}  ({time.perf_counter() - t0:.1f} s)")
+        print(
+            f"structured search ({how}) over the uniform top-10 bases: {ls_val:,.2f} tokens/s/device  "
+            f"{ls_base.short()} | stages {ls_plan.short()}  ({time.perf_counter() - t0:.1f} s)"
+        )
 
     runs: dict[str, list] = {}
     for cond, top_k in (("cold", 0), ("seeded", 10)):
@@ -174,14 +228,23 @@ def main(argv: list[str] | None = None) -> int:
             for seed in range(a.seeds):
                 trace, rep, dt = run_one(job, info, space, sampler, seed, a.evaluations, seed_top_k=top_k)
                 runs.setdefault(f"{sampler} {cond}", []).append(trace)
-                print(f"  {sampler:<7} {cond:<7} seed {seed}: best {trace[-1] if trace else 0:,.2f} after "
-                      f"{len(trace)} evaluations ({rep.n_complete} trials, {rep.n_cached} from the cache) "
-                      f"in {dt:.0f} s", flush=True)
-    best_known = max([ls_val or 0.0, uniform_best.tokens_per_s_per_device]
-                     + [max(t) for ts_ in runs.values() for t in ts_ if t])
-    print(f"\nbest known: {best_known:,.2f} tokens/s/device. Evaluations (unique layouts scored) until the best "
-          f"feasible layout is within 1% (5%) of it; '>{a.evaluations}' = not reached:")
-    print(f"{'sampler':<16} {'within 1%, per seed':<26} {'within 5%, per seed':<26} {'best/known at end':>18}")
+                print(
+                    f"  {sampler:<7} {cond:<7} seed {seed}: best {trace[-1] if trace else 0:,.2f} after "
+                    f"{len(trace)} evaluations ({rep.n_complete} trials, {rep.n_cached} from the cache) "
+                    f"in {dt:.0f} s",
+                    flush=True,
+                )
+    best_known = max(
+        [ls_val or 0.0, uniform_best.tokens_per_s_per_device]
+        + [max(t) for ts_ in runs.values() for t in ts_ if t]
+    )
+    print(
+        f"\nbest known: {best_known:,.2f} tokens/s/device. Evaluations (unique layouts scored) until the best "
+        f"feasible layout is within 1% (5%) of it; '>{a.evaluations}' = not reached:"
+    )
+    print(
+        f"{'sampler':<16} {'within 1%, per seed':<26} {'within 5%, per seed':<26} {'best/known at end':>18}"
+    )
     for name, traces in runs.items():
         h1 = [_first(t, 0.99 * best_known) for t in traces]
         h5 = [_first(t, 0.95 * best_known) for t in traces]

@@ -15,8 +15,18 @@ import subprocess
 import sys
 import time
 
-ARGS = dict(model="llama-3.1-70b", device="h100-sxm-80gb", num_devices=512, seq_len=8192, global_batch=512,
-            tp=8, pp=4, vpp=5, micro_batch=1, recompute="selective")
+ARGS = dict(
+    model="llama-3.1-70b",
+    device="h100-sxm-80gb",
+    num_devices=512,
+    seq_len=8192,
+    global_batch=512,
+    tp=8,
+    pp=4,
+    vpp=5,
+    micro_batch=1,
+    recompute="selective",
+)
 
 
 def wall(cmd: list[str], repeat: int) -> float:
@@ -45,9 +55,13 @@ def main(argv: list[str] | None = None) -> int:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in ARGS.items()]
     cli = wall([sys.executable, "-m", "autopar.cli", "predict", *flags, "--json"], a.repeat)
     bare = wall([sys.executable, "-c", "pass"], a.repeat)
-    print(f"in-process predict: first call {first * 1e3:.1f} ms, then median {statistics.median(calls) * 1e3:.2f} ms")
-    print(f"end-to-end `autopar predict --json`: median {cli:.3f} s over {a.repeat} runs "
-          f"(bare python start {bare:.3f} s; ratio {cli / bare:.1f}x)")
+    print(
+        f"in-process predict: first call {first * 1e3:.1f} ms, then median {statistics.median(calls) * 1e3:.2f} ms"
+    )
+    print(
+        f"end-to-end `autopar predict --json`: median {cli:.3f} s over {a.repeat} runs "
+        f"(bare python start {bare:.3f} s; ratio {cli / bare:.1f}x)"
+    )
     return 0
 
 

@@ -14,8 +14,9 @@ import json
 import sys
 from pathlib import Path
 
-from autopar.calibration import load_calibration
-from autopar.published import load_cases, records, run_case, summarize
+from published import load_cases, records, run_case, summarize
+
+from autopar.coefficients import load_calibration
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,7 @@ worst rows and every skipped row with its reason. The rows are offline max-throu
 (data README caveat 7): the runtime chooses the batch, modeled as the largest concurrency the
 KV cache holds, capped by trtllm-bench's tuning cap of 4096 sequences, with its token-budget
 heuristic. The model uses the device coefficients of the training calibration plus the
-serving-specific ones of :class:`autopar.serving.ServingCoefficients`; ``--fit`` refits those
+serving-specific ones of :class:`autopar.serving.estimate.ServingCoefficients`; ``--fit`` refits those
 (least squares on log throughput, soft-L1) and prints them.
 """
 
@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from autopar.calibration import load_calibration
+from autopar.coefficients import load_calibration
 from autopar.errors import AutoparError
 from autopar.hardware import load_device
 from autopar.model import load_model
-from autopar.serving import ServingCoefficients, ServingTable, evaluate, make_context, make_workload
+from autopar.serving.estimate import ServingCoefficients, ServingTable, evaluate, make_context, make_workload
 
 PRECISION = {"fp8": "fp8", "mxfp8": "fp8", "bf16": "bf16", "fp16": "fp16"}
 
@@ -56,7 +56,10 @@ def _model(row: dict[str, str]):
     missing = [k for k in ("layers", "hidden", "heads", "ffn_hidden", "vocab") if dims[k] is None]
     if missing:
         raise AutoparError(f"no model_preset and architecture columns missing: {', '.join(missing)}")
-    raw: dict[str, Any] = {"name": row.get("model") or "model", **{k: v for k, v in dims.items() if v is not None}}
+    raw: dict[str, Any] = {
+        "name": row.get("model") or "model",
+        **{k: v for k, v in dims.items() if v is not None},
+    }
     return load_model(raw)
 
 
@@ -94,23 +97,44 @@ def prepare(row: dict[str, str]) -> dict[str, Any]:
     except AutoparError as exc:
         return rec | {"skipped": str(exc)}
     dpn = _int(row, "devices_per_node") or min(device.scale_up.domain, n)
-    rec.update(model=model, device=device, isl=isl, osl=osl, tp=tp, pp=pp, ep=ep, replicas=n // (tp * pp),
-               devices_per_node=min(dpn, n), precision=PRECISION[prec], measured=meas,
-               label=f"{row.get('model_preset') or row.get('model')} {row.get('device')} tp{tp} pp{pp} {isl}/{osl}")
+    rec.update(
+        model=model,
+        device=device,
+        isl=isl,
+        osl=osl,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        replicas=n // (tp * pp),
+        devices_per_node=min(dpn, n),
+        precision=PRECISION[prec],
+        measured=meas,
+        label=f"{row.get('model_preset') or row.get('model')} {row.get('device')} tp{tp} pp{pp} {isl}/{osl}",
+    )
     return rec
 
 
 def predict(rec: dict[str, Any], cal, sc: ServingCoefficients | None) -> dict[str, Any]:
     w = make_workload(isl=rec["isl"], osl=rec["osl"], offline=True, weight_precision=rec["precision"])
-    ctx = make_context(rec["model"], rec["device"], w, devices_per_node=rec["devices_per_node"], calibration=cal,
-                       serving_coefficients=sc)
+    ctx = make_context(
+        rec["model"],
+        rec["device"],
+        w,
+        devices_per_node=rec["devices_per_node"],
+        calibration=cal,
+        serving_coefficients=sc,
+    )
     tab = ServingTable({"tp": rec["tp"], "pp": rec["pp"], "ep": rec["ep"]})
     res = evaluate(ctx, tab)
     if not res["valid"][0]:
         bad = [k for k, v in res["bad"].items() if v[0]]
         return {"skipped": f"layout does not fit or is illegal: {', '.join(bad)}"}
-    return {"predicted": float(res["output_tps_instance"][0]) * rec["replicas"], "batch": float(res["batch"][0]),
-            "tpot_ms": float(res["tpot_s"][0]) * 1e3, "ttft_ms": float(res["ttft_service_s"][0]) * 1e3}
+    return {
+        "predicted": float(res["output_tps_instance"][0]) * rec["replicas"],
+        "batch": float(res["batch"][0]),
+        "tpot_ms": float(res["tpot_s"][0]) * 1e3,
+        "ttft_ms": float(res["ttft_service_s"][0]) * 1e3,
+    }
 
 
 def run(recs: list[dict[str, Any]], cal, sc: ServingCoefficients | None) -> None:
@@ -135,16 +159,22 @@ def fit(recs: list[dict[str, Any]], cal) -> ServingCoefficients:
     meas = np.array([r["measured"] for r in ok])
 
     def coeffs(x) -> ServingCoefficients:
-        return ServingCoefficients(host_step_s=x[0] * 1e-6, host_per_seq_s=x[1] * 1e-6, collective_sync_s=x[2] * 1e-6,
-                                   runtime_reserve_bytes=base.runtime_reserve_bytes,
-                                   comm_buffer_bytes=base.comm_buffer_bytes)
+        return ServingCoefficients(
+            host_step_s=x[0] * 1e-6,
+            host_per_seq_s=x[1] * 1e-6,
+            collective_sync_s=x[2] * 1e-6,
+            runtime_reserve_bytes=base.runtime_reserve_bytes,
+            comm_buffer_bytes=base.comm_buffer_bytes,
+        )
 
     def resid(x):
         pred = np.array([predict(r, cal, coeffs(x)).get("predicted", np.nan) for r in ok])
         return np.nan_to_num(np.log(pred / meas), nan=5.0)
 
     x0 = [base.host_step_s * 1e6, base.host_per_seq_s * 1e6, base.collective_sync_s * 1e6]
-    sol = least_squares(resid, x0, bounds=([0.0, 0.0, 0.0], [20000.0, 200.0, 1000.0]), loss="soft_l1", f_scale=0.1)
+    sol = least_squares(
+        resid, x0, bounds=([0.0, 0.0, 0.0], [20000.0, 200.0, 1000.0]), loss="soft_l1", f_scale=0.1
+    )
     return coeffs(sol.x)
 
 
@@ -158,10 +188,15 @@ def summarize(recs: list[dict[str, Any]], worst: int) -> dict[str, Any]:
         return {"rows": 0}
     ape = np.array([abs(r["error"]) for r in done])
     print(f"inference rows predicted: {len(done)}, skipped: {len(skipped)}")
-    print(f"MAPE output tokens/s: {ape.mean():.1%} (median {np.median(ape):.1%}, max {ape.max():.1%}, "
-          f"bias {np.mean([r['error'] for r in done]):+.1%})")
-    groups: dict[str, dict[str, list[float]]] = {"tp": defaultdict(list), "model": defaultdict(list),
-                                                 "device": defaultdict(list)}
+    print(
+        f"MAPE output tokens/s: {ape.mean():.1%} (median {np.median(ape):.1%}, max {ape.max():.1%}, "
+        f"bias {np.mean([r['error'] for r in done]):+.1%})"
+    )
+    groups: dict[str, dict[str, list[float]]] = {
+        "tp": defaultdict(list),
+        "model": defaultdict(list),
+        "device": defaultdict(list),
+    }
     for r in done:
         groups["tp"][f"tp{r['tp']}"].append(abs(r["error"]))
         groups["model"][str(r["model"].name)].append(abs(r["error"]))
@@ -173,8 +208,10 @@ def summarize(recs: list[dict[str, Any]], worst: int) -> dict[str, Any]:
         summary[f"mape_by_{g}"] = {k: float(np.mean(v)) for k, v in d.items()}
     print(f"worst {min(worst, len(done))} rows:")
     for r in sorted(done, key=lambda r: -abs(r["error"]))[:worst]:
-        print(f"  run {r['run_id']:>5} {r['label']:45s} measured {r['measured']:10.1f} predicted "
-              f"{r['predicted']:10.1f} ({r['error']:+.1%}), batch {r['batch']:.0f}, TPOT {r['tpot_ms']:.1f} ms")
+        print(
+            f"  run {r['run_id']:>5} {r['label']:45s} measured {r['measured']:10.1f} predicted "
+            f"{r['predicted']:10.1f} ({r['error']:+.1%}), batch {r['batch']:.0f}, TPOT {r['tpot_ms']:.1f} ms"
+        )
     for r in skipped:
         print(f"  skipped run {r['run_id']}: {r.get('skipped')}")
     return summary
@@ -185,9 +222,15 @@ def records(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in recs:
         d: dict[str, Any] = {"run_id": r["run_id"]}
         if "error" in r:
-            d.update(predicted_output_tokens_per_s=r["predicted"], measured_output_tokens_per_s=r["measured"],
-                     error=r["error"], batch=r["batch"], tpot_ms=r["tpot_ms"], ttft_ms=r["ttft_ms"],
-                     assumptions=r["assumptions"])
+            d.update(
+                predicted_output_tokens_per_s=r["predicted"],
+                measured_output_tokens_per_s=r["measured"],
+                error=r["error"],
+                batch=r["batch"],
+                tpot_ms=r["tpot_ms"],
+                ttft_ms=r["ttft_ms"],
+                assumptions=r["assumptions"],
+            )
         else:
             d["skipped"] = r.get("skipped", "not predicted")
             if "measured" in r:
@@ -216,14 +259,18 @@ def main(argv: list[str] | None = None) -> int:
     sc = None
     if a.fit:
         sc = fit(recs, cal)
-        print(f"fitted serving coefficients: host_step {sc.host_step_s * 1e6:.1f} us, host_per_seq "
-              f"{sc.host_per_seq_s * 1e6:.2f} us, collective_sync {sc.collective_sync_s * 1e6:.1f} us "
-              f"(runtime reserve fixed at {sc.runtime_reserve_bytes / 2**30:.2f} GiB)")
+        print(
+            f"fitted serving coefficients: host_step {sc.host_step_s * 1e6:.1f} us, host_per_seq "
+            f"{sc.host_per_seq_s * 1e6:.2f} us, collective_sync {sc.collective_sync_s * 1e6:.1f} us "
+            f"(runtime reserve fixed at {sc.runtime_reserve_bytes / 2**30:.2f} GiB)"
+        )
     else:
         sc = ServingCoefficients.from_calibration(cal)
-        print(f"serving coefficients: host_step {sc.host_step_s * 1e6:.1f} us, host_per_seq "
-              f"{sc.host_per_seq_s * 1e6:.2f} us, collective_sync {sc.collective_sync_s * 1e6:.1f} us, "
-              f"runtime reserve {sc.runtime_reserve_bytes / 2**30:.2f} GiB")
+        print(
+            f"serving coefficients: host_step {sc.host_step_s * 1e6:.1f} us, host_per_seq "
+            f"{sc.host_per_seq_s * 1e6:.2f} us, collective_sync {sc.collective_sync_s * 1e6:.1f} us, "
+            f"runtime reserve {sc.runtime_reserve_bytes / 2**30:.2f} GiB"
+        )
     run(recs, cal, sc)
     summary = summarize(recs, a.worst)
     if a.json:

@@ -21,16 +21,22 @@ import sys
 import time
 
 CASES = [
-    ("Llama-3.1-405B / 16,384 H100", dict(model="llama-3.1-405b", num_devices=16384, seq_len=8192, global_batch=2048)),
-    ("DeepSeek-V3 / 2,048 H100", dict(model="deepseek-v3", num_devices=2048, seq_len=4096, global_batch=15360)),
+    (
+        "Llama-3.1-405B / 16,384 H100",
+        dict(model="llama-3.1-405b", num_devices=16384, seq_len=8192, global_batch=2048),
+    ),
+    (
+        "DeepSeek-V3 / 2,048 H100",
+        dict(model="deepseek-v3", num_devices=2048, seq_len=4096, global_batch=15360),
+    ),
 ]
 LARGE = ("micro_batch.max=16", "precision=bf16,fp8", "shard_group=0,8,64")
 
 
 def _scoring_rate(job, info, space, workers: int, reps: int) -> tuple[int, float, float]:
-    from autopar.calibration import load_calibration
-    from autopar.enumerate import enumerate_space
-    from autopar.search import Objectives, ScoringState, run_scoring
+    from autopar.coefficients import load_calibration
+    from autopar.search.enumerate import enumerate_space
+    from autopar.search.recommend import Objectives, ScoringState, run_scoring
 
     best_wall, best_cpu = float("inf"), float("inf")
     n = 0
@@ -46,9 +52,24 @@ def _scoring_rate(job, info, space, workers: int, reps: int) -> tuple[int, float
 
 
 def _cli_times(kw: dict, reps: int, extra: tuple[str, ...] = ()) -> list[float]:
-    args = [sys.executable, "-m", "autopar.cli", "recommend", "--model", kw["model"], "--device", "h100-sxm-80gb",
-            "--num-devices", str(kw["num_devices"]), "--seq-len", str(kw["seq_len"]), "--global-batch",
-            str(kw["global_batch"]), "--json", *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "autopar.cli",
+        "recommend",
+        "--model",
+        kw["model"],
+        "--device",
+        "h100-sxm-80gb",
+        "--num-devices",
+        str(kw["num_devices"]),
+        "--seq-len",
+        str(kw["seq_len"]),
+        "--global-batch",
+        str(kw["global_batch"]),
+        "--json",
+        *extra,
+    ]
     out = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -66,11 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
 
     from autopar.prediction import make_job
-    from autopar.search_space import load_space
+    from autopar.search.space import load_space
 
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other processes share the cores)")
-    print(f"{'case':<32} {'space':<9} {'layouts':>10} {'1 proc scored/s':>16} {'(per CPU-s)':>12} "
-          f"{'2 procs scored/s':>17}")
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (other processes share the cores)"
+    )
+    print(
+        f"{'case':<32} {'space':<9} {'layouts':>10} {'1 proc scored/s':>16} {'(per CPU-s)':>12} "
+        f"{'2 procs scored/s':>17}"
+    )
     for label, kw in CASES:
         job, info = make_job(device="h100-sxm-80gb", devices_per_node=None, **kw)
         for sname, space in (("default", load_space("default")), ("large", load_space("default", LARGE))):
@@ -86,10 +111,17 @@ def main(argv: list[str] | None = None) -> int:
         for label, kw in CASES:
             ts = _cli_times(kw, a.reps)
             print(f"  {label:<32} min {min(ts):.2f} s  median {statistics.median(ts):.2f} s  (target < 3 s)")
-    heavy = subprocess.run([sys.executable, "-c", "import sys, autopar, autopar.search; "
-                            "print(sorted(m for m in ('optuna','scipy','ray','torch') if m in sys.modules))"],
-                           capture_output=True, text=True).stdout.strip()
-    print(f"\nheavy modules imported by `import autopar, autopar.search`: {heavy}")
+    heavy = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, autopar, autopar.search.recommend; "
+            "print(sorted(m for m in ('optuna','scipy','ray','torch') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    print(f"\nheavy modules imported by `import autopar, autopar.search.recommend`: {heavy}")
     return 0
 
 

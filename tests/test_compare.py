@@ -11,19 +11,30 @@ from pathlib import Path
 
 import pytest
 
-from autopar.compare import _changes, compare, write_outputs
 from autopar.errors import AutoparError
+from autopar.whatif.compare import _changes, compare, write_outputs
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_serving_comparison_grid_and_outputs(tmp_path: Path) -> None:
-    res = compare(models=["llama-3.1-8b"], devices=["h100-sxm-80gb", "h200-sxm-141gb"], num_devices=2,
-                  seq_lens=[512, 4096], batches=[8, None], osl=128, prices={"h100-sxm-80gb": 2.0, "h200-sxm-141gb": 3.0},
-                  serving_kwargs={"weight_precision": "fp8"})
+    res = compare(
+        models=["llama-3.1-8b"],
+        devices=["h100-sxm-80gb", "h200-sxm-141gb"],
+        num_devices=2,
+        seq_lens=[512, 4096],
+        batches=[8, None],
+        osl=128,
+        prices={"h100-sxm-80gb": 2.0, "h200-sxm-141gb": 3.0},
+        serving_kwargs={"weight_precision": "fp8"},
+    )
     assert len(res.cells) == 1 * 2 * 2 * 2 and len(res.winners) == 4
     for w in res.winners:
-        cells = [c for c in res.cells if (c["model"], c["seq_len"], c["batch"]) == (w["model"], w["seq_len"], w["batch"])]
+        cells = [
+            c
+            for c in res.cells
+            if (c["model"], c["seq_len"], c["batch"]) == (w["model"], w["seq_len"], w["batch"])
+        ]
         assert sum(c["winner"] for c in cells) == 1
         best = max(cells, key=lambda c: c["tokens_per_s_per_device"])
         assert best["device"] == w["winner"]
@@ -37,8 +48,15 @@ def test_serving_comparison_grid_and_outputs(tmp_path: Path) -> None:
 
 
 def test_training_comparison_picks_a_fitting_layout() -> None:
-    res = compare(models=["llama-3.1-8b"], devices=["a100-80gb", "h100-sxm-80gb"], num_devices=8, workload="training",
-                  seq_lens=[4096], batches=[64], metric="tokens_per_joule")
+    res = compare(
+        models=["llama-3.1-8b"],
+        devices=["a100-80gb", "h100-sxm-80gb"],
+        num_devices=8,
+        workload="training",
+        seq_lens=[4096],
+        batches=[64],
+        metric="tokens_per_joule",
+    )
     assert all(c["feasible"] for c in res.cells)
     h100 = next(c for c in res.cells if c["device"] == "h100-sxm-80gb")
     a100 = next(c for c in res.cells if c["device"] == "a100-80gb")
@@ -47,33 +65,86 @@ def test_training_comparison_picks_a_fitting_layout() -> None:
 
 
 def test_winner_changes_are_named() -> None:
-    winners = [{"model": "m", "seq_len": 512, "batch": 1, "winner": "a"},
-               {"model": "m", "seq_len": 512, "batch": 64, "winner": "b"},
-               {"model": "m", "seq_len": 8192, "batch": 1, "winner": "b"},
-               {"model": "m", "seq_len": 8192, "batch": 64, "winner": "b"}]
+    winners = [
+        {"model": "m", "seq_len": 512, "batch": 1, "winner": "a"},
+        {"model": "m", "seq_len": 512, "batch": 64, "winner": "b"},
+        {"model": "m", "seq_len": 8192, "batch": 1, "winner": "b"},
+        {"model": "m", "seq_len": 8192, "batch": 64, "winner": "b"},
+    ]
     ch = _changes(winners)
     assert any("batch 1 -> 64" in s and "a -> b" in s for s in ch)
     assert any("seq 512 -> 8192" in s for s in ch)
     assert len(ch) == 2
 
 
-@pytest.mark.parametrize("kw", [dict(metric="speed"), dict(workload="inference"), dict(devices=["h100-sxm-80gb"] * 2),
-                                dict(metric="cost_per_mtok"), dict(devices=["nope"])])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(metric="speed"),
+        dict(workload="inference"),
+        dict(devices=["h100-sxm-80gb"] * 2),
+        dict(metric="cost_per_mtok"),
+        dict(devices=["nope"]),
+    ],
+)
 def test_bad_input(kw: dict) -> None:
-    base = dict(models=["llama-3.1-8b"], devices=["h100-sxm-80gb"], num_devices=1, seq_lens=[128], batches=[None])
+    base = dict(
+        models=["llama-3.1-8b"], devices=["h100-sxm-80gb"], num_devices=1, seq_lens=[128], batches=[None]
+    )
     with pytest.raises(AutoparError):
         compare(**{**base, **kw})
 
 
 def test_cli(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "autopar.cli", "compare", "--model", "llama-3.1-8b", "--devices",
-                        "h100-sxm-80gb,mi300x", "--num-devices", "1", "--isl", "256", "--osl", "64", "--batch",
-                        "4,max", "--out", str(tmp_path / "c"), "--json"], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autopar.cli",
+            "compare",
+            "--model",
+            "llama-3.1-8b",
+            "--devices",
+            "h100-sxm-80gb,mi300x",
+            "--num-devices",
+            "1",
+            "--isl",
+            "256",
+            "--osl",
+            "64",
+            "--batch",
+            "4,max",
+            "--out",
+            str(tmp_path / "c"),
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert len(d["cells"]) == 4 and len(d["files"]) == 2
     assert (tmp_path / "c.svg").is_file() and (tmp_path / "c.csv").is_file()
-    r = subprocess.run([sys.executable, "-m", "autopar.cli", "compare", "--model", "llama-3.1-8b", "--devices",
-                        "h100-sxm-80gb", "--num-devices", "1", "--isl", "256", "--metric", "cost_per_mtok"],
-                       cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autopar.cli",
+            "compare",
+            "--model",
+            "llama-3.1-8b",
+            "--devices",
+            "h100-sxm-80gb",
+            "--num-devices",
+            "1",
+            "--isl",
+            "256",
+            "--metric",
+            "cost_per_mtok",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1

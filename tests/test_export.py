@@ -20,8 +20,12 @@ from autopar.export import EXPORTERS, Exporter, ExportError, Job, export, layout
 from autopar.layout import Layout, resolve_layout
 
 
-def J(n: int, gb: int, *, seq: int = 4096, dpn: int = 8, layers: int | None = 32, model: str = "llama3-8b") -> Job:
-    return Job(model=model, num_devices=n, seq_len=seq, global_batch=gb, devices_per_node=dpn, num_layers=layers)
+def J(
+    n: int, gb: int, *, seq: int = 4096, dpn: int = 8, layers: int | None = 32, model: str = "llama3-8b"
+) -> Job:
+    return Job(
+        model=model, num_devices=n, seq_len=seq, global_batch=gb, devices_per_node=dpn, num_layers=layers
+    )
 
 
 # name -> (layout, job). Every layout is canonical (shard_group 0 or a proper divisor of dp*cp).
@@ -29,21 +33,69 @@ CASES: dict[str, tuple[Layout, Job]] = {
     "ddp": (Layout(dp=8, micro_batch=2, grad_accum=4), J(8, 64)),
     "single": (Layout(micro_batch=4, grad_accum=2, precision="fp32"), J(1, 8)),
     "zero1": (Layout(dp=8, zero=1, micro_batch=1, grad_accum=2), J(8, 16)),
-    "zero1_offload": (Layout(dp=8, zero=1, offload=True, micro_batch=1, grad_accum=2, precision="fp16"), J(8, 16)),
+    "zero1_offload": (
+        Layout(dp=8, zero=1, offload=True, micro_batch=1, grad_accum=2, precision="fp16"),
+        J(8, 16),
+    ),
     "zero2": (Layout(dp=16, zero=2, micro_batch=2, grad_accum=1), J(16, 32)),
     "fsdp_full_ac": (Layout(dp=8, zero=3, micro_batch=1, grad_accum=4, recompute="full"), J(8, 32)),
     "hsdp": (Layout(dp=16, zero=3, shard_group=8, micro_batch=1, grad_accum=2, recompute="full"), J(16, 32)),
-    "megatron_3d": (Layout(tp=4, pp=4, vpp=2, dp=4, etp=4, sp=True, zero=1, micro_batch=1, grad_accum=8,
-                           recompute="selective"), J(64, 32, seq=8192, layers=80, model="llama3-70b")),
-    "titan_3d": (Layout(tp=2, pp=2, vpp=2, dp=4, etp=2, sp=True, zero=3, micro_batch=1, grad_accum=4,
-                        recompute="full", precision="fp8"), J(16, 16)),
-    "titan_vpp4": (Layout(tp=2, pp=2, vpp=4, dp=2, etp=2, sp=True, zero=3, micro_batch=1, grad_accum=8,
-                          recompute="selective"), J(8, 16, layers=48)),
+    "megatron_3d": (
+        Layout(
+            tp=4,
+            pp=4,
+            vpp=2,
+            dp=4,
+            etp=4,
+            sp=True,
+            zero=1,
+            micro_batch=1,
+            grad_accum=8,
+            recompute="selective",
+        ),
+        J(64, 32, seq=8192, layers=80, model="llama3-70b"),
+    ),
+    "titan_3d": (
+        Layout(
+            tp=2,
+            pp=2,
+            vpp=2,
+            dp=4,
+            etp=2,
+            sp=True,
+            zero=3,
+            micro_batch=1,
+            grad_accum=4,
+            recompute="full",
+            precision="fp8",
+        ),
+        J(16, 16),
+    ),
+    "titan_vpp4": (
+        Layout(
+            tp=2,
+            pp=2,
+            vpp=4,
+            dp=2,
+            etp=2,
+            sp=True,
+            zero=3,
+            micro_batch=1,
+            grad_accum=8,
+            recompute="selective",
+        ),
+        J(8, 16, layers=48),
+    ),
     "cp_ep": (Layout(tp=2, cp=2, dp=4, ep=4, etp=1, sp=True, zero=3, micro_batch=1, grad_accum=2), J(16, 8)),
     "autotp": (Layout(tp=2, dp=4, etp=2, zero=2, micro_batch=2, grad_accum=2, precision="fp16"), J(8, 16)),
-    "mlm_tp_full": (Layout(tp=2, pp=2, dp=2, etp=2, sp=True, zero=1, micro_batch=1, grad_accum=4,
-                           recompute="full"), J(8, 8)),
-    "serve_tp": (Layout(tp=8, etp=8, micro_batch=64), J(8, 64, layers=None, model="meta-llama/Llama-3.1-70B")),
+    "mlm_tp_full": (
+        Layout(tp=2, pp=2, dp=2, etp=2, sp=True, zero=1, micro_batch=1, grad_accum=4, recompute="full"),
+        J(8, 8),
+    ),
+    "serve_tp": (
+        Layout(tp=8, etp=8, micro_batch=64),
+        J(8, 64, layers=None, model="meta-llama/Llama-3.1-70B"),
+    ),
     "serve_vllm_ep": (Layout(tp=4, dp=2, ep=8, etp=1, micro_batch=32), J(8, 64, layers=None)),
     "serve_sglang_ep": (Layout(tp=8, dp=2, ep=4, etp=2, micro_batch=16), J(16, 32, layers=None)),
     "serve_fp8_pp": (Layout(tp=4, pp=2, etp=1, micro_batch=16, precision="fp8"), J(8, 16, layers=None)),
@@ -52,16 +104,58 @@ CASES: dict[str, tuple[Layout, Job]] = {
 
 # Which cases each format must express (the rest may or may not; the conformance test checks both ways).
 EXPRESSIBLE: dict[str, set[str]] = {
-    "megatron": {"ddp", "single", "zero1", "zero1_offload", "zero2", "fsdp_full_ac", "hsdp", "megatron_3d",
-                 "titan_3d", "titan_vpp4", "cp_ep", "autotp", "mlm_tp_full", "serve_tp", "serve_vllm_ep",
-                 "serve_sglang_ep", "serve_fp8_pp", "serve_pcp"},
-    "megatron_bridge": {"ddp", "zero1", "zero1_offload", "zero2", "fsdp_full_ac", "hsdp", "megatron_3d", "titan_3d",
-                        "titan_vpp4", "cp_ep", "autotp", "mlm_tp_full", "serve_tp", "serve_vllm_ep", "serve_sglang_ep", "serve_fp8_pp",
-                        "serve_pcp"},
+    "megatron": {
+        "ddp",
+        "single",
+        "zero1",
+        "zero1_offload",
+        "zero2",
+        "fsdp_full_ac",
+        "hsdp",
+        "megatron_3d",
+        "titan_3d",
+        "titan_vpp4",
+        "cp_ep",
+        "autotp",
+        "mlm_tp_full",
+        "serve_tp",
+        "serve_vllm_ep",
+        "serve_sglang_ep",
+        "serve_fp8_pp",
+        "serve_pcp",
+    },
+    "megatron_bridge": {
+        "ddp",
+        "zero1",
+        "zero1_offload",
+        "zero2",
+        "fsdp_full_ac",
+        "hsdp",
+        "megatron_3d",
+        "titan_3d",
+        "titan_vpp4",
+        "cp_ep",
+        "autotp",
+        "mlm_tp_full",
+        "serve_tp",
+        "serve_vllm_ep",
+        "serve_sglang_ep",
+        "serve_fp8_pp",
+        "serve_pcp",
+    },
     "deepspeed": {"ddp", "single", "zero1", "zero1_offload", "zero2", "autotp", "serve_tp", "serve_vllm_ep"},
     "torchtitan": {"ddp", "single", "zero2", "fsdp_full_ac", "hsdp", "titan_3d", "titan_vpp4", "cp_ep"},
-    "accelerate": {"ddp", "single", "zero1", "zero1_offload", "zero2", "fsdp_full_ac", "hsdp", "mlm_tp_full",
-                   "autotp"},
+    "accelerate": {
+        "ddp",
+        "single",
+        "zero1",
+        "zero1_offload",
+        "zero2",
+        "fsdp_full_ac",
+        "hsdp",
+        "mlm_tp_full",
+        "autotp",
+    },
     "torchrun": set(CASES),
     "env": set(CASES),
     "vllm": {"serve_tp", "serve_vllm_ep", "serve_fp8_pp", "serve_pcp"},
@@ -77,7 +171,11 @@ REFUSED = [
     ("torchtitan", "zero1", "ZeRO-1 (optimizer-only sharding, zero=1) cannot be expressed in torchtitan"),
     ("torchtitan", "zero1_offload", "cannot be expressed in torchtitan"),
     ("torchtitan", "autotp", "fp16 precision cannot be expressed in torchtitan"),
-    ("torchtitan", "serve_tp", "tensor parallel (tp=8) without sequence parallel cannot be expressed in torchtitan"),
+    (
+        "torchtitan",
+        "serve_tp",
+        "tensor parallel (tp=8) without sequence parallel cannot be expressed in torchtitan",
+    ),
     ("torchtitan", "megatron_3d", "cannot be expressed in torchtitan"),
     ("accelerate", "megatron_3d", "virtual pipeline stages (vpp=2) cannot be expressed in accelerate"),
     ("accelerate", "cp_ep", "cannot be expressed in accelerate"),
@@ -93,20 +191,72 @@ REFUSED = [
 # The launcher keys each format may emit: a frozen public surface (torchtitan's test_no_new_cli_options idea).
 KEYS: dict[str, set[str]] = {
     "megatron": {
-        "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank",
-        "--context-parallel-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
-        "--sequence-parallel", "--micro-batch-size", "--global-batch-size", "--seq-length",
-        "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--use-distributed-optimizer",
-        "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format",
-        "--no-gradient-accumulation-fusion", "--num-distributed-optimizer-instances", "--optimizer-cpu-offload",
-        "--optimizer-offload-fraction", "--use-precision-aware-optimizer", "--bf16", "--fp16", "--fp8-format"},
-    "vllm": {"--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
-             "--prefill-context-parallel-size", "--enable-expert-parallel", "--max-model-len", "--max-num-seqs",
-             "--dtype", "--quantization", "--nnodes", "--node-rank", "--master-addr"},
-    "sglang": {"--model-path", "--tp-size", "--pp-size", "--dp-size", "--ep-size", "--context-length",
-               "--max-running-requests", "--dtype", "--quantization", "--nnodes", "--node-rank", "--dist-init-addr"},
-    "torchrun": {"--nnodes", "--nproc-per-node", "--standalone", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
-                 "--layout-json", "--model", "--seq-len", "--global-batch"},
+        "--tensor-model-parallel-size",
+        "--pipeline-model-parallel-size",
+        "--num-virtual-stages-per-pipeline-rank",
+        "--context-parallel-size",
+        "--expert-model-parallel-size",
+        "--expert-tensor-parallel-size",
+        "--sequence-parallel",
+        "--micro-batch-size",
+        "--global-batch-size",
+        "--seq-length",
+        "--recompute-granularity",
+        "--recompute-method",
+        "--recompute-num-layers",
+        "--use-distributed-optimizer",
+        "--use-megatron-fsdp",
+        "--data-parallel-sharding-strategy",
+        "--ckpt-format",
+        "--no-gradient-accumulation-fusion",
+        "--num-distributed-optimizer-instances",
+        "--optimizer-cpu-offload",
+        "--optimizer-offload-fraction",
+        "--use-precision-aware-optimizer",
+        "--bf16",
+        "--fp16",
+        "--fp8-format",
+    },
+    "vllm": {
+        "--tensor-parallel-size",
+        "--pipeline-parallel-size",
+        "--data-parallel-size",
+        "--prefill-context-parallel-size",
+        "--enable-expert-parallel",
+        "--max-model-len",
+        "--max-num-seqs",
+        "--dtype",
+        "--quantization",
+        "--nnodes",
+        "--node-rank",
+        "--master-addr",
+    },
+    "sglang": {
+        "--model-path",
+        "--tp-size",
+        "--pp-size",
+        "--dp-size",
+        "--ep-size",
+        "--context-length",
+        "--max-running-requests",
+        "--dtype",
+        "--quantization",
+        "--nnodes",
+        "--node-rank",
+        "--dist-init-addr",
+    },
+    "torchrun": {
+        "--nnodes",
+        "--nproc-per-node",
+        "--standalone",
+        "--rdzv-backend",
+        "--rdzv-endpoint",
+        "--rdzv-id",
+        "--layout-json",
+        "--model",
+        "--seq-len",
+        "--global-batch",
+    },
 }
 
 
@@ -159,20 +309,40 @@ def _layouts() -> st.SearchStrategy[tuple[Layout, Job]]:
 
     @st.composite
     def build(draw: st.DrawFn) -> tuple[Layout, Job]:
-        tp, pp, cp, dp = draw(pow2), draw(pow2), draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2, 4, 8]))
+        tp, pp, cp, dp = (
+            draw(pow2),
+            draw(pow2),
+            draw(st.sampled_from([1, 2])),
+            draw(st.sampled_from([1, 2, 4, 8])),
+        )
         vpp = draw(st.sampled_from([1, 2])) if pp > 1 else 1
         ep = draw(st.sampled_from([e for e in (1, 2, 4, 8) if (tp * cp * dp) % e == 0]))
         etp = draw(st.sampled_from([e for e in {1, tp} if (tp * cp * dp) % (ep * e) == 0]))
         zero = draw(st.integers(0, 3))
         shard_opts = [0] + [s for s in (2, 4) if zero and (dp * cp) % s == 0 and s < dp * cp]
-        layout = Layout(tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero,
-                        shard_group=draw(st.sampled_from(shard_opts)), sp=tp > 1 and draw(st.booleans()),
-                        micro_batch=draw(st.sampled_from([1, 2])), grad_accum=draw(st.sampled_from([1, 2, 4])),
-                        recompute=draw(st.sampled_from(["none", "selective", "full"])),
-                        offload=zero > 0 and draw(st.booleans()),
-                        precision=draw(st.sampled_from(["bf16", "fp16", "fp8", "fp32"])))
-        job = J(layout.num_devices, layout.global_batch, layers=draw(st.sampled_from([None, 32])),
-                dpn=draw(st.sampled_from([4, 8])))
+        layout = Layout(
+            tp=tp,
+            pp=pp,
+            vpp=vpp,
+            dp=dp,
+            cp=cp,
+            ep=ep,
+            etp=etp,
+            zero=zero,
+            shard_group=draw(st.sampled_from(shard_opts)),
+            sp=tp > 1 and draw(st.booleans()),
+            micro_batch=draw(st.sampled_from([1, 2])),
+            grad_accum=draw(st.sampled_from([1, 2, 4])),
+            recompute=draw(st.sampled_from(["none", "selective", "full"])),
+            offload=zero > 0 and draw(st.booleans()),
+            precision=draw(st.sampled_from(["bf16", "fp16", "fp8", "fp32"])),
+        )
+        job = J(
+            layout.num_devices,
+            layout.global_batch,
+            layers=draw(st.sampled_from([None, 32])),
+            dpn=draw(st.sampled_from([4, 8])),
+        )
         return layout, job
 
     return build()
@@ -212,9 +382,20 @@ def test_emitted_flags_are_frozen(fmt: str) -> None:
 
 def test_layout_and_job_from_predict_json_record() -> None:
     layout, job = CASES["megatron_3d"]
-    rec = {**layout.model_dump(), "model": job.model, "device": "h100-sxm", "num_devices": job.num_devices,
-           "devices_per_node": 8, "seq_len": job.seq_len, "global_batch": job.global_batch,
-           "step_time_s": 1.5, "mfu": 0.4, "fits": True, "reasons": [], "time_breakdown": {"compute": 1.0}}
+    rec = {
+        **layout.model_dump(),
+        "model": job.model,
+        "device": "h100-sxm",
+        "num_devices": job.num_devices,
+        "devices_per_node": 8,
+        "seq_len": job.seq_len,
+        "global_batch": job.global_batch,
+        "step_time_s": 1.5,
+        "mfu": 0.4,
+        "fits": True,
+        "reasons": [],
+        "time_breakdown": {"compute": 1.0},
+    }
     lay, jb = layout_and_job_from_json(json.loads(json.dumps(rec)))
     assert lay == layout
     assert jb == Job(model=job.model, num_devices=64, seq_len=8192, global_batch=32, device="h100-sxm")
@@ -300,6 +481,7 @@ def test_shard_group_equal_to_dp_cp_is_written_as_the_default() -> None:
     layout, job = CASES["fsdp_full_ac"]
     full = layout.model_copy(update={"shard_group": 8})
     for fmt in ("megatron", "torchtitan", "accelerate"):
+
         def body(t: str) -> list[str]:
             return [ln for ln in t.splitlines() if not ln.startswith("#")]
 

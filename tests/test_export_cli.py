@@ -7,13 +7,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-JOB = ["--model", "llama-3.1-8b", "--device", "h100-sxm-80gb", "--num-devices", "16", "--seq-len", "4096",
-       "--global-batch", "64"]
+JOB = [
+    "--model",
+    "llama-3.1-8b",
+    "--device",
+    "h100-sxm-80gb",
+    "--num-devices",
+    "16",
+    "--seq-len",
+    "4096",
+    "--global-batch",
+    "64",
+]
 
 
 def _cli(*args: str, cwd: Path | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autopar.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          input=stdin, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "autopar.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        input=stdin,
+        timeout=60,
+    )
 
 
 def test_export_from_predict_json_round_trips(tmp_path: Path) -> None:
@@ -28,7 +44,12 @@ def test_export_from_predict_json_round_trips(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     layout, job = parse(out.read_text(), "megatron")
     rec = json.loads(pred.stdout)
-    assert (layout.tp, layout.pp, layout.dp, layout.micro_batch) == (rec["tp"], rec["pp"], rec["dp"], rec["micro_batch"])
+    assert (layout.tp, layout.pp, layout.dp, layout.micro_batch) == (
+        rec["tp"],
+        rec["pp"],
+        rec["dp"],
+        rec["micro_batch"],
+    )
     assert job.num_layers == 32 and job.num_devices == 16
 
 
@@ -66,6 +87,13 @@ def test_recommend_export_writes_the_winner(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     best = json.loads(r.stdout)["results"][0]
     layout, job = parse(out.read_text(), "torchtitan")
-    assert (layout.tp, layout.pp, layout.dp, layout.zero) == (best["tp"], best["pp"], best["dp"], best["zero"])
-    r = _cli("recommend", *JOB, "--set", "zero=1", "--export", "torchtitan", "--out", str(tmp_path / "x.toml"))
+    assert (layout.tp, layout.pp, layout.dp, layout.zero) == (
+        best["tp"],
+        best["pp"],
+        best["dp"],
+        best["zero"],
+    )
+    r = _cli(
+        "recommend", *JOB, "--set", "zero=1", "--export", "torchtitan", "--out", str(tmp_path / "x.toml")
+    )
     assert r.returncode == 2 and "torchtitan" in r.stderr and not (tmp_path / "x.toml").exists()

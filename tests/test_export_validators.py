@@ -79,8 +79,13 @@ def test_deepspeed_rejects_a_broken_batch(monkeypatch: pytest.MonkeyPatch) -> No
 # Megatron-Core
 
 # Megatron-LM training arguments that are not fields of the Megatron-Core config dataclasses.
-TRAINING_ONLY = {"micro_batch_size", "global_batch_size", "seq_length", "num_virtual_stages_per_pipeline_rank",
-                 "ckpt_format"}
+TRAINING_ONLY = {
+    "micro_batch_size",
+    "global_batch_size",
+    "seq_length",
+    "num_virtual_stages_per_pipeline_rank",
+    "ckpt_format",
+}
 RENAMED = {"fp8_format": "fp8", "no_gradient_accumulation_fusion": "gradient_accumulation_fusion"}
 
 
@@ -97,8 +102,9 @@ def _megatron_flags(text: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("case", _cases("megatron"), ids=sorted(EXPRESSIBLE["megatron"]))
-def test_megatron_flags_build_megatron_core_configs(case: tuple[Layout, Job],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_megatron_flags_build_megatron_core_configs(
+    case: tuple[Layout, Job], monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("megatron.core")
     import torch
     from megatron.core.distributed import DistributedDataParallelConfig
@@ -107,8 +113,11 @@ def test_megatron_flags_build_megatron_core_configs(case: tuple[Layout, Job],
 
     layout, job = case
     flags = _megatron_flags(export(layout, "megatron", job))
-    known = {f.name for cls in (TransformerConfig, DistributedDataParallelConfig, OptimizerConfig)
-             for f in dataclasses.fields(cls)}
+    known = {
+        f.name
+        for cls in (TransformerConfig, DistributedDataParallelConfig, OptimizerConfig)
+        for f in dataclasses.fields(cls)
+    }
     for name in flags:
         assert RENAMED.get(name, name) in known | TRAINING_ONLY, f"--{name} is not a Megatron-Core field"
 
@@ -127,11 +136,17 @@ def test_megatron_flags_build_megatron_core_configs(case: tuple[Layout, Job],
     tc = pick(TransformerConfig)
     vpp = int(flags.get("num_virtual_stages_per_pipeline_rank", 1))
     TransformerConfig(
-        num_layers=job.num_layers or 8 * layout.pp * layout.vpp, hidden_size=256, num_attention_heads=8,
+        num_layers=job.num_layers or 8 * layout.pp * layout.vpp,
+        hidden_size=256,
+        num_attention_heads=8,
         add_bias_linear=False,
-        num_moe_experts=16 if layout.ep > 1 else None, moe_router_topk=2 if layout.ep > 1 else 2,
+        num_moe_experts=16 if layout.ep > 1 else None,
+        moe_router_topk=2 if layout.ep > 1 else 2,
         virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
-        params_dtype=dtype, pipeline_dtype=dtype if layout.pp > 1 else None, **tc)
+        params_dtype=dtype,
+        pipeline_dtype=dtype if layout.pp > 1 else None,
+        **tc,
+    )
     ddp = DistributedDataParallelConfig(**pick(DistributedDataParallelConfig))
     assert ddp.use_distributed_optimizer == (layout.zero >= 1)
     oc = pick(OptimizerConfig)
@@ -165,8 +180,9 @@ def _accelerate_env(text: str, tmp_path: Path) -> tuple[Any, dict[str, str]]:
 
 
 @pytest.mark.parametrize("case", _cases("accelerate"), ids=sorted(EXPRESSIBLE["accelerate"]))
-def test_accelerate_launch_accepts_the_config(case: tuple[Layout, Job], tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_accelerate_launch_accepts_the_config(
+    case: tuple[Layout, Job], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("accelerate")
     from accelerate.parallelism_config import ParallelismConfig
     from accelerate.utils import DeepSpeedPlugin, MegatronLMPlugin
@@ -189,7 +205,12 @@ def test_accelerate_launch_accepts_the_config(case: tuple[Layout, Job], tmp_path
         assert ds["zero_optimization"]["offload_optimizer"]["device"] == ("cpu" if layout.offload else "none")
     if args.use_megatron_lm:
         m = MegatronLMPlugin().megatron_lm_default_args
-        assert (m["tensor_model_parallel_size"], m["pipeline_model_parallel_size"], m["context_parallel_size"],
-                m["num_micro_batches"], m["sequence_parallel"], m["use_distributed_optimizer"]) == \
-            (layout.tp, layout.pp, layout.cp, layout.grad_accum, layout.sp, layout.zero == 1)
+        assert (
+            m["tensor_model_parallel_size"],
+            m["pipeline_model_parallel_size"],
+            m["context_parallel_size"],
+            m["num_micro_batches"],
+            m["sequence_parallel"],
+            m["use_distributed_optimizer"],
+        ) == (layout.tp, layout.pp, layout.cp, layout.grad_accum, layout.sp, layout.zero == 1)
     assert os.environ.get("ACCELERATE_MIXED_PRECISION", env.get("ACCELERATE_MIXED_PRECISION")) is not None

@@ -1,4 +1,4 @@
-"""The lint and type-check habit, enforced: ruff on everything, mypy on the engine core."""
+"""The lint and type-check habit, enforced: ruff lint and format on everything, mypy on the package."""
 
 from __future__ import annotations
 
@@ -7,18 +7,23 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = ["autopar/layout.py", "autopar/memory.py", "autopar/latency.py", "autopar/collectives.py",
-        "autopar/engine.py", "autopar/prediction.py", "autopar/calibration.py", "autopar/legality.py",
-        "autopar/energy.py", "autopar/model.py", "autopar/hardware.py", "autopar/fit.py"]
+TREES = ["autopar", "tests", "studies"]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True)
 
 
 def test_ruff_clean() -> None:
-    r = subprocess.run([sys.executable, "-m", "ruff", "check", "autopar", "tests", "studies"], cwd=ROOT,
-                       capture_output=True, text=True)
+    r = _run("ruff", "check", *TREES)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_mypy_core() -> None:
-    r = subprocess.run([sys.executable, "-m", "mypy", "--no-error-summary", *CORE], cwd=ROOT,
-                       capture_output=True, text=True)
+def test_ruff_format() -> None:
+    r = _run("ruff", "format", "--check", *TREES)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_mypy_package() -> None:
+    r = _run("mypy", "--no-error-summary", "autopar")
     assert r.returncode == 0, r.stdout + r.stderr

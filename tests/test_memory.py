@@ -19,15 +19,38 @@ from autopar.memory import (
 from autopar.model import load_model
 
 # GPT-3 175B-like layer, as in Korthikanti et al. 2022 (h=12288, a=96, s=2048, F=4h, GELU, MHA).
-GPT = load_model(dict(name="gpt", hidden=12288, layers=96, heads=96, kv_heads=96, head_dim=128, ffn_hidden=4 * 12288,
-                      vocab=51200, gated_mlp=False, norm="layernorm"))
+GPT = load_model(
+    dict(
+        name="gpt",
+        hidden=12288,
+        layers=96,
+        heads=96,
+        kv_heads=96,
+        head_dim=128,
+        ffn_hidden=4 * 12288,
+        vocab=51200,
+        gated_mlp=False,
+        norm="layernorm",
+    )
+)
 
 
 def _act(t: int, sp: bool, rec: int, s: int = 2048, b: int = 1) -> float:
     one = lambda v: np.array([v])  # noqa: E731
-    return float(activation_bytes_per_layer(
-        GPT, seq_len=s, micro_batch=one(b), tp=one(t), cp=one(1), sp=one(int(sp)), recompute=one(rec),
-        moe=False, flash_attention=False, dropout=True)[0])
+    return float(
+        activation_bytes_per_layer(
+            GPT,
+            seq_len=s,
+            micro_batch=one(b),
+            tp=one(t),
+            cp=one(1),
+            sp=one(int(sp)),
+            recompute=one(rec),
+            moe=False,
+            flash_attention=False,
+            dropout=True,
+        )[0]
+    )
 
 
 @pytest.mark.parametrize("t", [1, 2, 8])
@@ -53,12 +76,15 @@ def _table(**kw) -> LayoutTable:
     return LayoutTable.from_layouts([Layout(**kw)])
 
 
-@pytest.mark.parametrize("zero,expected_per_param", [
-    (0, WEIGHT_BYTES + GRAD_BYTES + OPTIM_BYTES),                      # 16 Psi
-    (1, WEIGHT_BYTES + GRAD_BYTES + OPTIM_BYTES / 64),                 # 4 Psi + K Psi / Nd
-    (2, WEIGHT_BYTES + (GRAD_BYTES + OPTIM_BYTES) / 64),               # 2 Psi + (2+K) Psi / Nd
-    (3, (WEIGHT_BYTES + GRAD_BYTES + OPTIM_BYTES) / 64),               # (4+K) Psi / Nd
-])
+@pytest.mark.parametrize(
+    "zero,expected_per_param",
+    [
+        (0, WEIGHT_BYTES + GRAD_BYTES + OPTIM_BYTES),  # 16 Psi
+        (1, WEIGHT_BYTES + GRAD_BYTES + OPTIM_BYTES / 64),  # 4 Psi + K Psi / Nd
+        (2, WEIGHT_BYTES + (GRAD_BYTES + OPTIM_BYTES) / 64),  # 2 Psi + (2+K) Psi / Nd
+        (3, (WEIGHT_BYTES + GRAD_BYTES + OPTIM_BYTES) / 64),  # (4+K) Psi / Nd
+    ],
+)
 def test_zero_stages_match_rajbhandari(zero: int, expected_per_param: float) -> None:
     spec = load_model("llama-3.1-8b")
     mem = memory_breakdown(spec, _table(dp=64, zero=zero, grad_accum=1), seq_len=4096)
@@ -68,10 +94,24 @@ def test_zero_stages_match_rajbhandari(zero: int, expected_per_param: float) -> 
 
 def test_breakdown_sums_to_total() -> None:
     spec = load_model("mixtral-8x7b")
-    lay = LayoutTable.from_layouts([
-        Layout(tp=2, pp=4, vpp=2, dp=4, ep=4, etp=1, zero=1, sp=True, micro_batch=2, grad_accum=8, recompute="selective"),
-        Layout(tp=1, pp=1, dp=32, zero=3, micro_batch=1, grad_accum=4, recompute="full"),
-    ])
+    lay = LayoutTable.from_layouts(
+        [
+            Layout(
+                tp=2,
+                pp=4,
+                vpp=2,
+                dp=4,
+                ep=4,
+                etp=1,
+                zero=1,
+                sp=True,
+                micro_batch=2,
+                grad_accum=8,
+                recompute="selective",
+            ),
+            Layout(tp=1, pp=1, dp=32, zero=3, micro_batch=1, grad_accum=4, recompute="full"),
+        ]
+    )
     mem = memory_breakdown(spec, lay, seq_len=4096)
     assert np.allclose(sum(mem[k] for k in MEMORY_COMPONENTS), mem["total"])
 
@@ -86,15 +126,21 @@ def test_offload_removes_optimizer_state() -> None:
 @settings(max_examples=60, deadline=None)
 @given(
     preset=st.sampled_from(["llama-3.1-70b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "gpt3-175b"]),
-    zero=st.integers(0, 3), pp=st.sampled_from([1, 2, 4]), mb=st.sampled_from([1, 2, 4]),
-    rec=st.sampled_from(["none", "selective", "full"]), tps=st.sampled_from([(1, 2), (2, 4), (4, 8), (1, 8)]),
+    zero=st.integers(0, 3),
+    pp=st.sampled_from([1, 2, 4]),
+    mb=st.sampled_from([1, 2, 4]),
+    rec=st.sampled_from(["none", "selective", "full"]),
+    tps=st.sampled_from([(1, 2), (2, 4), (4, 8), (1, 8)]),
 )
 def test_more_tp_never_raises_parameter_memory(preset, zero, pp, mb, rec, tps) -> None:
     spec = load_model(preset)
     t1, t2 = tps
-    lay = LayoutTable.from_layouts([
-        Layout(tp=t, pp=pp, dp=8, zero=zero, micro_batch=mb, grad_accum=8, recompute=rec, sp=t > 1) for t in (t1, t2)
-    ])
+    lay = LayoutTable.from_layouts(
+        [
+            Layout(tp=t, pp=pp, dp=8, zero=zero, micro_batch=mb, grad_accum=8, recompute=rec, sp=t > 1)
+            for t in (t1, t2)
+        ]
+    )
     mem = memory_breakdown(spec, lay, seq_len=4096)
     for stage in ("state_first", "state_last"):
         assert mem[stage][1] <= mem[stage][0] * (1 + 1e-9)
@@ -107,9 +153,11 @@ def test_fitting_layout_keeps_fitting_with_more_replicas(zero, dp, k) -> None:
     """Same per-replica shape (tp, pp, micro-batch, accumulation) with more data-parallel replicas
     never needs more memory per device: sharded state only shrinks."""
     spec = load_model("llama-3.1-70b")
-    lay = LayoutTable.from_layouts([
-        Layout(tp=8, pp=4, dp=d, zero=zero, sp=True, micro_batch=1, grad_accum=16, recompute="selective")
-        for d in (dp, dp * k)
-    ])
+    lay = LayoutTable.from_layouts(
+        [
+            Layout(tp=8, pp=4, dp=d, zero=zero, sp=True, micro_batch=1, grad_accum=16, recompute="selective")
+            for d in (dp, dp * k)
+        ]
+    )
     mem = memory_breakdown(spec, lay, seq_len=4096)
     assert mem["total"][1] <= mem["total"][0]

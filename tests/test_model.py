@@ -13,9 +13,23 @@ from autopar.errors import ModelConfigError, UnsupportedArchitecture
 from autopar.model import ModelSpec, list_presets, load_model
 
 DATA_VOCAB = [  # model_preset vocabulary of the data files (shared/data/README.md)
-    "llama-2-7b", "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",
-    "gpt3-175b", "nemotron-4-15b", "nemotron-4-340b", "mixtral-8x7b", "mixtral-8x22b", "grok-1",
-    "deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-120b",
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "llama-3.1-405b",
+    "gpt3-175b",
+    "nemotron-4-15b",
+    "nemotron-4-340b",
+    "mixtral-8x7b",
+    "mixtral-8x22b",
+    "grok-1",
+    "deepseek-v3",
+    "kimi-k2",
+    "qwen3-30b-a3b",
+    "qwen3-235b-a22b",
+    "gpt-oss-120b",
 ]
 
 
@@ -104,9 +118,21 @@ def test_deepseek_v3_structure_and_mtp():
 
 def test_nemotron_and_gpt3_shapes():
     n = load_model("nemotron-4-340b")
-    assert (n.gated_mlp, n.norm, n.kv_heads, n.head_dim, n.tie_embeddings) == (False, "layernorm", 8, 192, False)
+    assert (n.gated_mlp, n.norm, n.kv_heads, n.head_dim, n.tie_embeddings) == (
+        False,
+        "layernorm",
+        8,
+        192,
+        False,
+    )
     g = load_model("GPT3-175B")  # case-insensitive
-    assert (g.gated_mlp, g.norm, g.kv_heads, g.ffn_hidden, g.tie_embeddings) == (False, "layernorm", 96, 49152, True)
+    assert (g.gated_mlp, g.norm, g.kv_heads, g.ffn_hidden, g.tie_embeddings) == (
+        False,
+        "layernorm",
+        96,
+        49152,
+        True,
+    )
     assert g.head_params == 0
 
 
@@ -142,7 +168,8 @@ def test_flops_moe_mla_and_sliding():
 def test_tied_head_still_costs_a_logits_gemm():
     g = load_model("gpt3-175b")
     assert g.flops_per_token(2048, attention=False) == pytest.approx(
-        6 * (g.total_params - g.embedding_params) + 6 * g.vocab * g.hidden, rel=1e-3)
+        6 * (g.total_params - g.embedding_params) + 6 * g.vocab * g.hidden, rel=1e-3
+    )
 
 
 # ----------------------------------------------------------------------------------------- KV cache
@@ -161,20 +188,37 @@ def test_kv_cache_goldens():
 # ------------------------------------------------------------------------------------ HF normalizer
 def test_text_config_nesting_matches_flat_config():
     flat = hf("qwen3-8b")
-    wrapped = {"model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"],
-               "text_config": dict(flat, model_type="qwen3_vl_text"), "vision_config": {"depth": 27}}
+    wrapped = {
+        "model_type": "qwen3_vl",
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "text_config": dict(flat, model_type="qwen3_vl_text"),
+        "vision_config": {"depth": 27},
+    }
     assert load_model(wrapped).total_params == load_model("qwen3-8b").total_params
 
 
 def test_llama4_scout_text_config():
-    scout = {"model_type": "llama4", "architectures": ["Llama4ForConditionalGeneration"],
-             "vision_config": {"hidden_size": 1408},
-             "text_config": {"model_type": "llama4_text", "hidden_size": 5120, "num_hidden_layers": 48,
-                             "num_attention_heads": 40, "num_key_value_heads": 8, "head_dim": 128,
-                             "intermediate_size": 8192, "intermediate_size_mlp": 16384,
-                             "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
-                             "vocab_size": 202048, "attention_chunk_size": 8192,
-                             "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3"}}}
+    scout = {
+        "model_type": "llama4",
+        "architectures": ["Llama4ForConditionalGeneration"],
+        "vision_config": {"hidden_size": 1408},
+        "text_config": {
+            "model_type": "llama4_text",
+            "hidden_size": 5120,
+            "num_hidden_layers": 48,
+            "num_attention_heads": 40,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "intermediate_size": 8192,
+            "intermediate_size_mlp": 16384,
+            "num_local_experts": 16,
+            "num_experts_per_tok": 1,
+            "interleave_moe_layer_step": 1,
+            "vocab_size": 202048,
+            "attention_chunk_size": 8192,
+            "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3"},
+        },
+    }
     m = load_model(scout)
     assert (m.moe_layers, m.ffn_hidden, m.shared_expert_ffn, m.moe_ffn_hidden) == (48, 0, 8192, 8192)
     assert (m.sliding_window, m.sliding_window_layers) == (8192, 36)  # chunked on 3 of every 4 layers
@@ -211,10 +255,21 @@ def test_qkv_bias_detection():
 
 
 def test_qwen2_moe_shared_expert_and_sparse_schedule():
-    cfg = {"model_type": "qwen2_moe", "hidden_size": 3584, "intermediate_size": 18944,
-           "moe_intermediate_size": 2560, "shared_expert_intermediate_size": 20480, "num_experts": 64,
-           "num_experts_per_tok": 8, "num_hidden_layers": 28, "num_attention_heads": 28,
-           "num_key_value_heads": 4, "vocab_size": 151936, "decoder_sparse_step": 1, "mlp_only_layers": []}
+    cfg = {
+        "model_type": "qwen2_moe",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "moe_intermediate_size": 2560,
+        "shared_expert_intermediate_size": 20480,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 151936,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    }
     m = load_model(cfg)  # Qwen2-57B-A14B: "57B total, 14B activated"
     assert m.total_params == pytest.approx(57.4e9, rel=0.01)
     assert m.active_params == pytest.approx(14.2e9, rel=0.01)
@@ -234,8 +289,16 @@ def test_deepseek_schedule_and_mla_without_q_lora():
 
 
 def test_sliding_window_rules():
-    mistral = {"model_type": "mistral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-               "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 32000, "sliding_window": 4096}
+    mistral = {
+        "model_type": "mistral",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 32000,
+        "sliding_window": 4096,
+    }
     assert load_model(mistral).sliding_window_layers == 32
     assert load_model(dict(mistral, sliding_window=None)).sliding_window_layers == 0
     qwen = hf("qwen2.5-7b")
@@ -262,8 +325,14 @@ def test_architectures_fallback_and_gpt_neox():
     cfg = hf("llama-3.1-8b")
     del cfg["model_type"]
     assert load_model(cfg).total_params == load_model("llama-3.1-8b").total_params
-    neox = {"model_type": "gpt_neox", "hidden_size": 6144, "num_hidden_layers": 44, "num_attention_heads": 64,
-            "intermediate_size": 24576, "vocab_size": 50432}
+    neox = {
+        "model_type": "gpt_neox",
+        "hidden_size": 6144,
+        "num_hidden_layers": 44,
+        "num_attention_heads": 64,
+        "intermediate_size": 24576,
+        "vocab_size": 50432,
+    }
     m = load_model(neox)  # GPT-NeoX-20B: 20.55B with untied head (position embeddings are rotary)
     assert (m.gated_mlp, m.norm, m.tie_embeddings, m.qkv_bias) == (False, "layernorm", False, True)
     assert m.total_params == pytest.approx(20.55e9, rel=0.01)
@@ -279,11 +348,27 @@ def test_load_from_file_and_directory(tmp_path):
 
 
 def test_raw_dims_from_csv_like_row_and_round_trip():
-    row = {"name": "gpt-1.7b", "hidden": "2304", "layers": "24", "heads": "24", "kv_heads": "",
-           "ffn_hidden": "9216.0", "vocab": "51200", "gated_mlp": "false", "norm": "layernorm",
-           "tie_embeddings": "1", "num_experts": None}
+    row = {
+        "name": "gpt-1.7b",
+        "hidden": "2304",
+        "layers": "24",
+        "heads": "24",
+        "kv_heads": "",
+        "ffn_hidden": "9216.0",
+        "vocab": "51200",
+        "gated_mlp": "false",
+        "norm": "layernorm",
+        "tie_embeddings": "1",
+        "num_experts": None,
+    }
     m = load_model(row)
-    assert (m.kv_heads, m.head_dim, m.ffn_hidden, m.gated_mlp, m.tie_embeddings) == (24, 96, 9216, False, True)
+    assert (m.kv_heads, m.head_dim, m.ffn_hidden, m.gated_mlp, m.tie_embeddings) == (
+        24,
+        96,
+        9216,
+        False,
+        True,
+    )
     spec = load_model("deepseek-v3")
     assert load_model(spec.to_dict()) == spec
     with pytest.raises(ModelConfigError, match="total_params"):
@@ -330,8 +415,19 @@ def test_error_bad_values():
     with pytest.raises(ModelConfigError, match="num_hidden_layers"):
         load_model(cfg)
     with pytest.raises(ModelConfigError, match="moe_layers"):
-        ModelSpec(name="x", hidden=64, layers=2, heads=4, kv_heads=4, head_dim=16, ffn_hidden=0, vocab=10,
-                  num_experts=4, moe_topk=2, moe_ffn_hidden=32)
+        ModelSpec(
+            name="x",
+            hidden=64,
+            layers=2,
+            heads=4,
+            kv_heads=4,
+            head_dim=16,
+            ffn_hidden=0,
+            vocab=10,
+            num_experts=4,
+            moe_topk=2,
+            moe_ffn_hidden=32,
+        )
     with pytest.raises(ModelConfigError, match="kv_heads"):
         load_model({"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 3, "ffn_hidden": 8, "vocab": 10})
 
@@ -344,7 +440,23 @@ def test_spec_is_frozen_and_strict():
         ModelSpec(**m.model_dump(), bogus=1)
     d = m.to_dict()
     assert d["total_params"] == m.total_params and d["active_params"] == m.active_params
-    assert all(isinstance(getattr(m, p), int) for p in (
-        "attn_params_per_layer", "dense_mlp_params", "expert_params", "shared_expert_params", "router_params",
-        "norm_params_per_layer", "embedding_params", "head_params", "final_norm_params", "total_params",
-        "active_params", "mtp_params", "dense_layers", "qk_head_dim", "v_dim"))
+    assert all(
+        isinstance(getattr(m, p), int)
+        for p in (
+            "attn_params_per_layer",
+            "dense_mlp_params",
+            "expert_params",
+            "shared_expert_params",
+            "router_params",
+            "norm_params_per_layer",
+            "embedding_params",
+            "head_params",
+            "final_norm_params",
+            "total_params",
+            "active_params",
+            "mtp_params",
+            "dense_layers",
+            "qk_head_dim",
+            "v_dim",
+        )
+    )

@@ -32,19 +32,49 @@ def test_breakdowns_sum_to_totals() -> None:
 
 def test_json_record_has_contract_fields() -> None:
     d = predict(**BASE, tp=8, pp=2).to_dict()
-    for k in ("step_time_s", "tokens_per_s_per_device", "mfu", "memory_gib_per_device", "fits", "reasons",
-              "time_breakdown", "memory_breakdown", "tp", "pp", "dp", "zero", "micro_batch", "grad_accum",
-              "model", "device", "num_devices", "seq_len", "global_batch"):
+    for k in (
+        "step_time_s",
+        "tokens_per_s_per_device",
+        "mfu",
+        "memory_gib_per_device",
+        "fits",
+        "reasons",
+        "time_breakdown",
+        "memory_breakdown",
+        "tp",
+        "pp",
+        "dp",
+        "zero",
+        "micro_batch",
+        "grad_accum",
+        "model",
+        "device",
+        "num_devices",
+        "seq_len",
+        "global_batch",
+    ):
         assert k in d
     json.dumps(d)
 
 
 def test_single_row_equals_batch_row() -> None:
     """predict() is evaluate() on a table of one: the same numbers as inside a large table."""
-    job, _ = make_job(model="llama-3.1-8b", device="a100-80gb", num_devices=16, devices_per_node=None,
-                      seq_len=4096, global_batch=64)
-    lays = [Layout(tp=t, pp=p, dp=16 // (t * p), zero=z, sp=t > 1, micro_batch=1, grad_accum=64 // (16 // (t * p)))
-            for t in (1, 2, 4) for p in (1, 2) for z in (1, 3)]
+    job, _ = make_job(
+        model="llama-3.1-8b",
+        device="a100-80gb",
+        num_devices=16,
+        devices_per_node=None,
+        seq_len=4096,
+        global_batch=64,
+    )
+    lays = [
+        Layout(
+            tp=t, pp=p, dp=16 // (t * p), zero=z, sp=t > 1, micro_batch=1, grad_accum=64 // (16 // (t * p))
+        )
+        for t in (1, 2, 4)
+        for p in (1, 2)
+        for z in (1, 3)
+    ]
     big = evaluate(job, LayoutTable.from_layouts(lays))
     for i, lay in enumerate(lays):
         one = evaluate(job, LayoutTable.from_layouts([lay]))
@@ -53,7 +83,9 @@ def test_single_row_equals_batch_row() -> None:
 
 
 def test_does_not_fit_reports_reason() -> None:
-    p = predict(model="llama-3.1-405b", device="a100-40gb", num_devices=8, seq_len=8192, global_batch=8, zero=0)
+    p = predict(
+        model="llama-3.1-405b", device="a100-40gb", num_devices=8, seq_len=8192, global_batch=8, zero=0
+    )
     assert not p.fits
     assert p.reasons and p.reasons[-1].code == "out_of_memory"
 
@@ -72,19 +104,32 @@ def test_cross_node_tp_is_slower_than_in_node() -> None:
 
 
 def test_moe_layout_with_expert_parallel() -> None:
-    p = predict(model="mixtral-8x7b", device="h100-sxm-80gb", num_devices=32, seq_len=4096, global_batch=256,
-                tp=2, pp=2, ep=8, micro_batch=1, recompute="selective")
+    p = predict(
+        model="mixtral-8x7b",
+        device="h100-sxm-80gb",
+        num_devices=32,
+        seq_len=4096,
+        global_batch=256,
+        tp=2,
+        pp=2,
+        ep=8,
+        micro_batch=1,
+        recompute="selective",
+    )
     assert p.time_breakdown["ep_comm"] > 0
     assert np.isfinite(p.step_time_s)
 
 
-@pytest.mark.parametrize("kw,code", [
-    (dict(tp=3), "world_size"),
-    (dict(tp=16, num_devices=64), "tp_kv_heads"),
-    (dict(pp=2, vpp=200), "pp_layers"),
-    (dict(cp=3, num_devices=48, global_batch=96), "cp_seq"),
-    (dict(ep=2), "ep_dense"),
-])
+@pytest.mark.parametrize(
+    "kw,code",
+    [
+        (dict(tp=3), "world_size"),
+        (dict(tp=16, num_devices=64), "tp_kv_heads"),
+        (dict(pp=2, vpp=200), "pp_layers"),
+        (dict(cp=3, num_devices=48, global_batch=96), "cp_seq"),
+        (dict(ep=2), "ep_dense"),
+    ],
+)
 def test_illegal_layouts_raise_with_reasons(kw, code) -> None:
     with pytest.raises(LayoutError) as e:
         predict(**{**BASE, **kw})
@@ -100,14 +145,31 @@ def test_non_positive_sizes(kw) -> None:
 
 # ---------------------------------------------------------------------------------------- CLI
 
+
 def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([sys.executable, "-m", "autopar.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "autopar.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+        timeout=60,
+    )
 
 
-JOB_ARGS = ["--model", "llama-3.1-8b", "--device", "h100-sxm-80gb", "--num-devices", "8", "--seq-len", "4096",
-            "--global-batch", "64"]
+JOB_ARGS = [
+    "--model",
+    "llama-3.1-8b",
+    "--device",
+    "h100-sxm-80gb",
+    "--num-devices",
+    "8",
+    "--seq-len",
+    "4096",
+    "--global-batch",
+    "64",
+]
 
 
 def test_cli_predict_json() -> None:
@@ -123,14 +185,17 @@ def test_cli_predict_table() -> None:
     assert "tokens/s per device" in r.stdout
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["predict", *JOB_ARGS[:2], "--device", "h900", *JOB_ARGS[4:]], "h900"),
-    (["predict", *JOB_ARGS, "--tp", "3"], "tp"),
-    (["predict", *JOB_ARGS, "--num-devices", "0"], "num-devices"),
-    (["predict", *JOB_ARGS, "--seq-len", "-4"], "seq-len"),
-    (["predict", "--model", "no-such-model", *JOB_ARGS[2:]], "no-such-model"),
-    (["model", "no-such-model"], "no-such-model"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["predict", *JOB_ARGS[:2], "--device", "h900", *JOB_ARGS[4:]], "h900"),
+        (["predict", *JOB_ARGS, "--tp", "3"], "tp"),
+        (["predict", *JOB_ARGS, "--num-devices", "0"], "num-devices"),
+        (["predict", *JOB_ARGS, "--seq-len", "-4"], "seq-len"),
+        (["predict", "--model", "no-such-model", *JOB_ARGS[2:]], "no-such-model"),
+        (["model", "no-such-model"], "no-such-model"),
+    ],
+)
 def test_cli_bad_input_exits_2_with_one_line(args, needle, tmp_path: Path) -> None:
     r = _cli(*args, cwd=tmp_path)
     assert r.returncode == 2
@@ -152,8 +217,10 @@ def test_cli_malformed_and_unknown_field_configs(tmp_path: Path) -> None:
 
 
 def test_import_autopar_is_light() -> None:
-    code = ("import sys, autopar; autopar.predict; "
-            "print(any(m in sys.modules for m in ('torch', 'ray', 'optuna', 'scipy')))")
+    code = (
+        "import sys, autopar; autopar.predict; "
+        "print(any(m in sys.modules for m in ('torch', 'ray', 'optuna', 'scipy')))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stdout + r.stderr
 
@@ -161,8 +228,14 @@ def test_import_autopar_is_light() -> None:
 def test_frozen_weights_lora_is_cheaper_and_keeps_no_optimizer_state() -> None:
     from dataclasses import replace
 
-    job, _ = make_job(model="llama-2-7b", device="h100-sxm-80gb", num_devices=8, devices_per_node=None,
-                      seq_len=4096, global_batch=32)
+    job, _ = make_job(
+        model="llama-2-7b",
+        device="h100-sxm-80gb",
+        num_devices=8,
+        devices_per_node=None,
+        seq_len=4096,
+        global_batch=32,
+    )
     table = LayoutTable.from_layouts([Layout(dp=8, zero=1, micro_batch=1, grad_accum=4)])
     full = evaluate(job, table)
     lora = evaluate(replace(job, frozen_weights=True), table)
@@ -178,9 +251,19 @@ def test_cli_model_json_and_hf_config(tmp_path: Path) -> None:
     d = json.loads(r.stdout)
     assert abs(d["total_params"] / 46.70e9 - 1) < 0.01 and abs(d["active_params"] / 12.88e9 - 1) < 0.01
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 4,
-                               "num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 2816,
-                               "vocab_size": 32000}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 1024,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "intermediate_size": 2816,
+                "vocab_size": 32000,
+            }
+        )
+    )
     r = _cli("predict", "--model", str(cfg), *JOB_ARGS[2:], "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["model"] == str(cfg)

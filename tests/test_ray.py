@@ -13,9 +13,9 @@ import pytest
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 ray = pytest.importorskip("ray")
 
-from autopar import ray_backend  # noqa: E402
-from autopar.search import recommend  # noqa: E402
-from autopar.sweep import SweepFile, read_table, run_sweep, write_table  # noqa: E402
+from autopar.search import ray_backend  # noqa: E402
+from autopar.search.recommend import recommend  # noqa: E402
+from autopar.search.sweep import SweepFile, read_table, run_sweep, write_table  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -37,19 +37,36 @@ def test_local_instance_is_small(ray_local) -> None:
 
 
 def test_recommend_on_ray_is_identical(ray_local) -> None:
-    a = recommend(**MOE, top=5, overrides=["precision=bf16,fp8"], objective="throughput,memory", progress=False)
-    b = recommend(**MOE, top=5, overrides=["precision=bf16,fp8"], objective="throughput,memory", progress=False,
-                  ray="local")
+    a = recommend(
+        **MOE, top=5, overrides=["precision=bf16,fp8"], objective="throughput,memory", progress=False
+    )
+    b = recommend(
+        **MOE,
+        top=5,
+        overrides=["precision=bf16,fp8"],
+        objective="throughput,memory",
+        progress=False,
+        ray="local",
+    )
     assert b.backend == "ray" and a.backend == "numpy"
     assert [p.to_dict() for p in a.results] == [p.to_dict() for p in b.results]
     assert [p.to_dict() for p in a.pareto] == [p.to_dict() for p in b.pareto]
     assert (a.layouts_enumerated, a.layouts_feasible, a.infeasible_by_reason) == (
-        b.layouts_enumerated, b.layouts_feasible, b.infeasible_by_reason)
+        b.layouts_enumerated,
+        b.layouts_feasible,
+        b.infeasible_by_reason,
+    )
 
 
 def test_sweep_on_ray_is_identical(ray_local, tmp_path: Path) -> None:
-    sw = SweepFile(name="t", models=["llama-3.1-8b", "qwen3-30b-a3b"], devices=["h100-sxm-80gb"],
-                   num_devices=[16, 12], seq_len=[4096], global_batch=[64, 32])
+    sw = SweepFile(
+        name="t",
+        models=["llama-3.1-8b", "qwen3-30b-a3b"],
+        devices=["h100-sxm-80gb"],
+        num_devices=[16, 12],
+        seq_len=[4096],
+        global_batch=[64, 32],
+    )
     local = run_sweep(sw)
     remote = run_sweep(sw, ray="local")
     strip = lambda rows: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in rows]  # noqa: E731
@@ -64,27 +81,55 @@ def test_sweep_on_ray_is_identical(ray_local, tmp_path: Path) -> None:
 def test_cli_connects_to_an_existing_cluster(ray_local) -> None:
     """``--ray ADDRESS``: a separate process joins the session's instance instead of starting one."""
     addr = ray_local.get_runtime_context().gcs_address
-    args = ["recommend", "--model", "llama-3.1-8b", "--device", "a100-80gb", "--num-devices", "16", "--seq-len",
-            "4096", "--global-batch", "64", "--json", "--top", "2"]
-    r = subprocess.run([sys.executable, "-m", "autopar.cli", *args, "--ray", addr], capture_output=True, text=True,
-                       timeout=180, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    args = [
+        "recommend",
+        "--model",
+        "llama-3.1-8b",
+        "--device",
+        "a100-80gb",
+        "--num-devices",
+        "16",
+        "--seq-len",
+        "4096",
+        "--global-batch",
+        "64",
+        "--json",
+        "--top",
+        "2",
+    ]
+    r = subprocess.run(
+        [sys.executable, "-m", "autopar.cli", *args, "--ray", addr],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )
     assert r.returncode == 0, r.stderr[-2000:]
-    plain = subprocess.run([sys.executable, "-m", "autopar.cli", *args], capture_output=True, text=True, timeout=120)
+    plain = subprocess.run(
+        [sys.executable, "-m", "autopar.cli", *args], capture_output=True, text=True, timeout=120
+    )
     a, b = json.loads(r.stdout), json.loads(plain.stdout)
     assert a["results"] == b["results"] and a["infeasible_by_reason"] == b["infeasible_by_reason"]
 
 
 def test_cli_sweep(tmp_path: Path) -> None:
     f = tmp_path / "s.yaml"
-    f.write_text("name: s\nmodels: [llama-3.1-8b]\ndevices: [a100-80gb]\nnum_devices: [8, 16]\nseq_len: [4096]\n"
-                 "global_batch: [32]\n")
+    f.write_text(
+        "name: s\nmodels: [llama-3.1-8b]\ndevices: [a100-80gb]\nnum_devices: [8, 16]\nseq_len: [4096]\n"
+        "global_batch: [32]\n"
+    )
     out = tmp_path / "s.csv"
-    r = subprocess.run([sys.executable, "-m", "autopar.cli", "sweep", str(f), "--out", str(out)],
-                       capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [sys.executable, "-m", "autopar.cli", "sweep", str(f), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "2 points (2 ok" in r.stdout and out.is_file()
     assert [row["num_devices"] for row in read_table(out)] == ["8", "16"]
     f.write_text("name: s\nmodels: [llama-3.1-8b]\ndevice: [a100-80gb]\n")
-    r = subprocess.run([sys.executable, "-m", "autopar.cli", "sweep", str(f)], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "autopar.cli", "sweep", str(f)], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2 and "device: unknown key" in r.stderr and "Traceback" not in r.stderr

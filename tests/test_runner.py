@@ -22,22 +22,44 @@ TINY = RunnerModelConfig(hidden=64, layers=4, heads=4, kv_heads=2, ffn_hidden=12
 
 
 def test_model_config_from_model_spec_is_duck_typed():
-    spec = SimpleNamespace(hidden=64, layers=2, heads=4, kv_heads=4, ffn_hidden=96, vocab=100,
-                           num_experts=None, moe_topk=None, moe_ffn_hidden=None, extra="ignored")
+    spec = SimpleNamespace(
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=4,
+        ffn_hidden=96,
+        vocab=100,
+        num_experts=None,
+        moe_topk=None,
+        moe_ffn_hidden=None,
+        extra="ignored",
+    )
     cfg = RunnerModelConfig.from_model_spec(spec)
-    assert (cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn_hidden, cfg.vocab) == (64, 2, 4, 4, 96, 100)
+    assert (cfg.hidden, cfg.layers, cfg.heads, cfg.kv_heads, cfg.ffn_hidden, cfg.vocab) == (
+        64,
+        2,
+        4,
+        4,
+        96,
+        100,
+    )
     assert cfg.num_experts == 0 and not cfg.is_moe
-    moe = RunnerModelConfig.from_model_spec({**vars(spec), "num_experts": 8, "moe_topk": 2, "moe_ffn_hidden": 32})
+    moe = RunnerModelConfig.from_model_spec(
+        {**vars(spec), "num_experts": 8, "moe_topk": 2, "moe_ffn_hidden": 32}
+    )
     assert moe.is_moe and moe.expert_ffn_hidden == 32
     assert RunnerModelConfig.from_json(moe.to_json()) == moe
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"heads": 5}, "not divisible by heads=5"),
-    ({"kv_heads": 3}, "not divisible by kv_heads"),
-    ({"num_experts": 4, "moe_topk": 0}, "moe_topk"),
-    ({"layers": 0}, "positive integer"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"heads": 5}, "not divisible by heads=5"),
+        ({"kv_heads": 3}, "not divisible by kv_heads"),
+        ({"num_experts": 4, "moe_topk": 0}, "moe_topk"),
+        ({"layers": 0}, "positive integer"),
+    ],
+)
 def test_model_config_rejects_bad_shapes(kwargs, match):
     base = dict(hidden=48, layers=2, heads=4, kv_heads=2, ffn_hidden=96, vocab=64)
     with pytest.raises(RunError, match=match):
@@ -67,16 +89,19 @@ def test_unsupported_precision_is_a_clear_error(precision):
     check_device_support(Layout(precision="fp32"), "cpu")
 
 
-@pytest.mark.parametrize("layout, match", [
-    (Layout(tp=8, micro_batch=4), "tp=8 does not divide heads=4"),
-    (Layout(dp=2, micro_batch=1), r"global_batch=4 != micro_batch\*grad_accum\*dp"),
-    (Layout(ep=2, micro_batch=4), "expert parallelism"),
-    (Layout(pp=3, micro_batch=1, grad_accum=4), "do not split evenly"),
-    (Layout(pp=2, micro_batch=4, grad_accum=1), "1F1B needs at least pp=2 micro-batches"),
-    (Layout(dp=4, zero=0, shard_group=2, micro_batch=1), "needs ZeRO >= 1"),
-    (Layout(dp=4, zero=3, shard_group=3, micro_batch=1), "does not divide dp"),
-    (Layout(tp=2, sp=True, micro_batch=4), "divide seq_len=33"),
-])
+@pytest.mark.parametrize(
+    "layout, match",
+    [
+        (Layout(tp=8, micro_batch=4), "tp=8 does not divide heads=4"),
+        (Layout(dp=2, micro_batch=1), r"global_batch=4 != micro_batch\*grad_accum\*dp"),
+        (Layout(ep=2, micro_batch=4), "expert parallelism"),
+        (Layout(pp=3, micro_batch=1, grad_accum=4), "do not split evenly"),
+        (Layout(pp=2, micro_batch=4, grad_accum=1), "1F1B needs at least pp=2 micro-batches"),
+        (Layout(dp=4, zero=0, shard_group=2, micro_batch=1), "needs ZeRO >= 1"),
+        (Layout(dp=4, zero=3, shard_group=3, micro_batch=1), "does not divide dp"),
+        (Layout(tp=2, sp=True, micro_batch=4), "divide seq_len=33"),
+    ],
+)
 def test_check_layout_names_the_problem(layout, match):
     seq = 33 if "seq_len" in match else 32
     with pytest.raises(RunError, match=match):
@@ -111,6 +136,7 @@ def test_importing_the_launcher_does_not_import_torch():
 
 # ---------------------------------------------------------------- real launches
 
+
 @pytest.mark.slow
 def test_run_layout_returns_the_measured_result(tmp_path):
     """One launch, single-layout mode, on one rank (the cheapest launch; multi-rank layouts are
@@ -119,8 +145,9 @@ def test_run_layout_returns_the_measured_result(tmp_path):
     from autopar.runner.train import reference_run
 
     lay = Layout(micro_batch=2, grad_accum=2, precision="fp32")
-    res = run_layout(lay, TINY, seq_len=32, global_batch=4, steps=3, warmup=1, timeout_s=240,
-                     dump_grads=tmp_path / "g.pt")
+    res = run_layout(
+        lay, TINY, seq_len=32, global_batch=4, steps=3, warmup=1, timeout_s=240, dump_grads=tmp_path / "g.pt"
+    )
     assert res["status"] == "ok", res.get("log_tail", "")[-3000:]
     assert res["world_size"] == 1 and res["backend"] == "gloo" and res["layout"] == lay.model_dump()
     assert len(res["step_times_s"]) == 3 and len(res["losses"]) == 3
@@ -137,8 +164,15 @@ def test_run_layout_returns_the_measured_result(tmp_path):
 @pytest.mark.slow
 def test_a_crashing_run_returns_status_failed():
     pytest.importorskip("torch")
-    res = run_layout(Layout(precision="fp8", micro_batch=4), TINY, seq_len=32, global_batch=4,
-                     steps=2, warmup=1, timeout_s=240)
+    res = run_layout(
+        Layout(precision="fp8", micro_batch=4),
+        TINY,
+        seq_len=32,
+        global_batch=4,
+        steps=2,
+        warmup=1,
+        timeout_s=240,
+    )
     assert res["status"] == "failed" and res["returncode"] != 0 and not res["timed_out"]
     assert "precision=fp8 is not supported on cpu" in res["error"]
     assert res["log_tail"]
@@ -147,8 +181,15 @@ def test_a_crashing_run_returns_status_failed():
 @pytest.mark.slow
 def test_a_hanging_run_is_killed_at_the_timeout():
     pytest.importorskip("torch")
-    res = run_layout(Layout(dp=2, zero=3, micro_batch=2, precision="fp32"), TINY, seq_len=32,
-                     global_batch=4, steps=3, warmup=1, timeout_s=1.5)
+    res = run_layout(
+        Layout(dp=2, zero=3, micro_batch=2, precision="fp32"),
+        TINY,
+        seq_len=32,
+        global_batch=4,
+        steps=3,
+        warmup=1,
+        timeout_s=1.5,
+    )
     assert res["status"] == "failed" and res["timed_out"]
     assert "timed out after 1.5 s" in res["error"]
     assert res["wall_s"] < 30

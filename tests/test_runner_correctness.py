@@ -26,8 +26,17 @@ from autopar.runner import RunnerModelConfig, run_layouts  # noqa: E402
 from autopar.runner.train import reference_run  # noqa: E402
 
 TINY = RunnerModelConfig(hidden=64, layers=4, heads=4, kv_heads=2, ffn_hidden=128, vocab=128)
-TINY_MOE = RunnerModelConfig(hidden=64, layers=4, heads=4, kv_heads=2, ffn_hidden=128, vocab=128,
-                             num_experts=4, moe_topk=2, moe_ffn_hidden=64)
+TINY_MOE = RunnerModelConfig(
+    hidden=64,
+    layers=4,
+    heads=4,
+    kv_heads=2,
+    ffn_hidden=128,
+    vocab=128,
+    num_experts=4,
+    moe_topk=2,
+    moe_ffn_hidden=64,
+)
 SEQ, GLOBAL_BATCH, STEPS, WARMUP = 32, 4, 3, 1
 TOL = {"fp32": (1e-4, 1e-4), "bf16": (2e-3, 5e-2)}  # (loss rtol, grad tolerance relative to max|grad|)
 
@@ -68,12 +77,22 @@ WORLD4: dict[str, tuple[Layout, RunnerModelConfig]] = {
 }
 
 
-def _launch(cases: dict[str, tuple[Layout, RunnerModelConfig]], tmp_path_factory) -> dict[str, tuple[dict, dict]]:
+def _launch(
+    cases: dict[str, tuple[Layout, RunnerModelConfig]], tmp_path_factory
+) -> dict[str, tuple[dict, dict]]:
     path = tmp_path_factory.mktemp("grads") / "grads.pt"
     names = list(cases)
-    results = run_layouts([cases[n][0] for n in names], TINY, models=[cases[n][1] for n in names],
-                          seq_len=SEQ, global_batch=GLOBAL_BATCH, steps=STEPS, warmup=WARMUP,
-                          timeout_s=420, dump_grads=path)
+    results = run_layouts(
+        [cases[n][0] for n in names],
+        TINY,
+        models=[cases[n][1] for n in names],
+        seq_len=SEQ,
+        global_batch=GLOBAL_BATCH,
+        steps=STEPS,
+        warmup=WARMUP,
+        timeout_s=420,
+        dump_grads=path,
+    )
     assert all(r.get("status") in ("ok", "failed") for r in results)
     if not path.exists():  # the whole launch failed: show why in every test
         return {n: (r, {}) for n, r in zip(names, results, strict=True)}
@@ -113,7 +132,9 @@ def _check_parity(result: dict, grads: dict, layout: Layout, cfg: RunnerModelCon
         got = grads[name]
         assert got.shape == want.shape, name
         scale = want.abs().max().item()
-        torch.testing.assert_close(got, want, rtol=0, atol=grad_tol * scale + 1e-12, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            got, want, rtol=0, atol=grad_tol * scale + 1e-12, msg=lambda m, n=name: f"{n}: {m}"
+        )
     assert len(result["step_times_s"]) == STEPS and result["median_step_time_s"] > 0
     mem = result["peak_memory_bytes"]
     assert len(mem) == layout.num_devices and all(m > 0 for m in mem)

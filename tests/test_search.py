@@ -9,13 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from autopar.calibration import load_calibration
+from autopar.coefficients import load_calibration
 from autopar.engine import evaluate
-from autopar.enumerate import enumerate_space
 from autopar.errors import InfeasibleError
 from autopar.prediction import make_job, predict
-from autopar.search import Objectives, explain_choice, pareto_mask, recommend
-from autopar.search_space import load_space
+from autopar.search.enumerate import enumerate_space
+from autopar.search.recommend import Objectives, explain_choice, pareto_mask, recommend
+from autopar.search.space import load_space
 
 DENSE = dict(model="llama-3.1-8b", device="a100-80gb", num_devices=16, seq_len=4096, global_batch=64)
 MOE = dict(model="qwen3-30b-a3b", device="h100-sxm-80gb", num_devices=32, seq_len=4096, global_batch=64)
@@ -23,11 +23,27 @@ SMALL = [
     (DENSE, []),
     (dict(model="llama-3.1-70b", device="h100-sxm-80gb", num_devices=32, seq_len=8192, global_batch=64), []),
     (MOE, ["precision=bf16,fp8"]),
-    (dict(model="mixtral-8x7b", device="a100-80gb", num_devices=16, seq_len=4096, global_batch=32),
-     ["shard_group=0,2,4", "sp=both"]),
+    (
+        dict(model="mixtral-8x7b", device="a100-80gb", num_devices=16, seq_len=4096, global_batch=32),
+        ["shard_group=0,2,4", "sp=both"],
+    ),
 ]
-LAYOUT_KEYS = ("tp", "pp", "vpp", "dp", "cp", "ep", "etp", "zero", "shard_group", "sp", "micro_batch", "recompute",
-               "offload", "precision")
+LAYOUT_KEYS = (
+    "tp",
+    "pp",
+    "vpp",
+    "dp",
+    "cp",
+    "ep",
+    "etp",
+    "zero",
+    "shard_group",
+    "sp",
+    "micro_batch",
+    "recompute",
+    "offload",
+    "precision",
+)
 
 
 def _predict_again(job: dict, pred) -> dict:
@@ -48,7 +64,9 @@ def _all_scores(job: dict, sets: list[str]):
     j, _ = make_job(devices_per_node=None, **job)
     en = enumerate_space(j, load_space("default", sets))
     cal = load_calibration()
-    res = evaluate(j, en.table(en.legal_ids()), calibration=cal)  # flat, with the legality check: predict's path
+    res = evaluate(
+        j, en.table(en.legal_ids()), calibration=cal
+    )  # flat, with the legality check: predict's path
     return en, res
 
 
@@ -58,18 +76,33 @@ def test_top1_is_never_beaten_by_any_legal_layout(job, sets) -> None:
     en, res = _all_scores(job, sets)
     assert res["legal"].all()
     fits = res["fits"]
-    for objective, key in (("throughput", "step_time_s"), ("memory", "memory_bytes"),
-                           ("energy", "energy_j_per_step")):
+    for objective, key in (
+        ("throughput", "step_time_s"),
+        ("memory", "memory_bytes"),
+        ("energy", "energy_j_per_step"),
+    ):
         r = recommend(**job, top=3, objective=objective, overrides=sets, progress=False)
         assert r.layouts_enumerated == en.size == len(fits)
         assert r.layouts_feasible == int(fits.sum())
         assert r.infeasible_by_reason["out_of_memory"] == int((~fits).sum())
         best = res[key][fits].min()
-        top1 = {"step_time_s": r.results[0].step_time_s, "memory_bytes": r.results[0].memory_gib_per_device * 2**30,
-                "energy_j_per_step": r.results[0].energy_j_per_step}[key]
+        top1 = {
+            "step_time_s": r.results[0].step_time_s,
+            "memory_bytes": r.results[0].memory_gib_per_device * 2**30,
+            "energy_j_per_step": r.results[0].energy_j_per_step,
+        }[key]
         assert top1 <= best * (1 + 1e-12)
-        values = [getattr(p, {"step_time_s": "step_time_s", "memory_bytes": "memory_gib_per_device",
-                              "energy_j_per_step": "energy_j_per_step"}[key]) for p in r.results]
+        values = [
+            getattr(
+                p,
+                {
+                    "step_time_s": "step_time_s",
+                    "memory_bytes": "memory_gib_per_device",
+                    "energy_j_per_step": "energy_j_per_step",
+                }[key],
+            )
+            for p in r.results
+        ]
         assert values == sorted(values)
     # and a sample of layouts through predict() itself never beats top-1
     r = recommend(**job, top=1, overrides=sets, progress=False)
@@ -90,7 +123,10 @@ def test_cost_objective_and_prices() -> None:
     tokens = DENSE["seq_len"] * DENSE["global_batch"]
     assert c == pytest.approx(r.results[0].step_time_s * 16 * 3.0 / 3600 / tokens * 1e6)
     d = r.to_dict()
-    assert d["price_per_device_hour"] == 3.0 and d["results"][0]["objectives"]["cost_usd_per_million_tokens"] == c
+    assert (
+        d["price_per_device_hour"] == 3.0
+        and d["results"][0]["objectives"]["cost_usd_per_million_tokens"] == c
+    )
 
 
 def test_pareto_front_is_exact() -> None:
@@ -134,21 +170,40 @@ def test_workers_give_identical_results() -> None:
 
 def test_nothing_fits_names_closest_and_a_fix() -> None:
     with pytest.raises(InfeasibleError) as e:
-        recommend(model="llama-3.1-70b", device="h100-sxm-80gb", num_devices=8, seq_len=8192, global_batch=16,
-                  overrides=["recompute=none", "zero=0", "offload=false"], progress=False)
+        recommend(
+            model="llama-3.1-70b",
+            device="h100-sxm-80gb",
+            num_devices=8,
+            seq_len=8192,
+            global_batch=16,
+            overrides=["recompute=none", "zero=0", "offload=false"],
+            progress=False,
+        )
     msg = str(e.value)
     assert "none of the" in msg and "Closest:" in msg and "needs" in msg
     assert "What would fit:" in msg
     with pytest.raises(InfeasibleError) as e:
-        recommend(model="llama-3.1-405b", device="a100-40gb", num_devices=8, seq_len=8192, global_batch=8,
-                  progress=False)
+        recommend(
+            model="llama-3.1-405b",
+            device="a100-40gb",
+            num_devices=8,
+            seq_len=8192,
+            global_batch=8,
+            progress=False,
+        )
     assert "devices" in str(e.value)
 
 
 def test_no_legal_layout_names_the_rule() -> None:
     with pytest.raises(InfeasibleError, match="no legal layout.*batch"):
-        recommend(model="llama-3.1-8b", device="a100-80gb", num_devices=7, seq_len=4096, global_batch=8,
-                  progress=False)
+        recommend(
+            model="llama-3.1-8b",
+            device="a100-80gb",
+            num_devices=7,
+            seq_len=4096,
+            global_batch=8,
+            progress=False,
+        )
 
 
 def test_bad_arguments() -> None:
@@ -178,11 +233,23 @@ def test_objectives_parse() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autopar.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "autopar.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
-JOB_ARGS = ["--model", "llama-3.1-8b", "--device", "a100-80gb", "--num-devices", "16", "--seq-len", "4096",
-            "--global-batch", "64"]
+JOB_ARGS = [
+    "--model",
+    "llama-3.1-8b",
+    "--device",
+    "a100-80gb",
+    "--num-devices",
+    "16",
+    "--seq-len",
+    "4096",
+    "--global-batch",
+    "64",
+]
 
 
 def test_cli_json_contract() -> None:
@@ -192,12 +259,22 @@ def test_cli_json_contract() -> None:
     assert set(d) >= {"layouts_enumerated", "layouts_feasible", "infeasible_by_reason", "results"}
     assert len(d["results"]) == 3 and d["infeasible_by_reason"]["out_of_memory"] >= 0
     rec = d["results"][0]
-    for k in LAYOUT_KEYS + ("step_time_s", "tokens_per_s_per_device", "mfu", "memory_gib_per_device",
-                            "time_breakdown", "memory_breakdown", "exposed_comm_fraction", "fits", "reasons"):
+    for k in LAYOUT_KEYS + (
+        "step_time_s",
+        "tokens_per_s_per_device",
+        "mfu",
+        "memory_gib_per_device",
+        "time_breakdown",
+        "memory_breakdown",
+        "exposed_comm_fraction",
+        "fits",
+        "reasons",
+    ):
         assert k in rec
     same = predict(**DENSE, **{k: rec[k] for k in LAYOUT_KEYS}).to_dict()
-    assert json.loads(json.dumps(same, default=float)) == {k: v for k, v in rec.items()
-                                                             if k not in ("rank", "objectives")}
+    assert json.loads(json.dumps(same, default=float)) == {
+        k: v for k, v in rec.items() if k not in ("rank", "objectives")
+    }
 
 
 def test_cli_human_output_and_impossible_request() -> None:
@@ -205,21 +282,38 @@ def test_cli_human_output_and_impossible_request() -> None:
     assert r.returncode == 0, r.stderr
     assert "top 2 by throughput" in r.stdout and "Pareto front" in r.stdout and "why:" in r.stdout
     assert "legal layouts" in r.stdout
-    r = _cli("recommend", "--model", "llama-3.1-405b", "--device", "a100-40gb", "--num-devices", "8", "--seq-len",
-             "8192", "--global-batch", "8")
+    r = _cli(
+        "recommend",
+        "--model",
+        "llama-3.1-405b",
+        "--device",
+        "a100-40gb",
+        "--num-devices",
+        "8",
+        "--seq-len",
+        "8192",
+        "--global-batch",
+        "8",
+    )
     assert r.returncode == 2
     assert r.stderr.startswith("error: none of the") and "Traceback" not in r.stderr
     r = _cli("recommend", *JOB_ARGS, "--objective", "speed")
     assert r.returncode == 2 and "unknown objective" in r.stderr
 
 
-@pytest.mark.parametrize(("job", "sets", "objective"), [
-    (MOE, ["precision=bf16,fp8"], "throughput,memory,energy"),
-    (dict(model="llama-3.1-70b", device="h100-sxm-80gb", num_devices=8, seq_len=8192, global_batch=16),
-     ["recompute=none", "zero=0", "offload=false"], "throughput"),  # nothing fits: closest misses
-])
+@pytest.mark.parametrize(
+    ("job", "sets", "objective"),
+    [
+        (MOE, ["precision=bf16,fp8"], "throughput,memory,energy"),
+        (
+            dict(model="llama-3.1-70b", device="h100-sxm-80gb", num_devices=8, seq_len=8192, global_batch=16),
+            ["recompute=none", "zero=0", "offload=false"],
+            "throughput",
+        ),  # nothing fits: closest misses
+    ],
+)
 def test_grid_summary_equals_flat_summary(job, sets, objective) -> None:
-    from autopar.search import ScoringState, merge, run_scoring, score_ids
+    from autopar.search.recommend import ScoringState, merge, run_scoring, score_ids
 
     j, _ = make_job(devices_per_node=None, **job)
     en = enumerate_space(j, load_space("default", sets))
@@ -227,8 +321,11 @@ def test_grid_summary_equals_flat_summary(job, sets, objective) -> None:
     st = ScoringState(en, load_calibration(), obj, 5)
     grid, _, _ = run_scoring(st, workers=1)
     ids = en.legal_ids()
-    flat = merge([score_ids(st, ids[i:i + 50_000]) for i in range(0, len(ids), 50_000)], k=5,
-                 pareto=len(obj.names) > 1)
+    flat = merge(
+        [score_ids(st, ids[i : i + 50_000]) for i in range(0, len(ids), 50_000)],
+        k=5,
+        pareto=len(obj.names) > 1,
+    )
     assert (grid.n_legal, grid.n_fit) == (flat.n_legal, flat.n_fit)
     for f in ("top_ids", "top_keys", "front_ids", "front_vals", "close_ids", "close_ratio"):
         assert np.array_equal(getattr(grid, f), getattr(flat, f)), f

@@ -8,27 +8,61 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from autopar.calibration import load_calibration
+from autopar.coefficients import load_calibration
 from autopar.engine import evaluate
-from autopar.enumerate import STAGE_RULES, _violated, axis_values, enumerate_space
 from autopar.errors import SearchSpaceError
 from autopar.layout import COLUMNS, LayoutTable
 from autopar.legality import Context, legality_mask
 from autopar.prediction import make_job
-from autopar.search_space import load_space
+from autopar.search.enumerate import STAGE_RULES, _violated, axis_values, enumerate_space
+from autopar.search.space import load_space
 
 CASES = [
     ("llama-3.1-8b", "a100-80gb", 16, 4096, 64, []),
-    ("mixtral-8x7b", "h100-sxm-80gb", 32, 4096, 64,
-     ["shard_group=0,2,4,8", "sp=both", "precision=bf16,fp8", "pp.max=8", "micro_batch=1,2", "vpp.max=4"]),
-    ("qwen3-30b-a3b", "a100-80gb", 64, 8192, 128,
-     ["precision=bf16,fp8", "cp.max=16", "ep.max=128", "pp.max=8", "micro_batch=1,4", "zero=0,1,3"]),
+    (
+        "mixtral-8x7b",
+        "h100-sxm-80gb",
+        32,
+        4096,
+        64,
+        ["shard_group=0,2,4,8", "sp=both", "precision=bf16,fp8", "pp.max=8", "micro_batch=1,2", "vpp.max=4"],
+    ),
+    (
+        "qwen3-30b-a3b",
+        "a100-80gb",
+        64,
+        8192,
+        128,
+        ["precision=bf16,fp8", "cp.max=16", "ep.max=128", "pp.max=8", "micro_batch=1,4", "zero=0,1,3"],
+    ),
 ]
 # Axes each generation stage binds: its rules see these, later axes at neutral values.
-BOUND = [("tp", "pp", "cp", "dp"), ("ep", "etp"), ("micro_batch", "grad_accum"), ("vpp",), ("sp",),
-         ("zero", "shard_group", "offload"), ("precision",)]
-NEUTRAL = dict(tp=1, pp=1, cp=1, dp=1, ep=1, etp=1, micro_batch=1, grad_accum=1, vpp=1, sp=0, zero=0,
-               shard_group=0, offload=0, precision=0, recompute=0)
+BOUND = [
+    ("tp", "pp", "cp", "dp"),
+    ("ep", "etp"),
+    ("micro_batch", "grad_accum"),
+    ("vpp",),
+    ("sp",),
+    ("zero", "shard_group", "offload"),
+    ("precision",),
+]
+NEUTRAL = dict(
+    tp=1,
+    pp=1,
+    cp=1,
+    dp=1,
+    ep=1,
+    etp=1,
+    micro_batch=1,
+    grad_accum=1,
+    vpp=1,
+    sp=0,
+    zero=0,
+    shard_group=0,
+    offload=0,
+    precision=0,
+    recompute=0,
+)
 
 
 def brute_force(job, space):
@@ -42,8 +76,17 @@ def brute_force(job, space):
         etps = sorted({1 if e == 1 else tp for e in av.etp}) if m.is_moe else [tp]
         sps = [int(tp > 1)] if av.sp == "auto" else {"on": [1], "off": [0], "both": [0, 1]}[av.sp]
         for ep, etp, mb, vpp, sp, z, sg, off, rec, prec in itertools.product(
-                av.ep, etps, av.micro_batch, av.vpp, sps, av.zero, av.shard_group, av.offload, av.recompute,
-                av.precision):
+            av.ep,
+            etps,
+            av.micro_batch,
+            av.vpp,
+            sps,
+            av.zero,
+            av.shard_group,
+            av.offload,
+            av.recompute,
+            av.precision,
+        ):
             dp = N // (tp * pp * cp) if N % (tp * pp * cp) == 0 else 0
             ga = B // (mb * dp) if dp and B % (mb * dp) == 0 else 0
             rows.append((tp, pp, vpp, dp, cp, ep, etp, z, sg, sp, mb, ga, rec, off, prec))
@@ -51,7 +94,7 @@ def brute_force(job, space):
     alive = np.ones(len(arr), bool)
     counts: Counter = Counter()
     for si, (_, codes) in enumerate(STAGE_RULES):
-        have = set(sum(BOUND[:si + 1], ()))
+        have = set(sum(BOUND[: si + 1], ()))
         cols = {c: (arr[:, i] if c in have else np.full(len(arr), NEUTRAL[c])) for i, c in enumerate(COLUMNS)}
         for code in codes:
             if code == "duplicate" and 0 not in av.shard_group:
@@ -63,8 +106,9 @@ def brute_force(job, space):
 
 
 def _job(model, device, n, seq, gb):
-    return make_job(model=model, device=device, num_devices=n, devices_per_node=None, seq_len=seq,
-                    global_batch=gb)[0]
+    return make_job(
+        model=model, device=device, num_devices=n, devices_per_node=None, seq_len=seq, global_batch=gb
+    )[0]
 
 
 @pytest.mark.parametrize(("model", "device", "n", "seq", "gb", "sets"), CASES)
@@ -92,9 +136,13 @@ def test_every_enumerated_layout_is_legal(model, device, n, seq, gb, sets) -> No
         assert legal.all(), {k: int(v.sum()) for k, v in bad.items()}
 
 
-@pytest.mark.parametrize(("model", "device", "n", "seq", "gb", "sets"), CASES[:2] + [
-    ("deepseek-v3", "h100-sxm-80gb", 256, 4096, 512, ["precision=bf16,fp8", "shard_group=0,8,16"]),
-])
+@pytest.mark.parametrize(
+    ("model", "device", "n", "seq", "gb", "sets"),
+    CASES[:2]
+    + [
+        ("deepseek-v3", "h100-sxm-80gb", 256, 4096, 512, ["precision=bf16,fp8", "shard_group=0,8,16"]),
+    ],
+)
 def test_grid_scoring_equals_flat_scoring(model, device, n, seq, gb, sets) -> None:
     """The broadcast grid is the engine on the same numbers: bit-identical to a flat table.
 
@@ -112,8 +160,17 @@ def test_grid_scoring_equals_flat_scoring(model, device, n, seq, gb, sets) -> No
         pick = rng.choice(len(ids), size=min(len(ids), 3000), replace=False)
         flat = evaluate(job, en.table(ids[pick]), calibration=cal)
         assert flat["legal"].all()
-        for key in ("step_time_s", "memory_bytes", "fits", "energy_j_per_step", "mfu", "exposed_comm_fraction",
-                    "mem_activations", "time_dp_comm", "time_pipeline_bubble"):
+        for key in (
+            "step_time_s",
+            "memory_bytes",
+            "fits",
+            "energy_j_per_step",
+            "mfu",
+            "exposed_comm_fraction",
+            "mem_activations",
+            "time_dp_comm",
+            "time_pipeline_bubble",
+        ):
             g = np.broadcast_to(grid[key], shape).reshape(-1)[mask][pick]
             assert np.array_equal(g, flat[key]), key
 
@@ -121,8 +178,12 @@ def test_grid_scoring_equals_flat_scoring(model, device, n, seq, gb, sets) -> No
 def test_limits_and_uneven_refused() -> None:
     job = _job("llama-3.1-8b", "a100-80gb", 16, 4096, 64)
     with pytest.raises(SearchSpaceError, match="above limits.max_layouts=10"):
-        enumerate_space(job, load_space("default", ["tp=1"]).model_copy(
-            update={"limits": load_space("default").limits.model_copy(update={"max_layouts": 10})}))
+        enumerate_space(
+            job,
+            load_space("default", ["tp=1"]).model_copy(
+                update={"limits": load_space("default").limits.model_copy(update={"max_layouts": 10})}
+            ),
+        )
     with pytest.raises(SearchSpaceError, match="autopar study"):
         enumerate_space(job, load_space("uneven_pipeline"))
     with pytest.raises(SearchSpaceError, match="axes.tp has no candidate values"):
@@ -135,7 +196,7 @@ def test_chunks_cover_the_grid_once() -> None:
     seen = np.zeros(en.grid_size, dtype=int)
     for p, s0, s1 in en.chunks(5_000):
         a = (p * en.n_structural + s0) * en.cells_per_row
-        seen[a:a + (s1 - s0) * en.cells_per_row] += 1
+        seen[a : a + (s1 - s0) * en.cells_per_row] += 1
     assert (seen == 1).all()
     assert len(en.precision) == 2
 
@@ -145,11 +206,13 @@ from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(model=st.sampled_from(["llama-3.1-8b", "qwen3-30b-a3b", "mixtral-8x7b", "llama-2-13b"]),
-       n=st.sampled_from([1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64]),
-       gb=st.sampled_from([1, 3, 8, 12, 32, 96]),
-       seq=st.sampled_from([2048, 4096, 6144]),
-       sets=st.sampled_from([[], ["sp=both"], ["shard_group=0,2,4"], ["precision=bf16,fp8"], ["etp=1"]]))
+@given(
+    model=st.sampled_from(["llama-3.1-8b", "qwen3-30b-a3b", "mixtral-8x7b", "llama-2-13b"]),
+    n=st.sampled_from([1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64]),
+    gb=st.sampled_from([1, 3, 8, 12, 32, 96]),
+    seq=st.sampled_from([2048, 4096, 6144]),
+    sets=st.sampled_from([[], ["sp=both"], ["shard_group=0,2,4"], ["precision=bf16,fp8"], ["etp=1"]]),
+)
 def test_enumeration_invariants(model, n, gb, seq, sets) -> None:
     """Counts add up, every layout is legal, none is listed twice (any job, any space)."""
     from autopar.errors import AutoparError

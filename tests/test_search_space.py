@@ -9,10 +9,20 @@ from pathlib import Path
 import pytest
 
 from autopar.errors import SearchSpaceError
-from autopar.search_space import SearchSpace, builtin_spaces, int_candidates, load_space
+from autopar.search.space import SearchSpace, builtin_spaces, int_candidates, load_space
 
-JOB = ["--model", "llama-3.1-8b", "--device", "a100-80gb", "--num-devices", "16", "--seq-len", "4096",
-       "--global-batch", "64"]
+JOB = [
+    "--model",
+    "llama-3.1-8b",
+    "--device",
+    "a100-80gb",
+    "--num-devices",
+    "16",
+    "--seq-len",
+    "4096",
+    "--global-batch",
+    "64",
+]
 
 
 def test_builtin_spaces_load_and_one_is_not_enumerable() -> None:
@@ -32,21 +42,30 @@ def _write(tmp_path: Path, text: str, name: str = "space.yaml") -> Path:
     return p
 
 
-@pytest.mark.parametrize(("text", "needle"), [
-    ("axes:\n  tpp: {max: 4}\n", "axes.tpp: unknown key 'tpp' (allowed: tp, pp"),
-    ("axes:\n  tp: {maxx: 4}\n", "axes.tp.maxx: unknown key 'maxx' (allowed: values, candidates, min, max)"),
-    ("axis: {}\n", "axis: unknown key 'axis'"),
-    ("axes:\n  recompute: [sometimes]\n", "axes.recompute.0"),
-    ("axes:\n  tp: {candidates: primes}\n", "axes.tp.candidates"),
-    ("axes:\n  zero: [4]\n", "axes.zero.0"),
-    ("axes:\n  tp: {values: []}\n", "axes.tp.values: values must not be empty"),
-    ("axes:\n  tp: {values: [0, 2]}\n", "axes.tp.values must be >= 1"),
-    ("axes:\n  vpp: {values: [1, 2]}\nuneven_pipeline: {max_shift: 2}\n", "uneven_pipeline needs axes.vpp"),
-    ("uneven_pipeline: {max_shift: 0}\naxes: {vpp: {values: [1]}}\n", "uneven_pipeline.max_shift"),
-    ("limits: {max_layouts: 0}\n", "limits.max_layouts"),
-    ("- 1\n- 2\n", "the top level must be a mapping"),
-    ("axes: {tp: [1, 2\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("axes:\n  tpp: {max: 4}\n", "axes.tpp: unknown key 'tpp' (allowed: tp, pp"),
+        (
+            "axes:\n  tp: {maxx: 4}\n",
+            "axes.tp.maxx: unknown key 'maxx' (allowed: values, candidates, min, max)",
+        ),
+        ("axis: {}\n", "axis: unknown key 'axis'"),
+        ("axes:\n  recompute: [sometimes]\n", "axes.recompute.0"),
+        ("axes:\n  tp: {candidates: primes}\n", "axes.tp.candidates"),
+        ("axes:\n  zero: [4]\n", "axes.zero.0"),
+        ("axes:\n  tp: {values: []}\n", "axes.tp.values: values must not be empty"),
+        ("axes:\n  tp: {values: [0, 2]}\n", "axes.tp.values must be >= 1"),
+        (
+            "axes:\n  vpp: {values: [1, 2]}\nuneven_pipeline: {max_shift: 2}\n",
+            "uneven_pipeline needs axes.vpp",
+        ),
+        ("uneven_pipeline: {max_shift: 0}\naxes: {vpp: {values: [1]}}\n", "uneven_pipeline.max_shift"),
+        ("limits: {max_layouts: 0}\n", "limits.max_layouts"),
+        ("- 1\n- 2\n", "the top level must be a mapping"),
+        ("axes: {tp: [1, 2\n", "not valid YAML"),
+    ],
+)
 def test_bad_files_name_the_key(tmp_path: Path, text: str, needle: str) -> None:
     with pytest.raises(SearchSpaceError) as e:
         load_space(_write(tmp_path, text))
@@ -61,14 +80,19 @@ def test_missing_file_and_unknown_name() -> None:
 
 
 def test_toml_file(tmp_path: Path) -> None:
-    p = _write(tmp_path, 'name = "t"\n[axes]\nzero = [1]\nrecompute = ["full"]\n[axes.tp]\nvalues = [2, 4]\n',
-               "space.toml")
+    p = _write(
+        tmp_path,
+        'name = "t"\n[axes]\nzero = [1]\nrecompute = ["full"]\n[axes.tp]\nvalues = [2, 4]\n',
+        "space.toml",
+    )
     s = load_space(p)
     assert s.name == "t" and s.axes.zero == [1] and s.axes.tp.values == [2, 4]
 
 
 def test_overrides() -> None:
-    s = load_space("default", ["tp=1,2,4", "cp.max=16", "sp=both", "recompute=full", "offload=false", "zero=1,3"])
+    s = load_space(
+        "default", ["tp=1,2,4", "cp.max=16", "sp=both", "recompute=full", "offload=false", "zero=1,3"]
+    )
     assert s.axes.tp.values == [1, 2, 4]
     assert s.axes.cp.max == 16 and s.axes.cp.candidates == "pow2"
     assert s.axes.sp == "both"
@@ -96,7 +120,9 @@ def test_candidates_rules() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autopar.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "autopar.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_bad_space_file_exit_2_names_key(tmp_path: Path) -> None:

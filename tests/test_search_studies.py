@@ -44,8 +44,21 @@ def test_recommend_vs_published_small(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_optuna_vs_random_smoke() -> None:
-    r = _run("studies/optuna_vs_random.py", "--evaluations", "8", "--seeds", "1", "--samplers", "tpe,random",
-             "--model", "llama-3.1-70b", "--num-devices", "32", "--global-batch", "64")
+    r = _run(
+        "studies/optuna_vs_random.py",
+        "--evaluations",
+        "8",
+        "--seeds",
+        "1",
+        "--samplers",
+        "tpe,random",
+        "--model",
+        "llama-3.1-70b",
+        "--num-devices",
+        "32",
+        "--global-batch",
+        "64",
+    )
     assert r.returncode == 0, r.stderr
     assert "best known" in r.stdout and "tpe cold" in r.stdout and "random seeded" in r.stdout
 
@@ -53,4 +66,7 @@ def test_optuna_vs_random_smoke() -> None:
 def test_search_speed_smoke() -> None:
     r = _run("studies/search_speed.py", "--reps", "1", "--no-cli")
     assert r.returncode == 0, r.stderr
-    assert "scored/s" in r.stdout and "heavy modules imported by `import autopar, autopar.search`: []" in r.stdout
+    assert (
+        "scored/s" in r.stdout
+        and "heavy modules imported by `import autopar, autopar.search.recommend`: []" in r.stdout
+    )

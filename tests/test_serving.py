@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from autopar.errors import AutoparError
 from autopar.hardware import load_device
 from autopar.model import load_model
-from autopar.serving import (
+from autopar.serving.estimate import (
     KV_PAGE_TOKENS,
     ServingTable,
     _kv_seq_bytes_per_device,
@@ -42,8 +42,10 @@ def ctx_for(model: str, device=H100, **kw):
 #   SWA   gpt-oss-120b : 36 layers * 2 * 8 KV heads * 64 head_dim * 2 B = 73728 per token; 18 of the
 #                        36 layers use a 128-token sliding window, so a sequence holds at most 128
 #                        tokens in those layers.
-@pytest.mark.parametrize("model,expected", [("llama-3.1-8b", 131072), ("llama-3.1-70b", 327680),
-                                            ("deepseek-v3", 70272), ("gpt-oss-120b", 73728)])
+@pytest.mark.parametrize(
+    "model,expected",
+    [("llama-3.1-8b", 131072), ("llama-3.1-70b", 327680), ("deepseek-v3", 70272), ("gpt-oss-120b", 73728)],
+)
 def test_kv_bytes_per_token_golden(model: str, expected: int) -> None:
     assert load_model(model).kv_cache_bytes_per_token(2) == expected
     ctx = ctx_for(model)
@@ -82,7 +84,9 @@ def test_weights_bf16_are_two_bytes_per_parameter() -> None:
     for name in ("llama-3.1-8b", "mixtral-8x7b", "deepseek-v3"):
         m = load_model(name)
         ctx = ctx_for(name)
-        assert weights_per_device(ctx, ServingTable({"tp": 1}))[0] == pytest.approx(2 * m.total_params, rel=1e-9)
+        assert weights_per_device(ctx, ServingTable({"tp": 1}))[0] == pytest.approx(
+            2 * m.total_params, rel=1e-9
+        )
 
 
 def test_weights_fp8_keep_embedding_and_head_16bit() -> None:
@@ -97,28 +101,47 @@ PRESETS = ["llama-3.1-8b", "llama-3.1-70b", "mixtral-8x7b", "qwen3-30b-a3b", "de
 
 
 @settings(max_examples=60, deadline=None)
-@given(model=st.sampled_from(PRESETS), t1=st.integers(0, 6), t2=st.integers(0, 6), pp=st.sampled_from([1, 2, 4]),
-       prec=st.sampled_from(["bf16", "fp8", "int4"]))
+@given(
+    model=st.sampled_from(PRESETS),
+    t1=st.integers(0, 6),
+    t2=st.integers(0, 6),
+    pp=st.sampled_from([1, 2, 4]),
+    prec=st.sampled_from(["bf16", "fp8", "int4"]),
+)
 def test_more_tp_never_raises_weight_memory(model: str, t1: int, t2: int, pp: int, prec: str) -> None:
-    lo, hi = sorted((2 ** t1, 2 ** t2))
+    lo, hi = sorted((2**t1, 2**t2))
     ctx = ctx_for(model, weight_precision=prec)
     w = weights_per_device(ctx, ServingTable({"tp": [lo, hi], "pp": pp}))
     assert w[1] <= w[0] * (1 + 1e-12)
 
 
 @settings(max_examples=60, deadline=None)
-@given(isl=st.integers(1, 30000), extra=st.integers(1, 30000), osl=st.integers(1, 4000),
-       conc=st.integers(1, 512), tp=st.sampled_from([1, 2, 4, 8]), pp=st.sampled_from([1, 2]),
-       model=st.sampled_from(["llama-3.1-8b", "llama-3.1-70b", "mixtral-8x7b", "gpt-oss-120b"]),
-       chunked=st.booleans())
-def test_longer_prompts_never_lower_ttft(isl: int, extra: int, osl: int, conc: int, tp: int, pp: int, model: str,
-                                         chunked: bool) -> None:
+@given(
+    isl=st.integers(1, 30000),
+    extra=st.integers(1, 30000),
+    osl=st.integers(1, 4000),
+    conc=st.integers(1, 512),
+    tp=st.sampled_from([1, 2, 4, 8]),
+    pp=st.sampled_from([1, 2]),
+    model=st.sampled_from(["llama-3.1-8b", "llama-3.1-70b", "mixtral-8x7b", "gpt-oss-120b"]),
+    chunked=st.booleans(),
+)
+def test_longer_prompts_never_lower_ttft(
+    isl: int, extra: int, osl: int, conc: int, tp: int, pp: int, model: str, chunked: bool
+) -> None:
     """Same engine (token budget) and concurrency: a longer prompt never gets its first token sooner."""
     budget = 65536
     ttft = []
     for L in (isl, isl + extra):
-        ctx = ctx_for(model, isl=L, osl=osl, concurrency=conc, max_num_tokens=budget, chunked_prefill=chunked,
-                      weight_precision="fp8")
+        ctx = ctx_for(
+            model,
+            isl=L,
+            osl=osl,
+            concurrency=conc,
+            max_num_tokens=budget,
+            chunked_prefill=chunked,
+            weight_precision="fp8",
+        )
         tab = ServingTable({"tp": tp, "pp": pp, "conc": conc})
         ss = steady_state(ctx, tab, conc, budget=np.array([float(budget)]))
         ttft.append(float(ss["ttft"][0]))
@@ -136,11 +159,15 @@ def test_max_concurrency_shrinks_with_sequence_length_and_fits_memory() -> None:
 
 
 def test_offline_batch_is_capped_by_max_batch_and_memory() -> None:
-    res = evaluate(ctx_for("llama-3.1-8b", isl=128, osl=128, offline=True, max_batch=512, weight_precision="fp8"),
-                   ServingTable({"tp": 1}))
+    res = evaluate(
+        ctx_for("llama-3.1-8b", isl=128, osl=128, offline=True, max_batch=512, weight_precision="fp8"),
+        ServingTable({"tp": 1}),
+    )
     assert res["batch"][0] == 512
-    res = evaluate(ctx_for("llama-3.1-70b", isl=4096, osl=4096, offline=True, weight_precision="fp8"),
-                   ServingTable({"tp": 2}))
+    res = evaluate(
+        ctx_for("llama-3.1-70b", isl=4096, osl=4096, offline=True, weight_precision="fp8"),
+        ServingTable({"tp": 2}),
+    )
     assert 1 <= res["batch"][0] == res["max_conc"][0] < 4096
 
 
@@ -164,8 +191,16 @@ def test_throughput_rises_and_tpot_grows_with_batch() -> None:
 
 def test_tp_all_reduce_costs_time_in_decode() -> None:
     ctx = ctx_for("llama-3.1-70b", weight_precision="fp8")
-    it = iteration(ctx, ServingTable({"tp": [1, 8]}), n_dec=1.0, n_pre=0.0, dec_ctx=1000.0, pre_ctx=0.0, pre_len=1.0,
-                   logit_rows=1.0)
+    it = iteration(
+        ctx,
+        ServingTable({"tp": [1, 8]}),
+        n_dec=1.0,
+        n_pre=0.0,
+        dec_ctx=1000.0,
+        pre_ctx=0.0,
+        pre_len=1.0,
+        logit_rows=1.0,
+    )
     assert it["comm"][0] == 0 and it["comm"][1] > 0
 
 
@@ -173,7 +208,9 @@ def test_tp_all_reduce_costs_time_in_decode() -> None:
 def test_prefill_draws_near_tdp_and_decode_far_below() -> None:
     ctx = ctx_for("llama-3.1-70b", weight_precision="fp8")
     tab = ServingTable({"tp": 8})
-    pre = iteration(ctx, tab, n_dec=0.0, n_pre=8192.0, dec_ctx=0.0, pre_ctx=4096.0, pre_len=8192.0, logit_rows=1.0)
+    pre = iteration(
+        ctx, tab, n_dec=0.0, n_pre=8192.0, dec_ctx=0.0, pre_ctx=4096.0, pre_len=8192.0, logit_rows=1.0
+    )
     dec = iteration(ctx, tab, n_dec=8.0, n_pre=0.0, dec_ctx=2048.0, pre_ctx=0.0, pre_len=1.0, logit_rows=8.0)
     tdp = H100.power.tdp_w
     p_pre = power_demand(ctx, pre)["active_w"][0]
@@ -206,15 +243,18 @@ def test_request_rate_mode_finds_the_batch_and_flags_saturation() -> None:
 
 
 # ===================================================================================== workload
-@pytest.mark.parametrize("kw,fragment", [
-    (dict(concurrency=4, request_rate=1.0), "at most one of"),
-    (dict(offline=True, concurrency=4), "at most one of"),
-    (dict(goodput=0.9), "goodput needs"),
-    (dict(isl=0), "isl"),
-    (dict(weight_precision="int3"), "weight_precision"),
-    (dict(tpot_ms=-1), "tpot_ms"),
-    (dict(typo_field=1), "typo_field"),
-])
+@pytest.mark.parametrize(
+    "kw,fragment",
+    [
+        (dict(concurrency=4, request_rate=1.0), "at most one of"),
+        (dict(offline=True, concurrency=4), "at most one of"),
+        (dict(goodput=0.9), "goodput needs"),
+        (dict(isl=0), "isl"),
+        (dict(weight_precision="int3"), "weight_precision"),
+        (dict(tpot_ms=-1), "tpot_ms"),
+        (dict(typo_field=1), "typo_field"),
+    ],
+)
 def test_bad_workloads_are_one_line_errors(kw: dict, fragment: str) -> None:
     with pytest.raises(AutoparError) as exc:
         make_workload(**{"isl": 100, "osl": 10, **kw})
@@ -228,6 +268,10 @@ def test_kv_precision_defaults_follow_weights() -> None:
 
 
 def test_devices_without_fp8_run_fp8_weights_in_bf16_gemms() -> None:
-    a100 = make_context(load_model("llama-3.1-8b"), load_device("a100-80gb"),
-                        make_workload(isl=10, osl=10, weight_precision="fp8"), devices_per_node=8)
+    a100 = make_context(
+        load_model("llama-3.1-8b"),
+        load_device("a100-80gb"),
+        make_workload(isl=10, osl=10, weight_precision="fp8"),
+        devices_per_node=8,
+    )
     assert a100.compute_precision == "bf16" and a100.weight_bytes == 1.0

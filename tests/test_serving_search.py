@@ -10,15 +10,19 @@ from pathlib import Path
 import pytest
 
 from autopar.errors import AutoparError, DeviceError, InfeasibleError, ModelConfigError
-from autopar.serving_search import ServingInfeasible, serve
+from autopar.serving.search import ServingInfeasible, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 DEV_CSV = ROOT.parent / "shared" / "data" / "published_runs_dev.csv"
-BASE = dict(model="llama-3.1-70b", device="h100-sxm-80gb", num_devices=8, isl=1000, osl=500, weight_precision="fp8")
+BASE = dict(
+    model="llama-3.1-70b", device="h100-sxm-80gb", num_devices=8, isl=1000, osl=500, weight_precision="fp8"
+)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autopar.cli", *args], cwd=ROOT, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "autopar.cli", *args], cwd=ROOT, capture_output=True, text=True
+    )
 
 
 def test_sweep_returns_ranked_results_and_a_pareto_front() -> None:
@@ -34,8 +38,10 @@ def test_sweep_returns_ranked_results_and_a_pareto_front() -> None:
     assert front
     for p in front:  # nothing on the front is beaten on both axes by another front point
         for q in front:
-            assert not (q["output_tokens_per_s_per_device"] > p["output_tokens_per_s_per_device"] * (1 + 1e-9)
-                        and q["output_tokens_per_s_per_user"] > p["output_tokens_per_s_per_user"] * (1 + 1e-9))
+            assert not (
+                q["output_tokens_per_s_per_device"] > p["output_tokens_per_s_per_device"] * (1 + 1e-9)
+                and q["output_tokens_per_s_per_user"] > p["output_tokens_per_s_per_user"] * (1 + 1e-9)
+            )
     json.dumps(r.to_dict())
 
 
@@ -82,8 +88,16 @@ def test_pinned_degrees_and_power_caps() -> None:
 
 
 def test_moe_searches_expert_and_attention_data_parallelism() -> None:
-    r = serve(model="qwen3-30b-a3b", device="h100-sxm-80gb", num_devices=8, isl=1000, osl=500, offline=True,
-              disaggregated=False, top=200)
+    r = serve(
+        model="qwen3-30b-a3b",
+        device="h100-sxm-80gb",
+        num_devices=8,
+        isl=1000,
+        osl=500,
+        offline=True,
+        disaggregated=False,
+        top=200,
+    )
     assert any(x["ep"] > 1 for x in r.results) and any(x["adp"] > 1 for x in r.results)
 
 
@@ -102,16 +116,19 @@ def test_nothing_fits_is_infeasible() -> None:
     assert "weights_do_not_fit" in str(exc.value)
 
 
-@pytest.mark.parametrize("kw,err", [
-    (dict(model="no-such-model"), ModelConfigError),
-    (dict(device="h900"), DeviceError),
-    (dict(num_devices=0), AutoparError),
-    (dict(isl=0), AutoparError),
-    (dict(concurrency=4, offline=True), AutoparError),
-    (dict(power_caps_w=[900.0]), AutoparError),
-    (dict(price_per_device_hour=-1.0), AutoparError),
-    (dict(tp=3), AutoparError),
-])
+@pytest.mark.parametrize(
+    "kw,err",
+    [
+        (dict(model="no-such-model"), ModelConfigError),
+        (dict(device="h900"), DeviceError),
+        (dict(num_devices=0), AutoparError),
+        (dict(isl=0), AutoparError),
+        (dict(concurrency=4, offline=True), AutoparError),
+        (dict(power_caps_w=[900.0]), AutoparError),
+        (dict(price_per_device_hour=-1.0), AutoparError),
+        (dict(tp=3), AutoparError),
+    ],
+)
 def test_bad_input(kw: dict, err: type) -> None:
     with pytest.raises(err):
         serve(**{**BASE, **kw})
@@ -119,15 +136,38 @@ def test_bad_input(kw: dict, err: type) -> None:
 
 def test_whole_space_with_power_caps() -> None:
     """The largest space of the speed study answers (its timing is printed by studies/serve_speed.py)."""
-    res = serve(model="deepseek-v3", device="h200-sxm-141gb", num_devices=64, isl=1000, osl=1000,
-                weight_precision="fp8", power_caps_w=[400.0, 500.0, 600.0, 650.0])
+    res = serve(
+        model="deepseek-v3",
+        device="h200-sxm-141gb",
+        num_devices=64,
+        isl=1000,
+        osl=1000,
+        weight_precision="fp8",
+        power_caps_w=[400.0, 500.0, 600.0, 650.0],
+    )
     assert res.layouts_enumerated > 1000 and res.results
 
 
 # ============================================================================================== CLI
 def test_cli_json_has_the_recommend_shape() -> None:
-    r = run_cli("serve", "--model", "llama-3.1-8b", "--device", "h100-sxm-80gb", "--num-devices", "2",
-                "--isl", "512", "--osl", "128", "--tpot-ms", "50", "--price-per-device-hour", "2.5", "--json")
+    r = run_cli(
+        "serve",
+        "--model",
+        "llama-3.1-8b",
+        "--device",
+        "h100-sxm-80gb",
+        "--num-devices",
+        "2",
+        "--isl",
+        "512",
+        "--osl",
+        "128",
+        "--tpot-ms",
+        "50",
+        "--price-per-device-hour",
+        "2.5",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     for k in ("layouts_enumerated", "layouts_feasible", "infeasible_by_reason", "results", "pareto"):
@@ -136,23 +176,53 @@ def test_cli_json_has_the_recommend_shape() -> None:
 
 
 def test_cli_impossible_target_exits_2_with_one_line() -> None:
-    r = run_cli("serve", "--model", "llama-3.1-8b", "--device", "h100-sxm-80gb", "--num-devices", "1",
-                "--isl", "512", "--osl", "128", "--tpot-ms", "0.1")
+    r = run_cli(
+        "serve",
+        "--model",
+        "llama-3.1-8b",
+        "--device",
+        "h100-sxm-80gb",
+        "--num-devices",
+        "1",
+        "--isl",
+        "512",
+        "--osl",
+        "128",
+        "--tpot-ms",
+        "0.1",
+    )
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "best achievable" in lines[0]
-    r = run_cli("serve", "--model", "llama-3.1-8b", "--device", "h100-sxm-80gb", "--num-devices", "1",
-                "--isl", "512", "--osl", "128", "--tpot-ms", "0.1", "--json")
+    r = run_cli(
+        "serve",
+        "--model",
+        "llama-3.1-8b",
+        "--device",
+        "h100-sxm-80gb",
+        "--num-devices",
+        "1",
+        "--isl",
+        "512",
+        "--osl",
+        "128",
+        "--tpot-ms",
+        "0.1",
+        "--json",
+    )
     assert r.returncode == 2 and json.loads(r.stdout)["closest"]["min_tpot_ms"] > 0.1
 
 
-@pytest.mark.parametrize("args", [
-    ["--isl", "0", "--osl", "10"],
-    ["--isl", "10", "--osl", "10", "--concurrency", "4", "--offline"],
-    ["--isl", "10", "--osl", "10", "--goodput", "1.5", "--tpot-ms", "10"],
-    ["--isl", "10", "--osl", "10", "--goodput", "0.9"],
-    ["--isl", "10", "--osl", "10", "--power-caps", "abc"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--isl", "0", "--osl", "10"],
+        ["--isl", "10", "--osl", "10", "--concurrency", "4", "--offline"],
+        ["--isl", "10", "--osl", "10", "--goodput", "1.5", "--tpot-ms", "10"],
+        ["--isl", "10", "--osl", "10", "--goodput", "0.9"],
+        ["--isl", "10", "--osl", "10", "--power-caps", "abc"],
+    ],
+)
 def test_cli_bad_input_exits_2(args: list[str]) -> None:
     r = run_cli("serve", "--model", "llama-3.1-8b", "--device", "h100-sxm-80gb", "--num-devices", "1", *args)
     assert r.returncode == 2
@@ -164,11 +234,19 @@ def test_cli_bad_input_exits_2(args: list[str]) -> None:
 def test_published_serving_study_writes_one_record_per_row(tmp_path: Path) -> None:
     """The accuracy study runs end to end (its MAPE is a benchmark figure, printed, not asserted)."""
     out = tmp_path / "serving.json"
-    r = subprocess.run([sys.executable, "studies/published_serving.py", "--csv", str(DEV_CSV), "--json", str(out)],
-                       cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "studies/published_serving.py", "--csv", str(DEV_CSV), "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(out.read_text())
     assert d["summary"]["rows"] == 43
     assert "MAPE" in r.stdout
     for rec in d["records"]:
-        assert "skipped" in rec or {"run_id", "predicted_output_tokens_per_s", "measured_output_tokens_per_s"} <= set(rec)
+        assert "skipped" in rec or {
+            "run_id",
+            "predicted_output_tokens_per_s",
+            "measured_output_tokens_per_s",
+        } <= set(rec)

@@ -19,24 +19,52 @@ from autopar.errors import AutoparError
 from autopar.layout import Layout, LayoutTable
 from autopar.legality import Context, legality_mask
 from autopar.prediction import make_job, predict
-from autopar.search import Objectives, recommend
-from autopar.search_space import load_space
-from autopar.study import StudyConfig, TrialSpace, _repair_split, load_report, run_study
+from autopar.search.recommend import Objectives, recommend
+from autopar.search.space import load_space
+from autopar.search.study import StudyConfig, TrialSpace, _repair_split, load_report, run_study
 
 JOB = dict(model="llama-3.1-8b", device="a100-80gb", num_devices=16, seq_len=4096, global_batch=64)
-CLI_JOB = ["--model", "llama-3.1-8b", "--device", "a100-80gb", "--num-devices", "16", "--seq-len", "4096",
-           "--global-batch", "64"]
+CLI_JOB = [
+    "--model",
+    "llama-3.1-8b",
+    "--device",
+    "a100-80gb",
+    "--num-devices",
+    "16",
+    "--seq-len",
+    "4096",
+    "--global-batch",
+    "64",
+]
 
 
-def _cfg(tmp_path: Path, name: str = "s", *, space: str = "default", objective: str = "throughput",
-         sampler: str | None = "tpe", seed: int | None = 3, job: dict | None = None, **kw) -> StudyConfig:
+def _cfg(
+    tmp_path: Path,
+    name: str = "s",
+    *,
+    space: str = "default",
+    objective: str = "throughput",
+    sampler: str | None = "tpe",
+    seed: int | None = 3,
+    job: dict | None = None,
+    **kw,
+) -> StudyConfig:
     j, info = make_job(devices_per_node=None, **(job or JOB))
-    return StudyConfig(name=name, job=j, info=info, space=load_space(space), objectives=Objectives.parse(objective),
-                       sampler=sampler, seed=seed, storage=str(tmp_path / "studies.log"), **kw)
+    return StudyConfig(
+        name=name,
+        job=j,
+        info=info,
+        space=load_space(space),
+        objectives=Objectives.parse(objective),
+        sampler=sampler,
+        seed=seed,
+        storage=str(tmp_path / "studies.log"),
+        **kw,
+    )
 
 
 def _load(tmp_path: Path, name: str = "s"):
-    from autopar.study import resolve_storage
+    from autopar.search.study import resolve_storage
 
     return optuna.load_study(study_name=name, storage=resolve_storage(str(tmp_path / "studies.log")))
 
@@ -61,8 +89,11 @@ def test_create_records_sampler_seed_job_and_seeds_topk(tmp_path: Path) -> None:
     assert rep.best[0]["layout"] == top[0].layout.short()
     # every trial carries a constraint; infeasible ones have it > 0
     for t in trials:
-        c = t.system_attrs["constraints"] if "constraints" in t.system_attrs else [
-            v for k, v in t.system_attrs.items() if k.startswith("constraints")]
+        c = (
+            t.system_attrs["constraints"]
+            if "constraints" in t.system_attrs
+            else [v for k, v in t.system_attrs.items() if k.startswith("constraints")]
+        )
         assert c, t.system_attrs
         val = c[0] if isinstance(c, list) else c
         assert (val <= 0) == t.user_attrs["fits"]
@@ -91,8 +122,10 @@ def test_resume_continues_and_checks_the_recorded_setup(tmp_path: Path) -> None:
 def test_cache_answers_repeated_proposals(tmp_path: Path) -> None:
     # a tiny space: many proposals repeat
     cfg = _cfg(tmp_path, sampler="random", seed_top_k=0)
-    cfg.space = load_space("default", ["tp=2,4", "pp=1,2", "cp=1", "zero=1", "recompute=none,full", "offload=false",
-                                       "micro_batch=1"])
+    cfg.space = load_space(
+        "default",
+        ["tp=2,4", "pp=1,2", "cp=1", "zero=1", "recompute=none,full", "offload=false", "micro_batch=1"],
+    )
     rep = run_study(cfg, n_trials=40)
     assert rep.n_cached > 10
     study = _load(tmp_path)
@@ -148,18 +181,26 @@ def test_uneven_space_trials_and_seeds(tmp_path: Path) -> None:
         assert sum(k["stage_layers"]) == 80 and len(k["stage_layers"]) == k["pp"] >= 2
         assert len(k["stage_recompute"]) == k["pp"]
     first = json.loads(trials[0].user_attrs["key"])
-    assert len(set(first["stage_layers"])) == 1 and len(set(first["stage_recompute"])) == 1  # even, uniform seed
+    assert (
+        len(set(first["stage_layers"])) == 1 and len(set(first["stage_recompute"])) == 1
+    )  # even, uniform seed
     assert rep.best and rep.best[0]["tokens_per_s_per_device"] > 0
     with pytest.raises(AutoparError, match="energy objective is not modeled"):
         run_study(_cfg(tmp_path, name="e", space="uneven_pipeline", job=job, objective="energy"), n_trials=2)
 
 
 def test_uneven_trial_space_is_too_large_to_enumerate() -> None:
-    j, _ = make_job(model="llama-3.1-405b", device="h100-sxm-80gb", num_devices=1024, devices_per_node=None,
-                    seq_len=8192, global_batch=512)
+    j, _ = make_job(
+        model="llama-3.1-405b",
+        device="h100-sxm-80gb",
+        num_devices=1024,
+        devices_per_node=None,
+        seq_len=8192,
+        global_batch=512,
+    )
     ts = TrialSpace(j, load_space("uneven_pipeline"))
-    per_stage = 17 ** 15 * 3 ** 16  # pp=16: 15 free shifts in [-8, 8], 16 recompute modes
-    assert ts.enum.size * per_stage > 10 ** 20
+    per_stage = 17**15 * 3**16  # pp=16: 15 free shifts in [-8, 8], 16 recompute modes
+    assert ts.enum.size * per_stage > 10**20
     assert "pp" in ts.params
 
 
@@ -179,14 +220,35 @@ def test_repair_split() -> None:
 
 
 def _study_cmd(storage: Path, n: int) -> list[str]:
-    return [sys.executable, "-m", "autopar.cli", "study", "run", "--name", "killme", *CLI_JOB, "--storage", str(storage),
-            "--n-trials", str(n), "--batch", "2", "--verbose", "--sampler", "tpe", "--seed", "1"]
+    return [
+        sys.executable,
+        "-m",
+        "autopar.cli",
+        "study",
+        "run",
+        "--name",
+        "killme",
+        *CLI_JOB,
+        "--storage",
+        str(storage),
+        "--n-trials",
+        str(n),
+        "--batch",
+        "2",
+        "--verbose",
+        "--sampler",
+        "tpe",
+        "--seed",
+        "1",
+    ]
 
 
 @pytest.mark.slow
 def test_killing_a_running_study_loses_no_finished_trial(tmp_path: Path) -> None:
     storage = tmp_path / "kill.log"
-    proc = subprocess.Popen(_study_cmd(storage, 100_000), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _study_cmd(storage, 100_000), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     finished: list[int] = []
     deadline = time.time() + 90
     assert proc.stdout is not None
@@ -197,7 +259,7 @@ def test_killing_a_running_study_loses_no_finished_trial(tmp_path: Path) -> None
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert len(finished) >= 40, proc.stderr.read() if proc.stderr else ""
-    from autopar.study import resolve_storage
+    from autopar.search.study import resolve_storage
 
     study = optuna.load_study(study_name="killme", storage=resolve_storage(str(storage)))
     complete = {t.number for t in study.get_trials(states=(TrialState.COMPLETE,))}
@@ -219,35 +281,54 @@ def test_killing_a_running_study_loses_no_finished_trial(tmp_path: Path) -> None
 def test_cli_show_list_and_errors(tmp_path: Path) -> None:
     storage = tmp_path / "cli.log"
     base = [sys.executable, "-m", "autopar.cli", "study"]
-    r = subprocess.run(base + ["run", "--name", "c", *CLI_JOB, "--storage", str(storage), "--n-trials", "12",
-                               "--json"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        base + ["run", "--name", "c", *CLI_JOB, "--storage", str(storage), "--n-trials", "12", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["n_complete"] == 12 and d["sampler"] == "tpe" and d["seed"] == 0
-    r = subprocess.run(base + ["show", "--name", "c", "--storage", str(storage)], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        base + ["show", "--name", "c", "--storage", str(storage)], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0 and "best feasible trials" in r.stdout and "sampler tpe seed 0" in r.stdout
-    r = subprocess.run(base + ["list", "--storage", str(storage), "--json"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        base + ["list", "--storage", str(storage), "--json"], capture_output=True, text=True, timeout=60
+    )
     assert json.loads(r.stdout)[0]["name"] == "c"
-    r = subprocess.run(base + ["show", "--name", "nope", "--storage", str(storage)], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        base + ["show", "--name", "nope", "--storage", str(storage)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "no study named 'nope'" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run(base + ["run", "--name", "c", *CLI_JOB[:-1], "128", "--storage", str(storage)],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        base + ["run", "--name", "c", *CLI_JOB[:-1], "128", "--storage", str(storage)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "created with job=" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_fail_stale_trials() -> None:
     import socket
 
-    from autopar.study import fail_stale_trials
+    from autopar.search.study import fail_stale_trials
 
-    study = optuna.create_study(storage=optuna.storages.InMemoryStorage(), sampler=optuna.samplers.RandomSampler(0))
+    study = optuna.create_study(
+        storage=optuna.storages.InMemoryStorage(), sampler=optuna.samplers.RandomSampler(0)
+    )
     untagged = study.ask()
     live = study.ask()
     live.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
     dead = study.ask()
-    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     dead.set_user_attr("worker", f"{socket.gethostname()}:{proc.stdout.strip()}")
     assert fail_stale_trials(study) == 1  # the dead worker's trial only
     assert fail_stale_trials(study, untagged_after_s=0.0) == 1  # then the untagged one

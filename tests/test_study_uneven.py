@@ -7,14 +7,14 @@ import pytest
 from autopar.engine import evaluate
 from autopar.errors import SearchSpaceError
 from autopar.layout import LayoutTable, resolve_layout
-from autopar.pipeline_split import (
+from autopar.prediction import make_job
+from autopar.search.uneven import (
     StagePlan,
     UnevenScorer,
     balanced_split,
     best_monotone_split,
     even_split,
 )
-from autopar.prediction import make_job
 
 CASES = [
     ("llama-3.1-70b", 64, 128, dict(tp=4, pp=4, zero=1)),
@@ -24,8 +24,14 @@ CASES = [
 
 
 def _job(model: str, n: int, gb: int):
-    return make_job(model=model, device="h100-sxm-80gb", num_devices=n, devices_per_node=None, seq_len=8192,
-                    global_batch=gb)[0]
+    return make_job(
+        model=model,
+        device="h100-sxm-80gb",
+        num_devices=n,
+        devices_per_node=None,
+        seq_len=8192,
+        global_batch=gb,
+    )[0]
 
 
 @pytest.mark.parametrize(("model", "n", "gb", "kw"), CASES)

@@ -10,16 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from autopar.calibrate import fit_microbenchmarks, write_calibration_atomic, write_profile_atomic
-from autopar.calibration import load_calibration
-from autopar.cli import main
-from autopar.engine import TrainingJob
-from autopar.errors import AutoparError
-from autopar.hardware import load_device
-from autopar.layout import Layout, resolve_layout
-from autopar.model import load_model
-from autopar.runner import RunnerModelConfig
-from autopar.validate import (
+from autopar.calibration.calibrate import fit_microbenchmarks, write_calibration_atomic, write_profile_atomic
+from autopar.calibration.validate import (
     Item,
     attach_predictions,
     attach_to_study,
@@ -30,6 +22,14 @@ from autopar.validate import (
     study_measurements,
     summarize,
 )
+from autopar.cli import main
+from autopar.coefficients import load_calibration
+from autopar.engine import TrainingJob
+from autopar.errors import AutoparError
+from autopar.hardware import load_device
+from autopar.layout import Layout, resolve_layout
+from autopar.model import load_model
+from autopar.runner import RunnerModelConfig
 
 TINY = {"name": "tiny", "hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "ffn_hidden": 128, "vocab": 128}
 SEQ, BATCH = 16, 4
@@ -55,9 +55,22 @@ def lay(**kw) -> Layout:
 
 # ------------------------------------------------------------------------------------- sources
 def test_sources_recommend_json_list_and_job_file(tmp_path):
-    rec = {"results": [{**lay(tp=2).model_dump(), "model": "tiny.json", "device": "x.yaml", "num_devices": 2,
-                        "devices_per_node": 2, "seq_len": 16, "global_batch": 4, "step_time_s": 0.5,
-                        "memory_gib_per_device": 0.1, "rank": 1}]}
+    rec = {
+        "results": [
+            {
+                **lay(tp=2).model_dump(),
+                "model": "tiny.json",
+                "device": "x.yaml",
+                "num_devices": 2,
+                "devices_per_node": 2,
+                "seq_len": 16,
+                "global_batch": 4,
+                "step_time_s": 0.5,
+                "memory_gib_per_device": 0.1,
+                "rank": 1,
+            }
+        ]
+    }
     p = tmp_path / "rec.json"
     p.write_text(json.dumps(rec))
     src = load_layouts_file(p)
@@ -70,8 +83,13 @@ def test_sources_recommend_json_list_and_job_file(tmp_path):
     p3 = tmp_path / "list.json"
     p3.write_text(json.dumps([lay(dp=2, zero=3).model_dump()]))
     assert load_layouts_file(p3).items[0].layout.zero == 3
-    for text, match in (("{oops", "not valid JSON"), ("[]", "no layouts"), ('[{"color": 1}]', "no layout fields"),
-                        ('[{"tp": 0}]', "not a valid layout"), ('"x"', "expected a list")):
+    for text, match in (
+        ("{oops", "not valid JSON"),
+        ("[]", "no layouts"),
+        ('[{"color": 1}]', "no layout fields"),
+        ('[{"tp": 0}]', "not a valid layout"),
+        ('"x"', "expected a list"),
+    ):
         bad = tmp_path / "bad.json"
         bad.write_text(text)
         with pytest.raises(AutoparError, match=match):
@@ -82,8 +100,14 @@ def test_sources_recommend_json_list_and_job_file(tmp_path):
 
 # ------------------------------------------------------------------------------------- failures
 def _ok(layout: Layout, t: float = 0.1) -> dict:
-    return {"status": "ok", "median_step_time_s": t, "step_times_s": [t] * 3, "peak_memory_bytes": [2**20, 2**21],
-            "losses": [5.0, 4.0], "layout": layout.model_dump()}
+    return {
+        "status": "ok",
+        "median_step_time_s": t,
+        "step_times_s": [t] * 3,
+        "peak_memory_bytes": [2**20, 2**21],
+        "losses": [5.0, 4.0],
+        "layout": layout.model_dump(),
+    }
 
 
 def test_a_crashed_or_hung_launch_is_retried_one_layout_at_a_time():
@@ -94,7 +118,9 @@ def test_a_crashed_or_hung_launch_is_retried_one_layout_at_a_time():
     def run_batch(lays, model, **kw):
         calls["batch"] += 1
         assert kw["timeout_s"] == pytest.approx(10 * len(lays) + 10)
-        return [{"status": "failed", "error": "timed out after 30 s", "returncode": -9, "timed_out": True}] * len(lays)
+        return [
+            {"status": "failed", "error": "timed out after 30 s", "returncode": -9, "timed_out": True}
+        ] * len(lays)
 
     def run_single(layout, model, **kw):
         calls["single"].append(layout.short())
@@ -102,8 +128,16 @@ def test_a_crashed_or_hung_launch_is_retried_one_layout_at_a_time():
             return {"status": "failed", "error": "timed out after 10 s", "returncode": -9, "timed_out": True}
         return _ok(layout)
 
-    recs = run_items([Item(x) for x in layouts], cfg, seq_len=SEQ, global_batch=BATCH, timeout_s=10, batch_size=8,
-                     run_batch=run_batch, run_single=run_single)
+    recs = run_items(
+        [Item(x) for x in layouts],
+        cfg,
+        seq_len=SEQ,
+        global_batch=BATCH,
+        timeout_s=10,
+        batch_size=8,
+        run_batch=run_batch,
+        run_single=run_single,
+    )
     assert [r["status"] for r in recs] == ["ok", "failed", "ok", "failed"]
     assert recs[1]["error"].startswith("timed out") and recs[1]["timed_out"]
     assert "refused by the runner" in recs[3]["error"] and "1F1B" in recs[3]["error"]
@@ -120,8 +154,14 @@ def test_a_layout_that_fails_inside_a_launch_does_not_stop_the_others():
     def run_single(layout, model, **kw):  # pragma: no cover - must not be needed
         raise AssertionError("no retry: the launch itself succeeded")
 
-    recs = run_items([Item(lay(dp=2)), Item(lay(tp=2)), Item(lay(dp=2, zero=2))], cfg, seq_len=SEQ,
-                     global_batch=BATCH, run_batch=run_batch, run_single=run_single)
+    recs = run_items(
+        [Item(lay(dp=2)), Item(lay(tp=2)), Item(lay(dp=2, zero=2))],
+        cfg,
+        seq_len=SEQ,
+        global_batch=BATCH,
+        run_batch=run_batch,
+        run_single=run_single,
+    )
     assert [r["status"] for r in recs] == ["ok", "failed", "ok"] and recs[1]["error"] == "RuntimeError: boom"
 
 
@@ -129,8 +169,16 @@ def test_a_layout_that_fails_inside_a_launch_does_not_stop_the_others():
 def test_summary_figures():
     recs = []
     for i, (p, m) in enumerate([(1.0, 1.1), (2.0, 1.8), (3.0, 3.3), (0.9, 1.2)]):
-        recs.append({"status": "ok", "layout_short": f"L{i}", "predicted_step_time_s": p, "measured_step_time_s": m,
-                     "predicted_peak_memory_gib": 1.0, "measured_peak_memory_gib": 1.0 + 0.1 * i})
+        recs.append(
+            {
+                "status": "ok",
+                "layout_short": f"L{i}",
+                "predicted_step_time_s": p,
+                "measured_step_time_s": m,
+                "predicted_peak_memory_gib": 1.0,
+                "measured_peak_memory_gib": 1.0 + 0.1 * i,
+            }
+        )
     recs.append({"status": "failed", "layout_short": "bad", "error": "x"})
     s = summarize(recs)
     assert s["n_ok"] == 4 and s["n_failed"] == 1
@@ -149,8 +197,17 @@ def _study_with_trials():
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = optuna.storages.InMemoryStorage()
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
-    study.set_user_attr("job", {"model": "tiny.json", "device": "x.yaml", "num_devices": 2, "devices_per_node": 2,
-                                "seq_len": SEQ, "global_batch": BATCH})
+    study.set_user_attr(
+        "job",
+        {
+            "model": "tiny.json",
+            "device": "x.yaml",
+            "num_devices": 2,
+            "devices_per_node": 2,
+            "seq_len": SEQ,
+            "global_batch": BATCH,
+        },
+    )
     for i, (layout, t) in enumerate([(lay(dp=2), 0.2), (lay(tp=2), 0.1), (lay(dp=2, zero=3), 0.3)]):
         tr = study.ask()
         tr.set_user_attr("key", json.dumps(layout.model_dump(), sort_keys=True))
@@ -168,14 +225,26 @@ def test_study_layouts_and_attachment():
     src = load_study_layouts("s", storage, top=2)
     assert [it.layout for it in src.items] == [lay(tp=2), lay(dp=2)]  # best predicted first
     assert [it.trial for it in src.items] == [1, 0] and src.job["seq_len"] == SEQ
-    recs = [{"trial": 1, "status": "ok", "layout_short": "a", "measured_step_time_s": 0.15,
-             "measured_peak_memory_gib": 0.02, "predicted_step_time_s": 0.1},
-            {"trial": 0, "status": "failed", "layout_short": "b", "error": "timed out"},
-            {"trial": running.number, "status": "ok", "layout_short": "c", "measured_step_time_s": 0.3}]
+    recs = [
+        {
+            "trial": 1,
+            "status": "ok",
+            "layout_short": "a",
+            "measured_step_time_s": 0.15,
+            "measured_peak_memory_gib": 0.02,
+            "predicted_step_time_s": 0.1,
+        },
+        {"trial": 0, "status": "failed", "layout_short": "b", "error": "timed out"},
+        {"trial": running.number, "status": "ok", "layout_short": "c", "measured_step_time_s": 0.3},
+    ]
     n = attach_to_study(study, recs, summarize(recs))
     assert n == 3
     got = study_measurements(study)
-    assert got[1]["measured_step_time_s"] == 0.15 and got[0]["status"] == "failed" and got[0]["error"] == "timed out"
+    assert (
+        got[1]["measured_step_time_s"] == 0.15
+        and got[0]["status"] == "failed"
+        and got[0]["error"] == "timed out"
+    )
     assert "validation.summary" in study.user_attrs
     t = study._storage.get_trial(running._trial_id)
     assert t.user_attrs["measured_step_time_s"] == 0.3 and t.user_attrs["validation_status"] == "ok"
@@ -187,9 +256,18 @@ def test_study_layouts_and_attachment():
 def test_refit_recovers_the_overhead_and_writes_a_valid_file(local, tmp_path):
     job = TrainingJob(load_model(TINY), load_device(local["device"]), 2, 2, SEQ, BATCH)
     base = load_calibration(local["calibration"])
-    truth = base.model_copy(update={"global_": {**base.global_, "kernel_overhead_us": 9000.0, "fragmentation": 0.3}})
-    layouts = [lay(dp=2), lay(tp=2), lay(dp=2, zero=3), lay(pp=2, micro_batch=1), lay(dp=2, recompute="full"),
-               lay(tp=2, micro_batch=1), lay(dp=2, zero=1, micro_batch=1)]
+    truth = base.model_copy(
+        update={"global_": {**base.global_, "kernel_overhead_us": 9000.0, "fragmentation": 0.3}}
+    )
+    layouts = [
+        lay(dp=2),
+        lay(tp=2),
+        lay(dp=2, zero=3),
+        lay(pp=2, micro_batch=1),
+        lay(dp=2, recompute="full"),
+        lay(tp=2, micro_batch=1),
+        lay(dp=2, zero=1, micro_batch=1),
+    ]
     recs = [{"layout": x.model_dump(), "layout_short": x.short(), "status": "ok"} for x in layouts]
     attach_predictions(recs, job, truth, prefix="truth")
     for r in recs:
@@ -212,13 +290,47 @@ def test_refit_recovers_the_overhead_and_writes_a_valid_file(local, tmp_path):
 def test_validate_cli_runs_layouts_for_real(local, tmp_path, capsys):
     """Three layouts at world size 2 in one launch (one fails in the worker: fp16 on CPU), then a
     refit written next to the inputs; the JSON has one record per layout."""
-    layouts = [lay(tp=2, micro_batch=1), lay(dp=2, zero=3), lay(dp=2).model_copy(update={"precision": "fp16"})]
+    layouts = [
+        lay(tp=2, micro_batch=1),
+        lay(dp=2, zero=3),
+        lay(dp=2).model_copy(update={"precision": "fp16"}),
+    ]
     f = tmp_path / "layouts.json"
-    f.write_text(json.dumps({"job": {"model": str(local["model"]), "device": str(local["device"]), "seq_len": SEQ,
-                                     "global_batch": BATCH}, "layouts": [x.model_dump() for x in layouts]}))
+    f.write_text(
+        json.dumps(
+            {
+                "job": {
+                    "model": str(local["model"]),
+                    "device": str(local["device"]),
+                    "seq_len": SEQ,
+                    "global_batch": BATCH,
+                },
+                "layouts": [x.model_dump() for x in layouts],
+            }
+        )
+    )
     out, refit = tmp_path / "out.json", tmp_path / "refit.yaml"
-    rc = main(["validate", "--layouts", str(f), "--calibration", str(local["calibration"]), "--steps", "3",
-               "--warmup", "1", "--run-device", "cpu", "--timeout", "120", "--json", str(out), "--refit", str(refit)])
+    rc = main(
+        [
+            "validate",
+            "--layouts",
+            str(f),
+            "--calibration",
+            str(local["calibration"]),
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--run-device",
+            "cpu",
+            "--timeout",
+            "120",
+            "--json",
+            str(out),
+            "--refit",
+            str(refit),
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "MAPE" in captured.out and "refit" in captured.out
@@ -239,6 +351,14 @@ def test_validate_cli_runs_layouts_for_real(local, tmp_path, capsys):
 @pytest.mark.slow
 def test_a_real_timeout_is_recorded_as_failed(local):
     cfg = RunnerModelConfig.from_model_spec(load_model(TINY))
-    recs = run_items([Item(lay(dp=2))], cfg, seq_len=SEQ, global_batch=BATCH, steps=3, warmup=1, timeout_s=0.5,
-                     device="cpu")
+    recs = run_items(
+        [Item(lay(dp=2))],
+        cfg,
+        seq_len=SEQ,
+        global_batch=BATCH,
+        steps=3,
+        warmup=1,
+        timeout_s=0.5,
+        device="cpu",
+    )
     assert recs[0]["status"] == "failed" and recs[0]["timed_out"] and "timed out" in recs[0]["error"]

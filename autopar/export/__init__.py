@@ -28,5 +28,13 @@ from autopar.export.base import (
     parse,
 )
 
-__all__ = ["EXPORTERS", "ExportError", "Exporter", "Job", "export", "get_exporter", "layout_and_job_from_json",
-           "parse"]
+__all__ = [
+    "EXPORTERS",
+    "ExportError",
+    "Exporter",
+    "Job",
+    "export",
+    "get_exporter",
+    "layout_and_job_from_json",
+    "parse",
+]

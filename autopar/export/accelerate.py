@@ -50,21 +50,56 @@ from autopar.layout import Layout
 
 FMT = "accelerate"
 MIXED = {"bf16": "bf16", "fp16": "fp16", "fp32": "no", "fp8": "fp8"}
-COMMON = ("compute_environment", "distributed_type", "mixed_precision", "num_machines", "num_processes",
-          "machine_rank", "main_training_function", "rdzv_backend", "same_network", "use_cpu")
+COMMON = (
+    "compute_environment",
+    "distributed_type",
+    "mixed_precision",
+    "num_machines",
+    "num_processes",
+    "machine_rank",
+    "main_training_function",
+    "rdzv_backend",
+    "same_network",
+    "use_cpu",
+)
 SUB = {
-    "fsdp_config": ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_auto_wrap_policy", "fsdp_offload_params",
-                    "fsdp_state_dict_type", "fsdp_activation_checkpointing", "fsdp_cpu_ram_efficient_loading"),
-    "parallelism_config": ("parallelism_config_dp_replicate_size", "parallelism_config_dp_shard_size",
-                           "parallelism_config_tp_size", "parallelism_config_cp_size"),
-    "deepspeed_config": ("zero_stage", "gradient_accumulation_steps", "offload_optimizer_device",
-                         "offload_param_device", "zero3_init_flag"),
-    "megatron_lm_config": ("megatron_lm_tp_degree", "megatron_lm_pp_degree", "megatron_lm_num_micro_batches",
-                           "megatron_lm_sequence_parallelism", "megatron_lm_recompute_granularity",
-                           "megatron_lm_recompute_method", "megatron_lm_recompute_num_layers",
-                           "megatron_lm_use_distributed_optimizer", "megatron_lm_context_parallel_size",
-                           "megatron_lm_expert_model_parallel_size", "megatron_lm_expert_tensor_parallel_size",
-                           "megatron_lm_optimizer_cpu_offload", "megatron_lm_use_precision_aware_optimizer"),
+    "fsdp_config": (
+        "fsdp_version",
+        "fsdp_reshard_after_forward",
+        "fsdp_auto_wrap_policy",
+        "fsdp_offload_params",
+        "fsdp_state_dict_type",
+        "fsdp_activation_checkpointing",
+        "fsdp_cpu_ram_efficient_loading",
+    ),
+    "parallelism_config": (
+        "parallelism_config_dp_replicate_size",
+        "parallelism_config_dp_shard_size",
+        "parallelism_config_tp_size",
+        "parallelism_config_cp_size",
+    ),
+    "deepspeed_config": (
+        "zero_stage",
+        "gradient_accumulation_steps",
+        "offload_optimizer_device",
+        "offload_param_device",
+        "zero3_init_flag",
+    ),
+    "megatron_lm_config": (
+        "megatron_lm_tp_degree",
+        "megatron_lm_pp_degree",
+        "megatron_lm_num_micro_batches",
+        "megatron_lm_sequence_parallelism",
+        "megatron_lm_recompute_granularity",
+        "megatron_lm_recompute_method",
+        "megatron_lm_recompute_num_layers",
+        "megatron_lm_use_distributed_optimizer",
+        "megatron_lm_context_parallel_size",
+        "megatron_lm_expert_model_parallel_size",
+        "megatron_lm_expert_tensor_parallel_size",
+        "megatron_lm_optimizer_cpu_offload",
+        "megatron_lm_use_precision_aware_optimizer",
+    ),
 }
 
 
@@ -94,19 +129,26 @@ def accelerate_config(layout: Layout, job: Job) -> dict[str, Any]:
         "use_cpu": False,
     }
     if kind == "MEGATRON_LM":
-        for cond, feature in ((layout.vpp > 1, f"virtual pipeline stages (vpp={layout.vpp})"),
-                              (layout.zero >= 2, f"FSDP (zero={layout.zero}) with Megatron-LM"),
-                              (bool(layout.shard_group), f"shard_group={layout.shard_group}"),
-                              (layout.precision == "fp8", "fp8 precision with Megatron-LM")):
+        for cond, feature in (
+            (layout.vpp > 1, f"virtual pipeline stages (vpp={layout.vpp})"),
+            (layout.zero >= 2, f"FSDP (zero={layout.zero}) with Megatron-LM"),
+            (bool(layout.shard_group), f"shard_group={layout.shard_group}"),
+            (layout.precision == "fp8", "fp8 precision with Megatron-LM"),
+        ):
             if cond:
                 raise unsupported(feature, f"{FMT} (MEGATRON_LM)")
         if layout.recompute != "full":
-            raise unsupported(f"recompute={layout.recompute} with Megatron-LM", f"{FMT} (MEGATRON_LM)",
-                              "accelerate's Megatron plugin always passes a recompute granularity; only full works")
+            raise unsupported(
+                f"recompute={layout.recompute} with Megatron-LM",
+                f"{FMT} (MEGATRON_LM)",
+                "accelerate's Megatron plugin always passes a recompute granularity; only full works",
+            )
         if layout.ep > 1 and layout.precision == "fp16":
             raise unsupported(f"expert parallel (ep={layout.ep}) with fp16", f"{FMT} (MEGATRON_LM)")
         if layout.cp > 1 and job.seq_len % (2 * layout.cp):
-            raise unsupported(f"context parallel (cp={layout.cp}) with seq_len={job.seq_len}", f"{FMT} (MEGATRON_LM)")
+            raise unsupported(
+                f"context parallel (cp={layout.cp}) with seq_len={job.seq_len}", f"{FMT} (MEGATRON_LM)"
+            )
         cfg["megatron_lm_config"] = {
             "megatron_lm_tp_degree": layout.tp,
             "megatron_lm_pp_degree": layout.pp,
@@ -124,16 +166,26 @@ def accelerate_config(layout: Layout, job: Job) -> dict[str, Any]:
         }
     elif kind == "FSDP":
         if layout.sp:
-            raise unsupported("sequence parallel (sp=True)", f"{FMT} (FSDP)",
-                              "accelerate's TP is transformers' tp_plan, not Megatron sequence parallelism")
+            raise unsupported(
+                "sequence parallel (sp=True)",
+                f"{FMT} (FSDP)",
+                "accelerate's TP is transformers' tp_plan, not Megatron sequence parallelism",
+            )
         if layout.recompute == "selective":
-            raise unsupported("selective recompute", f"{FMT} (FSDP)", "fsdp_activation_checkpointing is full recompute")
+            raise unsupported(
+                "selective recompute", f"{FMT} (FSDP)", "fsdp_activation_checkpointing is full recompute"
+            )
         if layout.shard_size % layout.cp:
-            raise unsupported(f"shard_group={layout.shard_size} not a multiple of cp={layout.cp}", f"{FMT} (FSDP)")
+            raise unsupported(
+                f"shard_group={layout.shard_size} not a multiple of cp={layout.cp}", f"{FMT} (FSDP)"
+            )
         dp_shard = layout.shard_size // layout.cp
         if dp_shard * layout.cp == 1:
-            raise unsupported(f"ZeRO-{layout.zero} over a single rank", f"{FMT} (FSDP)",
-                              "accelerate refuses FSDP with nothing to shard across; use zero=0")
+            raise unsupported(
+                f"ZeRO-{layout.zero} over a single rank",
+                f"{FMT} (FSDP)",
+                "accelerate refuses FSDP with nothing to shard across; use zero=0",
+            )
         cfg["fsdp_config"] = {
             "fsdp_version": 2,
             "fsdp_reshard_after_forward": layout.zero == 3,
@@ -150,13 +202,18 @@ def accelerate_config(layout: Layout, job: Job) -> dict[str, Any]:
             "parallelism_config_cp_size": layout.cp,
         }
     else:
-        for cond, feature in ((layout.tp > 1, f"tensor parallel (tp={layout.tp})"),
-                              (layout.cp > 1, f"context parallel (cp={layout.cp})"),
-                              (layout.recompute != "none", f"recompute={layout.recompute}"),
-                              (layout.precision == "fp8" and kind == "DEEPSPEED", "fp8 precision")):
+        for cond, feature in (
+            (layout.tp > 1, f"tensor parallel (tp={layout.tp})"),
+            (layout.cp > 1, f"context parallel (cp={layout.cp})"),
+            (layout.recompute != "none", f"recompute={layout.recompute}"),
+            (layout.precision == "fp8" and kind == "DEEPSPEED", "fp8 precision"),
+        ):
             if cond:
-                raise unsupported(feature, f"{FMT} ({kind})",
-                                  "recompute is switched on in model code" if "recompute" in feature else None)
+                raise unsupported(
+                    feature,
+                    f"{FMT} ({kind})",
+                    "recompute is switched on in model code" if "recompute" in feature else None,
+                )
         if kind == "DEEPSPEED":
             if layout.shard_group:
                 raise unsupported(f"shard_group={layout.shard_group}", f"{FMT} (DEEPSPEED)")
@@ -179,13 +236,17 @@ class AccelerateExporter(Exporter):
     def _render(self, layout: Layout, job: Job) -> str:
         cfg = accelerate_config(layout, job)
         inert = inert_etp(layout) if cfg["distributed_type"] != "MEGATRON_LM" else {}
-        batch = json.dumps({"micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum}, sort_keys=True)
-        return "\n".join([
-            header_line(FMT, job, inert),
-            f"# accelerate config for layout: {layout.short()}",
-            f"# the training script sets the batch: {batch} (seq_len={job.seq_len})",
-            yaml.safe_dump(cfg, sort_keys=False).rstrip("\n"),
-        ])
+        batch = json.dumps(
+            {"micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum}, sort_keys=True
+        )
+        return "\n".join(
+            [
+                header_line(FMT, job, inert),
+                f"# accelerate config for layout: {layout.short()}",
+                f"# the training script sets the batch: {batch} (seq_len={job.seq_len})",
+                yaml.safe_dump(cfg, sort_keys=False).rstrip("\n"),
+            ]
+        )
 
     def _parse(self, text: str) -> tuple[Layout, Job]:
         header = read_header(text, FMT)
@@ -197,8 +258,13 @@ class AccelerateExporter(Exporter):
         if not isinstance(cfg, dict):
             raise ExportError(f"the {FMT} text is not a YAML mapping")
         kind = cfg.get("distributed_type")
-        sub = {"MEGATRON_LM": ("megatron_lm_config",), "FSDP": ("fsdp_config", "parallelism_config"),
-               "DEEPSPEED": ("deepspeed_config",), "MULTI_GPU": (), "NO": ()}.get(kind)  # type: ignore[arg-type]
+        sub = {
+            "MEGATRON_LM": ("megatron_lm_config",),
+            "FSDP": ("fsdp_config", "parallelism_config"),
+            "DEEPSPEED": ("deepspeed_config",),
+            "MULTI_GPU": (),
+            "NO": (),
+        }.get(kind)  # type: ignore[arg-type]
         if sub is None:
             raise unsupported(f"distributed_type {kind!r}", "autopar (reading " + FMT + ")")
         check_keys(cfg, COMMON + sub, "the top level", FMT)
@@ -213,28 +279,38 @@ class AccelerateExporter(Exporter):
         if machines != job.nnodes:
             raise ExportError(f"num_machines={machines} but the job spans {job.nnodes} node(s) ({FMT})")
         # micro-batch and gradient accumulation outside DeepSpeed/Megatron come from the header line
-        batch_line = next((ln for ln in text.splitlines() if ln.startswith("# the training script sets the batch:")), "")
+        batch_line = next(
+            (ln for ln in text.splitlines() if ln.startswith("# the training script sets the batch:")), ""
+        )
         try:
-            batch = json.loads(batch_line.split(":", 1)[1].rsplit("(", 1)[0]) if batch_line else None
+            batch: Any = json.loads(batch_line.split(":", 1)[1].rsplit("(", 1)[0]) if batch_line else None
             mb = to_int(batch["micro_batch"], "micro_batch", FMT)
             ga_hdr = to_int(batch["grad_accum"], "grad_accum", FMT)
         except (TypeError, KeyError, IndexError, ValueError):
-            raise ExportError(f"the batch comment line of the {FMT} text is missing or malformed",
-                              "parse reads text written by `autopar export`") from None
+            raise ExportError(
+                f"the batch comment line of the {FMT} text is missing or malformed",
+                "parse reads text written by `autopar export`",
+            ) from None
         v: dict[str, Any] = dict(micro_batch=mb, precision=precision)
         if kind == "MEGATRON_LM":
             m = cfg["megatron_lm_config"]
-            if (m.get("megatron_lm_recompute_granularity"), m.get("megatron_lm_recompute_method"),
-                    m.get("megatron_lm_recompute_num_layers")) != ("full", "uniform", 1):
+            if (
+                m.get("megatron_lm_recompute_granularity"),
+                m.get("megatron_lm_recompute_method"),
+                m.get("megatron_lm_recompute_num_layers"),
+            ) != ("full", "uniform", 1):
                 raise unsupported("recompute other than full/uniform/1", "autopar (reading " + FMT + ")")
-            v.update(tp=to_int(m.get("megatron_lm_tp_degree", 1), "tp", FMT),
-                     pp=to_int(m.get("megatron_lm_pp_degree", 1), "pp", FMT),
-                     cp=to_int(m.get("megatron_lm_context_parallel_size"), "cp", FMT),
-                     ep=to_int(m.get("megatron_lm_expert_model_parallel_size", 1), "ep", FMT),
-                     etp=to_int(m.get("megatron_lm_expert_tensor_parallel_size", 1), "etp", FMT),
-                     sp=bool(m.get("megatron_lm_sequence_parallelism")), recompute="full",
-                     zero=1 if m.get("megatron_lm_use_distributed_optimizer") else 0,
-                     offload=bool(m.get("megatron_lm_optimizer_cpu_offload")))
+            v.update(
+                tp=to_int(m.get("megatron_lm_tp_degree", 1), "tp", FMT),
+                pp=to_int(m.get("megatron_lm_pp_degree", 1), "pp", FMT),
+                cp=to_int(m.get("megatron_lm_context_parallel_size"), "cp", FMT),
+                ep=to_int(m.get("megatron_lm_expert_model_parallel_size", 1), "ep", FMT),
+                etp=to_int(m.get("megatron_lm_expert_tensor_parallel_size", 1), "etp", FMT),
+                sp=bool(m.get("megatron_lm_sequence_parallelism")),
+                recompute="full",
+                zero=1 if m.get("megatron_lm_use_distributed_optimizer") else 0,
+                offload=bool(m.get("megatron_lm_optimizer_cpu_offload")),
+            )
             if bool(m.get("megatron_lm_use_precision_aware_optimizer")) != v["offload"]:
                 raise ExportError(f"optimizer offload without the precision-aware optimizer ({FMT})")
             ga = to_int(m.get("megatron_lm_num_micro_batches", 1), "megatron_lm_num_micro_batches", FMT)
@@ -245,10 +321,14 @@ class AccelerateExporter(Exporter):
             rep = to_int(p.get("parallelism_config_dp_replicate_size", 1), "dp_replicate_size", FMT)
             shard = to_int(p.get("parallelism_config_dp_shard_size", 1), "dp_shard_size", FMT)
             cp = to_int(p.get("parallelism_config_cp_size", 1), "cp_size", FMT)
-            v.update(tp=to_int(p.get("parallelism_config_tp_size", 1), "tp_size", FMT), cp=cp, dp=rep * shard,
-                     zero=3 if f.get("fsdp_reshard_after_forward", True) else 2,
-                     shard_group=shard * cp if rep > 1 else 0,
-                     recompute="full" if f.get("fsdp_activation_checkpointing") else "none")
+            v.update(
+                tp=to_int(p.get("parallelism_config_tp_size", 1), "tp_size", FMT),
+                cp=cp,
+                dp=rep * shard,
+                zero=3 if f.get("fsdp_reshard_after_forward", True) else 2,
+                shard_group=shard * cp if rep > 1 else 0,
+                recompute="full" if f.get("fsdp_activation_checkpointing") else "none",
+            )
             ga = ga_hdr
         elif kind == "DEEPSPEED":
             d = cfg["deepspeed_config"]
@@ -267,6 +347,8 @@ class AccelerateExporter(Exporter):
         if "etp" not in v:
             v["etp"] = etp_from_header(header, tp)
         if job.global_batch != mb * ga * v["dp"]:
-            raise ExportError(f"micro_batch*grad_accum*dp = {mb}*{ga}*{v['dp']} != global_batch={job.global_batch} "
-                              f"in the {FMT} text")
+            raise ExportError(
+                f"micro_batch*grad_accum*dp = {mb}*{ga}*{v['dp']} != global_batch={job.global_batch} "
+                f"in the {FMT} text"
+            )
         return build_layout(v, FMT), job

@@ -62,14 +62,17 @@ class Job:
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
-            raise ExportError(f"Job.model must be a non-empty string, got {self.model!r}",
-                              "pass a preset id or a config path")
+            raise ExportError(
+                f"Job.model must be a non-empty string, got {self.model!r}",
+                "pass a preset id or a config path",
+            )
         for name in ("num_devices", "seq_len", "global_batch", "devices_per_node"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ExportError(f"Job.{name} must be a positive integer, got {v!r}", "pass a value >= 1")
-        if self.num_layers is not None and (isinstance(self.num_layers, bool)
-                                            or not isinstance(self.num_layers, int) or self.num_layers < 1):
+        if self.num_layers is not None and (
+            isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) or self.num_layers < 1
+        ):
             raise ExportError(f"Job.num_layers must be a positive integer or None, got {self.num_layers!r}")
         if self.device is not None and not isinstance(self.device, str):
             raise ExportError(f"Job.device must be a string or None, got {self.device!r}")
@@ -82,7 +85,8 @@ class Job:
         if self.num_devices % self.devices_per_node:
             raise ExportError(
                 f"num_devices={self.num_devices} is not a multiple of devices_per_node={self.devices_per_node}",
-                "launchers start the same number of ranks on every node; use whole nodes")
+                "launchers start the same number of ranks on every node; use whole nodes",
+            )
         return self.num_devices // self.devices_per_node
 
     @property
@@ -100,7 +104,9 @@ class Job:
             raise ExportError(f"unknown job field(s) {unknown}", f"known: {sorted(names)}")
         missing = sorted(n for n in ("model", "num_devices", "seq_len", "global_batch") if d.get(n) is None)
         if missing:
-            raise ExportError(f"job field(s) {missing} missing", "predict/recommend --json records carry them")
+            raise ExportError(
+                f"job field(s) {missing} missing", "predict/recommend --json records carry them"
+            )
         return cls(**{k: v for k, v in d.items() if v is not None})
 
 
@@ -155,7 +161,9 @@ def get_exporter(fmt: str) -> Exporter:
     try:
         return EXPORTERS[fmt]
     except KeyError:
-        raise ExportError(f"unknown export format {fmt!r}", f"use one of {', '.join(sorted(EXPORTERS))}") from None
+        raise ExportError(
+            f"unknown export format {fmt!r}", f"use one of {', '.join(sorted(EXPORTERS))}"
+        ) from None
 
 
 def export(layout: Layout, fmt: str, job: Job) -> str:
@@ -194,26 +202,37 @@ def check_layout_and_job(layout: Layout, job: Job, fmt: str) -> None:
         raise ExportError(
             f"layout uses tp*pp*cp*dp = {layout.tp}*{layout.pp}*{layout.cp}*{layout.dp} = {layout.num_devices} "
             f"devices but the job has num_devices={job.num_devices} ({fmt})",
-            "export the layout with the job it was resolved for")
+            "export the layout with the job it was resolved for",
+        )
     if layout.global_batch != job.global_batch:
         raise ExportError(
             f"layout batch micro_batch*grad_accum*dp = {layout.micro_batch}*{layout.grad_accum}*{layout.dp} = "
             f"{layout.global_batch} != job global_batch={job.global_batch} ({fmt})",
-            "export the layout with the job it was resolved for")
+            "export the layout with the job it was resolved for",
+        )
     expert_width = layout.ep * layout.etp
     dense_width = layout.tp * layout.cp * layout.dp
     if dense_width % expert_width:
-        raise ExportError(f"ep*etp = {layout.ep}*{layout.etp} = {expert_width} does not divide "
-                          f"tp*cp*dp = {dense_width} ({fmt})", "expert ranks are carved out of tp*cp*dp")
+        raise ExportError(
+            f"ep*etp = {layout.ep}*{layout.etp} = {expert_width} does not divide "
+            f"tp*cp*dp = {dense_width} ({fmt})",
+            "expert ranks are carved out of tp*cp*dp",
+        )
     if layout.sp and layout.tp == 1:
-        raise ExportError(f"sequence parallel (sp=True) with tp=1 ({fmt})",
-                          "sequence parallelism shards along the tensor-parallel group; set sp=False")
+        raise ExportError(
+            f"sequence parallel (sp=True) with tp=1 ({fmt})",
+            "sequence parallelism shards along the tensor-parallel group; set sp=False",
+        )
     if layout.vpp > 1 and layout.pp == 1:
-        raise ExportError(f"virtual pipeline stages (vpp={layout.vpp}) without pipeline parallelism ({fmt})",
-                          "vpp > 1 needs pp > 1")
+        raise ExportError(
+            f"virtual pipeline stages (vpp={layout.vpp}) without pipeline parallelism ({fmt})",
+            "vpp > 1 needs pp > 1",
+        )
     if job.num_layers is not None and job.num_layers % (layout.pp * layout.vpp):
-        raise ExportError(f"num_layers={job.num_layers} is not divisible by pp*vpp = {layout.pp}*{layout.vpp} ({fmt})",
-                          "choose pp and vpp that split the layers evenly")
+        raise ExportError(
+            f"num_layers={job.num_layers} is not divisible by pp*vpp = {layout.pp}*{layout.vpp} ({fmt})",
+            "choose pp and vpp that split the layers evenly",
+        )
     job.nnodes  # noqa: B018  (raises on a partial last node)
 
 
@@ -221,24 +240,39 @@ def check_sharding(layout: Layout, fmt: str) -> None:
     """For launcher formats: a shard group and optimizer offload both need a sharded optimizer."""
     if layout.shard_group:
         if layout.zero == 0:
-            raise unsupported(f"shard_group={layout.shard_group} without ZeRO/FSDP (zero=0)", fmt,
-                              "a shard group only means something with zero >= 1")
+            raise unsupported(
+                f"shard_group={layout.shard_group} without ZeRO/FSDP (zero=0)",
+                fmt,
+                "a shard group only means something with zero >= 1",
+            )
         if (layout.dp * layout.cp) % layout.shard_group:
-            raise ExportError(f"shard_group={layout.shard_group} does not divide dp*cp = "
-                              f"{layout.dp * layout.cp} ({fmt})")
+            raise ExportError(
+                f"shard_group={layout.shard_group} does not divide dp*cp = {layout.dp * layout.cp} ({fmt})"
+            )
     if layout.offload and layout.zero == 0:
-        raise unsupported("optimizer offload without a sharded optimizer (offload=True, zero=0)", fmt,
-                          "the launcher offloads the distributed/ZeRO optimizer; use zero >= 1")
+        raise unsupported(
+            "optimizer offload without a sharded optimizer (offload=True, zero=0)",
+            fmt,
+            "the launcher offloads the distributed/ZeRO optimizer; use zero >= 1",
+        )
 
 
 def check_serving(layout: Layout, fmt: str) -> None:
     """Serving engines have no optimizer: training-only settings must be at their defaults."""
-    for name, default in (("zero", 0), ("shard_group", 0), ("recompute", "none"), ("grad_accum", 1),
-                          ("offload", False)):
+    for name, default in (
+        ("zero", 0),
+        ("shard_group", 0),
+        ("recompute", "none"),
+        ("grad_accum", 1),
+        ("offload", False),
+    ):
         v = getattr(layout, name)
         if v != default:
-            raise unsupported(f"training-only setting {name}={v}", fmt,
-                              f"a serving engine has no optimizer step; {name} must be {default!r}")
+            raise unsupported(
+                f"training-only setting {name}={v}",
+                fmt,
+                f"a serving engine has no optimizer step; {name} must be {default!r}",
+            )
 
 
 def build_layout(values: Mapping[str, Any], fmt: str) -> Layout:
@@ -280,11 +314,15 @@ def read_header(text: str, fmt: str, *, required: bool = True) -> dict[str, Any]
     found = _HEADER_RE.findall(text)
     if not found:
         if required:
-            raise ExportError(f"no '# {HEADER_TAG}:' header line in the {fmt} text",
-                              "parse reads text written by `autopar export`")
+            raise ExportError(
+                f"no '# {HEADER_TAG}:' header line in the {fmt} text",
+                "parse reads text written by `autopar export`",
+            )
         return None
     if len(found) > 1:
-        raise ExportError(f"{len(found)} '# {HEADER_TAG}:' header lines in the {fmt} text", "keep exactly one")
+        raise ExportError(
+            f"{len(found)} '# {HEADER_TAG}:' header lines in the {fmt} text", "keep exactly one"
+        )
     try:
         payload = json.loads(found[0])
     except json.JSONDecodeError as e:
@@ -296,8 +334,10 @@ def check_header(payload: Any, fmt: str) -> dict[str, Any]:
     if not isinstance(payload, dict) or not isinstance(payload.get("job"), dict):
         raise ExportError(f"malformed {HEADER_TAG} header in the {fmt} text: expected an object with 'job'")
     if payload.get("format") != fmt:
-        raise ExportError(f"the text was exported as {payload.get('format')!r}, not {fmt!r}",
-                          f"parse it with format {payload.get('format')!r}")
+        raise ExportError(
+            f"the text was exported as {payload.get('format')!r}, not {fmt!r}",
+            f"parse it with format {payload.get('format')!r}",
+        )
     if payload.get("version") != HEADER_VERSION:
         raise ExportError(f"{HEADER_TAG} header version {payload.get('version')!r} is not {HEADER_VERSION}")
     unknown = set(payload) - {"format", "version", "job", "inert"}
@@ -314,8 +354,10 @@ def merge_job(header: Mapping[str, Any] | None, native: Mapping[str, Any], fmt: 
     d: dict[str, Any] = dict(header["job"]) if header else {}
     for k, v in native.items():
         if k in d and d[k] is not None and d[k] != v:
-            raise ExportError(f"{fmt} text says {k}={v!r} but its {HEADER_TAG} header says {d[k]!r}",
-                              "the file was edited after export; re-export it")
+            raise ExportError(
+                f"{fmt} text says {k}={v!r} but its {HEADER_TAG} header says {d[k]!r}",
+                "the file was edited after export; re-export it",
+            )
         d[k] = v
     return Job.from_dict(d)
 
@@ -358,8 +400,9 @@ def flag(name: str, value: Any = None) -> str:
     return f"{name} {shlex.quote(str(value))}"
 
 
-def parse_flags(tokens: list[str], value_flags: Iterable[str], bool_flags: Iterable[str],
-                fmt: str) -> dict[str, Any]:
+def parse_flags(
+    tokens: list[str], value_flags: Iterable[str], bool_flags: Iterable[str], fmt: str
+) -> dict[str, Any]:
     """``--flag value`` / ``--flag`` tokens into a dict; unknown or repeated flags are errors."""
     value_flags, bool_flags = set(value_flags), set(bool_flags)
     out: dict[str, Any] = {}
@@ -382,8 +425,10 @@ def parse_flags(tokens: list[str], value_flags: Iterable[str], bool_flags: Itera
                 out[name] = tokens[i + 1]
                 i += 2
         else:
-            raise ExportError(f"unknown argument {tok!r} in the {fmt} text",
-                              f"autopar reads only {', '.join(sorted(value_flags | bool_flags))}")
+            raise ExportError(
+                f"unknown argument {tok!r} in the {fmt} text",
+                f"autopar reads only {', '.join(sorted(value_flags | bool_flags))}",
+            )
     return out
 
 
@@ -405,8 +450,9 @@ def exact_div(a: int, b: int, what: str, fmt: str) -> int:
 def check_keys(d: Mapping[str, Any], allowed: Iterable[str], where: str, fmt: str) -> None:
     unknown = sorted(set(d) - set(allowed))
     if unknown:
-        raise ExportError(f"unknown key(s) {unknown} in {where} of the {fmt} text",
-                          f"autopar reads only {sorted(allowed)}")
+        raise ExportError(
+            f"unknown key(s) {unknown} in {where} of the {fmt} text", f"autopar reads only {sorted(allowed)}"
+        )
 
 
 def expect(cond: bool, make: Callable[[], ExportError]) -> None:

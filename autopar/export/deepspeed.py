@@ -45,25 +45,51 @@ from autopar.export.base import (
 from autopar.layout import Layout
 
 FMT = "deepspeed"
-TOP_KEYS = ("autopar", "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-            "zero_optimization", "bf16", "fp16", "tensor_parallel", "expert_parallel")
+TOP_KEYS = (
+    "autopar",
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "zero_optimization",
+    "bf16",
+    "fp16",
+    "tensor_parallel",
+    "expert_parallel",
+)
 
 
 def ds_config(layout: Layout, job: Job) -> dict[str, Any]:
     check_sharding(layout, FMT)
     for cond, feature, hint in (
-        (layout.pp > 1, f"pipeline parallel (pp={layout.pp})", "DeepSpeed pipelines are a PipelineModule in code"),
+        (
+            layout.pp > 1,
+            f"pipeline parallel (pp={layout.pp})",
+            "DeepSpeed pipelines are a PipelineModule in code",
+        ),
         (layout.vpp > 1, f"virtual pipeline stages (vpp={layout.vpp})", None),
         (layout.cp > 1, f"context parallel (cp={layout.cp})", "DeepSpeed-Ulysses is a different scheme"),
         (layout.sp, "sequence parallel (sp=True)", "AutoTP has no Megatron-style sequence parallelism"),
-        (layout.recompute != "none", f"activation recompute ({layout.recompute})",
-         "DeepSpeed switches recompute on in model code, not in ds_config"),
-        (bool(layout.shard_group), f"shard_group={layout.shard_group} (HSDP)", "MiCS was removed from DeepSpeed"),
+        (
+            layout.recompute != "none",
+            f"activation recompute ({layout.recompute})",
+            "DeepSpeed switches recompute on in model code, not in ds_config",
+        ),
+        (
+            bool(layout.shard_group),
+            f"shard_group={layout.shard_group} (HSDP)",
+            "MiCS was removed from DeepSpeed",
+        ),
         (layout.precision == "fp8", "fp8 precision", "ds_config has no fp8 switch"),
-        (layout.ep > 1 and layout.etp != 1, f"expert tensor parallel (etp={layout.etp}) with ep={layout.ep}",
-         "AutoEP reserves expert_tensor_parallel_size; use etp=1"),
-        (layout.ep > 1 and layout.tp > 1 and layout.offload, "offload with AutoEP+AutoTP folding",
-         "DeepSpeed has not validated this combination"),
+        (
+            layout.ep > 1 and layout.etp != 1,
+            f"expert tensor parallel (etp={layout.etp}) with ep={layout.ep}",
+            "AutoEP reserves expert_tensor_parallel_size; use etp=1",
+        ),
+        (
+            layout.ep > 1 and layout.tp > 1 and layout.offload,
+            "offload with AutoEP+AutoTP folding",
+            "DeepSpeed has not validated this combination",
+        ),
     ):
         if cond:
             raise unsupported(feature, FMT, hint)
@@ -103,23 +129,31 @@ class DeepSpeedExporter(Exporter):
             raise ExportError(f"the {FMT} text is not a JSON object")
         check_keys(cfg, TOP_KEYS, "the top level", FMT)
         if "autopar" not in cfg:
-            raise ExportError(f"no 'autopar' key in the {FMT} text", "parse reads text written by `autopar export`")
+            raise ExportError(
+                f"no 'autopar' key in the {FMT} text", "parse reads text written by `autopar export`"
+            )
         header = check_header(cfg["autopar"], FMT)
         zero_cfg = cfg.get("zero_optimization", {})
         check_keys(zero_cfg, ("stage", "offload_optimizer"), "zero_optimization", FMT)
         off = zero_cfg.get("offload_optimizer")
         if off is not None and off != {"device": "cpu"}:
-            raise unsupported(f"offload_optimizer={off}", "autopar (reading " + FMT + ")", "autopar offloads to cpu")
+            raise unsupported(
+                f"offload_optimizer={off}", "autopar (reading " + FMT + ")", "autopar offloads to cpu"
+            )
         tpc = cfg.get("tensor_parallel", {})
         check_keys(tpc, ("autotp_size",), "tensor_parallel", FMT)
         epc = cfg.get("expert_parallel", {"enabled": False})
         check_keys(epc, ("enabled", "autoep_size"), "expert_parallel", FMT)
         tp = to_int(tpc.get("autotp_size", 1), "tensor_parallel.autotp_size", FMT) or 1
-        ep = to_int(epc.get("autoep_size", 1), "expert_parallel.autoep_size", FMT) if epc.get("enabled") else 1
+        ep = (
+            to_int(epc.get("autoep_size", 1), "expert_parallel.autoep_size", FMT) if epc.get("enabled") else 1
+        )
         mb = to_int(cfg.get("train_micro_batch_size_per_gpu"), "train_micro_batch_size_per_gpu", FMT)
         ga = to_int(cfg.get("gradient_accumulation_steps", 1), "gradient_accumulation_steps", FMT)
         job_hdr = header["job"]
-        dp = exact_div(to_int(job_hdr.get("num_devices"), "num_devices", FMT), tp, "num_devices / autotp_size", FMT)
+        dp = exact_div(
+            to_int(job_hdr.get("num_devices"), "num_devices", FMT), tp, "num_devices / autotp_size", FMT
+        )
         native: dict[str, Any] = {}
         if "train_batch_size" in cfg:
             tb = to_int(cfg["train_batch_size"], "train_batch_size", FMT)
@@ -132,8 +166,18 @@ class DeepSpeedExporter(Exporter):
         bf16, fp16 = bool(cfg.get("bf16", {}).get("enabled")), bool(cfg.get("fp16", {}).get("enabled"))
         if bf16 and fp16:
             raise ExportError(f"bf16 and fp16 both enabled in the {FMT} text")
-        layout = build_layout(dict(
-            tp=tp, dp=dp, ep=ep, etp=etp_from_header(header, tp) if ep == 1 else 1,
-            zero=to_int(zero_cfg.get("stage", 0), "zero_optimization.stage", FMT), micro_batch=mb, grad_accum=ga,
-            offload=off is not None, precision="bf16" if bf16 else "fp16" if fp16 else "fp32"), FMT)
+        layout = build_layout(
+            dict(
+                tp=tp,
+                dp=dp,
+                ep=ep,
+                etp=etp_from_header(header, tp) if ep == 1 else 1,
+                zero=to_int(zero_cfg.get("stage", 0), "zero_optimization.stage", FMT),
+                micro_batch=mb,
+                grad_accum=ga,
+                offload=off is not None,
+                precision="bf16" if bf16 else "fp16" if fp16 else "fp32",
+            ),
+            FMT,
+        )
         return layout, job

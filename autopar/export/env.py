@@ -42,7 +42,9 @@ class EnvExporter(Exporter):
         lines = [header_line(FMT, job), f"# autopar layout: {layout.short()}"]
         for k in COLUMNS:
             v = getattr(layout, k)
-            lines.append(f"export {PREFIX}{k.upper()}={shlex.quote(str(int(v) if isinstance(v, bool) else v))}")
+            lines.append(
+                f"export {PREFIX}{k.upper()}={shlex.quote(str(int(v) if isinstance(v, bool) else v))}"
+            )
         for k in JOB_FIELDS:
             v = getattr(job, k)
             if v is not None:
@@ -60,11 +62,13 @@ class EnvExporter(Exporter):
                 continue
             toks = shlex.split(ln)
             if len(toks) != 2 or toks[0] != "export" or "=" not in toks[1]:
-                raise ExportError(f"unexpected line {ln!r} in the {FMT} text", "expected `export AUTOPAR_NAME=value`")
+                raise ExportError(
+                    f"unexpected line {ln!r} in the {FMT} text", "expected `export AUTOPAR_NAME=value`"
+                )
             name, _, value = toks[1].partition("=")
             if not name.startswith(PREFIX):
                 raise ExportError(f"variable {name} in the {FMT} text is not an {PREFIX}* variable")
-            key = name[len(PREFIX):].lower()
+            key = name[len(PREFIX) :].lower()
             if key not in COLUMNS and key not in JOB_FIELDS and key not in DERIVED:
                 raise ExportError(f"unknown variable {name} in the {FMT} text")
             if key in env:

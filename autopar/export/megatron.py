@@ -58,16 +58,34 @@ from autopar.layout import Layout
 FMT = "megatron"
 
 VALUE_FLAGS = (
-    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank",
-    "--num-layers-per-virtual-pipeline-stage", "--context-parallel-size", "--expert-model-parallel-size",
-    "--expert-tensor-parallel-size", "--micro-batch-size", "--global-batch-size", "--seq-length",
-    "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
-    "--data-parallel-sharding-strategy", "--ckpt-format", "--num-distributed-optimizer-instances",
-    "--optimizer-offload-fraction", "--fp8-format",
+    "--tensor-model-parallel-size",
+    "--pipeline-model-parallel-size",
+    "--num-virtual-stages-per-pipeline-rank",
+    "--num-layers-per-virtual-pipeline-stage",
+    "--context-parallel-size",
+    "--expert-model-parallel-size",
+    "--expert-tensor-parallel-size",
+    "--micro-batch-size",
+    "--global-batch-size",
+    "--seq-length",
+    "--recompute-granularity",
+    "--recompute-method",
+    "--recompute-num-layers",
+    "--data-parallel-sharding-strategy",
+    "--ckpt-format",
+    "--num-distributed-optimizer-instances",
+    "--optimizer-offload-fraction",
+    "--fp8-format",
 )
 BOOL_FLAGS = (
-    "--sequence-parallel", "--use-distributed-optimizer", "--use-megatron-fsdp", "--no-gradient-accumulation-fusion",
-    "--optimizer-cpu-offload", "--use-precision-aware-optimizer", "--bf16", "--fp16",
+    "--sequence-parallel",
+    "--use-distributed-optimizer",
+    "--use-megatron-fsdp",
+    "--no-gradient-accumulation-fusion",
+    "--optimizer-cpu-offload",
+    "--use-precision-aware-optimizer",
+    "--bf16",
+    "--fp16",
 )
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 
@@ -76,12 +94,19 @@ def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
     """The Megatron-LM flags of a layout (shared with the accelerate MEGATRON_LM checks)."""
     check_sharding(layout, fmt)
     if layout.vpp > 1 and layout.pp < 2:
-        raise unsupported(f"interleaved pipeline (vpp={layout.vpp}) with pp={layout.pp}", fmt, "needs pp >= 2")
+        raise unsupported(
+            f"interleaved pipeline (vpp={layout.vpp}) with pp={layout.pp}", fmt, "needs pp >= 2"
+        )
     if layout.cp > 1 and job.seq_len % (2 * layout.cp):
-        raise unsupported(f"context parallel (cp={layout.cp}) with seq_len={job.seq_len}", fmt,
-                          "Megatron-LM needs seq_len divisible by 2*cp")
+        raise unsupported(
+            f"context parallel (cp={layout.cp}) with seq_len={job.seq_len}",
+            fmt,
+            "Megatron-LM needs seq_len divisible by 2*cp",
+        )
     if layout.ep > 1 and layout.precision == "fp16":
-        raise unsupported(f"expert parallel (ep={layout.ep}) with fp16", fmt, "Megatron-LM refuses EP with fp16")
+        raise unsupported(
+            f"expert parallel (ep={layout.ep}) with fp16", fmt, "Megatron-LM refuses EP with fp16"
+        )
     a = [
         flag("--tensor-model-parallel-size", layout.tp),
         flag("--pipeline-model-parallel-size", layout.pp),
@@ -103,18 +128,28 @@ def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
     if layout.recompute == "selective":
         a.append(flag("--recompute-granularity", "selective"))
     elif layout.recompute == "full":
-        a += [flag("--recompute-granularity", "full"), flag("--recompute-method", "uniform"),
-              flag("--recompute-num-layers", 1)]
+        a += [
+            flag("--recompute-granularity", "full"),
+            flag("--recompute-method", "uniform"),
+            flag("--recompute-num-layers", 1),
+        ]
     if layout.zero >= 1:
         a.append(flag("--use-distributed-optimizer"))
     if layout.zero >= 2:
-        a += [flag("--use-megatron-fsdp"), flag("--data-parallel-sharding-strategy", FSDP_STRATEGY[layout.zero]),
-              flag("--ckpt-format", "fsdp_dtensor"), flag("--no-gradient-accumulation-fusion")]
+        a += [
+            flag("--use-megatron-fsdp"),
+            flag("--data-parallel-sharding-strategy", FSDP_STRATEGY[layout.zero]),
+            flag("--ckpt-format", "fsdp_dtensor"),
+            flag("--no-gradient-accumulation-fusion"),
+        ]
     if canonical_shard_group(layout):
         a.append(flag("--num-distributed-optimizer-instances", shard_instances(layout)))
     if layout.offload:
-        a += [flag("--optimizer-cpu-offload"), flag("--optimizer-offload-fraction", "1.0"),
-              flag("--use-precision-aware-optimizer")]
+        a += [
+            flag("--optimizer-cpu-offload"),
+            flag("--optimizer-offload-fraction", "1.0"),
+            flag("--use-precision-aware-optimizer"),
+        ]
     if layout.precision == "bf16":
         a.append(flag("--bf16"))
     elif layout.precision == "fp16":
@@ -124,8 +159,9 @@ def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
     return a
 
 
-def layout_fields_from_megatron(f: dict[str, Any], *, num_devices: int, global_batch: int,
-                                num_layers: int | None, fmt: str = FMT) -> dict[str, Any]:
+def layout_fields_from_megatron(
+    f: dict[str, Any], *, num_devices: int, global_batch: int, num_layers: int | None, fmt: str = FMT
+) -> dict[str, Any]:
     """Layout fields from parsed Megatron flags (underscored names, Megatron defaults applied)."""
 
     def num(key: str, default: int | None = None) -> int:
@@ -135,17 +171,30 @@ def layout_fields_from_megatron(f: dict[str, Any], *, num_devices: int, global_b
             return default
         return to_int(f[key], key, fmt)
 
-    tp, pp, cp = num("tensor_model_parallel_size", 1), num("pipeline_model_parallel_size", 1), num("context_parallel_size", 1)
+    tp, pp, cp = (
+        num("tensor_model_parallel_size", 1),
+        num("pipeline_model_parallel_size", 1),
+        num("context_parallel_size", 1),
+    )
     ep = num("expert_model_parallel_size", 1)
     etp = num("expert_tensor_parallel_size", tp)  # Megatron's default ETP is TP
     if "num_virtual_stages_per_pipeline_rank" in f and "num_layers_per_virtual_pipeline_stage" in f:
-        raise ExportError(f"both virtual-pipeline flags given in the {fmt} text", "Megatron-LM allows only one")
+        raise ExportError(
+            f"both virtual-pipeline flags given in the {fmt} text", "Megatron-LM allows only one"
+        )
     if "num_layers_per_virtual_pipeline_stage" in f:
         if num_layers is None:
-            raise ExportError(f"--num-layers-per-virtual-pipeline-stage needs num_layers ({fmt})",
-                              "keep the autopar header, which carries num_layers")
+            raise ExportError(
+                f"--num-layers-per-virtual-pipeline-stage needs num_layers ({fmt})",
+                "keep the autopar header, which carries num_layers",
+            )
         per_stage = exact_div(num_layers, pp, "num_layers / pp", fmt)
-        vpp = exact_div(per_stage, num("num_layers_per_virtual_pipeline_stage"), "layers per stage / layers per virtual stage", fmt)
+        vpp = exact_div(
+            per_stage,
+            num("num_layers_per_virtual_pipeline_stage"),
+            "layers per stage / layers per virtual stage",
+            fmt,
+        )
     else:
         vpp = num("num_virtual_stages_per_pipeline_rank", 1)
     dp = exact_div(num_devices, tp * pp * cp, "num_devices / (tp*pp*cp)", fmt)
@@ -166,8 +215,11 @@ def layout_fields_from_megatron(f: dict[str, Any], *, num_devices: int, global_b
         recompute = "selective"
     elif gran == "full":
         if f.get("recompute_method") != "uniform" or num("recompute_num_layers", 0) != 1:
-            raise unsupported("full recompute other than '--recompute-method uniform --recompute-num-layers 1'",
-                              "autopar (reading " + fmt + ")", "autopar models full recompute of every layer")
+            raise unsupported(
+                "full recompute other than '--recompute-method uniform --recompute-num-layers 1'",
+                "autopar (reading " + fmt + ")",
+                "autopar models full recompute of every layer",
+            )
         recompute = "full"
     else:
         raise ExportError(f"--recompute-granularity {gran!r} in the {fmt} text", "use full or selective")
@@ -180,20 +232,27 @@ def layout_fields_from_megatron(f: dict[str, Any], *, num_devices: int, global_b
             raise ExportError(f"unknown --data-parallel-sharding-strategy {strategy!r} in the {fmt} text")
     else:
         if "data_parallel_sharding_strategy" in f:
-            raise ExportError(f"--data-parallel-sharding-strategy without --use-megatron-fsdp in the {fmt} text")
+            raise ExportError(
+                f"--data-parallel-sharding-strategy without --use-megatron-fsdp in the {fmt} text"
+            )
         zero = 1 if dist_opt else 0
     instances = num("num_distributed_optimizer_instances", 1)
     shard_group = 0 if instances == 1 else exact_div(dp * cp, instances, "dp*cp / optimizer instances", fmt)
 
     offload = bool(f.get("optimizer_cpu_offload"))
     if offload and f.get("optimizer_offload_fraction", "1.0") not in ("1.0", "1", 1.0, 1):
-        raise unsupported(f"partial optimizer offload (fraction {f['optimizer_offload_fraction']})",
-                          "autopar (reading " + fmt + ")", "autopar models offloading the whole optimizer")
+        raise unsupported(
+            f"partial optimizer offload (fraction {f['optimizer_offload_fraction']})",
+            "autopar (reading " + fmt + ")",
+            "autopar models offloading the whole optimizer",
+        )
 
     fp8 = f.get("fp8_format")
     if fp8 is not None:
         if fp8 != "hybrid":
-            raise unsupported(f"fp8 format {fp8!r}", "autopar (reading " + fmt + ")", "autopar's fp8 is 'hybrid'")
+            raise unsupported(
+                f"fp8 format {fp8!r}", "autopar (reading " + fmt + ")", "autopar's fp8 is 'hybrid'"
+            )
         if not f.get("bf16"):
             raise unsupported("fp8 on a non-bf16 base", "autopar (reading " + fmt + ")")
         precision = "fp8"
@@ -202,24 +261,42 @@ def layout_fields_from_megatron(f: dict[str, Any], *, num_devices: int, global_b
     else:
         precision = "bf16" if f.get("bf16") else "fp16" if f.get("fp16") else "fp32"
 
-    return dict(tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=ep, etp=etp, zero=zero, shard_group=shard_group,
-                sp=bool(f.get("sequence_parallel")), micro_batch=mb, grad_accum=ga, recompute=recompute,
-                offload=offload, precision=precision)
+    return dict(
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        dp=dp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        zero=zero,
+        shard_group=shard_group,
+        sp=bool(f.get("sequence_parallel")),
+        micro_batch=mb,
+        grad_accum=ga,
+        recompute=recompute,
+        offload=offload,
+        precision=precision,
+    )
 
 
 @register
 class MegatronExporter(Exporter):
     name = FMT
     suffix = ".sh"
-    description = "Megatron-LM pretrain_gpt.py arguments (append to your torchrun ... pretrain_gpt.py command)"
+    description = (
+        "Megatron-LM pretrain_gpt.py arguments (append to your torchrun ... pretrain_gpt.py command)"
+    )
 
     def _render(self, layout: Layout, job: Job) -> str:
         args = megatron_args(layout, job)
-        return "\n".join([
-            header_line(FMT, job),
-            f"# Megatron-LM arguments for layout: {layout.short()}",
-            shell_lines(args, indent=""),
-        ])
+        return "\n".join(
+            [
+                header_line(FMT, job),
+                f"# Megatron-LM arguments for layout: {layout.short()}",
+                shell_lines(args, indent=""),
+            ]
+        )
 
     def _parse(self, text: str) -> tuple[Layout, Job]:
         header = read_header(text, FMT)
@@ -235,8 +312,9 @@ class MegatronExporter(Exporter):
         if "global_batch_size" in f:
             native["global_batch"] = to_int(f["global_batch_size"], "--global-batch-size", FMT)
         job = merge_job(header, native, FMT)
-        values = layout_fields_from_megatron(f, num_devices=job.num_devices, global_batch=job.global_batch,
-                                             num_layers=hj.get("num_layers"))
+        values = layout_fields_from_megatron(
+            f, num_devices=job.num_devices, global_batch=job.global_batch, num_layers=hj.get("num_layers")
+        )
         layout = build_layout(values, FMT)
         if layout.zero >= 1 and not f.get("use_distributed_optimizer"):
             raise ExportError(f"Megatron-FSDP without --use-distributed-optimizer in the {FMT} text")

@@ -42,15 +42,32 @@ FMT = "megatron_bridge"
 MIXED_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed"}
 FSDP_STRATEGY = {0: "no_shard", 1: "no_shard", 2: "optim_grads", 3: "optim_grads_params"}
 KEYS = (
-    "model.tensor_model_parallel_size", "model.pipeline_model_parallel_size",
-    "model.virtual_pipeline_model_parallel_size", "model.context_parallel_size", "model.expert_model_parallel_size",
-    "model.expert_tensor_parallel_size", "model.sequence_parallel", "model.recompute_granularity",
-    "model.recompute_method", "model.recompute_num_layers", "model.seq_length", "dataset.seq_length",
-    "train.micro_batch_size", "train.global_batch_size", "ddp.use_distributed_optimizer",
-    "optimizer.use_distributed_optimizer", "dist.use_megatron_fsdp", "ddp.use_megatron_fsdp",
-    "ddp.data_parallel_sharding_strategy", "ddp.num_distributed_optimizer_instances", "ddp.average_in_collective",
-    "checkpoint.ckpt_format", "optimizer.optimizer_cpu_offload", "optimizer.optimizer_offload_fraction",
-    "optimizer.use_precision_aware_optimizer", "mixed_precision",
+    "model.tensor_model_parallel_size",
+    "model.pipeline_model_parallel_size",
+    "model.virtual_pipeline_model_parallel_size",
+    "model.context_parallel_size",
+    "model.expert_model_parallel_size",
+    "model.expert_tensor_parallel_size",
+    "model.sequence_parallel",
+    "model.recompute_granularity",
+    "model.recompute_method",
+    "model.recompute_num_layers",
+    "model.seq_length",
+    "dataset.seq_length",
+    "train.micro_batch_size",
+    "train.global_batch_size",
+    "ddp.use_distributed_optimizer",
+    "optimizer.use_distributed_optimizer",
+    "dist.use_megatron_fsdp",
+    "ddp.use_megatron_fsdp",
+    "ddp.data_parallel_sharding_strategy",
+    "ddp.num_distributed_optimizer_instances",
+    "ddp.average_in_collective",
+    "checkpoint.ckpt_format",
+    "optimizer.optimizer_cpu_offload",
+    "optimizer.optimizer_offload_fraction",
+    "optimizer.use_precision_aware_optimizer",
+    "mixed_precision",
 )
 
 
@@ -67,10 +84,15 @@ def bridge_overrides(layout: Layout, job: Job) -> dict[str, Any]:
     if layout.precision == "fp32":
         raise unsupported("fp32 precision", FMT, "Bridge's mixed_precision takes bf16/fp16/fp8 recipe names")
     if layout.vpp > 1 and layout.pp < 2:
-        raise unsupported(f"interleaved pipeline (vpp={layout.vpp}) with pp={layout.pp}", FMT, "needs pp >= 2")
+        raise unsupported(
+            f"interleaved pipeline (vpp={layout.vpp}) with pp={layout.pp}", FMT, "needs pp >= 2"
+        )
     if layout.cp > 1 and job.seq_len % (2 * layout.cp):
-        raise unsupported(f"context parallel (cp={layout.cp}) with seq_len={job.seq_len}", FMT,
-                          "Megatron needs seq_len divisible by 2*cp")
+        raise unsupported(
+            f"context parallel (cp={layout.cp}) with seq_len={job.seq_len}",
+            FMT,
+            "Megatron needs seq_len divisible by 2*cp",
+        )
     if layout.ep > 1 and layout.precision == "fp16":
         raise unsupported(f"expert parallel (ep={layout.ep}) with fp16", FMT, "Megatron refuses EP with fp16")
     fsdp = layout.zero >= 2
@@ -94,17 +116,21 @@ def bridge_overrides(layout: Layout, job: Job) -> dict[str, Any]:
         "dist.use_megatron_fsdp": fsdp,
         "ddp.use_megatron_fsdp": fsdp,
         "ddp.data_parallel_sharding_strategy": FSDP_STRATEGY[layout.zero],
-        "ddp.num_distributed_optimizer_instances": shard_instances(layout) if canonical_shard_group(layout) else 1,
+        "ddp.num_distributed_optimizer_instances": shard_instances(layout)
+        if canonical_shard_group(layout)
+        else 1,
     }
     if fsdp:
         o["ddp.average_in_collective"] = False
         o["checkpoint.ckpt_format"] = "fsdp_dtensor"
-    o.update({
-        "optimizer.optimizer_cpu_offload": layout.offload,
-        "optimizer.optimizer_offload_fraction": 1.0 if layout.offload else 0.0,
-        "optimizer.use_precision_aware_optimizer": layout.offload,
-        "mixed_precision": MIXED_PRECISION[layout.precision],
-    })
+    o.update(
+        {
+            "optimizer.optimizer_cpu_offload": layout.offload,
+            "optimizer.optimizer_offload_fraction": 1.0 if layout.offload else 0.0,
+            "optimizer.use_precision_aware_optimizer": layout.offload,
+            "mixed_precision": MIXED_PRECISION[layout.precision],
+        }
+    )
     return o
 
 
@@ -124,11 +150,13 @@ class MegatronBridgeExporter(Exporter):
 
     def _render(self, layout: Layout, job: Job) -> str:
         o = bridge_overrides(layout, job)
-        return "\n".join([
-            header_line(FMT, job),
-            f"# Megatron Bridge overrides for layout: {layout.short()}",
-            shell_lines((shlex.quote(f"{k}={_v(v)}") for k, v in o.items()), indent=""),
-        ])
+        return "\n".join(
+            [
+                header_line(FMT, job),
+                f"# Megatron Bridge overrides for layout: {layout.short()}",
+                shell_lines((shlex.quote(f"{k}={_v(v)}") for k, v in o.items()), indent=""),
+            ]
+        )
 
     def _parse(self, text: str) -> tuple[Layout, Job]:
         header = read_header(text, FMT)
@@ -136,7 +164,9 @@ class MegatronBridgeExporter(Exporter):
         for tok in shlex.split(strip_comments(text)):
             key, eq, raw = tok.partition("=")
             if not eq or key not in KEYS:
-                raise ExportError(f"unknown override {tok!r} in the {FMT} text", f"autopar reads only {', '.join(KEYS)}")
+                raise ExportError(
+                    f"unknown override {tok!r} in the {FMT} text", f"autopar reads only {', '.join(KEYS)}"
+                )
             if key in o:
                 raise ExportError(f"{key} given twice in the {FMT} text")
             o[key] = _scalar(raw, key)
@@ -153,14 +183,19 @@ class MegatronBridgeExporter(Exporter):
         if "dataset.seq_length" in o and num("dataset.seq_length") != seq:
             raise ExportError(f"model.seq_length != dataset.seq_length in the {FMT} text")
         job = merge_job(header, {"seq_len": seq, "global_batch": num("train.global_batch_size")}, FMT)
-        tp, pp, cp = num("model.tensor_model_parallel_size", 1), num("model.pipeline_model_parallel_size", 1), \
-            num("model.context_parallel_size", 1)
+        tp, pp, cp = (
+            num("model.tensor_model_parallel_size", 1),
+            num("model.pipeline_model_parallel_size", 1),
+            num("model.context_parallel_size", 1),
+        )
         dp = exact_div(job.num_devices, tp * pp * cp, "num_devices / (tp*pp*cp)", FMT)
         mb = num("train.micro_batch_size")
         ga = exact_div(job.global_batch, mb * dp, "global_batch / (micro_batch*dp)", FMT)
         dist_opt = bool(o.get("ddp.use_distributed_optimizer"))
         if bool(o.get("optimizer.use_distributed_optimizer")) != dist_opt:
-            raise ExportError(f"ddp.use_distributed_optimizer and optimizer.use_distributed_optimizer differ ({FMT})")
+            raise ExportError(
+                f"ddp.use_distributed_optimizer and optimizer.use_distributed_optimizer differ ({FMT})"
+            )
         fsdp = bool(o.get("ddp.use_megatron_fsdp"))
         if bool(o.get("dist.use_megatron_fsdp")) != fsdp:
             raise ExportError(f"dist.use_megatron_fsdp and ddp.use_megatron_fsdp differ ({FMT})")
@@ -176,7 +211,9 @@ class MegatronBridgeExporter(Exporter):
                 raise ExportError(f"FSDP settings without ddp.use_megatron_fsdp=true in the {FMT} text")
             zero = 1 if dist_opt else 0
         instances = num("ddp.num_distributed_optimizer_instances", 1)
-        shard_group = 0 if instances == 1 else exact_div(dp * cp, instances, "dp*cp / optimizer instances", FMT)
+        shard_group = (
+            0 if instances == 1 else exact_div(dp * cp, instances, "dp*cp / optimizer instances", FMT)
+        )
         gran = o.get("model.recompute_granularity")
         recompute = "none" if gran is None else gran
         if recompute not in ("none", "selective", "full"):
@@ -186,17 +223,38 @@ class MegatronBridgeExporter(Exporter):
         if got_method[1] is not None:
             got_method = (got_method[0], to_int(got_method[1], "model.recompute_num_layers", FMT))
         if got_method != want_method:
-            raise unsupported(f"recompute method {got_method}", "autopar (reading " + FMT + ")",
-                              "full recompute is uniform over 1 layer; selective has no method")
+            raise unsupported(
+                f"recompute method {got_method}",
+                "autopar (reading " + FMT + ")",
+                "full recompute is uniform over 1 layer; selective has no method",
+            )
         offload = bool(o.get("optimizer.optimizer_cpu_offload"))
         precision = {v: k for k, v in MIXED_PRECISION.items()}.get(o.get("mixed_precision"))  # type: ignore[arg-type]
         if precision is None:
-            raise unsupported(f"mixed_precision={o.get('mixed_precision')!r}", "autopar (reading " + FMT + ")",
-                              f"autopar reads {sorted(MIXED_PRECISION.values())}")
+            raise unsupported(
+                f"mixed_precision={o.get('mixed_precision')!r}",
+                "autopar (reading " + FMT + ")",
+                f"autopar reads {sorted(MIXED_PRECISION.values())}",
+            )
         vpp = o.get("model.virtual_pipeline_model_parallel_size")
-        layout = build_layout(dict(
-            tp=tp, pp=pp, vpp=1 if vpp is None else to_int(vpp, "vpp", FMT), dp=dp, cp=cp,
-            ep=num("model.expert_model_parallel_size", 1), etp=num("model.expert_tensor_parallel_size", tp),
-            zero=zero, shard_group=shard_group, sp=bool(o.get("model.sequence_parallel")), micro_batch=mb,
-            grad_accum=ga, recompute=recompute, offload=offload, precision=precision), FMT)
+        layout = build_layout(
+            dict(
+                tp=tp,
+                pp=pp,
+                vpp=1 if vpp is None else to_int(vpp, "vpp", FMT),
+                dp=dp,
+                cp=cp,
+                ep=num("model.expert_model_parallel_size", 1),
+                etp=num("model.expert_tensor_parallel_size", tp),
+                zero=zero,
+                shard_group=shard_group,
+                sp=bool(o.get("model.sequence_parallel")),
+                micro_batch=mb,
+                grad_accum=ga,
+                recompute=recompute,
+                offload=offload,
+                precision=precision,
+            ),
+            FMT,
+        )
         return layout, job

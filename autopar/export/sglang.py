@@ -38,8 +38,20 @@ from autopar.layout import Layout
 
 FMT = "sglang"
 DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
-VALUE_FLAGS = ("--model-path", "--tp-size", "--pp-size", "--dp-size", "--ep-size", "--context-length",
-               "--max-running-requests", "--dtype", "--quantization", "--nnodes", "--node-rank", "--dist-init-addr")
+VALUE_FLAGS = (
+    "--model-path",
+    "--tp-size",
+    "--pp-size",
+    "--dp-size",
+    "--ep-size",
+    "--context-length",
+    "--max-running-requests",
+    "--dtype",
+    "--quantization",
+    "--nnodes",
+    "--node-rank",
+    "--dist-init-addr",
+)
 
 
 @register
@@ -58,24 +70,40 @@ class SglangExporter(Exporter):
             if cond:
                 raise unsupported(feature, FMT, hint)
         if layout.ep > 1 and (layout.tp % layout.ep or layout.etp != layout.tp // layout.ep):
-            raise unsupported(f"expert parallel ep={layout.ep}, etp={layout.etp} with tp={layout.tp}", FMT,
-                              "SGLang splits each replica's TP ranks: ep must divide tp and etp = tp/ep")
-        a = ["python -m sglang.launch_server",
-             flag("--model-path", job.model),
-             flag("--tp-size", layout.tp),
-             flag("--pp-size", layout.pp),
-             flag("--dp-size", layout.dp)]
+            raise unsupported(
+                f"expert parallel ep={layout.ep}, etp={layout.etp} with tp={layout.tp}",
+                FMT,
+                "SGLang splits each replica's TP ranks: ep must divide tp and etp = tp/ep",
+            )
+        a = [
+            "python -m sglang.launch_server",
+            flag("--model-path", job.model),
+            flag("--tp-size", layout.tp),
+            flag("--pp-size", layout.pp),
+            flag("--dp-size", layout.dp),
+        ]
         if layout.ep > 1:
             a.append(flag("--ep-size", layout.ep))
-        a += [flag("--context-length", job.seq_len), flag("--max-running-requests", layout.micro_batch),
-              flag("--dtype", DTYPE[layout.precision])]
+        a += [
+            flag("--context-length", job.seq_len),
+            flag("--max-running-requests", layout.micro_batch),
+            flag("--dtype", DTYPE[layout.precision]),
+        ]
         if layout.precision == "fp8":
             a.append(flag("--quantization", "fp8"))
         if job.nnodes > 1:
-            a += [flag("--nnodes", job.nnodes), flag("--node-rank", 0),
-                  '--dist-init-addr "${MASTER_ADDR}:${MASTER_PORT}"']
-        return "\n".join([header_line(FMT, job, inert_etp(layout)),
-                          f"# SGLang serving command for layout: {layout.short()}", shell_lines(a)])
+            a += [
+                flag("--nnodes", job.nnodes),
+                flag("--node-rank", 0),
+                '--dist-init-addr "${MASTER_ADDR}:${MASTER_PORT}"',
+            ]
+        return "\n".join(
+            [
+                header_line(FMT, job, inert_etp(layout)),
+                f"# SGLang serving command for layout: {layout.short()}",
+                shell_lines(a),
+            ]
+        )
 
     def _parse(self, text: str) -> tuple[Layout, Job]:
         header = read_header(text, FMT)
@@ -92,8 +120,16 @@ class SglangExporter(Exporter):
         mb = num("--max-running-requests")
         if "--model-path" not in f:
             raise ExportError(f"--model-path missing from the {FMT} text")
-        job = merge_job(header, {"model": f["--model-path"], "seq_len": num("--context-length"),
-                                 "num_devices": tp * pp * dp, "global_batch": mb * dp}, FMT)
+        job = merge_job(
+            header,
+            {
+                "model": f["--model-path"],
+                "seq_len": num("--context-length"),
+                "num_devices": tp * pp * dp,
+                "global_batch": mb * dp,
+            },
+            FMT,
+        )
         if num("--nnodes", 1) != job.nnodes:
             raise ExportError(f"--nnodes {num('--nnodes', 1)} but the job spans {job.nnodes} node(s) ({FMT})")
         dtype, quant = f.get("--dtype", "bfloat16"), f.get("--quantization")
@@ -103,7 +139,17 @@ class SglangExporter(Exporter):
         if precision is None:
             raise ExportError(f"--dtype {dtype!r} in the {FMT} text")
         etp = exact_div(tp, ep, "tp / ep", FMT) if ep > 1 else etp_from_header(header, tp)
-        layout = build_layout(dict(tp=tp, pp=pp, dp=dp, ep=ep, etp=etp, micro_batch=mb,
-                                   grad_accum=exact_div(job.global_batch, mb * dp, "batch", FMT),
-                                   precision=precision), FMT)
+        layout = build_layout(
+            dict(
+                tp=tp,
+                pp=pp,
+                dp=dp,
+                ep=ep,
+                etp=etp,
+                micro_batch=mb,
+                grad_accum=exact_div(job.global_batch, mb * dp, "batch", FMT),
+                precision=precision,
+            ),
+            FMT,
+        )
         return layout, job

@@ -54,11 +54,21 @@ class TorchrunExporter(Exporter):
         if job.nnodes == 1:
             a.append(flag("--standalone"))
         else:
-            a += [flag("--rdzv-backend", "c10d"), '--rdzv-endpoint "${MASTER_ADDR}:${MASTER_PORT}"',
-                  flag("--rdzv-id", "autopar")]
-        a += [f"-m {RUNNER}", flag("--layout-json", layout_json(layout)), flag("--model", job.model),
-              flag("--seq-len", job.seq_len), flag("--global-batch", job.global_batch)]
-        return "\n".join([header_line(FMT, job), f"# autopar reference run of layout: {layout.short()}", shell_lines(a)])
+            a += [
+                flag("--rdzv-backend", "c10d"),
+                '--rdzv-endpoint "${MASTER_ADDR}:${MASTER_PORT}"',
+                flag("--rdzv-id", "autopar"),
+            ]
+        a += [
+            f"-m {RUNNER}",
+            flag("--layout-json", layout_json(layout)),
+            flag("--model", job.model),
+            flag("--seq-len", job.seq_len),
+            flag("--global-batch", job.global_batch),
+        ]
+        return "\n".join(
+            [header_line(FMT, job), f"# autopar reference run of layout: {layout.short()}", shell_lines(a)]
+        )
 
     def _parse(self, text: str) -> tuple[Layout, Job]:
         header = read_header(text, FMT, required=False)
@@ -74,7 +84,7 @@ class TorchrunExporter(Exporter):
         except StopIteration:
             raise ExportError(f"no '-m {RUNNER}' in the {FMT} text") from None
         launch = parse_flags(tokens[:split], TORCHRUN_VALUE, TORCHRUN_BOOL, FMT)
-        run = parse_flags(tokens[split + 2:], RUNNER_VALUE, (), FMT)
+        run = parse_flags(tokens[split + 2 :], RUNNER_VALUE, (), FMT)
         for k in RUNNER_VALUE:
             if k not in run:
                 raise ExportError(f"{k} missing from the {FMT} text")
@@ -88,9 +98,12 @@ class TorchrunExporter(Exporter):
         layout = build_layout(values, FMT)
         nnodes = to_int(launch.get("--nnodes", 1), "--nnodes", FMT)
         nproc = to_int(launch.get("--nproc-per-node", 1), "--nproc-per-node", FMT)
-        native: dict[str, Any] = {"model": run["--model"], "seq_len": to_int(run["--seq-len"], "--seq-len", FMT),
-                                  "global_batch": to_int(run["--global-batch"], "--global-batch", FMT),
-                                  "num_devices": nnodes * nproc}
+        native: dict[str, Any] = {
+            "model": run["--model"],
+            "seq_len": to_int(run["--seq-len"], "--seq-len", FMT),
+            "global_batch": to_int(run["--global-batch"], "--global-batch", FMT),
+            "num_devices": nnodes * nproc,
+        }
         if nnodes > 1 or header is None:
             native["devices_per_node"] = nproc
         return layout, merge_job(header, native, FMT)

@@ -58,10 +58,19 @@ FP8_CONVERTER = "quantize.linear.float8"
 SECTIONS = {
     "model": ("converters",),
     "training": ("local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param"),
-    "parallelism": ("data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
-                    "tensor_parallel_degree", "pipeline_parallel_degree", "pipeline_parallel_schedule",
-                    "pipeline_parallel_microbatch_size", "pipeline_parallel_layers_per_stage",
-                    "context_parallel_degree", "expert_parallel_degree", "expert_tensor_parallel_degree"),
+    "parallelism": (
+        "data_parallel_replicate_degree",
+        "data_parallel_shard_degree",
+        "fsdp_reshard_after_forward",
+        "tensor_parallel_degree",
+        "pipeline_parallel_degree",
+        "pipeline_parallel_schedule",
+        "pipeline_parallel_microbatch_size",
+        "pipeline_parallel_layers_per_stage",
+        "context_parallel_degree",
+        "expert_parallel_degree",
+        "expert_tensor_parallel_degree",
+    ),
     "activation_checkpoint": ("mode", "selective_ac_option"),
 }
 EDGE_WEIGHT = 2  # pipeline_parallel_first/last_stage_less_layers, 1 each by default
@@ -71,18 +80,29 @@ def _degrees(layout: Layout) -> tuple[int, int]:
     """(dp_replicate, dp_shard) of a layout, or ExportError."""
     if layout.zero == 0:
         if layout.cp > 1:
-            raise unsupported(f"context parallel (cp={layout.cp}) without FSDP (zero=0)", FMT,
-                              "torchtitan shards over dp_shard*cp whenever cp > 1; use zero=2 or 3")
+            raise unsupported(
+                f"context parallel (cp={layout.cp}) without FSDP (zero=0)",
+                FMT,
+                "torchtitan shards over dp_shard*cp whenever cp > 1; use zero=2 or 3",
+            )
         if layout.dp > 1 and layout.num_devices != layout.dp:
-            raise unsupported(f"DDP (zero=0, dp={layout.dp}) combined with tp/pp", FMT,
-                              "torchtitan's DDP supports only 1-D data parallelism; use zero=2 or 3")
+            raise unsupported(
+                f"DDP (zero=0, dp={layout.dp}) combined with tp/pp",
+                FMT,
+                "torchtitan's DDP supports only 1-D data parallelism; use zero=2 or 3",
+            )
         return layout.dp, 1
     if layout.zero == 1:
-        raise unsupported("ZeRO-1 (optimizer-only sharding, zero=1)", FMT, "FSDP2 shards parameters too; use zero=2 or 3")
+        raise unsupported(
+            "ZeRO-1 (optimizer-only sharding, zero=1)", FMT, "FSDP2 shards parameters too; use zero=2 or 3"
+        )
     shard = layout.shard_size
     if shard % layout.cp:
-        raise unsupported(f"shard_group={shard} not a multiple of cp={layout.cp}", FMT,
-                          "torchtitan's FSDP group is dp_shard*cp")
+        raise unsupported(
+            f"shard_group={shard} not a multiple of cp={layout.cp}",
+            FMT,
+            "torchtitan's FSDP group is dp_shard*cp",
+        )
     dp_shard = shard // layout.cp
     return layout.dp // dp_shard, dp_shard
 
@@ -91,37 +111,57 @@ def _layers_per_stage(layout: Layout, job: Job) -> int | None:
     if layout.vpp <= 2:
         return None
     if job.num_layers is None:
-        raise unsupported(f"vpp={layout.vpp} without the model's layer count", FMT,
-                          "torchtitan sizes virtual stages in layers; pass Job.num_layers")
+        raise unsupported(
+            f"vpp={layout.vpp} without the model's layer count",
+            FMT,
+            "torchtitan sizes virtual stages in layers; pass Job.num_layers",
+        )
     stages = layout.pp * layout.vpp
     lps = math.ceil((job.num_layers + EDGE_WEIGHT) / stages)
     if math.ceil((job.num_layers + EDGE_WEIGHT) / lps) != stages:
-        raise unsupported(f"vpp={layout.vpp} for {job.num_layers} layers on pp={layout.pp}", FMT,
-                          "no pipeline_parallel_layers_per_stage yields exactly pp*vpp stages")
+        raise unsupported(
+            f"vpp={layout.vpp} for {job.num_layers} layers on pp={layout.pp}",
+            FMT,
+            "no pipeline_parallel_layers_per_stage yields exactly pp*vpp stages",
+        )
     return lps
 
 
 def sections(layout: Layout, job: Job) -> dict[str, dict[str, Any]]:
     if layout.offload:
-        raise unsupported("optimizer-only offload (offload=True)", FMT,
-                          "training.enable_cpu_offload also offloads parameters and gradients")
+        raise unsupported(
+            "optimizer-only offload (offload=True)",
+            FMT,
+            "training.enable_cpu_offload also offloads parameters and gradients",
+        )
     if layout.precision == "fp16":
         raise unsupported("fp16 precision", FMT, "torchtitan trains in bf16 or fp32")
     if layout.tp > 1 and not layout.sp:
-        raise unsupported(f"tensor parallel (tp={layout.tp}) without sequence parallel", FMT,
-                          "torchtitan's TP plans always shard the sequence; set sp=True")
+        raise unsupported(
+            f"tensor parallel (tp={layout.tp}) without sequence parallel",
+            FMT,
+            "torchtitan's TP plans always shard the sequence; set sp=True",
+        )
     if job.seq_len % (2 * layout.tp * layout.cp):
-        raise unsupported(f"seq_len={job.seq_len} with tp={layout.tp}, cp={layout.cp}", FMT,
-                          "torchtitan needs seq_len divisible by tp * 2*cp")
+        raise unsupported(
+            f"seq_len={job.seq_len} with tp={layout.tp}, cp={layout.cp}",
+            FMT,
+            "torchtitan needs seq_len divisible by tp * 2*cp",
+        )
     replicate, shard = _degrees(layout)
     if layout.ep > 1:
         if layout.zero < 2:
             raise unsupported(f"expert parallel (ep={layout.ep}) without FSDP", FMT, "use zero=2 or 3")
         if layout.etp not in (1, layout.tp):
-            raise unsupported(f"etp={layout.etp} (tp={layout.tp})", FMT, "torchtitan supports etp = 1 or etp = tp")
+            raise unsupported(
+                f"etp={layout.etp} (tp={layout.tp})", FMT, "torchtitan supports etp = 1 or etp = tp"
+            )
         if (shard * layout.cp * layout.tp) % (layout.ep * layout.etp):
-            raise unsupported(f"ep*etp = {layout.ep * layout.etp} across dp_shard*cp*tp = {shard * layout.cp * layout.tp}",
-                              FMT, "torchtitan carves EP out of the FSDP and TP ranks of one replica")
+            raise unsupported(
+                f"ep*etp = {layout.ep * layout.etp} across dp_shard*cp*tp = {shard * layout.cp * layout.tp}",
+                FMT,
+                "torchtitan carves EP out of the FSDP and TP ranks of one replica",
+            )
     lps = _layers_per_stage(layout, job)
     par: dict[str, Any] = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard}
     if layout.zero >= 2:
@@ -180,13 +220,15 @@ class TorchtitanExporter(Exporter):
     description = f"torchtitan {TORCHTITAN_VERSION} job config (TOML, --job.config_file)"
 
     def _render(self, layout: Layout, job: Job) -> str:
-        return "\n".join([
-            header_line(FMT, job),
-            f"# torchtitan {TORCHTITAN_VERSION} job config sections for layout: {layout.short()}",
-            f"# run: torchrun --nnodes {job.nnodes} --nproc-per-node {job.nproc_per_node} "
-            "-m torchtitan.train --job.config_file <this file>",
-            dump_toml(sections(layout, job)),
-        ])
+        return "\n".join(
+            [
+                header_line(FMT, job),
+                f"# torchtitan {TORCHTITAN_VERSION} job config sections for layout: {layout.short()}",
+                f"# run: torchrun --nnodes {job.nnodes} --nproc-per-node {job.nproc_per_node} "
+                "-m torchtitan.train --job.config_file <this file>",
+                dump_toml(sections(layout, job)),
+            ]
+        )
 
     def _parse(self, text: str) -> tuple[Layout, Job]:
         header = read_header(text, FMT)
@@ -198,7 +240,11 @@ class TorchtitanExporter(Exporter):
         check_keys(doc, SECTIONS, "the top level", FMT)
         for sec, keys in SECTIONS.items():
             check_keys(doc.get(sec, {}), keys, f"[{sec}]", FMT)
-        tr, par, ac = doc.get("training", {}), doc.get("parallelism", {}), doc.get("activation_checkpoint", {})
+        tr, par, ac = (
+            doc.get("training", {}),
+            doc.get("parallelism", {}),
+            doc.get("activation_checkpoint", {}),
+        )
 
         def num(d: dict[str, Any], key: str, default: int | None = None) -> int:
             if key not in d:
@@ -207,13 +253,20 @@ class TorchtitanExporter(Exporter):
                 return default
             return to_int(d[key], key, FMT)
 
-        job = merge_job(header, {"seq_len": num(tr, "seq_len"), "global_batch": num(tr, "global_batch_size")}, FMT)
-        tp, pp, cp = num(par, "tensor_parallel_degree", 1), num(par, "pipeline_parallel_degree", 1), \
-            num(par, "context_parallel_degree", 1)
+        job = merge_job(
+            header, {"seq_len": num(tr, "seq_len"), "global_batch": num(tr, "global_batch_size")}, FMT
+        )
+        tp, pp, cp = (
+            num(par, "tensor_parallel_degree", 1),
+            num(par, "pipeline_parallel_degree", 1),
+            num(par, "context_parallel_degree", 1),
+        )
         replicate = num(par, "data_parallel_replicate_degree", 1)
         shard = num(par, "data_parallel_shard_degree", -1)
         if shard == -1:
-            shard = exact_div(job.num_devices, replicate * tp * pp * cp, "num_devices / (replicate*tp*pp*cp)", FMT)
+            shard = exact_div(
+                job.num_devices, replicate * tp * pp * cp, "num_devices / (replicate*tp*pp*cp)", FMT
+            )
         dp = replicate * shard
         fsdp = shard * cp > 1
         policy = par.get("fsdp_reshard_after_forward", "default")
@@ -240,21 +293,31 @@ class TorchtitanExporter(Exporter):
                     vpp = 2
                 else:
                     if job.num_layers is None:
-                        raise ExportError(f"pipeline_parallel_layers_per_stage needs num_layers ({FMT})",
-                                          "keep the autopar header, which carries num_layers")
-                    stages = math.ceil((job.num_layers + EDGE_WEIGHT) / num(par, "pipeline_parallel_layers_per_stage"))
+                        raise ExportError(
+                            f"pipeline_parallel_layers_per_stage needs num_layers ({FMT})",
+                            "keep the autopar header, which carries num_layers",
+                        )
+                    stages = math.ceil(
+                        (job.num_layers + EDGE_WEIGHT) / num(par, "pipeline_parallel_layers_per_stage")
+                    )
                     vpp = exact_div(stages, pp, "virtual stages / pp", FMT)
             else:
-                raise unsupported(f"pipeline schedule {schedule!r}", "autopar (reading " + FMT + ")",
-                                  "autopar models 1F1B and interleaved 1F1B")
+                raise unsupported(
+                    f"pipeline schedule {schedule!r}",
+                    "autopar (reading " + FMT + ")",
+                    "autopar models 1F1B and interleaved 1F1B",
+                )
         else:
             mb = num(tr, "local_batch_size")
             vpp = 1
         ga = exact_div(job.global_batch, mb * dp, "global_batch / (micro_batch*dp)", FMT)
         mode = ac.get("mode", "selective")
         if mode == "selective" and ac.get("selective_ac_option", "2") != "op":
-            raise unsupported("layer-wise selective activation checkpointing", "autopar (reading " + FMT + ")",
-                              "autopar's selective recompute is per-op (selective_ac_option = \"op\")")
+            raise unsupported(
+                "layer-wise selective activation checkpointing",
+                "autopar (reading " + FMT + ")",
+                'autopar\'s selective recompute is per-op (selective_ac_option = "op")',
+            )
         if mode not in ("none", "selective", "full"):
             raise unsupported(f"activation_checkpoint mode {mode!r}", "autopar (reading " + FMT + ")")
         converters = doc.get("model", {}).get("converters", [])
@@ -264,8 +327,24 @@ class TorchtitanExporter(Exporter):
         precision = "fp8" if converters else {"bfloat16": "bf16", "float32": "fp32"}.get(mpp)
         if precision is None or (converters and mpp != "bfloat16"):
             raise ExportError(f"mixed_precision_param={mpp!r} in the {FMT} text")
-        layout = build_layout(dict(
-            tp=tp, pp=pp, vpp=vpp, dp=dp, cp=cp, ep=num(par, "expert_parallel_degree", 1),
-            etp=num(par, "expert_tensor_parallel_degree", 1), zero=zero, shard_group=shard_group, sp=tp > 1,
-            micro_batch=mb, grad_accum=ga, recompute=mode, offload=False, precision=precision), FMT)
+        layout = build_layout(
+            dict(
+                tp=tp,
+                pp=pp,
+                vpp=vpp,
+                dp=dp,
+                cp=cp,
+                ep=num(par, "expert_parallel_degree", 1),
+                etp=num(par, "expert_tensor_parallel_degree", 1),
+                zero=zero,
+                shard_group=shard_group,
+                sp=tp > 1,
+                micro_batch=mb,
+                grad_accum=ga,
+                recompute=mode,
+                offload=False,
+                precision=precision,
+            ),
+            FMT,
+        )
         return layout, job

@@ -42,9 +42,19 @@ from autopar.layout import Layout
 
 FMT = "vllm"
 DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
-VALUE_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
-               "--prefill-context-parallel-size", "--max-model-len", "--max-num-seqs", "--dtype", "--quantization",
-               "--nnodes", "--node-rank", "--master-addr")
+VALUE_FLAGS = (
+    "--tensor-parallel-size",
+    "--pipeline-parallel-size",
+    "--data-parallel-size",
+    "--prefill-context-parallel-size",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--dtype",
+    "--quantization",
+    "--nnodes",
+    "--node-rank",
+    "--master-addr",
+)
 BOOL_FLAGS = ("--enable-expert-parallel",)
 
 
@@ -59,31 +69,47 @@ class VllmExporter(Exporter):
         for cond, feature, hint in (
             (layout.vpp > 1, f"virtual pipeline stages (vpp={layout.vpp})", None),
             (layout.sp, "sequence parallel (sp=True)", "vLLM has no Megatron-style sequence parallelism"),
-            (layout.cp > 1 and layout.dp > 1, f"context parallel (cp={layout.cp}) with data parallel (dp={layout.dp})",
-             "vLLM does not combine prefill context parallel with DP"),
+            (
+                layout.cp > 1 and layout.dp > 1,
+                f"context parallel (cp={layout.cp}) with data parallel (dp={layout.dp})",
+                "vLLM does not combine prefill context parallel with DP",
+            ),
         ):
             if cond:
                 raise unsupported(feature, FMT, hint)
         width = layout.tp * layout.dp * layout.cp
         if layout.ep > 1 and (layout.ep != width or layout.etp != 1):
-            raise unsupported(f"expert parallel ep={layout.ep}, etp={layout.etp}", FMT,
-                              f"vLLM's EP is a switch: EP width = tp*dp*cp = {width} with etp = 1")
-        a = [f"vllm serve {shlex.quote(job.model)}",
-             flag("--tensor-parallel-size", layout.tp),
-             flag("--pipeline-parallel-size", layout.pp),
-             flag("--data-parallel-size", layout.dp)]
+            raise unsupported(
+                f"expert parallel ep={layout.ep}, etp={layout.etp}",
+                FMT,
+                f"vLLM's EP is a switch: EP width = tp*dp*cp = {width} with etp = 1",
+            )
+        a = [
+            f"vllm serve {shlex.quote(job.model)}",
+            flag("--tensor-parallel-size", layout.tp),
+            flag("--pipeline-parallel-size", layout.pp),
+            flag("--data-parallel-size", layout.dp),
+        ]
         if layout.cp > 1:
             a.append(flag("--prefill-context-parallel-size", layout.cp))
         if layout.ep > 1:
             a.append(flag("--enable-expert-parallel"))
-        a += [flag("--max-model-len", job.seq_len), flag("--max-num-seqs", layout.micro_batch),
-              flag("--dtype", DTYPE[layout.precision])]
+        a += [
+            flag("--max-model-len", job.seq_len),
+            flag("--max-num-seqs", layout.micro_batch),
+            flag("--dtype", DTYPE[layout.precision]),
+        ]
         if layout.precision == "fp8":
             a.append(flag("--quantization", "fp8"))
         if job.nnodes > 1:
             a += [flag("--nnodes", job.nnodes), flag("--node-rank", 0), '--master-addr "${MASTER_ADDR}"']
-        return "\n".join([header_line(FMT, job, inert_etp(layout)),
-                          f"# vLLM serving command for layout: {layout.short()}", shell_lines(a)])
+        return "\n".join(
+            [
+                header_line(FMT, job, inert_etp(layout)),
+                f"# vLLM serving command for layout: {layout.short()}",
+                shell_lines(a),
+            ]
+        )
 
     def _parse(self, text: str) -> tuple[Layout, Job]:
         header = read_header(text, FMT)
@@ -96,11 +122,23 @@ class VllmExporter(Exporter):
                 return default
             return to_int(f[key], key, FMT)
 
-        tp, pp, dp = num("--tensor-parallel-size", 1), num("--pipeline-parallel-size", 1), num("--data-parallel-size", 1)
+        tp, pp, dp = (
+            num("--tensor-parallel-size", 1),
+            num("--pipeline-parallel-size", 1),
+            num("--data-parallel-size", 1),
+        )
         cp = num("--prefill-context-parallel-size", 1)
         mb = num("--max-num-seqs")
-        job = merge_job(header, {"model": model, "seq_len": num("--max-model-len"),
-                                 "num_devices": tp * pp * dp * cp, "global_batch": mb * dp}, FMT)
+        job = merge_job(
+            header,
+            {
+                "model": model,
+                "seq_len": num("--max-model-len"),
+                "num_devices": tp * pp * dp * cp,
+                "global_batch": mb * dp,
+            },
+            FMT,
+        )
         if num("--nnodes", 1) != job.nnodes:
             raise ExportError(f"--nnodes {num('--nnodes', 1)} but the job spans {job.nnodes} node(s) ({FMT})")
         dtype, quant = f.get("--dtype", "bfloat16"), f.get("--quantization")
@@ -110,8 +148,18 @@ class VllmExporter(Exporter):
         if precision is None:
             raise ExportError(f"--dtype {dtype!r} in the {FMT} text")
         ep = tp * dp * cp if f.get("--enable-expert-parallel") else 1
-        layout = build_layout(dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
-                                   etp=1 if ep > 1 else etp_from_header(header, tp),
-                                   micro_batch=mb, grad_accum=exact_div(job.global_batch, mb * dp, "batch", FMT),
-                                   precision=precision), FMT)
+        layout = build_layout(
+            dict(
+                tp=tp,
+                pp=pp,
+                dp=dp,
+                cp=cp,
+                ep=ep,
+                etp=1 if ep > 1 else etp_from_header(header, tp),
+                micro_batch=mb,
+                grad_accum=exact_div(job.global_batch, mb * dp, "batch", FMT),
+                precision=precision,
+            ),
+            FMT,
+        )
         return layout, job

@@ -23,7 +23,9 @@ CHECKPOINT_PREFIX = "_checkpoint_wrapped_module."
 
 def _save_list() -> set:
     names = [
-        ("aten", "mm"), ("aten", "addmm"), ("aten", "bmm"),
+        ("aten", "mm"),
+        ("aten", "addmm"),
+        ("aten", "bmm"),
         ("aten", "_scaled_dot_product_flash_attention_for_cpu"),
         ("aten", "_scaled_dot_product_flash_attention"),
         ("aten", "_scaled_dot_product_efficient_attention"),

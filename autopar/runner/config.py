@@ -37,22 +37,31 @@ class RunnerModelConfig:
         for name in ("hidden", "layers", "heads", "kv_heads", "ffn_hidden", "vocab"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
-                raise RunError(f"RunnerModelConfig.{name} must be a positive integer, got {v!r}",
-                               "pass a value >= 1")
+                raise RunError(
+                    f"RunnerModelConfig.{name} must be a positive integer, got {v!r}", "pass a value >= 1"
+                )
         if self.hidden % self.heads:
-            raise RunError(f"hidden={self.hidden} is not divisible by heads={self.heads}",
-                           "choose heads that divide hidden")
+            raise RunError(
+                f"hidden={self.hidden} is not divisible by heads={self.heads}",
+                "choose heads that divide hidden",
+            )
         if self.heads % self.kv_heads:
-            raise RunError(f"heads={self.heads} is not divisible by kv_heads={self.kv_heads}",
-                           "GQA needs kv_heads to divide heads")
+            raise RunError(
+                f"heads={self.heads} is not divisible by kv_heads={self.kv_heads}",
+                "GQA needs kv_heads to divide heads",
+            )
         if self.head_dim % 2:
             raise RunError(f"head_dim = hidden/heads = {self.head_dim} is odd", "RoPE needs an even head_dim")
         if self.num_experts < 0 or self.moe_topk < 0 or self.moe_ffn_hidden < 0:
-            raise RunError("num_experts, moe_topk and moe_ffn_hidden must be >= 0",
-                           f"got {self.num_experts}, {self.moe_topk}, {self.moe_ffn_hidden}")
+            raise RunError(
+                "num_experts, moe_topk and moe_ffn_hidden must be >= 0",
+                f"got {self.num_experts}, {self.moe_topk}, {self.moe_ffn_hidden}",
+            )
         if self.num_experts and not 1 <= self.moe_topk <= self.num_experts:
-            raise RunError(f"moe_topk={self.moe_topk} must be in 1..num_experts={self.num_experts}",
-                           "set moe_topk for an MoE model")
+            raise RunError(
+                f"moe_topk={self.moe_topk} must be in 1..num_experts={self.num_experts}",
+                "set moe_topk for an MoE model",
+            )
 
     @property
     def head_dim(self) -> int:
@@ -70,18 +79,28 @@ class RunnerModelConfig:
     def from_model_spec(cls, spec: Any) -> RunnerModelConfig:
         """Build from anything with attributes (or keys) hidden, layers, heads, kv_heads, ffn_hidden,
         vocab and optionally num_experts, moe_topk, moe_ffn_hidden (``autopar.model.ModelSpec``)."""
+
         def get(name: str, default: Any = None) -> Any:
             v = spec.get(name, default) if isinstance(spec, Mapping) else getattr(spec, name, default)
             return default if v is None else v
 
-        missing = [n for n in ("hidden", "layers", "heads", "kv_heads", "ffn_hidden", "vocab") if get(n) is None]
+        missing = [
+            n for n in ("hidden", "layers", "heads", "kv_heads", "ffn_hidden", "vocab") if get(n) is None
+        ]
         if missing:
-            raise RunError(f"model spec {type(spec).__name__} lacks {', '.join(missing)}",
-                           "pass a ModelSpec or an object with those attributes")
+            raise RunError(
+                f"model spec {type(spec).__name__} lacks {', '.join(missing)}",
+                "pass a ModelSpec or an object with those attributes",
+            )
         return cls(
-            hidden=int(get("hidden")), layers=int(get("layers")), heads=int(get("heads")),
-            kv_heads=int(get("kv_heads")), ffn_hidden=int(get("ffn_hidden")), vocab=int(get("vocab")),
-            num_experts=int(get("num_experts", 0)), moe_topk=int(get("moe_topk", 0)),
+            hidden=int(get("hidden")),
+            layers=int(get("layers")),
+            heads=int(get("heads")),
+            kv_heads=int(get("kv_heads")),
+            ffn_hidden=int(get("ffn_hidden")),
+            vocab=int(get("vocab")),
+            num_experts=int(get("num_experts", 0)),
+            moe_topk=int(get("moe_topk", 0)),
             moe_ffn_hidden=int(get("moe_ffn_hidden", 0)),
         )
 
@@ -94,6 +113,8 @@ class RunnerModelConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise RunError(f"unknown RunnerModelConfig keys: {', '.join(unknown)}",
-                           f"allowed: {', '.join(sorted(known))}")
+            raise RunError(
+                f"unknown RunnerModelConfig keys: {', '.join(unknown)}",
+                f"allowed: {', '.join(sorted(known))}",
+            )
         return cls(**data)

@@ -58,9 +58,12 @@ def apply_data_parallel(
         return
     reshard = zero >= 3
     for unit in units:
-        fully_shard(unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp,
-                    offload_policy=offload_policy)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload_policy)
+        fully_shard(
+            unit, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload_policy
+        )
+    fully_shard(
+        model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp, offload_policy=offload_policy
+    )
 
 
 def sync_every_microbatch(zero: int) -> bool:

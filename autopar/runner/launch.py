@@ -46,10 +46,21 @@ def _as_model(model: Any) -> RunnerModelConfig:
     return RunnerModelConfig.from_model_spec(model)
 
 
-def run_layout(layout: Layout | Mapping[str, Any], model_cfg: Any, *, seq_len: int, global_batch: int,
-               steps: int = 5, warmup: int = 2, timeout_s: float = 300, nproc: int | None = None,
-               seed: int = 0, lr: float = 1e-3, device: str = "auto",
-               dump_grads: str | os.PathLike | None = None) -> dict[str, Any]:
+def run_layout(
+    layout: Layout | Mapping[str, Any],
+    model_cfg: Any,
+    *,
+    seq_len: int,
+    global_batch: int,
+    steps: int = 5,
+    warmup: int = 2,
+    timeout_s: float = 300,
+    nproc: int | None = None,
+    seed: int = 0,
+    lr: float = 1e-3,
+    device: str = "auto",
+    dump_grads: str | os.PathLike | None = None,
+) -> dict[str, Any]:
     """Train ``model_cfg`` under ``layout`` for ``steps`` steps on ``layout.num_devices`` local ranks.
 
     Returns rank 0's result (``status: "ok"``, step times, median step time, losses, peak memory per
@@ -57,16 +68,39 @@ def run_layout(layout: Layout | Mapping[str, Any], model_cfg: Any, *, seq_len: i
     ``model_cfg`` is a RunnerModelConfig, its dict, or a ModelSpec-like object.
     """
     lay = _as_layout(layout)
-    return _launch([lay], _as_model(model_cfg), single=True, seq_len=seq_len, global_batch=global_batch,
-                   steps=steps, warmup=warmup, timeout_s=timeout_s, nproc=nproc, seed=seed, lr=lr,
-                   device=device, dump_grads=dump_grads)[0]
+    return _launch(
+        [lay],
+        _as_model(model_cfg),
+        single=True,
+        seq_len=seq_len,
+        global_batch=global_batch,
+        steps=steps,
+        warmup=warmup,
+        timeout_s=timeout_s,
+        nproc=nproc,
+        seed=seed,
+        lr=lr,
+        device=device,
+        dump_grads=dump_grads,
+    )[0]
 
 
-def run_layouts(layouts: Sequence[Layout | Mapping[str, Any]], model_cfg: Any, *, seq_len: int,
-                global_batch: int, steps: int = 5, warmup: int = 2, timeout_s: float = 600,
-                nproc: int | None = None, seed: int = 0, lr: float = 1e-3, device: str = "auto",
-                dump_grads: str | os.PathLike | None = None,
-                models: Sequence[Any | None] | None = None) -> list[dict[str, Any]]:
+def run_layouts(
+    layouts: Sequence[Layout | Mapping[str, Any]],
+    model_cfg: Any,
+    *,
+    seq_len: int,
+    global_batch: int,
+    steps: int = 5,
+    warmup: int = 2,
+    timeout_s: float = 600,
+    nproc: int | None = None,
+    seed: int = 0,
+    lr: float = 1e-3,
+    device: str = "auto",
+    dump_grads: str | os.PathLike | None = None,
+    models: Sequence[Any | None] | None = None,
+) -> list[dict[str, Any]]:
     """Run several layouts of the same ``num_devices`` one after another in one torchrun launch.
 
     ``models`` optionally gives a model per layout (``None`` = ``model_cfg``). Returns one result per
@@ -80,50 +114,116 @@ def run_layouts(layouts: Sequence[Layout | Mapping[str, Any]], model_cfg: Any, *
     per_model = [base if m is None else _as_model(m) for m in (models or [None] * len(lays))]
     if len(per_model) != len(lays):
         raise RunError(f"{len(per_model)} models for {len(lays)} layouts", "pass one model per layout")
-    return _launch(lays, base, single=False, seq_len=seq_len, global_batch=global_batch, steps=steps,
-                   warmup=warmup, timeout_s=timeout_s, nproc=nproc, seed=seed, lr=lr, device=device,
-                   dump_grads=dump_grads, models=per_model)
+    return _launch(
+        lays,
+        base,
+        single=False,
+        seq_len=seq_len,
+        global_batch=global_batch,
+        steps=steps,
+        warmup=warmup,
+        timeout_s=timeout_s,
+        nproc=nproc,
+        seed=seed,
+        lr=lr,
+        device=device,
+        dump_grads=dump_grads,
+        models=per_model,
+    )
 
 
-def _launch(lays: list[Layout], cfg: RunnerModelConfig, *, single: bool, seq_len: int, global_batch: int,
-            steps: int, warmup: int, timeout_s: float, nproc: int | None, seed: int, lr: float, device: str,
-            dump_grads: str | os.PathLike | None,
-            models: list[RunnerModelConfig] | None = None) -> list[dict[str, Any]]:
+def _launch(
+    lays: list[Layout],
+    cfg: RunnerModelConfig,
+    *,
+    single: bool,
+    seq_len: int,
+    global_batch: int,
+    steps: int,
+    warmup: int,
+    timeout_s: float,
+    nproc: int | None,
+    seed: int,
+    lr: float,
+    device: str,
+    dump_grads: str | os.PathLike | None,
+    models: list[RunnerModelConfig] | None = None,
+) -> list[dict[str, Any]]:
     models = models or [cfg] * len(lays)
-    for name, v, lo in (("seq_len", seq_len, 1), ("global_batch", global_batch, 1), ("steps", steps, 1),
-                        ("warmup", warmup, 0)):
+    for name, v, lo in (
+        ("seq_len", seq_len, 1),
+        ("global_batch", global_batch, 1),
+        ("steps", steps, 1),
+        ("warmup", warmup, 0),
+    ):
         if not isinstance(v, int) or v < lo:
             raise RunError(f"{name}={v!r} must be an integer >= {lo}", f"pass {name} >= {lo}")
     if steps <= warmup:
-        raise RunError(f"steps={steps} must exceed warmup={warmup}", "the median needs at least one timed step")
+        raise RunError(
+            f"steps={steps} must exceed warmup={warmup}", "the median needs at least one timed step"
+        )
     if timeout_s is None or timeout_s <= 0:
         raise RunError(f"timeout_s={timeout_s!r} must be positive", "pass a timeout in seconds")
     if device not in ("auto", "cpu", "cuda"):
         raise RunError(f"device={device!r} is not one of auto, cpu, cuda", "pass device='cpu' or 'cuda'")
     world = {lay.num_devices for lay in lays}
     if len(world) != 1:
-        raise RunError(f"layouts of one launch need the same num_devices, got {sorted(world)}",
-                       "group layouts by tp*pp*cp*dp")
+        raise RunError(
+            f"layouts of one launch need the same num_devices, got {sorted(world)}",
+            "group layouts by tp*pp*cp*dp",
+        )
     n = world.pop()
     if nproc is not None and nproc != n:
-        raise RunError(f"nproc={nproc} but the layout needs tp*pp*cp*dp = {n} ranks",
-                       "leave nproc out or pass the layout's num_devices")
+        raise RunError(
+            f"nproc={nproc} but the layout needs tp*pp*cp*dp = {n} ranks",
+            "leave nproc out or pass the layout's num_devices",
+        )
     for lay, m in zip(lays, models, strict=True):
         check_layout(lay, m, seq_len=seq_len, global_batch=global_batch)
 
     if single:
         layout_arg = lays[0].model_dump_json()
     else:
-        layout_arg = json.dumps([lay.model_dump() if m is cfg else
-                                 {"layout": lay.model_dump(), "model": json.loads(m.to_json())}
-                                 for lay, m in zip(lays, models, strict=True)])
+        layout_arg = json.dumps(
+            [
+                lay.model_dump()
+                if m is cfg
+                else {"layout": lay.model_dump(), "model": json.loads(m.to_json())}
+                for lay, m in zip(lays, models, strict=True)
+            ]
+        )
     with tempfile.TemporaryDirectory(prefix="autopar-run-") as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-               "-m", "autopar.runner.train", "--layout-json", layout_arg, "--model-json", cfg.to_json(),
-               "--seq-len", str(seq_len), "--global-batch", str(global_batch), "--steps", str(steps),
-               "--warmup", str(warmup), "--seed", str(seed), "--lr", repr(lr), "--device", device,
-               "--out", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(n),
+            "-m",
+            "autopar.runner.train",
+            "--layout-json",
+            layout_arg,
+            "--model-json",
+            cfg.to_json(),
+            "--seq-len",
+            str(seq_len),
+            "--global-batch",
+            str(global_batch),
+            "--steps",
+            str(steps),
+            "--warmup",
+            str(warmup),
+            "--seed",
+            str(seed),
+            "--lr",
+            repr(lr),
+            "--device",
+            device,
+            "--out",
+            str(out),
+        ]
         if dump_grads is not None:
             cmd += ["--dump-grads", os.fspath(dump_grads)]
         t0 = time.perf_counter()
@@ -137,8 +237,14 @@ def _launch(lays: list[Layout], cfg: RunnerModelConfig, *, single: bool, seq_len
                 payload = None
 
     def failed(error: str) -> dict[str, Any]:
-        return {"status": "failed", "error": error, "returncode": rc, "timed_out": timed_out,
-                "wall_s": wall, "log_tail": log[-LOG_TAIL_CHARS:]}
+        return {
+            "status": "failed",
+            "error": error,
+            "returncode": rc,
+            "timed_out": timed_out,
+            "wall_s": wall,
+            "log_tail": log[-LOG_TAIL_CHARS:],
+        }
 
     if timed_out:
         fail = failed(f"timed out after {timeout_s:g} s")
@@ -167,8 +273,9 @@ def _run(cmd: list[str], timeout_s: float) -> tuple[int, str, bool]:
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # profiler "unknown block" notices on every free
     root = str(Path(__file__).resolve().parents[2])  # so the workers import this very autopar
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
     try:
         log, _ = proc.communicate(timeout=timeout_s)
         return proc.returncode, log, False

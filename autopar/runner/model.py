@@ -52,8 +52,9 @@ class Attention(nn.Module):
         rep = q.shape[2] // k.shape[2]
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                             is_causal=True)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
         return self.wo(out.transpose(1, 2).reshape(bs, seq, -1))
 
 
@@ -83,8 +84,9 @@ class MoE(nn.Module):
         super().__init__()
         self.topk = cfg.moe_topk
         self.router = nn.Linear(cfg.hidden, cfg.num_experts, bias=False)
-        self.experts = nn.ModuleList(FeedForward(cfg.hidden, cfg.expert_ffn_hidden)
-                                     for _ in range(cfg.num_experts))
+        self.experts = nn.ModuleList(
+            FeedForward(cfg.hidden, cfg.expert_ffn_hidden) for _ in range(cfg.num_experts)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape

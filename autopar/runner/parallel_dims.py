@@ -37,8 +37,9 @@ class ParallelDims:
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
         names = tuple(n for n in DIM_NAMES if self.sizes[n] > 1)
         if names:
-            self.mesh = init_device_mesh(device_type, tuple(self.sizes[n] for n in names),
-                                         mesh_dim_names=names)
+            self.mesh = init_device_mesh(
+                device_type, tuple(self.sizes[n] for n in names), mesh_dim_names=names
+            )
         return self.mesh
 
     def get(self, *names: str) -> DeviceMesh | None:

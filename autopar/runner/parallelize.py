@@ -69,14 +69,26 @@ def parallelize(full: Transformer, layout: Layout, dims: ParallelDims, device: t
             apply_tp(part, tp_mesh, sequence_parallel=layout.sp, expert_tp=layout.etp > 1)
         apply_ac(part, layout.recompute)
         if dp_mesh is not None:
-            apply_data_parallel(part, dp_mesh, zero=layout.zero, param_dtype=mp_dtype,
-                                offload=layout.offload and device.type == "cuda")
+            apply_data_parallel(
+                part,
+                dp_mesh,
+                zero=layout.zero,
+                param_dtype=mp_dtype,
+                offload=layout.offload and device.type == "cuda",
+            )
 
-    pm = ParallelModel(parts=modules, dims=dims, layout=layout, device=device, autocast_dtype=autocast_dtype,
-                       sync_each_microbatch=sync_every_microbatch(layout.zero))
+    pm = ParallelModel(
+        parts=modules,
+        dims=dims,
+        layout=layout,
+        device=device,
+        autocast_dtype=autocast_dtype,
+        sync_each_microbatch=sync_every_microbatch(layout.zero),
+    )
     if pp_mesh is not None:
-        pm.schedule = build_schedule(parts, ids, num_stages, pp_mesh, device,
-                                     n_microbatches=layout.grad_accum, loss_fn=lm_loss)
+        pm.schedule = build_schedule(
+            parts, ids, num_stages, pp_mesh, device, n_microbatches=layout.grad_accum, loss_fn=lm_loss
+        )
         pm.has_first_stage = 0 in ids
         pm.has_last_stage = num_stages - 1 in ids
     return pm

@@ -51,7 +51,10 @@ def build_schedule(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ):
     group = pp_mesh.get_group()
-    stages: list[_PipelineStageBase] = [PipelineStage(part, sid, num_stages, device, group=group) for part, sid in zip(parts, ids, strict=True)]
+    stages: list[_PipelineStageBase] = [
+        PipelineStage(part, sid, num_stages, device, group=group)
+        for part, sid in zip(parts, ids, strict=True)
+    ]
     if len(stages) == 1:
         return Schedule1F1B(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True)
     return ScheduleInterleaved1F1B(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True)

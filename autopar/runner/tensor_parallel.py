@@ -37,8 +37,9 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
     if model.norm is not None and sp:
         root_plan["norm"] = SequenceParallel()
     if model.output is not None:
-        root_plan["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate(),
-                                              use_local_output=True)
+        root_plan["output"] = ColwiseParallel(
+            input_layouts=seq, output_layouts=Replicate(), use_local_output=True
+        )
     if root_plan:
         parallelize_module(model, tp_mesh, root_plan)
 
@@ -52,8 +53,9 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
         if sp:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
-            plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                                   desired_input_layouts=(Replicate(), None, None))
+            plan["attention"] = PrepareModuleInput(
+                input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
+            )
         ffn = block.feed_forward
         if isinstance(ffn, MoE):
             # The router and the top-k combine work on the full (replicated) token set; each expert
@@ -61,8 +63,12 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
             # re-sharded on the sequence for the residual stream.
             if sp:
                 plan["feed_forward"] = PrepareModuleInputOutput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
-                    output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True,
+                    input_layouts=(Shard(1),),
+                    desired_input_layouts=(Replicate(),),
+                    use_local_input=True,
+                    output_layouts=(Replicate(),),
+                    desired_output_layouts=(Shard(1),),
+                    use_local_output=True,
                 )
             if expert_tp:
                 for i in range(len(ffn.experts)):
@@ -71,8 +77,9 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, *, sequence_parallel: bool
                     plan[f"feed_forward.experts.{i}.w2"] = RowwiseParallel(output_layouts=Replicate())
         else:
             if sp:
-                plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),),
-                                                          desired_input_layouts=(Replicate(),))
+                plan["feed_forward"] = PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                )
             plan["feed_forward.w1"] = ColwiseParallel()
             plan["feed_forward.w3"] = ColwiseParallel()
             plan["feed_forward.w2"] = RowwiseParallel(output_layouts=seq)

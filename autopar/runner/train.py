@@ -62,8 +62,9 @@ def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=lr, betas=ADAMW_BETAS, eps=ADAMW_EPS, weight_decay=ADAMW_WEIGHT_DECAY)
 
 
-def reference_run(cfg: RunnerModelConfig, *, seq_len: int, global_batch: int, steps: int, seed: int = 0,
-                  lr: float = 1e-3) -> dict[str, Any]:
+def reference_run(
+    cfg: RunnerModelConfig, *, seq_len: int, global_batch: int, steps: int, seed: int = 0, lr: float = 1e-3
+) -> dict[str, Any]:
     """The single-process ground truth: losses of ``steps`` AdamW steps on the whole global batch
     and the full gradients of the first step (fp32, no parallelism, no micro-batching)."""
     torch.manual_seed(seed)
@@ -105,15 +106,16 @@ def forward_backward(pm, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[fl
         if not pm.sync_each_microbatch:
             set_gradient_sync(model, i == ga - 1)
         with pm.autocast():
-            logits = model(inputs[i * mb:(i + 1) * mb])
-        loss = lm_loss(logits, labels[i * mb:(i + 1) * mb]) / ga
+            logits = model(inputs[i * mb : (i + 1) * mb])
+        loss = lm_loss(logits, labels[i * mb : (i + 1) * mb]) / ga
         loss.backward()
         total += loss.detach()
     return float(total.item()), 1
 
 
-def train_step(pm, opt: torch.optim.Optimizer, inputs: torch.Tensor, labels: torch.Tensor,
-               grads_out: dict | None = None) -> tuple[float, int]:
+def train_step(
+    pm, opt: torch.optim.Optimizer, inputs: torch.Tensor, labels: torch.Tensor, grads_out: dict | None = None
+) -> tuple[float, int]:
     """One optimizer step; fills ``grads_out`` with the full gradients before the update."""
     res = forward_backward(pm, inputs, labels)
     if grads_out is not None:
@@ -145,8 +147,19 @@ def _sync(device: torch.device) -> None:
 # ---------------------------------------------------------------- one layout
 
 
-def run_one(layout: Layout, cfg: RunnerModelConfig, *, seq_len: int, global_batch: int, steps: int,
-            warmup: int, seed: int, lr: float, device: torch.device, want_grads: bool) -> tuple[dict, dict]:
+def run_one(
+    layout: Layout,
+    cfg: RunnerModelConfig,
+    *,
+    seq_len: int,
+    global_batch: int,
+    steps: int,
+    warmup: int,
+    seed: int,
+    lr: float,
+    device: torch.device,
+    want_grads: bool,
+) -> tuple[dict, dict]:
     from autopar.runner.parallelize import parallelize
 
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -154,8 +167,10 @@ def run_one(layout: Layout, cfg: RunnerModelConfig, *, seq_len: int, global_batc
     check_layout(layout, cfg, seq_len=seq_len, global_batch=global_batch)
     check_device_support(layout, device.type)
     if layout.num_devices != world:
-        raise RunError(f"layout needs {layout.num_devices} ranks ({layout.short()}), the job has {world}",
-                       "launch with --nproc-per-node equal to tp*pp*cp*dp")
+        raise RunError(
+            f"layout needs {layout.num_devices} ranks ({layout.short()}), the job has {world}",
+            "launch with --nproc-per-node equal to tp*pp*cp*dp",
+        )
     if steps <= warmup:
         raise RunError(f"steps={steps} must exceed warmup={warmup}", "raise --steps")
 
@@ -182,7 +197,7 @@ def run_one(layout: Layout, cfg: RunnerModelConfig, *, seq_len: int, global_batc
         torch.cuda.reset_peak_memory_stats(device)
     for step in range(steps):
         tokens = synthetic_batch(cfg.vocab, seq_len, global_batch, step, seed)
-        tokens = tokens[dp_rank * rows:(dp_rank + 1) * rows].to(device)
+        tokens = tokens[dp_rank * rows : (dp_rank + 1) * rows].to(device)
         inputs, labels = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
         opt.zero_grad(set_to_none=True)
         probe = step == probe_step and device.type == "cpu"
@@ -227,9 +242,12 @@ def run_one(layout: Layout, cfg: RunnerModelConfig, *, seq_len: int, global_batc
         "tokens_per_s": global_batch * seq_len / statistics.median(timed),
         "losses": losses,
         "peak_memory_bytes": [r[0] for r in per_rank],
-        "peak_memory_method": ("torch.cuda.max_memory_allocated over all steps" if device.type == "cuda" else
-                               f"live state (params, buffers, optimizer state) + profiler allocator peak of "
-                               f"step {probe_step} (see autopar.runner.memory)"),
+        "peak_memory_method": (
+            "torch.cuda.max_memory_allocated over all steps"
+            if device.type == "cuda"
+            else f"live state (params, buffers, optimizer state) + profiler allocator peak of "
+            f"step {probe_step} (see autopar.runner.memory)"
+        ),
         "rss_peak_bytes": [r[1] for r in per_rank],
     }
     if layout.offload and device.type == "cpu":
@@ -289,7 +307,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--out", required=True, help="result JSON written by rank 0")
-    p.add_argument("--dump-grads", default=None, help="torch.save the full first-step gradients here (rank 0)")
+    p.add_argument(
+        "--dump-grads", default=None, help="torch.save the full first-step gradients here (rank 0)"
+    )
     return p.parse_args(argv)
 
 
@@ -299,8 +319,10 @@ def _pick_device(choice: str, local_rank: int) -> torch.device:
         if not torch.cuda.is_available():
             raise RunError("--device cuda but torch sees no GPU", "use --device cpu")
         if local_rank >= torch.cuda.device_count():
-            raise RunError(f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs on this host",
-                           "use at most one rank per GPU (or --device cpu)")
+            raise RunError(
+                f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs on this host",
+                "use at most one rank per GPU (or --device cpu)",
+            )
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
@@ -328,9 +350,18 @@ def main(argv: list[str] | None = None) -> int:
             dist.init_process_group(backend=backend)
         for layout, job_cfg in jobs:
             try:
-                res, g = run_one(layout, job_cfg, seq_len=args.seq_len, global_batch=args.global_batch,
-                                 steps=args.steps, warmup=args.warmup, seed=args.seed, lr=args.lr,
-                                 device=device, want_grads=args.dump_grads is not None)
+                res, g = run_one(
+                    layout,
+                    job_cfg,
+                    seq_len=args.seq_len,
+                    global_batch=args.global_batch,
+                    steps=args.steps,
+                    warmup=args.warmup,
+                    seed=args.seed,
+                    lr=args.lr,
+                    device=device,
+                    want_grads=args.dump_grads is not None,
+                )
             except Exception as exc:  # noqa: BLE001 - reported in the result, the launcher decides
                 if single:
                     raise

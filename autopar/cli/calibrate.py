@@ -1,0 +1,134 @@
+"""``autopar calibrate``: microbenchmark this machine and backend, fit a device profile and a calibration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> dict[str, Any]:
+    from autopar.cli.args import positive_int
+
+    p = sub.add_parser(
+        "calibrate",
+        help="microbenchmark this machine; fit a device profile and a calibration file",
+        description="Run GEMM, attention, elementwise, dispatch and collective microbenchmarks on N local "
+        "ranks (torchrun; gloo on CPU, NCCL on GPU), fit the latency model's coefficients with "
+        "scipy, and write <out-dir>/<name>.yaml (calibration) and <out-dir>/<name>.device.yaml "
+        "(device profile). Use them with --device <name>.device.yaml --calibration <name>.yaml.",
+    )
+    p.add_argument(
+        "--world-size",
+        type=positive_int,
+        default=2,
+        help="ranks to measure with: the world size of the runs to predict (default 2)",
+    )
+    p.add_argument("--name", default=None, help="device id and file stem (default local-<cpu|cuda>-w<N>)")
+    p.add_argument(
+        "--out-dir", default="cost_models/calibration", help="where to write (default %(default)s)"
+    )
+    p.add_argument("--quick", action="store_true", help="a small sweep (seconds; for CI and smoke tests)")
+    p.add_argument(
+        "--run-device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="benchmark on the CPU or the GPUs (default: GPUs when present)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=900.0, help="seconds before the microbenchmarks are stopped"
+    )
+    p.add_argument(
+        "--from-raw",
+        default=None,
+        metavar="FILE",
+        help="fit saved microbenchmark results instead of measuring",
+    )
+    p.add_argument(
+        "--save-raw", default=None, metavar="FILE", help="also save the raw microbenchmark results"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return {"calibrate": cmd_calibrate}
+
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from autopar.calibration.calibrate import calibrate
+    from autopar.errors import AutoparError
+
+    raw = None
+    if a.from_raw:
+        path = Path(a.from_raw)
+        if not path.is_file():
+            raise AutoparError(f"raw results {path} do not exist", "pass a file written by --save-raw")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise AutoparError(
+                f"raw results {path} are not valid JSON: {exc.msg}", "pass a --save-raw file"
+            ) from None
+    world = int(raw["world_size"]) if raw and "world_size" in raw else a.world_size
+    kind = (raw or {}).get("device") or (
+        "cuda" if a.run_device == "cuda" else "cpu" if a.run_device == "cpu" else None
+    )
+    if kind is None:
+        kind = "cuda" if _has_cuda() else "cpu"
+    name = a.name or f"local-{kind}-w{world}"
+    if not a.json:
+        what = (
+            f"fitting {a.from_raw}"
+            if raw
+            else (f"running {'quick ' if a.quick else ''}microbenchmarks on {world} rank(s) ({kind})")
+        )
+        sys.stderr.write(f"calibrate: {what} ...\n")
+    fitted, cal_path, prof_path = calibrate(
+        world_size=world,
+        name=name,
+        out_dir=a.out_dir,
+        sweep="quick" if a.quick else "full",
+        device=a.run_device,
+        timeout_s=a.timeout,
+        raw=raw,
+        save_raw=a.save_raw,
+    )
+    out = {
+        "device_id": fitted.device_id,
+        "calibration": str(cal_path),
+        "device_profile": str(prof_path),
+        "values": fitted.values,
+        "residuals": fitted.residuals,
+    }
+    if a.json:
+        sys.stdout.write(json.dumps(out, indent=2, default=float) + "\n")
+        return 0
+    v = fitted.values
+    lines = [
+        f"device {fitted.device_id}: peak fp32 {v.get('peak_tflops_fp32', float('nan')) * 1e3:.1f} GFLOP/s per rank, "
+        f"GEMM efficiency "
+        + ", ".join(f"{k[9:]} {x:.3f}" for k, x in v.items() if k.startswith("gemm_eff_"))
+        + f", half-dim {v['gemm_half_dim']:.0f}",
+        f"  attention efficiency {v['attention_eff']:.3f}, memory {v['memory_bw_gbps']:.1f} GB/s x {v['hbm_eff']:.2f}, "
+        f"dispatch {v['kernel_overhead_us']:.0f} us per layer (fwd+bwd)",
+        f"  links: bus {v['bus_gbps']:.3f} GB/s, peer {v['peer_gbps']:.3f} GB/s, latency {v['latency_us']:.0f} us per hop",
+        "fit residuals (median / max |error|):",
+    ]
+    for sec, r in fitted.residuals.items():
+        if r.get("n"):
+            lines.append(f"  {sec:<28} n={r['n']:<3} {r['median_abs_pct']:6.1f}% / {r['max_abs_pct']:6.1f}%")
+    lines += [
+        f"wrote {cal_path}",
+        f"wrote {prof_path}",
+        f"use: autopar predict --device {prof_path} --calibration {cal_path} --num-devices {world} ...",
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False

@@ -1,0 +1,197 @@
+"""``autopar compare``: best layout, tokens/s, tokens/J and $/token per device (see autopar.whatif.compare)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from autopar.cli.args import positive_int
+from autopar.cli.serve import positive_float
+from autopar.errors import AutoparError
+
+
+def _int_list(text: str) -> list[int]:
+    from autopar.cli.args import positive_int
+
+    out = [positive_int(x.strip()) for x in text.split(",") if x.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError("empty list")
+    return out
+
+
+def _batch_list(text: str) -> list[int | None]:
+    """Comma-separated batch sizes; ``max`` means as many as memory allows (serving offline)."""
+    out: list[int | None] = []
+    for x in text.split(","):
+        x = x.strip().lower()
+        if x == "max":
+            out.append(None)
+        elif x:
+            out.extend(_int_list(x))
+    if not out:
+        raise argparse.ArgumentTypeError("empty list")
+    return out
+
+
+def _names(text: str) -> list[str]:
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError("empty list")
+    return out
+
+
+def _prices(text: str) -> dict[str, float]:
+    out = {}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise argparse.ArgumentTypeError(f"{item!r} is not DEVICE=USD")
+        k, v = item.split("=", 1)
+        out[k.strip().lower()] = positive_float(v)
+    return out
+
+
+def register(sub) -> dict:
+    p = sub.add_parser(
+        "compare",
+        help="compare devices: best layout, tokens/s, tokens/J, $/token",
+        description="Run the serving search or a training layout sweep on each device and "
+        "show where the winner changes across batch size, sequence length and "
+        "model size; --out writes PREFIX.csv and PREFIX.svg.",
+    )
+    p.add_argument(
+        "--model",
+        type=_names,
+        required=True,
+        dest="models",
+        help="model preset(s), comma-separated (more than one compares model sizes)",
+    )
+    p.add_argument("--devices", type=_names, required=True, help="device ids, comma-separated")
+    p.add_argument("--num-devices", type=positive_int, required=True, help="devices of each type")
+    p.add_argument("--workload", choices=["serving", "training"], default="serving")
+    p.add_argument(
+        "--seq-len",
+        "--isl",
+        type=_int_list,
+        dest="seq_lens",
+        required=True,
+        help="prompt length (serving) or training sequence length; comma-separated to sweep",
+    )
+    p.add_argument(
+        "--batch",
+        "--global-batch",
+        "--concurrency",
+        type=_batch_list,
+        dest="batches",
+        default=None,
+        help="concurrency (serving; 'max' = offline) or global batch (training); comma-separated",
+    )
+    p.add_argument("--osl", type=positive_int, default=256, help="serving output tokens per request")
+    p.add_argument("--weight-precision", choices=["bf16", "fp16", "fp8", "int4"], default="bf16")
+    p.add_argument("--kv-precision", choices=["bf16", "fp16", "fp8", "int8"], default=None)
+    p.add_argument("--ttft-ms", type=positive_float, default=None)
+    p.add_argument("--tpot-ms", type=positive_float, default=None)
+    p.add_argument("--precision", choices=["bf16", "fp8"], default="bf16", help="training GEMM precision")
+    p.add_argument(
+        "--metric",
+        choices=["tokens_per_s_per_device", "tokens_per_joule", "cost_per_mtok"],
+        default="tokens_per_s_per_device",
+        help="what decides the winner",
+    )
+    p.add_argument("--prices", type=_prices, default=None, help="USD per device-hour: DEVICE=PRICE,...")
+    p.add_argument(
+        "--price-per-device-hour", type=positive_float, default=None, help="same price for every device"
+    )
+    p.add_argument("--calibration", default=None)
+    p.add_argument("--out", default=None, help="write PREFIX.csv and PREFIX.svg")
+    p.add_argument("--json", action="store_true")
+    return {"compare": cmd_compare}
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    from autopar.whatif.compare import compare, write_outputs
+
+    prices: dict[str, Any] = {}
+    if a.price_per_device_hour is not None:
+        prices = {d.lower(): a.price_per_device_hour for d in a.devices}
+    prices.update(a.prices or {})
+    batches = a.batches if a.batches is not None else [None]
+    if a.workload == "training" and a.batches is None:
+        raise AutoparError("training comparison needs --global-batch", "e.g. --global-batch 256,1024")
+    res = compare(
+        models=a.models,
+        devices=[d.lower() for d in a.devices],
+        num_devices=a.num_devices,
+        workload=a.workload,
+        seq_lens=a.seq_lens,
+        batches=batches,
+        osl=a.osl,
+        metric=a.metric,
+        prices=prices,
+        precision=a.precision,
+        calibration=a.calibration,
+        serving_kwargs=dict(
+            weight_precision=a.weight_precision,
+            kv_precision=a.kv_precision,
+            ttft_ms=a.ttft_ms,
+            tpot_ms=a.tpot_ms,
+        ),
+    )
+    written = write_outputs(res, a.out) if a.out else []
+    if a.json:
+        d = res.to_dict()
+        d["files"] = [str(p) for p in written]
+        sys.stdout.write(json.dumps(d, indent=2, default=float) + "\n")
+        return 0
+    _print(res)
+    for p in written:
+        print(f"wrote {p}")
+    return 0
+
+
+def _print(res) -> None:
+    from rich.table import Table
+
+    from autopar.cli.render import console
+
+    con = console()
+    unit = "output tok" if res.workload == "serving" else "tok"
+    t = Table(title=f"{res.workload}: best layout per device (winner by {res.metric})")
+    for c in ("model", "seq", "batch", "device", "layout", f"{unit}/s/device", f"{unit}/J", "$/Mtok", ""):
+        t.add_column(c, justify="right" if c not in ("model", "device", "layout") else "left")
+    for c in res.cells:
+        if not c["feasible"]:
+            t.add_row(
+                c["model"],
+                str(c["seq_len"]),
+                str(c["batch"] or "max"),
+                c["device"],
+                "infeasible",
+                "-",
+                "-",
+                "-",
+                "",
+            )
+            continue
+        cost = c.get("cost_per_mtok")
+        t.add_row(
+            c["model"],
+            str(c["seq_len"]),
+            str(c["batch"] or "max"),
+            c["device"],
+            c["layout"],
+            f"{c['tokens_per_s_per_device']:,.0f}",
+            f"{c['tokens_per_joule']:.2f}",
+            "-" if cost is None else f"{cost:.3f}",
+            "winner" if c["winner"] else "",
+        )
+    con.print(t)
+    if res.changes:
+        con.print("winner changes:")
+        for s in res.changes:
+            con.print(f"  {s}")
+    else:
+        con.print("the winner is the same in every cell")

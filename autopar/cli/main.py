@@ -1,0 +1,46 @@
+"""The ``autopar`` command line. Every user error exits with status 2 and one line on stderr.
+
+Exit codes a launch script can rely on: 0 success, 2 bad input or nothing feasible (message on
+stderr), 1 an internal error (a bug: please report it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from importlib import import_module
+
+from autopar.cli.args import EXIT_USAGE, Parser
+from autopar.cli.commands import COMMAND_MODULES
+from autopar.errors import AutoparError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+    """The top-level parser and the handler of every sub-command."""
+    parser = Parser(prog="autopar", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"autopar {__import__('autopar').__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    handlers: dict[str, Handler] = {}
+    for name in COMMAND_MODULES:
+        handlers.update(import_module(name).register(sub))
+    return parser, handlers
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, handlers = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return handlers[args.command](args)
+    except AutoparError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Human-readable tables (rich) for predictions, models and search results."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+# Output that goes to a pipe or a log gets a fixed width that fits a ranked layout table; a
+# terminal uses its own width.
+PIPE_WIDTH = 150
+
+
+def console() -> Console:
+    """The console every command prints its tables with."""
+    import sys
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
+
+
+_console = console()
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def print_model(spec) -> None:
+    t = Table(title=f"{spec.name}", show_header=False)
+    t.add_column("field")
+    t.add_column("value", justify="right")
+    t.add_row("total parameters", f"{spec.total_params / 1e9:.2f} B")
+    t.add_row("active parameters", f"{spec.active_params / 1e9:.2f} B")
+    for k, v in spec.to_dict().items():
+        if k in ("total_params", "active_params") or v in (0, "", None, False):
+            continue
+        t.add_row(k, str(v))
+    _console.print(t)
+
+
+def print_prediction(pred) -> None:
+    d = pred.to_dict()
+    job = pred.job
+    _console.print(
+        f"[bold]{job['model']}[/] on {job['num_devices']} x {job['device']} "
+        f"({job['devices_per_node']} per node), seq {job['seq_len']}, global batch {job['global_batch']} "
+        f"= {job['seq_len'] * job['global_batch']:,} tokens/step"
+    )
+    _console.print(f"layout: [bold]{pred.layout.short()}[/]")
+    summary = Table(show_header=False)
+    summary.add_column("metric")
+    summary.add_column("value", justify="right")
+    summary.add_row("step time", _fmt_s(pred.step_time_s))
+    summary.add_row("tokens/s per device", f"{pred.tokens_per_s_per_device:,.0f}")
+    summary.add_row("MFU", f"{pred.mfu:.1%}")
+    summary.add_row(
+        "memory per device", f"{pred.memory_gib_per_device:.1f} / {pred.memory_capacity_gib:.1f} GiB"
+    )
+    summary.add_row("fits", "yes" if pred.fits else "[red]no[/]")
+    summary.add_row("exposed communication", f"{pred.exposed_comm_fraction:.1%} of step")
+    if pred.coefficients:
+        summary.add_row("coefficients", pred.coefficients)
+    if pred.expected_error_p90 is not None:
+        summary.add_row("expected error", f"within ±{pred.expected_error_p90:.0%} on 90% of fitted runs")
+    summary.add_row(
+        "energy per step", f"{pred.energy_j_per_step / 1e3:,.1f} kJ (avg {pred.avg_power_w:.0f} W/device)"
+    )
+    _console.print(summary)
+    _console.print(breakdown_table("time per step", pred.time_breakdown, pred.step_time_s, _fmt_s))
+    _console.print(
+        breakdown_table(
+            "memory per device (GiB)", pred.memory_breakdown, pred.memory_gib_per_device, lambda x: f"{x:.2f}"
+        )
+    )
+    for r in d["reasons"]:
+        _console.print(f"[red]{r['code']}[/]: {r['message']}")
+
+
+def breakdown_table(title: str, parts: dict[str, float], total: float, fmt) -> Table:
+    t = Table(title=title)
+    t.add_column("component")
+    t.add_column("value", justify="right")
+    t.add_column("share", justify="right")
+    for k, v in parts.items():
+        if v <= 0:
+            continue
+        t.add_row(k, fmt(v), f"{v / total:.1%}" if total else "-")
+    t.add_row("[bold]total[/]", fmt(total), "100%")
+    return t

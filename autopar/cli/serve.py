@@ -1,0 +1,228 @@
+"""``autopar serve``: search inference layouts under latency targets (see autopar.serving.search)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from autopar.cli.args import positive_int
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0 or v != v or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"{v} must be a positive finite number")
+    return v
+
+
+def fraction(text: str) -> float:
+    v = positive_float(text)
+    if v > 1:
+        raise argparse.ArgumentTypeError(f"{v} must be in (0, 1]")
+    return v
+
+
+def float_list(text: str) -> list[float]:
+    return [positive_float(x) for x in text.split(",") if x.strip()]
+
+
+def add_serving_workload_args(p: argparse.ArgumentParser, *, lengths_required: bool = True) -> None:
+    """Request shape, load, precisions, targets and runtime limits (shared by serve and compare)."""
+    p.add_argument("--isl", type=positive_int, required=lengths_required, help="prompt tokens per request")
+    p.add_argument("--osl", type=positive_int, required=lengths_required, help="output tokens per request")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=None,
+        help="requests in flight over the whole deployment (closed loop)",
+    )
+    load.add_argument(
+        "--request-rate",
+        type=positive_float,
+        default=None,
+        help="requests/s over the whole deployment; also reports the fewest devices",
+    )
+    load.add_argument("--offline", action="store_true", help="max-throughput mode: memory decides the batch")
+    p.add_argument(
+        "--weight-precision",
+        choices=["bf16", "fp16", "fp8", "int4"],
+        default="bf16",
+        help="int4 is weight-only (W4A16)",
+    )
+    p.add_argument(
+        "--kv-precision",
+        choices=["bf16", "fp16", "fp8", "int8"],
+        default=None,
+        help="default: fp8 with fp8 weights, else bf16",
+    )
+    p.add_argument("--ttft-ms", type=positive_float, default=None, help="time-to-first-token target")
+    p.add_argument("--tpot-ms", type=positive_float, default=None, help="time-per-output-token target")
+    p.add_argument(
+        "--goodput",
+        type=fraction,
+        default=None,
+        help="share of requests that must meet both targets (default: mean values must)",
+    )
+    p.add_argument(
+        "--max-batch", type=positive_int, default=4096, help="runtime cap on sequences per instance"
+    )
+    p.add_argument(
+        "--max-num-tokens",
+        type=positive_int,
+        default=None,
+        help="token budget per iteration (default: trtllm-bench's heuristic)",
+    )
+    p.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false")
+    p.add_argument(
+        "--price-per-device-hour",
+        type=positive_float,
+        default=None,
+        help="$ per device-hour, for $/M output tokens",
+    )
+    p.add_argument("--calibration", default=None, help="calibration YAML (default: the shipped one)")
+
+
+def workload_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    return dict(
+        isl=a.isl,
+        osl=a.osl,
+        concurrency=a.concurrency,
+        request_rate=a.request_rate,
+        offline=a.offline,
+        weight_precision=a.weight_precision,
+        kv_precision=a.kv_precision,
+        ttft_ms=a.ttft_ms,
+        tpot_ms=a.tpot_ms,
+        goodput=a.goodput,
+        max_batch=a.max_batch,
+        max_num_tokens=a.max_num_tokens,
+        chunked_prefill=a.chunked_prefill,
+    )
+
+
+def register(sub) -> dict:
+    p = sub.add_parser(
+        "serve",
+        help="search inference layouts under TTFT/TPOT targets",
+        description="Search TP x PP x EP x replicas x concurrency (and disaggregated "
+        "prefill/decode pools) for serving a model; exit 2 when no layout "
+        "meets the targets, with the closest achievable figures.",
+    )
+    p.add_argument("--model", required=True, help="preset id or a HF config.json path")
+    p.add_argument("--device", required=True, help="device id or a device YAML path")
+    p.add_argument("--num-devices", type=positive_int, required=True, help="devices available")
+    p.add_argument("--devices-per-node", type=positive_int, default=None)
+    add_serving_workload_args(p)
+    p.add_argument(
+        "--power-caps",
+        type=float_list,
+        default=None,
+        help="device power caps to search, W, comma-separated (e.g. 400,500,600)",
+    )
+    p.add_argument(
+        "--no-disaggregated",
+        dest="disaggregated",
+        action="store_false",
+        help="skip disaggregated prefill/decode pools",
+    )
+    for d in ("tp", "pp", "ep", "adp"):
+        p.add_argument(f"--{d}", type=positive_int, default=None, help=f"pin {d}")
+    p.add_argument("--top", type=positive_int, default=10, help="how many layouts to list")
+    p.add_argument("--json", action="store_true", help="machine-readable output (shape of recommend --json)")
+    return {"serve": cmd_serve}
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from autopar.serving.search import ServingInfeasible, serve
+
+    try:
+        res = serve(
+            model=a.model,
+            device=a.device,
+            num_devices=a.num_devices,
+            devices_per_node=a.devices_per_node,
+            power_caps_w=a.power_caps,
+            price_per_device_hour=a.price_per_device_hour,
+            disaggregated=a.disaggregated,
+            tp=a.tp,
+            pp=a.pp,
+            ep=a.ep,
+            adp=a.adp,
+            top=a.top,
+            calibration=a.calibration,
+            **workload_kwargs(a),
+        )
+    except ServingInfeasible as exc:
+        if a.json and exc.result is not None:
+            sys.stdout.write(json.dumps(exc.result.to_dict(), indent=2, default=float) + "\n")
+        raise
+    if a.json:
+        sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=float) + "\n")
+    else:
+        print_serving(res)
+    return 0
+
+
+def _f(x: Any, nd: int = 1) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{nd}f}"
+    return str(x)
+
+
+def print_serving(res) -> None:
+    from rich.table import Table
+
+    from autopar.cli.render import console
+
+    con = console()
+    w, job = res.workload, res.job
+    load = (
+        "offline max-throughput"
+        if w["offline"]
+        else f"concurrency {w['concurrency']}"
+        if w["concurrency"]
+        else f"{w['request_rate']:g} req/s"
+        if w["request_rate"]
+        else "concurrency sweep"
+    )
+    con.print(
+        f"{job['model']} on {job['num_devices']} x {job['device']}: isl {w['isl']}, osl {w['osl']}, "
+        f"{load}; weights {w['weight_precision']} (GEMMs {job['compute_precision']}), "
+        f"KV {job['kv_precision']}"
+    )
+    con.print(f"coefficients: {job.get('coefficients', 'default')}")
+    con.print(
+        f"{res.layouts_enumerated} candidates, {res.layouts_feasible} feasible; infeasible: "
+        + (", ".join(f"{k} {v}" for k, v in res.infeasible_by_reason.items()) or "none")
+    )
+    t = Table(title="best serving layouts")
+    for c in ("layout", "devices", "TTFT ms", "TPOT ms", "tok/s/device", "tok/s/user", "tok/J", "$/Mtok"):
+        t.add_column(c, justify="left" if c == "layout" else "right")
+    for r in res.results:
+        t.add_row(
+            r["short"] + (f" cap{r['power_cap_w']:.0f}W" if r.get("power_cap_w") else ""),
+            str(r["devices"]),
+            _f(r["ttft_ms"]),
+            _f(r["tpot_ms"], 2),
+            _f(r["output_tokens_per_s_per_device"], 0),
+            _f(r["output_tokens_per_s_per_user"]),
+            _f(r["output_tokens_per_joule"], 2),
+            _f(r["cost_per_mtok"], 3),
+        )
+    con.print(t)
+    if res.min_devices:
+        con.print(
+            f"fewest devices for {w['request_rate']:g} req/s: {res.min_devices['devices']} "
+            f"({res.min_devices['layout']['short']})"
+        )
+    con.print(f"Pareto front (tok/s/device vs tok/s/user): {len(res.pareto)} points; `--json` lists them")
+    for n in res.notes:
+        con.print(f"note: {n}")

@@ -1,0 +1,192 @@
+"""``autopar study run|show|list``: persistent, resumable Optuna studies over a search space."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def register(sub: Any) -> dict[str, Any]:
+    from autopar.cli.args import Parser, add_job_args, nonneg_int, positive_int
+    from autopar.cli.recommend import add_search_args
+
+    p = sub.add_parser(
+        "study",
+        help="persistent Optuna studies: run (create or resume), show, list",
+        description="Named, persistent, resumable Optuna studies over a search space "
+        "(default storage: ./autopar-studies.log, a journal file optuna-dashboard opens).",
+    )
+    ss = p.add_subparsers(dest="study_command", required=True, parser_class=Parser)
+
+    r = ss.add_parser("run", help="create the study or resume it until it has --n-trials complete trials")
+    r.add_argument("--name", required=True, help="study name (re-running the same command resumes it)")
+    add_job_args(r)
+    add_search_args(r)
+    r.add_argument(
+        "--objective",
+        default="throughput",
+        help="throughput (default), memory, energy, cost; several separated by commas = multi-objective",
+    )
+    r.add_argument(
+        "--sampler",
+        default=None,
+        choices=["tpe", "nsga2", "random", "gp", "bruteforce"],
+        help="Optuna sampler for a new study (default tpe); a resumed study keeps its recorded one",
+    )
+    r.add_argument(
+        "--seed", type=int, default=None, help="sampler seed for a new study (default 0; recorded)"
+    )
+    r.add_argument("--n-trials", type=positive_int, default=200, help="complete trials the study should have")
+    r.add_argument("--timeout", type=float, default=None, help="stop this session after this many seconds")
+    r.add_argument(
+        "--batch", type=positive_int, default=8, help="trials asked and scored together (default 8)"
+    )
+    r.add_argument(
+        "--seed-top-k",
+        type=nonneg_int,
+        default=10,
+        help="enqueue the exhaustive top-k of the enumerable sub-space as first trials (0: off)",
+    )
+    r.add_argument(
+        "--no-structured-seeds",
+        action="store_true",
+        help="uneven spaces: do not also enqueue the balanced split of each seed's base layout",
+    )
+    r.add_argument(
+        "--storage",
+        default=None,
+        help="journal file path (default autopar-studies.log), *.db for SQLite, or an Optuna storage URL",
+    )
+    r.add_argument("--top", type=positive_int, default=5)
+    r.add_argument("--verbose", action="store_true", help="print every finished trial")
+    r.add_argument("--json", action="store_true")
+
+    s = ss.add_parser("show", help="the best feasible trials of a study")
+    s.add_argument("--name", required=True)
+    s.add_argument("--storage", default=None)
+    s.add_argument("--top", type=positive_int, default=5)
+    s.add_argument("--json", action="store_true")
+
+    li = ss.add_parser("list", help="studies in a storage")
+    li.add_argument("--storage", default=None)
+    li.add_argument("--json", action="store_true")
+    return {"study": cmd_study}
+
+
+def cmd_study(a: argparse.Namespace) -> int:
+    if a.study_command == "run":
+        return _run(a)
+    if a.study_command == "show":
+        from autopar.search.study import load_report
+
+        rep = load_report(a.name, a.storage, top=a.top)
+        _emit(rep, a.json)
+        return 0
+    from autopar.search.study import list_studies
+
+    rows = list_studies(a.storage)
+    if a.json:
+        sys.stdout.write(json.dumps(rows, indent=2, default=str) + "\n")
+    else:
+        if not rows:
+            print("no studies")
+        for r in rows:
+            j = r.get("job") or {}
+            print(
+                f"{r['name']}: {r['trials']} trials, {r.get('sampler')} seed {r.get('seed')}, "
+                f"objectives {','.join(r.get('objectives') or [])}, space {r.get('space')}, "
+                f"{j.get('model')} on {j.get('num_devices')} x {j.get('device')}"
+            )
+    return 0
+
+
+def _run(a: argparse.Namespace) -> int:
+    from autopar.cli.recommend import price
+    from autopar.prediction import make_job
+    from autopar.search.recommend import Objectives
+    from autopar.search.space import load_space
+    from autopar.search.study import StudyConfig, run_study
+
+    objectives = Objectives.parse(a.objective, price_per_device_hour=price(a), price_per_kwh=a.price_per_kwh)
+    space = load_space(a.space, tuple(a.overrides))
+    job, info = make_job(
+        model=a.model,
+        device=a.device,
+        num_devices=a.num_devices,
+        devices_per_node=a.devices_per_node,
+        seq_len=a.seq_len,
+        global_batch=a.global_batch,
+        lora=a.lora,
+    )
+    cfg = StudyConfig(
+        name=a.name,
+        job=job,
+        info=info,
+        space=space,
+        objectives=objectives,
+        sampler=a.sampler,
+        seed=a.seed,
+        storage=a.storage,
+        calibration=a.calibration,
+        seed_top_k=a.seed_top_k,
+        batch=a.batch,
+        structured_seeds=not a.no_structured_seeds,
+    )
+
+    def on_trial(number: int, cand: Any, r: dict[str, Any], cached: bool) -> None:
+        if a.verbose:
+            fits = "fits" if r["fits"] else "does not fit"
+            print(
+                f"trial {number} done: {cand.short()} -> {r['tokens_per_s_per_device']:,.1f} tokens/s/device, "
+                f"{r['memory_gib_per_device']:.1f} GiB ({fits})",
+                flush=True,
+            )
+
+    rep = run_study(cfg, n_trials=a.n_trials, timeout=a.timeout, on_trial=on_trial)
+    _emit(rep, a.json)
+    return 0
+
+
+def _emit(rep: Any, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(rep.to_dict(), indent=2, default=str) + "\n")
+        return
+    from rich.table import Table
+
+    from autopar.cli.render import console
+
+    con = console()
+    job = rep.attrs.get("job", {})
+    con.print(
+        f"[bold]study {rep.name}[/]: {job.get('model')} on {job.get('num_devices')} x {job.get('device')}, "
+        f"space {rep.attrs.get('space')}, objectives {', '.join(rep.objectives)}; sampler {rep.sampler} "
+        f"seed {rep.seed} (optuna {rep.attrs.get('optuna_version')})"
+    )
+    con.print(
+        f"{rep.n_complete} complete trials ({rep.new_trials} new this session{', resumed' if rep.resumed else ''}; "
+        f"{rep.n_cached} answered from the cache, {rep.n_repaired} repaired to the nearest legal layout), "
+        f"{rep.n_failed} failed, {rep.n_running} running"
+    )
+    if not rep.best:
+        con.print("[red]no feasible trial yet[/]")
+        return
+    t = Table(title="best feasible trials" if len(rep.objectives) == 1 else "Pareto front (feasible trials)")
+    t.add_column("#", justify="right")
+    t.add_column("trial", justify="right")
+    t.add_column("tokens/s/device", justify="right", no_wrap=True)
+    t.add_column("memory", justify="right", no_wrap=True)
+    t.add_column("step time", justify="right", no_wrap=True)
+    t.add_column("layout | per-stage layers+recompute", overflow="fold", ratio=1)
+    for i, b in enumerate(rep.best, 1):
+        st = b.get("step_time_s") or 0.0
+        t.add_row(
+            str(i),
+            str(b["trial"]),
+            f"{b.get('tokens_per_s_per_device') or 0:,.1f}",
+            f"{b.get('memory_gib_per_device') or 0:.1f} GiB",
+            f"{st:.3f} s",
+            str(b["layout"]),
+        )
+    con.print(t)

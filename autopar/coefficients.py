@@ -1,0 +1,191 @@
+"""Calibration files: fitted coefficients per device type, with their provenance.
+
+A calibration file (YAML) overrides the efficiency coefficients of device profiles. The shipped
+default, ``cost_models/calibration/default.yaml``, was fitted to the published runs (see README,
+"How the coefficients were obtained"); ``autopar calibrate`` writes files of the same schema from
+local microbenchmarks and ``--calibration FILE`` selects one.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from autopar.errors import AutoparError
+from autopar.latency import Coefficients
+
+# Coefficients that are not device properties (how runtimes overlap communication with compute).
+GLOBAL_DEFAULTS: dict[str, float] = {
+    "overlap_contention": 0.15,  # compute slowdown per second of overlapped communication
+    "kernel_overhead_us": 30.0,  # per layer per micro-batch (fwd+bwd+recompute launches and syncs)
+    "tp_overlap": 0.0,  # fraction of TP/SP communication hidden behind GEMMs
+    "tp_collective_overhead_us": 0.0,  # software cost per TP/SP collective beyond the link alpha (DTensor/gloo)
+    # Memory model constants of the runtime (CUDA + NCCL defaults; see autopar/memory.py).
+    "framework_reserve_gib": 2.0,
+    "comm_buffer_gb": 0.4,
+    "fragmentation": 0.10,
+}
+
+
+class DeviceCoefficients(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gemm: dict[str, float] = Field(default_factory=dict)
+    gemm_half_dim: float | None = None
+    attention: float | None = None
+    hbm: float | None = None
+    scale_up_bus: float | None = None
+    scale_out_bus: float | None = None
+    scale_up_latency_us: float | None = None
+    scale_out_latency_us: float | None = None
+
+
+class Transfer(BaseModel):
+    """How fitted coefficients carry over to devices that were not in the fit.
+
+    ``same_silicon`` maps a device id to a fitted one with the same compute die (H200 and H800 are
+    GH100 like the H100): compute efficiencies are taken over unchanged, while memory, links and
+    power stay the device's own. Other devices get their profile's published efficiencies scaled
+    by the fitted/published ratios, i.e. by how far real training stacks fall short of
+    microbenchmarks on the devices that were measured.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    same_silicon: dict[str, str] = Field(default_factory=dict)
+    gemm_ratio: float = 1.0
+    attention_ratio: float = 1.0
+
+
+class Calibration(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    schema_: str = Field("autopar.calibration/v1", alias="schema")
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    global_: dict[str, float] = Field(default_factory=dict, alias="global")
+    transfer: Transfer = Field(default_factory=Transfer)
+    devices: dict[str, DeviceCoefficients] = Field(default_factory=dict)
+
+    def device(self, device_id: str) -> DeviceCoefficients:
+        """Fitted coefficients of a device, or ones carried over from the fit (see Transfer)."""
+        if device_id in self.devices:
+            return self.devices[device_id]
+        twin = self.transfer.same_silicon.get(device_id)
+        if twin in self.devices:
+            d = self.devices[twin]
+            return DeviceCoefficients(gemm=dict(d.gemm), gemm_half_dim=d.gemm_half_dim, attention=d.attention)
+        return DeviceCoefficients()
+
+    def global_value(self, key: str) -> float:
+        return float(self.global_.get(key, GLOBAL_DEFAULTS[key]))
+
+
+def default_calibration_path() -> Path:
+    return Path(str(resources.files("autopar.cost_models") / "calibration" / "default.yaml"))
+
+
+@lru_cache(maxsize=16)
+def _load(path: str) -> Calibration:
+    p = Path(path)
+    if not p.is_file():
+        raise AutoparError(f"calibration file {path} does not exist", "pass an existing --calibration FILE")
+    try:
+        raw = yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as exc:
+        raise AutoparError(
+            f"calibration file {path} is not valid YAML: {exc}".splitlines()[0], "fix the YAML syntax"
+        ) from None
+    try:
+        return Calibration.model_validate(raw or {})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(x) for x in err["loc"])
+        raise AutoparError(
+            f"calibration file {path}: {key}: {err['msg']}",
+            "see cost_models/calibration/default.yaml for the schema",
+        ) from None
+
+
+def load_calibration(path: str | Path | None = None) -> Calibration:
+    """The calibration at ``path``, or the shipped default (an empty one if none ships)."""
+    if path is None:
+        p = default_calibration_path()
+        return _load(str(p)) if p.is_file() else Calibration()
+    return _load(str(Path(path).resolve()))
+
+
+def expected_error(device_id: str, cal: Calibration | None = None) -> float | None:
+    """90th-percentile relative error of the fit on this device (or its same-silicon twin), if any."""
+    cal = cal or load_calibration()
+    res = cal.provenance.get("residuals") or {}
+    key = device_id if device_id in res else cal.transfer.same_silicon.get(device_id)
+    entry = res.get(key) if key else None
+    return float(entry["p90_ape"]) if entry else None
+
+
+def coefficient_source(device_id: str, cal: Calibration | None = None) -> str:
+    """Where a device's time-model coefficients come from (shown with every prediction).
+
+    A prediction for a device that was never measured rests on transferred coefficients; the
+    user should treat it as less certain and validate it (``autopar validate``) before relying on it.
+    """
+    cal = cal or load_calibration()
+    data = cal.provenance.get("data", "measurements")
+    if device_id in cal.devices:
+        return f"fitted ({data})"
+    twin = cal.transfer.same_silicon.get(device_id)
+    if twin in cal.devices:
+        return f"same silicon as {twin} (fitted on {data})"
+    return (
+        "published efficiencies x fitted/published ratio (device not measured: validate before relying on it)"
+    )
+
+
+def memory_constants(cal: Calibration | None = None) -> dict[str, float]:
+    """Keyword arguments of :func:`autopar.memory.memory_breakdown` from a calibration."""
+    cal = cal or load_calibration()
+    return {
+        "framework_reserve_bytes": cal.global_value("framework_reserve_gib") * 2**30,
+        "comm_buffer_bytes": cal.global_value("comm_buffer_gb") * 1e9,
+        "fragmentation": cal.global_value("fragmentation"),
+    }
+
+
+def coefficients_for(device, calibration: Calibration | None = None) -> tuple[Coefficients, dict[str, float]]:
+    """Merge a device profile's efficiencies with a calibration's overrides.
+
+    Returns the compute coefficients and the link efficiencies/latencies (for :class:`Links`).
+    """
+    cal = calibration or load_calibration()
+    dc = cal.device(device.id)
+    eff = device.efficiency
+    if not dc.gemm:  # not fitted: published efficiencies scaled by the fitted/published ratios
+        gemm = {k: min(v * cal.transfer.gemm_ratio, 0.95) for k, v in eff.gemm.items()}
+        if dc.attention is None:
+            dc = dc.model_copy(update={"attention": eff.attention * cal.transfer.attention_ratio})
+    else:
+        gemm = {**eff.gemm, **dc.gemm}
+    peak = {k: v * 1e12 for k, v in device.peak_tflops.items()}
+    hbm = dc.hbm if dc.hbm is not None else eff.hbm
+    co = Coefficients(
+        peak_flops=peak,
+        gemm_eff=gemm,
+        gemm_half_dim=dc.gemm_half_dim if dc.gemm_half_dim is not None else eff.gemm_half_dim,
+        attention_eff=dc.attention if dc.attention is not None else eff.attention,
+        hbm_bw=device.memory_bw_gbps * 1e9 * hbm,
+        overlap_contention=cal.global_value("overlap_contention"),
+        tp_overlap=cal.global_value("tp_overlap"),
+        kernel_overhead_s=cal.global_value("kernel_overhead_us") * 1e-6,
+        tp_collective_overhead_s=cal.global_value("tp_collective_overhead_us") * 1e-6,
+    )
+    links = {
+        "scale_up_bus": dc.scale_up_bus if dc.scale_up_bus is not None else eff.scale_up_bus,
+        "scale_out_bus": dc.scale_out_bus if dc.scale_out_bus is not None else eff.scale_out_bus,
+    }
+    if dc.scale_up_latency_us is not None:
+        links["scale_up_latency_us"] = dc.scale_up_latency_us
+    if dc.scale_out_latency_us is not None:
+        links["scale_out_latency_us"] = dc.scale_out_latency_us
+    return co, links

@@ -1,0 +1,774 @@
+"""``autopar.recommend``: score every legal layout of a search space and return the best ones.
+
+Enumeration (``autopar.search.enumerate``) yields the legal layouts as a broadcast grid; the engine's own
+``evaluate`` scores it in chunks (in-process, over a process pool, or as Ray tasks; the chunking and
+the merge are the same, so the answer is too); each chunk keeps only its top-k, its Pareto front and
+its closest misses. The returned layouts are then re-predicted one by one exactly as ``predict``
+does, so ``predict`` of a returned layout reproduces its numbers bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autopar.coefficients import Calibration, load_calibration
+from autopar.engine import TrainingJob, evaluate
+from autopar.errors import AutoparError, InfeasibleError
+from autopar.layout import Layout, LayoutTable
+from autopar.memory import GIB
+from autopar.prediction import Prediction, make_job, prediction_from_row
+from autopar.search.enumerate import STAGE_RULES, Enumeration, enumerate_space, rule_message
+from autopar.search.space import SearchSpace, load_space
+
+OBJECTIVES = ("throughput", "memory", "energy", "cost")
+# Default cloud price of one accelerator-hour (USD), used by the "cost" objective: about the
+# on-demand H100 rate of the large GPU clouds in 2025-26. Pass price_per_device_hour for yours.
+DEFAULT_PRICE_PER_DEVICE_HOUR = 2.0
+TARGET_CELLS = 100_000  # grid cells per engine call (fits the caches; see studies/search_speed.py)
+POOL_MIN_LAYOUTS = 1_500_000  # below this a process pool costs more than it saves on 2 cores
+KEEP_CLOSEST = 3
+
+
+# ------------------------------------------------------------------------------------ objectives
+@dataclass(frozen=True)
+class Objectives:
+    """Objectives to minimize (throughput is minimized as step time), with the prices for "cost"."""
+
+    names: tuple[str, ...] = ("throughput",)
+    price_per_device_hour: float = DEFAULT_PRICE_PER_DEVICE_HOUR
+    price_per_kwh: float = 0.0
+
+    @classmethod
+    def parse(
+        cls,
+        objective: str | Sequence[str],
+        *,
+        price_per_device_hour: float = DEFAULT_PRICE_PER_DEVICE_HOUR,
+        price_per_kwh: float = 0.0,
+    ) -> Objectives:
+        names = [objective] if isinstance(objective, str) else list(objective)
+        names = [p.strip() for n in names for p in str(n).split(",") if p.strip()]
+        if not names:
+            raise AutoparError("no objective given", f"use one or more of: {', '.join(OBJECTIVES)}")
+        bad = [n for n in names if n not in OBJECTIVES]
+        if bad:
+            raise AutoparError(
+                f"unknown objective {bad[0]!r}", f"use one or more of: {', '.join(OBJECTIVES)}"
+            )
+        if len(set(names)) != len(names):
+            raise AutoparError(f"objective listed twice: {','.join(names)}", "name each objective once")
+        if price_per_device_hour < 0 or price_per_kwh < 0:
+            raise AutoparError("prices must be >= 0", "pass --price-per-device-hour >= 0")
+        return cls(tuple(names), float(price_per_device_hour), float(price_per_kwh))
+
+    @property
+    def primary(self) -> str:
+        return self.names[0]
+
+    def values(self, name: str, res: dict[str, np.ndarray], job: TrainingJob) -> np.ndarray:
+        """The quantity to minimize for objective ``name`` (arrays as ``evaluate`` returns them)."""
+        if name == "throughput":
+            return res["step_time_s"]
+        if name == "memory":
+            return res["memory_bytes"]
+        if name == "energy":
+            return res["energy_j_per_step"] / job.tokens_per_step
+        if name == "cost":
+            usd = res["step_time_s"] * (job.num_devices * self.price_per_device_hour / 3600.0) + res[
+                "energy_j_per_step"
+            ] * (self.price_per_kwh / 3.6e6)
+            return usd * (1e6 / job.tokens_per_step)
+        raise KeyError(name)
+
+    def report(self, pred: Prediction, job: TrainingJob) -> dict[str, float]:
+        """Human units of every objective for one prediction."""
+        tokens = job.tokens_per_step
+        usd = (
+            pred.step_time_s * job.num_devices * self.price_per_device_hour / 3600.0
+            + pred.energy_j_per_step * self.price_per_kwh / 3.6e6
+        )
+        return {
+            "tokens_per_s_per_device": pred.tokens_per_s_per_device,
+            "memory_gib_per_device": pred.memory_gib_per_device,
+            "energy_j_per_token": pred.energy_j_per_step / tokens,
+            "cost_usd_per_million_tokens": usd * 1e6 / tokens,
+        }
+
+
+# ------------------------------------------------------------------------------ chunk summaries
+@dataclass
+class Summary:
+    """What a chunk (or a merge of chunks) keeps: counts, top-k, Pareto front, closest misses."""
+
+    n_legal: int = 0
+    n_fit: int = 0
+    top_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    top_keys: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # (primary, secondary)
+    front_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    front_vals: np.ndarray = field(default_factory=lambda: np.zeros((0, 1)))
+    close_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    close_ratio: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def _top(ids: np.ndarray, keys: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """k best by (primary, secondary, id), ties included deterministically."""
+    if len(ids) > 4 * k:
+        kth = np.partition(keys[:, 0], k - 1)[k - 1]
+        sel = keys[:, 0] <= kth
+        ids, keys = ids[sel], keys[sel]
+    order = np.lexsort((ids, keys[:, 1], keys[:, 0]))[:k]
+    return ids[order], keys[order]
+
+
+def pareto_mask(vals: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Non-dominated rows of ``vals`` (all minimized); of identical rows the lowest id is kept."""
+    n = len(vals)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    order = np.lexsort((ids, *vals.T[::-1]))
+    v = vals[order]
+    if v.shape[1] == 1:
+        keep_sorted = np.zeros(n, dtype=bool)
+        keep_sorted[0] = True
+    elif v.shape[1] == 2:
+        prev = np.minimum.accumulate(v[:, 1])
+        keep_sorted = np.empty(n, dtype=bool)
+        keep_sorted[0] = True
+        keep_sorted[1:] = v[1:, 1] < prev[:-1]
+    else:
+        alive = np.ones(n, dtype=bool)
+        keep_sorted = np.zeros(n, dtype=bool)
+        i = 0
+        while True:
+            idx = np.flatnonzero(alive[i:])
+            if not len(idx):
+                break
+            i += int(idx[0])
+            keep_sorted[i] = True
+            alive[i] = False
+            dominated = np.all(v[i] <= v, axis=1)  # sorted lexicographically: v[i] is not dominated later
+            alive &= ~dominated
+    keep = np.zeros(n, dtype=bool)
+    keep[order[keep_sorted]] = True
+    return keep
+
+
+def merge(summaries: Sequence[Summary], *, k: int, pareto: bool) -> Summary:
+    out = Summary()
+    if not summaries:
+        return out
+    out.n_legal = sum(s.n_legal for s in summaries)
+    out.n_fit = sum(s.n_fit for s in summaries)
+    ids = np.concatenate([s.top_ids for s in summaries])
+    keys = np.concatenate([s.top_keys for s in summaries])
+    out.top_ids, out.top_keys = _top(ids, keys, k) if len(ids) else (ids, keys)
+    if pareto:
+        fi = np.concatenate([s.front_ids for s in summaries])
+        fv = np.concatenate([s.front_vals for s in summaries])
+        keep = pareto_mask(fv, fi)
+        order = np.lexsort((fi[keep], *fv[keep].T[::-1]))
+        out.front_ids, out.front_vals = fi[keep][order], fv[keep][order]
+    ci = np.concatenate([s.close_ids for s in summaries])
+    cr = np.concatenate([s.close_ratio for s in summaries])
+    order = np.lexsort((ci, cr))[:KEEP_CLOSEST]
+    out.close_ids, out.close_ratio = ci[order], cr[order]
+    return out
+
+
+@dataclass
+class ScoringState:
+    """Everything a worker needs to score chunks (sent once to each process or Ray worker)."""
+
+    enum: Enumeration
+    calibration: Calibration
+    objectives: Objectives
+    k: int
+
+
+def summarize_results(
+    state: ScoringState,
+    ids: np.ndarray,
+    res: dict[str, np.ndarray],
+    legal: np.ndarray | None = None,
+    shape: tuple[int, ...] | None = None,
+    base: int = 0,
+) -> Summary:
+    """Reduce one chunk's engine output to a Summary.
+
+    Grid path: ``res`` arrays broadcast to ``shape`` and ``legal`` is the legal-cell mask of that
+    shape; values are gathered only at the cells that matter (fitting cells, or the misses of a
+    chunk where nothing fits: only then can they be the closest misses overall); a cell's layout id
+    is ``base`` + its flat index. Flat path: ``shape`` is None and ``ids`` are the rows' layout ids.
+    """
+    job, obj = state.enum.job, state.objectives
+    flat_ids = ids if shape is None else None
+    if shape is None:
+        shape = (len(ids),)
+        legal = np.ones(shape, dtype=bool)
+    assert legal is not None
+
+    def at(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return np.broadcast_to(x, shape)[mask]
+
+    fits = np.broadcast_to(res["fits"], shape) & legal
+    n_fit = int(fits.sum())
+    s = Summary(n_legal=len(ids), n_fit=n_fit)
+
+    def cell_ids(mask: np.ndarray) -> np.ndarray:
+        return flat_ids[mask] if flat_ids is not None else base + np.flatnonzero(mask)
+
+    if n_fit:
+        fid = cell_ids(fits)
+        primary = at(obj.values(obj.primary, res, job), fits)
+        secondary = at(res["memory_bytes"] if obj.primary == "throughput" else res["step_time_s"], fits)
+        s.top_ids, s.top_keys = _top(fid, np.stack([primary, secondary], axis=1), state.k)
+        if len(obj.names) > 1:
+            vals = np.stack([at(obj.values(n, res, job), fits) for n in obj.names], axis=1)
+            keep = pareto_mask(vals, fid)
+            s.front_ids, s.front_vals = fid[keep], vals[keep]
+        else:
+            s.front_vals = np.zeros((0, 1))
+    else:
+        s.front_vals = np.zeros((0, len(obj.names)))
+        miss = legal & ~fits
+        if miss.any():
+            ratio = at(res["memory_bytes"] / res["memory_capacity_bytes"], miss)
+            mid = cell_ids(miss)
+            order = np.lexsort((mid, ratio))[:KEEP_CLOSEST]
+            s.close_ids, s.close_ratio = mid[order], ratio[order]
+    return s
+
+
+def score_chunk(state: ScoringState, p: int, s0: int, s1: int) -> Summary:
+    """Score grid rows [s0, s1) at precision index p with the engine (broadcast grid)."""
+    en = state.enum
+    table, shape = en.grid_table(p, s0, s1)
+    legal = en.grid_mask(s0, s1)
+    base = (p * en.n_structural + s0) * en.cells_per_row
+    ids = base + np.flatnonzero(legal)
+    try:
+        res = evaluate(en.job, table, calibration=state.calibration, check_legal=False)
+    except (ValueError, IndexError):  # pragma: no cover - the engine stopped broadcasting: score flat
+        return score_ids(state, ids)
+    return summarize_results(state, ids, res, legal, shape, base)
+
+
+def score_ids(state: ScoringState, ids: np.ndarray) -> Summary:
+    """Score the given layout ids as a flat table (the reference path; used by tests and fallbacks)."""
+    res = evaluate(state.enum.job, state.enum.table(ids), calibration=state.calibration, check_legal=False)
+    return summarize_results(state, ids, res)
+
+
+def score_chunks(state: ScoringState, chunks: Sequence[tuple[int, int, int]]) -> Summary:
+    return merge([score_chunk(state, *c) for c in chunks], k=state.k, pareto=len(state.objectives.names) > 1)
+
+
+# ---------------------------------------------------------------------------------- executors
+_POOL_STATE: ScoringState | None = None
+
+
+def _pool_task(chunks: list[tuple[int, int, int]]) -> Summary:
+    assert _POOL_STATE is not None
+    return score_chunks(_POOL_STATE, chunks)
+
+
+def _batches(chunks: list[tuple[int, int, int]], n: int) -> list[list[tuple[int, int, int]]]:
+    """Split chunks into n contiguous batches (contiguous keeps every path's merge order the same)."""
+    n = max(1, min(n, len(chunks)))
+    edges = np.linspace(0, len(chunks), n + 1).astype(int)
+    return [chunks[a:b] for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
+
+
+class _Progress:
+    """A rich progress bar on stderr that appears only once the work has taken over ~1 s."""
+
+    def __init__(self, total: int, enabled: bool, label: str) -> None:
+        self.total, self.enabled, self.label = total, enabled and sys.stderr.isatty(), label
+        self.t0 = time.perf_counter()
+        self.done = 0
+        self.bar: Any = None
+        self.task: Any = None
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        if self.bar is None and time.perf_counter() - self.t0 > 1.0 and self.done < self.total:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.bar = Progress(
+                TextColumn(self.label),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=self.total)
+        if self.bar is not None:
+            self.bar.update(self.task, completed=self.done)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def run_scoring(
+    state: ScoringState, *, workers: int | None = None, ray: Any = None, progress: bool = False
+) -> tuple[Summary, str, int]:
+    """Score every chunk of ``state.enum``; returns (summary, backend, workers used)."""
+    chunks = state.enum.chunks(TARGET_CELLS)
+    pareto = len(state.objectives.names) > 1
+    bar = _Progress(state.enum.size, progress, "scoring layouts")
+    try:
+        if ray is not None and ray is not False:
+            from autopar.search.ray_backend import score_batches
+
+            batches = _batches(chunks, max(1, 4 * _ray_cpus(ray)))
+            parts = score_batches(state, batches, address=ray, on_done=lambda n: bar.advance(n))
+            return merge(parts, k=state.k, pareto=pareto), "ray", len(batches)
+        n_workers = _auto_workers(state.enum.size) if workers is None else max(1, int(workers))
+        if n_workers > 1 and len(chunks) > 1:
+            return _score_pool(state, chunks, n_workers, bar), "processes", n_workers
+        parts = []
+        for c in chunks:
+            parts.append(score_chunk(state, *c))
+            bar.advance(int(state.enum.vmask[c[1] : c[2]].sum()) * len(state.enum.recompute))
+        return merge(parts, k=state.k, pareto=pareto), "numpy", 1
+    finally:
+        bar.close()
+
+
+def _ray_cpus(address: Any) -> int:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return max(1, int(ray.cluster_resources().get("CPU", 1)))
+    except Exception:  # pragma: no cover - ray missing or not started: the backend reports it
+        pass
+    return max(1, os.cpu_count() or 1)
+
+
+def _auto_workers(size: int) -> int:
+    if size < POOL_MIN_LAYOUTS:
+        return 1
+    return max(
+        1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1), 8)
+    )
+
+
+def _score_pool(
+    state: ScoringState, chunks: list[tuple[int, int, int]], n_workers: int, bar: _Progress
+) -> Summary:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    global _POOL_STATE
+    _POOL_STATE = state
+    try:
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+        batches = _batches(chunks, 4 * n_workers)
+        if ctx is None:  # pragma: no cover - platforms without fork score in-process
+            return score_chunks(state, chunks)
+        with ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx) as ex:
+            futures = [ex.submit(_pool_task, b) for b in batches]
+            parts = []
+            for f, b in zip(futures, batches, strict=True):
+                parts.append(f.result())
+                bar.advance(
+                    sum(int(state.enum.vmask[s0:s1].sum()) for _, s0, s1 in b) * len(state.enum.recompute)
+                )
+        return merge(parts, k=state.k, pareto=len(state.objectives.names) > 1)
+    finally:
+        _POOL_STATE = None
+
+
+# ------------------------------------------------------------------------------------- results
+@dataclass
+class SearchResult:
+    """The answer of :func:`recommend`; ``to_dict()`` is what ``recommend --json`` prints."""
+
+    job: dict[str, Any]
+    space: str
+    space_fingerprint: str
+    objectives: Objectives
+    layouts_enumerated: int
+    layouts_feasible: int
+    infeasible_by_reason: dict[str, int]
+    candidates_total: int
+    results: list[Prediction]
+    pareto: list[Prediction]
+    pareto_size: int
+    elapsed_s: float
+    scoring_s: float
+    backend: str
+    workers: int
+    training_job: TrainingJob | None = None
+
+    @property
+    def layouts_per_s(self) -> float:
+        return self.layouts_enumerated / self.scoring_s if self.scoring_s > 0 else float("inf")
+
+    def objective_report(self, pred: Prediction) -> dict[str, float]:
+        assert self.training_job is not None
+        return self.objectives.report(pred, self.training_job)
+
+    def to_dict(self) -> dict[str, Any]:
+        def rec(i: int, p: Prediction) -> dict[str, Any]:
+            d = p.to_dict()
+            d["rank"] = i + 1
+            d["objectives"] = self.objective_report(p)
+            return d
+
+        out: dict[str, Any] = {
+            "layouts_enumerated": self.layouts_enumerated,
+            "layouts_feasible": self.layouts_feasible,
+            "infeasible_by_reason": dict(self.infeasible_by_reason),
+            "results": [rec(i, p) for i, p in enumerate(self.results)],
+            "objective": list(self.objectives.names),
+            "price_per_device_hour": self.objectives.price_per_device_hour,
+            "space": self.space,
+            "space_fingerprint": self.space_fingerprint,
+            "candidates_total": self.candidates_total,
+            "elapsed_s": self.elapsed_s,
+        }
+        if len(self.objectives.names) > 1:
+            out["pareto"] = [rec(i, p) for i, p in enumerate(self.pareto)]
+            out["pareto_size"] = self.pareto_size
+        return out
+
+    def why(self) -> str:
+        """One sentence on why the winner beats the runner-up."""
+        if not self.results:
+            return ""
+        if len(self.results) < 2:
+            return f"{self.results[0].layout.short()} is the only layout that fits."
+        return explain_choice(self.results[0], self.results[1], self.objectives.primary)
+
+
+_LABELS = {
+    "gemm": "GEMM time",
+    "attention": "attention time",
+    "elementwise": "elementwise/launch time",
+    "recompute": "recompute time",
+    "tp_comm": "exposed TP communication",
+    "cp_comm": "exposed CP communication",
+    "ep_comm": "expert all-to-all time",
+    "pp_comm": "pipeline send/recv time",
+    "dp_comm": "data-parallel communication",
+    "pipeline_bubble": "pipeline bubble",
+    "optimizer": "optimizer step",
+}
+
+
+def _fmt_t(x: float) -> str:
+    return f"{x * 1e3:.1f} ms" if abs(x) < 1 else f"{x:.2f} s"
+
+
+def explain_choice(a: Prediction, b: Prediction, objective: str, other: str = "the runner-up") -> str:
+    """Why ``a`` ranks above ``b`` (called ``other``): the breakdown component that differs most in a's favour."""
+    if objective == "memory":
+        parts_a, parts_b, total_a, total_b = (
+            a.memory_breakdown,
+            b.memory_breakdown,
+            a.memory_gib_per_device,
+            b.memory_gib_per_device,
+        )
+        fmt = lambda x: f"{x:.1f} GiB"  # noqa: E731
+        what = "memory per device"
+        labels = {k: k.replace("_", " ") for k in parts_a}
+    else:
+        parts_a, parts_b, total_a, total_b = a.time_breakdown, b.time_breakdown, a.step_time_s, b.step_time_s
+        fmt = _fmt_t
+        what = {"throughput": "step time", "cost": "step time (cost)", "energy": "step time"}[objective]
+        labels = _LABELS
+    diffs = {k: parts_b.get(k, 0.0) - parts_a.get(k, 0.0) for k in set(parts_a) | set(parts_b)}
+    if total_a == total_b and all(abs(d) < 1e-15 for d in diffs.values()):
+        return (
+            f"{a.layout.short()} ties with {other} {b.layout.short()} on {what}; it ranks first on "
+            f"{'memory' if objective != 'memory' else 'step time'}."
+        )
+    best = max(diffs, key=lambda k: diffs[k])
+    worst = min(diffs, key=lambda k: diffs[k])
+    rel = (total_b - total_a) / total_b if total_b else 0.0
+    if objective == "energy":
+        head = (
+            f"{a.layout.short()} beats {other} {b.layout.short()} on energy per token "
+            f"({a.energy_j_per_step / 1e3:,.1f} vs {b.energy_j_per_step / 1e3:,.1f} kJ per step)"
+        )
+    else:
+        head = (
+            f"{a.layout.short()} beats {other} {b.layout.short()} by {rel:.1%} in {what} "
+            f"({fmt(total_a)} vs {fmt(total_b)})"
+        )
+    if diffs[best] <= 0:
+        return head + "."
+    s = (
+        f"{head}: its {labels.get(best, best)} is {fmt(diffs[best])} smaller "
+        f"({fmt(parts_a.get(best, 0.0))} vs {fmt(parts_b.get(best, 0.0))})"
+    )
+    if diffs[worst] < 0 and -diffs[worst] > 0.1 * diffs[best]:
+        s += f", which outweighs {fmt(-diffs[worst])} more {labels.get(worst, worst)}"
+    return s + "."
+
+
+def predict_layout(job: TrainingJob, info: dict[str, Any], layout: Layout, cal: Calibration) -> Prediction:
+    """Exactly what ``predict`` computes for ``layout`` (a table of one row, same engine call)."""
+    table = LayoutTable.from_layouts([layout])
+    res = evaluate(job, table, calibration=cal)
+    return prediction_from_row(job, info, table, res, 0, cal)
+
+
+def _predictions(
+    en: Enumeration, ids: np.ndarray, info: dict[str, Any], cal: Calibration
+) -> list[Prediction]:
+    if not len(ids):
+        return []
+    table = en.table(ids)
+    return [predict_layout(en.job, info, table.row(i), cal) for i in range(len(ids))]
+
+
+def _resolve_calibration(calibration: str | Calibration | None) -> Calibration:
+    return calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
+
+
+def search(
+    job: TrainingJob,
+    info: dict[str, Any],
+    space: SearchSpace,
+    *,
+    top: int = 5,
+    objectives: Objectives = Objectives(),
+    calibration: str | Calibration | None = None,
+    ray: Any = None,
+    workers: int | None = None,
+    progress: bool = False,
+    pareto_limit: int = 100,
+    explain_infeasible: bool = True,
+) -> SearchResult:
+    """:func:`recommend` on an already-built job (used by sweeps and studies)."""
+    t0 = time.perf_counter()
+    if not isinstance(top, int) or top < 1:
+        raise AutoparError(f"top must be a positive integer, got {top!r}", "pass --top >= 1")
+    cal = _resolve_calibration(calibration)
+    en = enumerate_space(job, space)
+    reasons = {code: n for _, codes in STAGE_RULES for code in codes if (n := en.excluded.get(code, 0))}
+    if en.size == 0:
+        raise InfeasibleError(_no_legal_message(en, reasons), "widen the search space or change the job")
+    state = ScoringState(en, cal, objectives, max(top, 2))
+    t1 = time.perf_counter()
+    summary, backend, n_workers = run_scoring(state, workers=workers, ray=ray, progress=progress)
+    scoring_s = time.perf_counter() - t1
+    reasons["out_of_memory"] = summary.n_legal - summary.n_fit
+    if summary.n_fit == 0:
+        msg, hint = (
+            _infeasible_message(en, summary, info, cal, objectives)
+            if explain_infeasible
+            else (f"none of the {summary.n_legal:,} legal layouts fits in memory", "see recommend")
+        )
+        raise InfeasibleError(msg, hint)
+    results = _predictions(en, summary.top_ids[:top], info, cal)
+    front: list[Prediction] = []
+    if len(objectives.names) > 1:
+        front = _predictions(en, summary.front_ids[:pareto_limit], info, cal)
+    return SearchResult(
+        job=info,
+        space=space.name,
+        space_fingerprint=space.fingerprint(),
+        objectives=objectives,
+        layouts_enumerated=summary.n_legal,
+        layouts_feasible=summary.n_fit,
+        infeasible_by_reason=reasons,
+        candidates_total=en.candidates_total,
+        results=results,
+        pareto=front,
+        pareto_size=len(summary.front_ids),
+        elapsed_s=time.perf_counter() - t0,
+        scoring_s=scoring_s,
+        backend=backend,
+        workers=n_workers,
+        training_job=job,
+    )
+
+
+def recommend(
+    *,
+    model,
+    device: str,
+    num_devices: int,
+    devices_per_node: int | None = None,
+    seq_len: int,
+    global_batch: int,
+    top: int = 5,
+    objective: str | Sequence[str] = "throughput",
+    space: str | SearchSpace | dict | None = None,
+    overrides: Sequence[str] = (),
+    calibration: str | Calibration | None = None,
+    price_per_device_hour: float = DEFAULT_PRICE_PER_DEVICE_HOUR,
+    price_per_kwh: float = 0.0,
+    ray: Any = None,
+    workers: int | None = None,
+    progress: bool = True,
+    lora: bool = False,
+) -> SearchResult:
+    """The best ``top`` layouts of a search space for one training job.
+
+    Keyword names mirror :func:`autopar.predict` for the job. ``objective`` is one of
+    ``throughput`` (default: highest tokens/s), ``memory`` (lowest memory per device), ``energy``
+    (lowest energy per token), ``cost`` (lowest USD per token at ``price_per_device_hour``, plus
+    ``price_per_kwh`` for the energy if your device price excludes power), or several of them
+    (a list or "a,b"): then ``pareto`` holds their Pareto front. ``space`` is a built-in name,
+    a YAML/TOML path, a mapping or a :class:`SearchSpace`; ``overrides`` are ``--set`` strings.
+    ``ray``: None (no Ray), True or "local" (embedded local Ray), or a cluster address.
+    Raises :class:`InfeasibleError` when nothing fits, naming the closest layouts and what would
+    make them fit.
+    """
+    objectives = Objectives.parse(
+        objective, price_per_device_hour=price_per_device_hour, price_per_kwh=price_per_kwh
+    )
+    sp = load_space(space, tuple(overrides))
+    job, info = make_job(
+        model=model,
+        device=device,
+        num_devices=num_devices,
+        devices_per_node=devices_per_node,
+        seq_len=seq_len,
+        global_batch=global_batch,
+        lora=lora,
+    )
+    return search(
+        job,
+        info,
+        sp,
+        top=top,
+        objectives=objectives,
+        calibration=calibration,
+        ray=ray,
+        workers=workers,
+        progress=progress,
+    )
+
+
+# ---------------------------------------------------------------------------- nothing fits
+def _no_legal_message(en: Enumeration, reasons: dict[str, int]) -> str:
+    top = sorted(reasons.items(), key=lambda kv: -kv[1])[:3]
+    why = "; ".join(f"{code} ({n:,}): {rule_message(code)}" for code, n in top)
+    j = en.job
+    return (
+        f"no legal layout in search space {en.space.name} for {j.num_devices} devices, global batch "
+        f"{j.global_batch}, seq {j.seq_len}: all {en.candidates_total:,} candidates break a rule. "
+        f"Most common: {why}"
+    )
+
+
+def _describe_miss(pred: Prediction) -> str:
+    parts = sorted(pred.memory_breakdown.items(), key=lambda kv: -kv[1])[:3]
+    return (
+        f"{pred.layout.short()} needs {pred.memory_gib_per_device:.1f} GiB of {pred.memory_capacity_gib:.1f} "
+        f"({', '.join(f'{k} {v:.1f}' for k, v in parts)})"
+    )
+
+
+def _relaxations(layout: Layout, space: SearchSpace) -> list[str]:
+    a = space.axes
+    out = []
+    if layout.recompute not in a.recompute:
+        out.append(f"recompute={layout.recompute}")
+    if layout.zero not in a.zero:
+        out.append(f"zero={layout.zero}")
+    if layout.offload and True not in a.offload:
+        out.append("optimizer offload")
+    for name in ("tp", "pp", "vpp", "cp", "ep", "micro_batch"):
+        ax = getattr(a, name)
+        if ax.values is not None and getattr(layout, name) not in ax.values:
+            out.append(f"{name}={getattr(layout, name)}")
+    return out
+
+
+def _infeasible_message(
+    en: Enumeration, summary: Summary, info: dict[str, Any], cal: Calibration, objectives: Objectives
+) -> tuple[str, str]:
+    job = en.job
+    closest = _predictions(en, summary.close_ids, info, cal)
+    lines = [
+        f"none of the {summary.n_legal:,} legal layouts of search space {en.space.name} fits in "
+        f"{job.device.memory_gb:g} GB per device. Closest: " + "; ".join(_describe_miss(p) for p in closest)
+    ]
+    fixes: list[str] = []
+    # 1. the same cluster with every memory-saving option (all recompute modes, ZeRO, offload, micro-batch 1)
+    relaxed = load_space(
+        "default",
+        (f"precision={','.join(en.space.axes.precision)}", "micro_batch=1", "cp.max=64", "pp.max=128"),
+    )
+    try:
+        r = search(
+            job, info, relaxed, top=1, objectives=objectives, calibration=cal, explain_infeasible=False
+        )
+        best = r.results[0]
+        what = _relaxations(best.layout, en.space)
+        fixes.append(
+            f"allowing {', '.join(what) if what else 'the default space'} fits: {best.layout.short()} at "
+            f"{best.memory_gib_per_device:.1f} GiB, {best.tokens_per_s_per_device:,.0f} tokens/s/device"
+        )
+    except AutoparError:
+        # 2. more devices (same global batch)
+        for factor in (2, 4, 8, 16):
+            n = job.num_devices * factor
+            try:
+                job2, info2 = make_job(
+                    model=job.model,
+                    device=job.device,
+                    num_devices=n,
+                    devices_per_node=job.devices_per_node,
+                    seq_len=job.seq_len,
+                    global_batch=job.global_batch,
+                    lora=job.frozen_weights,
+                )
+                r = search(
+                    job2,
+                    info2,
+                    relaxed,
+                    top=1,
+                    objectives=objectives,
+                    calibration=cal,
+                    explain_infeasible=False,
+                )
+            except AutoparError:
+                continue
+            best = r.results[0]
+            fixes.append(
+                f"{n} devices ({factor}x) would fit: {best.layout.short()} at "
+                f"{best.memory_gib_per_device:.1f} GiB"
+            )
+            break
+        else:
+            fixes.append(
+                f"even {job.num_devices * 16} devices with full recompute, ZeRO-3, offload and micro-batch 1 "
+                "do not fit; shorten the sequence or use a device with more memory"
+            )
+    lines.append("What would fit: " + "; ".join(fixes))
+    return "\n".join(lines), "see `autopar recommend --help` for --space/--set"
+
+
+__all__ = [
+    "recommend",
+    "search",
+    "SearchResult",
+    "Objectives",
+    "OBJECTIVES",
+    "DEFAULT_PRICE_PER_DEVICE_HOUR",
+    "explain_choice",
+    "pareto_mask",
+    "predict_layout",
+    "GIB",
+]

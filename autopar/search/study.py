@@ -1,0 +1,818 @@
+"""Persistent Optuna studies over a search space: create, resume, inspect.
+
+A study is named and stored (default: the journal file ``autopar-studies.log`` in the working
+directory, which ``optuna-dashboard autopar-studies.log`` opens; ``*.db`` means SQLite; any Optuna
+storage URL works). The sampler and its seed are chosen explicitly and recorded on the study with
+the job, the search space and the objectives, so a resumed study continues the same search. Each
+trial proposes one value per axis; a proposal that breaks a legality rule is moved to the nearest
+legal layout (recorded as ``repaired``). Memory over capacity is a constraint
+(``trial.set_constraint``), not a penalty. Identical proposals are answered from a cache (also
+rebuilt from the storage on resume) instead of being scored again. Where the uniform part of the
+space can be enumerated, its exhaustive top-k are enqueued as the first trials.
+
+Trials are told one by one as soon as they are scored, so killing a running study loses no finished
+trial; running the same command again resumes it (``--n-trials`` is the study's total).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autopar import __version__
+from autopar.coefficients import Calibration, load_calibration
+from autopar.engine import TrainingJob, evaluate
+from autopar.errors import AutoparError, SearchSpaceError
+from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, Layout, LayoutTable
+from autopar.memory import GIB
+from autopar.search.enumerate import Enumeration, enumerate_space
+from autopar.search.recommend import DEFAULT_PRICE_PER_DEVICE_HOUR, Objectives, search
+from autopar.search.space import SearchSpace
+from autopar.search.uneven import StagePlan, UnevenScorer, best_monotone_split, check_model, even_split
+
+DEFAULT_STORAGE = "autopar-studies.log"
+SAMPLERS = ("tpe", "nsga2", "random", "gp", "bruteforce")
+# Name and direction of each objective's value as Optuna sees it.
+OBJECTIVE_VALUES = {
+    "throughput": ("tokens_per_s_per_device", "maximize"),
+    "memory": ("memory_gib_per_device", "minimize"),
+    "energy": ("energy_j_per_token", "minimize"),
+    "cost": ("cost_usd_per_million_tokens", "minimize"),
+}
+CONSTRAINT = "memory_over_capacity_gib"
+
+
+# ------------------------------------------------------------------------------------ storage
+def resolve_storage(storage: str | Path | None) -> Any:
+    """An Optuna storage: a URL as is, ``*.db``/``*.sqlite`` as SQLite, any other path a journal file."""
+    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
+
+    s = str(storage or DEFAULT_STORAGE)
+    if "://" in s:
+        return s
+    p = Path(s)
+    if p.suffix in (".db", ".sqlite", ".sqlite3"):
+        return f"sqlite:///{p.resolve()}"
+    if p.parent and not p.parent.exists():
+        raise AutoparError(
+            f"storage directory {p.parent} does not exist", "create it or pass another --storage"
+        )
+    # Optuna's default lock kind (so other Optuna writers of the same file interoperate). A writer
+    # killed while holding it leaves the lock behind; the next writer breaks it after the grace
+    # period (it is held only while one line is appended).
+    lock = JournalFileSymlinkLock(str(p), grace_period=10)
+    return JournalStorage(JournalFileBackend(str(p), lock_obj=lock))
+
+
+def make_sampler(name: str, seed: int, *, multi: bool) -> Any:
+    """One factory for every sampler autopar uses: explicit seed, recorded by the caller."""
+    import optuna
+
+    if name == "tpe":
+        with (
+            warnings.catch_warnings()
+        ):  # group=True is "experimental" since 2.8; it is what conditional spaces need
+            warnings.simplefilter("ignore")
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=50)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    if name == "bruteforce":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return optuna.samplers.BruteForceSampler(seed=seed)
+    raise AutoparError(f"unknown sampler {name!r}", f"use one of: {', '.join(SAMPLERS)}")
+
+
+# --------------------------------------------------------------------------------- trial space
+@dataclass(frozen=True)
+class Candidate:
+    layout: Layout
+    plan: StagePlan | None
+    repaired: bool
+
+    @property
+    def key(self) -> str:
+        d: dict[str, Any] = self.layout.model_dump()
+        if self.plan is not None:
+            d["stage_layers"] = list(self.plan.layers)
+            d["stage_recompute"] = list(self.plan.recompute)
+        return json.dumps(d, sort_keys=True)
+
+    def short(self) -> str:
+        s = self.layout.short()
+        if self.plan is not None:
+            s += f" | stages {self.plan.short()}"
+        return s
+
+
+def _log2(x: np.ndarray) -> np.ndarray:
+    return np.log2(np.maximum(np.asarray(x, dtype=np.float64), 1.0))
+
+
+class TrialSpace:
+    """Optuna parameters of a search space and the map from a proposal to a legal layout.
+
+    Uniform axes are one categorical parameter each (axes with a single value are not suggested);
+    an uneven space adds ``shift_i`` (layers of stage i minus the even split, i < pp-1; the last
+    stage takes the rest) and ``recompute_i`` per stage.
+    """
+
+    def __init__(self, job: TrainingJob, space: SearchSpace) -> None:
+        self.job = job
+        self.space = space
+        self.uneven = space.uneven_pipeline
+        uniform = space.model_copy(update={"uneven_pipeline": None})
+        if self.uneven is not None:
+            check_model(job.model)
+        self.enum: Enumeration = enumerate_space(job, uniform, enforce_limit=False)
+        en = self.enum
+        if self.uneven is not None:
+            keep = en.S["pp"] >= 2
+            if not keep.any():
+                raise SearchSpaceError(
+                    f"search space {space.name}: no legal layout with pp >= 2 for this job",
+                    "uneven splits need at least two pipeline stages",
+                )
+            en.S = {k: v[keep] for k, v in en.S.items()}
+            en.vmask = en.vmask[keep]
+        if en.size == 0:
+            raise SearchSpaceError(
+                f"search space {space.name} has no legal layout for this job",
+                "run `autopar recommend` with the same space to see why",
+            )
+        S = en.S
+        self.choices: dict[str, list[Any]] = {}
+        for axis in ("tp", "pp", "cp", "ep", "micro_batch", "vpp"):
+            vals = sorted({int(v) for v in S[axis]})
+            self.choices[axis] = vals
+        if job.model.is_moe:
+            self.choices["etp"] = sorted(
+                {"tp" if (e == t and t > 1) else "1" for e, t in zip(S["etp"], S["tp"], strict=True)}
+            )
+        self.choices["sp"] = sorted({int(v) for v in S["sp"]})
+        self.choices["zero"] = [int(z) for z in en.zero]
+        self.choices["shard_group"] = [int(g) for g in en.shard_group]
+        self.choices["offload"] = [int(o) for o in en.offload]
+        per_stage_rec = self.uneven is not None and self.uneven.per_stage_recompute
+        rec_names = [RECOMPUTE_CODES[int(r)] for r in en.recompute]
+        if not per_stage_rec:
+            self.choices["recompute"] = rec_names
+        self.stage_recompute = rec_names if per_stage_rec else None
+        self.monotone = (
+            per_stage_rec and self.uneven is not None and self.uneven.recompute_pattern == "monotone"
+        )
+        # heaviest mode first (full, selective, none): the order of a monotone assignment
+        self.modes_heavy_first = sorted(rec_names, key=lambda r: -RECOMPUTE_CODES.index(r))
+        self.pp_max = int(S["pp"].max())
+        self.choices["precision"] = [PRECISION_CODES[int(p)] for p in en.precision]
+        self._coords = np.stack(
+            [
+                _log2(S["tp"]),
+                _log2(S["pp"]),
+                _log2(S["cp"]),
+                _log2(S["ep"]),
+                0.5 * _log2(S["micro_batch"]),
+                0.5 * _log2(S["vpp"]),
+            ],
+            axis=1,
+        )
+
+    @property
+    def params(self) -> dict[str, list[Any]]:
+        """Suggested parameters (axes with more than one value)."""
+        return {k: v for k, v in self.choices.items() if len(v) > 1}
+
+    # ----------------------------------------------------------------------------- proposals
+    def _pick(self, trial: Any, name: str) -> Any:
+        vals = self.choices[name]
+        if len(vals) == 1:
+            return vals[0]
+        return trial.suggest_categorical(name, vals)
+
+    def suggest(self, trial: Any) -> Candidate:
+        want = {k: self._pick(trial, k) for k in self.choices}
+        layout, repaired = self._nearest(want)
+        plan = None
+        if self.uneven is not None:
+            p, L, k = layout.pp, self.job.model.layers, self.uneven.max_shift
+            base = even_split(L, p)
+            shifts = [trial.suggest_int(f"shift_{i}", -k, k) for i in range(p - 1)]
+            recs = self._stage_recompute(trial, p) if self.stage_recompute else [layout.recompute] * p
+            layers, fixed = _repair_split(base, shifts, k)
+            plan = StagePlan(tuple(layers), tuple(RECOMPUTE_CODES.index(r) for r in recs))
+            repaired = repaired or fixed
+            layout = layout.model_copy(update={"recompute": RECOMPUTE_CODES[max(plan.recompute)]})
+        return Candidate(layout, plan, repaired)
+
+    def _stage_recompute(self, trial: Any, p: int) -> list[str]:
+        if not self.monotone:
+            return [trial.suggest_categorical(f"recompute_{i}", self.stage_recompute) for i in range(p)]
+        out: list[str] = []
+        for mode in self.modes_heavy_first[:-1]:
+            n = min(trial.suggest_int(f"stages_{mode}", 0, self.pp_max), p - len(out))
+            out += [mode] * n
+        return out + [self.modes_heavy_first[-1]] * (p - len(out))
+
+    def _nearest(self, want: dict[str, Any]) -> tuple[Layout, bool]:
+        en = self.enum
+        S = en.S
+        target = np.array(
+            [
+                np.log2(want["tp"]),
+                np.log2(want["pp"]),
+                np.log2(want["cp"]),
+                np.log2(want["ep"]),
+                0.5 * np.log2(want["micro_batch"]),
+                0.5 * np.log2(want["vpp"]),
+            ]
+        )
+        dist = np.abs(self._coords - target).sum(axis=1)
+        dist = dist + 0.25 * (S["sp"] != want["sp"])
+        if "etp" in want:
+            dist = dist + 0.25 * ((S["etp"] == S["tp"]) & (S["tp"] > 1) != (want["etp"] == "tp"))
+        s = int(np.lexsort((np.arange(len(dist)), dist))[0])
+        exact = dist[s] == 0
+        zi = self.choices["zero"].index(want["zero"])
+        gi = self.choices["shard_group"].index(want["shard_group"])
+        oi = self.choices["offload"].index(want["offload"])
+        ok = en.vmask[s]
+        if not ok[zi, gi, oi]:
+            exact = False
+            Z, G, O = np.meshgrid(
+                np.arange(ok.shape[0]), np.arange(ok.shape[1]), np.arange(ok.shape[2]), indexing="ij"
+            )
+            d = np.abs(Z - zi) + (G != gi) + (O != oi) + np.where(ok, 0, 1000)
+            zi, gi, oi = (int(x) for x in np.unravel_index(int(np.argmin(d)), ok.shape))
+        cols = {k: int(S[k][s]) for k in S}
+        layout = Layout(
+            tp=cols["tp"],
+            pp=cols["pp"],
+            vpp=cols["vpp"],
+            dp=cols["dp"],
+            cp=cols["cp"],
+            ep=cols["ep"],
+            etp=cols["etp"],
+            zero=int(en.zero[zi]),
+            shard_group=int(en.shard_group[gi]),
+            sp=bool(cols["sp"]),
+            micro_batch=cols["micro_batch"],
+            grad_accum=cols["grad_accum"],
+            recompute=want.get("recompute", RECOMPUTE_CODES[int(en.recompute[0])]),
+            offload=bool(en.offload[oi]),
+            precision=want["precision"],
+        )
+        return layout, not exact
+
+    def params_for(self, layout: Layout, plan: StagePlan | None = None) -> dict[str, Any]:
+        """Trial parameters that propose ``layout`` (split as ``plan``, or evenly): for enqueue_trial."""
+        d = layout.model_dump()
+        out: dict[str, Any] = {}
+        for k in self.params:
+            if k == "etp":
+                out[k] = "tp" if (layout.etp == layout.tp and layout.tp > 1) else "1"
+            elif k in ("sp", "offload"):
+                out[k] = int(d[k])
+            else:
+                out[k] = d[k]
+        if self.uneven is not None:
+            p, L = layout.pp, self.job.model.layers
+            even = even_split(L, p)
+            layers = list(plan.layers) if plan is not None else even
+            for i in range(p - 1):
+                out[f"shift_{i}"] = layers[i] - even[i]
+            recs: list[str] = (
+                [RECOMPUTE_CODES[r] for r in plan.recompute]
+                if plan is not None
+                else [str(layout.recompute)] * p
+            )
+            if self.stage_recompute and self.monotone:
+                for mode in self.modes_heavy_first[:-1]:
+                    out[f"stages_{mode}"] = recs.count(mode)
+            elif self.stage_recompute:
+                for i in range(p):
+                    out[f"recompute_{i}"] = recs[i]
+        return out
+
+
+def _repair_split(base: list[int], shifts: list[int], k: int) -> tuple[list[int], bool]:
+    """Stage layers = even split + shifts, the last stage taking the rest, each within [1, base+k]."""
+    L = sum(base)
+    lo = [max(1, b - k) for b in base]
+    hi = [b + k for b in base]
+    layers = [min(max(b + s, lo[i]), hi[i]) for i, (b, s) in enumerate(zip(base[:-1], shifts, strict=True))]
+    fixed = any(b + s != v for b, s, v in zip(base[:-1], shifts, layers, strict=True))
+    rest = L - sum(layers)
+    # Move layers into or out of the earlier stages until the last stage is within its bounds.
+    i = 0
+    while rest < lo[-1] or rest > hi[-1]:
+        j = len(layers) - 1 - (i % len(layers))
+        if rest < lo[-1] and layers[j] > lo[j]:
+            layers[j] -= 1
+            rest += 1
+        elif rest > hi[-1] and layers[j] < hi[j]:
+            layers[j] += 1
+            rest -= 1
+        i += 1
+        fixed = True
+    return layers + [rest], fixed
+
+
+# ------------------------------------------------------------------------------------ scoring
+class TrialScorer:
+    """Scores candidates (uniform layouts with the engine, uneven ones with UnevenScorer)."""
+
+    def __init__(
+        self, job: TrainingJob, info: dict[str, Any], objectives: Objectives, calibration: Calibration
+    ) -> None:
+        self.job, self.info, self.objectives, self.cal = job, info, objectives, calibration
+        self._uneven: UnevenScorer | None = None
+
+    def score(self, cands: Sequence[Candidate]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [{} for _ in cands]
+        uni = [i for i, c in enumerate(cands) if c.plan is None]
+        if uni:
+            table = LayoutTable.from_layouts([cands[i].layout for i in uni])
+            res = evaluate(self.job, table, calibration=self.cal)
+            for j, i in enumerate(uni):
+                out[i] = self._record(
+                    {
+                        "step_time_s": float(res["step_time_s"][j]),
+                        "memory_gib_per_device": float(res["memory_bytes"][j]) / GIB,
+                        "memory_capacity_gib": float(res["memory_capacity_bytes"][j]) / GIB,
+                        "fits": bool(res["fits"][j]),
+                        "energy_j_per_step": float(res["energy_j_per_step"][j]),
+                    }
+                )
+        for i, c in enumerate(cands):
+            if c.plan is not None:
+                if self._uneven is None:
+                    self._uneven = UnevenScorer(self.job, self.cal)
+                r = self._uneven.score(c.layout, c.plan)
+                r["energy_j_per_step"] = None  # not modeled for uneven splits
+                out[i] = self._record(r)
+        return out
+
+    def _record(self, r: dict[str, Any]) -> dict[str, Any]:
+        job, ob = self.job, self.objectives
+        tokens = job.tokens_per_step
+        r["tokens_per_s_per_device"] = tokens / (r["step_time_s"] * job.num_devices)
+        r["energy_j_per_token"] = None if r["energy_j_per_step"] is None else r["energy_j_per_step"] / tokens
+        usd = r["step_time_s"] * job.num_devices * ob.price_per_device_hour / 3600.0
+        if ob.price_per_kwh and r["energy_j_per_step"] is not None:
+            usd += r["energy_j_per_step"] * ob.price_per_kwh / 3.6e6
+        r["cost_usd_per_million_tokens"] = usd * 1e6 / tokens
+        r["values"] = [r[OBJECTIVE_VALUES[n][0]] for n in ob.names]
+        r["constraint"] = r["memory_gib_per_device"] - r["memory_capacity_gib"]
+        return r
+
+
+# -------------------------------------------------------------------------------------- study
+@dataclass
+class StudyConfig:
+    name: str
+    job: TrainingJob
+    info: dict[str, Any]
+    space: SearchSpace
+    objectives: Objectives
+    sampler: str | None = None
+    seed: int | None = None
+    storage: Any = None
+    calibration: str | None = None
+    seed_top_k: int = 10
+    batch: int = 8
+    structured_seeds: bool = True
+
+
+@dataclass
+class StudyReport:
+    name: str
+    sampler: str
+    seed: int
+    objectives: tuple[str, ...]
+    n_complete: int
+    n_failed: int
+    n_running: int
+    n_cached: int
+    n_repaired: int
+    new_trials: int
+    resumed: bool
+    best: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def _worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def fail_stale_trials(study: Any, *, untagged_after_s: float = 30.0) -> int:
+    """Mark RUNNING trials of dead workers FAIL (a killed run leaves its in-flight trials RUNNING).
+
+    A trial is tagged with its worker (host:pid) right after it is created; a tagged trial of a dead
+    local process is failed at once. A process killed between creating a trial and tagging it leaves
+    an untagged one: that is failed once it is older than ``untagged_after_s`` (trials live for
+    milliseconds).
+    """
+    import datetime as dt
+
+    from optuna.trial import TrialState
+
+    host = socket.gethostname()
+    now = dt.datetime.now()
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        w = t.user_attrs.get("worker", "")
+        h, _, pid = w.rpartition(":")
+        dead = h == host and pid.isdigit() and not _pid_alive(int(pid))
+        stale = (
+            not w
+            and t.datetime_start is not None
+            and (now - t.datetime_start).total_seconds() > untagged_after_s
+        )
+        if dead or stale:
+            study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+            n += 1
+    return n
+
+
+def _job_attrs(cfg: StudyConfig) -> dict[str, Any]:
+    return {
+        "job": cfg.info,
+        "space": cfg.space.name,
+        "space_fingerprint": cfg.space.fingerprint(),
+        "objectives": list(cfg.objectives.names),
+        "price_per_device_hour": cfg.objectives.price_per_device_hour,
+        "calibration": cfg.calibration or "default",
+    }
+
+
+def open_study(cfg: StudyConfig) -> tuple[Any, bool, str, int]:
+    """Create or load the named study; returns (study, resumed, sampler name, base seed)."""
+    import optuna
+    from optuna.exceptions import DuplicatedStudyError
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = resolve_storage(cfg.storage) if not _is_storage_obj(cfg.storage) else cfg.storage
+    directions: list[Any] = [OBJECTIVE_VALUES[n][1] for n in cfg.objectives.names]
+    attrs = _job_attrs(cfg)
+    try:
+        existing = optuna.load_study(
+            study_name=cfg.name, storage=storage, sampler=optuna.samplers.RandomSampler(0)
+        )
+    except KeyError:
+        existing = None
+    if existing is not None:
+        ua = existing.user_attrs
+        for k, v in attrs.items():
+            if ua.get(k) != json.loads(json.dumps(v)):
+                raise AutoparError(
+                    f"study {cfg.name!r} was created with {k}={ua.get(k)!r}, not {v!r}",
+                    "resume it with the same job, space and objectives, or pick another --name",
+                )
+        if cfg.sampler is not None and cfg.sampler != ua.get("sampler"):
+            raise AutoparError(
+                f"study {cfg.name!r} uses sampler {ua.get('sampler')!r}, not {cfg.sampler!r}",
+                "omit --sampler to resume with the recorded one",
+            )
+        if cfg.seed is not None and cfg.seed != ua.get("seed"):
+            raise AutoparError(
+                f"study {cfg.name!r} uses seed {ua.get('seed')!r}, not {cfg.seed!r}",
+                "omit --seed to resume with the recorded one",
+            )
+        sampler_name, seed = ua["sampler"], int(ua["seed"])
+        return existing, True, sampler_name, seed
+    sampler_name = cfg.sampler or "tpe"
+    seed = 0 if cfg.seed is None else int(cfg.seed)
+    if sampler_name not in SAMPLERS:
+        raise AutoparError(f"unknown sampler {sampler_name!r}", f"use one of: {', '.join(SAMPLERS)}")
+    try:
+        study = optuna.create_study(
+            study_name=cfg.name,
+            storage=storage,
+            directions=directions,
+            sampler=make_sampler(sampler_name, seed, multi=len(directions) > 1),
+        )
+    except DuplicatedStudyError:  # pragma: no cover - created concurrently by another worker
+        return open_study(cfg)
+    for k, v in attrs.items():
+        study.set_user_attr(k, v)
+    study.set_user_attr("sampler", sampler_name)
+    study.set_user_attr("seed", seed)
+    study.set_user_attr("optuna_version", optuna.__version__)
+    study.set_user_attr("autopar_version", __version__)
+    study.set_user_attr("space_def", cfg.space.to_dict())
+    names = [OBJECTIVE_VALUES[n][0] for n in cfg.objectives.names]
+    study.set_user_attr("objective_names", names)
+    study.set_user_attr("constraint", f"{CONSTRAINT} <= 0")
+    # Optuna's own metric names: optuna-dashboard and study.trials_dataframe() show them.
+    study.set_metric_names(names)
+    return study, False, sampler_name, seed
+
+
+def _is_storage_obj(s: Any) -> bool:
+    return s is not None and not isinstance(s, str | Path)
+
+
+def enqueue_seeds(study: Any, tspace: TrialSpace, cfg: StudyConfig, cal: Calibration) -> int:
+    """Enqueue the exhaustive top-k (uniform sub-space, even split) as the first trials."""
+    if cfg.seed_top_k <= 0:
+        return 0
+    uniform = cfg.space.model_copy(update={"uneven_pipeline": None})
+    if cfg.space.uneven_pipeline is not None:
+        uniform = uniform.model_copy(
+            update={
+                "axes": uniform.axes.model_copy(
+                    update={"pp": uniform.axes.pp.model_copy(update={"min": max(2, uniform.axes.pp.min)})}
+                )
+            }
+        )
+    try:
+        r = search(
+            cfg.job,
+            cfg.info,
+            uniform,
+            top=cfg.seed_top_k,
+            objectives=cfg.objectives,
+            calibration=cal,
+            explain_infeasible=False,
+        )
+    except AutoparError:
+        return 0
+    layouts = [p.layout for p in (r.pareto if len(cfg.objectives.names) > 1 else r.results)][: cfg.seed_top_k]
+    for lay in layouts:
+        study.enqueue_trial(
+            tspace.params_for(lay), user_attrs={"seed_trial": "exhaustive top-k"}, skip_if_exists=True
+        )
+    study.set_user_attr("seeded_top_k", len(layouts))
+    n = len(layouts)
+    up = cfg.space.uneven_pipeline
+    if up is not None and cfg.structured_seeds:
+        # For each seed's base layout, the best split under monotone recompute (pipeline_split.balanced_split).
+        scorer = UnevenScorer(cfg.job, cal)
+        modes = [RECOMPUTE_CODES.index(m) for m in tspace.stage_recompute] if tspace.stage_recompute else None
+        seen: set[str] = set()
+        for lay in layouts:
+            base_key = json.dumps(
+                {k: v for k, v in lay.model_dump().items() if k != "recompute"}, sort_keys=True
+            )
+            if base_key in seen:
+                continue
+            seen.add(base_key)
+            got = best_monotone_split(
+                scorer, lay, modes or [RECOMPUTE_CODES.index(lay.recompute)], up.max_shift
+            )
+            if got is not None:
+                study.enqueue_trial(
+                    tspace.params_for(lay, got[1]),
+                    user_attrs={"seed_trial": "balanced split"},
+                    skip_if_exists=True,
+                )
+                n += 1
+        study.set_user_attr("seeded_balanced_splits", n - len(layouts))
+    return n
+
+
+def _cache_from_storage(study: Any) -> dict[str, dict[str, Any]]:
+    from optuna.trial import TrialState
+
+    cache: dict[str, dict[str, Any]] = {}
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        r = t.user_attrs.get("result")
+        if t.user_attrs.get("key") and r is not None:
+            cache[t.user_attrs["key"]] = r
+    return cache
+
+
+def run_study(
+    cfg: StudyConfig,
+    *,
+    n_trials: int,
+    timeout: float | None = None,
+    on_trial: Callable[[int, Candidate, dict[str, Any], bool], None] | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> StudyReport:
+    """Create or resume the study and run it until it has ``n_trials`` complete trials (or timeout).
+
+    ``on_trial(number, candidate, result, cached)`` is called after each trial is stored; ``stop()``
+    is checked between batches.
+    """
+    from optuna.trial import TrialState
+
+    t0 = time.perf_counter()
+    cal = load_calibration(cfg.calibration)
+    tspace = TrialSpace(cfg.job, cfg.space)
+    if "energy" in cfg.objectives.names and tspace.uneven is not None:
+        raise AutoparError(
+            "the energy objective is not modeled for uneven pipeline splits", "use throughput, memory or cost"
+        )
+    study, resumed, sampler_name, seed = open_study(cfg)
+    fail_stale_trials(study)
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    # A resumed session must not replay the first session's random proposals: offset the seed by
+    # the trials already in the study (deterministic, and recorded).
+    session_seed = seed + len(study.get_trials(deepcopy=False))
+    study.sampler = make_sampler(sampler_name, session_seed, multi=len(cfg.objectives.names) > 1)
+    sessions = list(study.user_attrs.get("sessions", []))
+    sessions.append(
+        {
+            "seed": session_seed,
+            "complete_before": done,
+            "worker": _worker_id(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+    )
+    study.set_user_attr("sessions", sessions)
+    if not resumed:
+        enqueue_seeds(study, tspace, cfg, cal)
+    scorer = TrialScorer(cfg.job, cfg.info, cfg.objectives, cal)
+    cache = _cache_from_storage(study)
+    new = 0
+    worker = _worker_id()
+    while (
+        done < n_trials and (timeout is None or time.perf_counter() - t0 < timeout) and not (stop and stop())
+    ):
+        k = max(1, min(cfg.batch, n_trials - done))
+        trials = []
+        for _ in range(k):
+            t = study.ask()
+            t.set_user_attr("worker", worker)
+            trials.append(t)
+        cands = [tspace.suggest(t) for t in trials]
+        todo = [i for i, c in enumerate(cands) if c.key not in cache]
+        uniq: dict[str, int] = {}
+        for i in todo:
+            uniq.setdefault(cands[i].key, i)
+        scored = scorer.score([cands[i] for i in uniq.values()])
+        for (key, _), r in zip(uniq.items(), scored, strict=True):
+            cache[key] = r
+        for i, (t, c) in enumerate(zip(trials, cands, strict=True)):
+            r = cache[c.key]
+            t.set_user_attr("key", c.key)
+            t.set_user_attr("layout", c.short())
+            t.set_user_attr("result", {k: v for k, v in r.items() if k != "values"} | {"values": r["values"]})
+            t.set_user_attr("fits", r["fits"])
+            cached = i not in uniq.values()
+            t.set_user_attr("cached", cached)
+            t.set_user_attr("repaired", c.repaired)
+            t.set_constraint(CONSTRAINT, float(r["constraint"]))
+            study.tell(t, r["values"])
+            done += 1
+            new += 1
+            if on_trial is not None:
+                on_trial(t.number, c, r, cached)
+    report = study_report(study, top=5)
+    report.new_trials, report.resumed, report.elapsed_s = new, resumed, time.perf_counter() - t0
+    return report
+
+
+def study_report(study: Any, *, top: int = 5) -> StudyReport:
+    """Counts and the best feasible trials (top-k, or the Pareto front for several objectives)."""
+    from optuna.trial import TrialState
+
+    from autopar.search.recommend import pareto_mask
+
+    trials = study.get_trials(deepcopy=False)
+    ua = study.user_attrs
+    names = tuple(ua.get("objectives", []))
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    feas = [t for t in complete if t.user_attrs.get("fits")]
+    signs = np.array([-1.0 if OBJECTIVE_VALUES[n][1] == "maximize" else 1.0 for n in names])
+    best: list[Any] = []
+    if feas:
+        vals = np.array([t.values for t in feas], dtype=float) * signs
+        nums = np.array([t.number for t in feas])
+        if len(names) > 1:
+            keep = pareto_mask(vals, nums)
+            idx = np.flatnonzero(keep)
+            idx = idx[np.lexsort((nums[idx], *vals[idx].T[::-1]))]
+        else:
+            idx = np.lexsort((nums, vals[:, 0]))
+        seen: set[str] = set()
+        for i in idx:
+            key = feas[i].user_attrs.get("key", "")
+            if key in seen:
+                continue
+            seen.add(key)
+            best.append(feas[i])
+            if len(best) >= (top if len(names) == 1 else max(top, 50)):
+                break
+
+    def rec(t: Any) -> dict[str, Any]:
+        r = t.user_attrs.get("result", {})
+        return {
+            "trial": t.number,
+            "layout": t.user_attrs.get("layout"),
+            "values": dict(zip([OBJECTIVE_VALUES[n][0] for n in names], t.values, strict=True)),
+            "step_time_s": r.get("step_time_s"),
+            "memory_gib_per_device": r.get("memory_gib_per_device"),
+            "tokens_per_s_per_device": r.get("tokens_per_s_per_device"),
+            "params": t.params,
+        }
+
+    return StudyReport(
+        name=study.study_name,
+        sampler=ua.get("sampler", "?"),
+        seed=int(ua.get("seed", -1)),
+        objectives=names,
+        n_complete=len(complete),
+        n_failed=sum(t.state == TrialState.FAIL for t in trials),
+        n_running=sum(t.state == TrialState.RUNNING for t in trials),
+        n_cached=sum(bool(t.user_attrs.get("cached")) for t in complete),
+        n_repaired=sum(bool(t.user_attrs.get("repaired")) for t in complete),
+        new_trials=0,
+        resumed=True,
+        best=[rec(t) for t in best],
+        attrs={k: v for k, v in ua.items() if k not in ("space_def", "sessions")},
+    )
+
+
+def load_report(name: str, storage: Any = None, *, top: int = 5) -> StudyReport:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if (
+        not _is_storage_obj(storage)
+        and "://" not in str(storage or "")
+        and not Path(storage or DEFAULT_STORAGE).exists()
+    ):
+        raise AutoparError(
+            f"no study storage at {storage or DEFAULT_STORAGE}", "pass --storage or run a study first"
+        )
+    st = resolve_storage(storage) if not _is_storage_obj(storage) else storage
+    try:
+        study = optuna.load_study(study_name=name, storage=st, sampler=optuna.samplers.RandomSampler(0))
+    except KeyError:
+        raise AutoparError(
+            f"no study named {name!r} in {storage or DEFAULT_STORAGE}", "see `autopar study list`"
+        ) from None
+    return study_report(study, top=top)
+
+
+def list_studies(storage: Any = None) -> list[dict[str, Any]]:
+    import optuna
+
+    if (
+        not _is_storage_obj(storage)
+        and "://" not in str(storage or "")
+        and not Path(storage or DEFAULT_STORAGE).exists()
+    ):
+        return []
+    st = resolve_storage(storage) if not _is_storage_obj(storage) else storage
+    out = []
+    for s in optuna.get_all_study_summaries(storage=st, include_best_trial=False):
+        out.append(
+            {
+                "name": s.study_name,
+                "trials": s.n_trials,
+                "objectives": s.user_attrs.get("objectives"),
+                "sampler": s.user_attrs.get("sampler"),
+                "seed": s.user_attrs.get("seed"),
+                "space": s.user_attrs.get("space"),
+                "job": s.user_attrs.get("job"),
+            }
+        )
+    return out
+
+
+__all__ = [
+    "run_study",
+    "StudyConfig",
+    "StudyReport",
+    "TrialSpace",
+    "TrialScorer",
+    "Candidate",
+    "make_sampler",
+    "resolve_storage",
+    "load_report",
+    "list_studies",
+    "SAMPLERS",
+    "OBJECTIVE_VALUES",
+    "DEFAULT_STORAGE",
+    "DEFAULT_PRICE_PER_DEVICE_HOUR",
+]

@@ -1,0 +1,988 @@
+"""Serving model: memory, iteration latency, throughput and energy of inference layouts, vectorized.
+
+One *instance* is one copy of the model on ``tp * pp`` devices (attention optionally data-parallel
+inside the TP group for MoE models, experts split ``ep`` ways). Every function takes numpy columns
+over candidate instances and concurrencies (:class:`ServingTable`), so one code path scores one
+layout or a whole search space, exactly like the training engine.
+
+The model, term by term (REFERENCE Part D; AIConfigurator, Vidur, DistServe, BLIS):
+
+* **Memory** per device of the heaviest pipeline stage: weights (linear layers at the weight
+  precision; embedding, LM head, norms and router in 16-bit, as ModelOpt/AWQ checkpoints keep them),
+  activation workspace for ``max_num_tokens`` tokens plus the fp32 logits buffer of the decode batch,
+  a runtime reserve and NCCL buffers per communicating group. What is left, times
+  ``kv_cache_fraction`` (TRT-LLM's ``kv_cache_free_gpu_mem_fraction``), holds the KV cache; with a
+  guaranteed-no-evict scheduler every admitted sequence reserves ``isl + osl`` tokens (in 64-token
+  pages), which gives the maximum concurrency.
+* **One iteration** (continuous batching; all ``pp`` micro-batches of the in-flight batch pass every
+  stage once) of ``n_dec`` decoding sequences plus ``n_pre`` prefill tokens (chunked prefill):
+  weight GEMMs on the shared shape-dependent roofline (:func:`autopar.latency.gemm_time`, the SAME
+  fitted ``gemm_eff``/``gemm_half_dim`` as training; the token dimension is padded to the 64-row MMA
+  tile, and below it a GEMM is bound by streaming its weights at the achieved HBM bandwidth),
+  attention (prefill: the quadratic FLOPs at the fitted FlashAttention efficiency; decode: reading the
+  KV cache at the achieved HBM bandwidth), memory-bound elementwise work, TP all-reduces and EP
+  all-to-alls from :mod:`autopar.collectives` (small decode messages are latency-bound), PP
+  send/recv, and a host/scheduler overhead per iteration.
+* **Steady state** of an offline or closed-loop load with ``B`` sequences in flight: each iteration
+  advances ``B`` decodes and admits ``B/osl`` new requests, i.e. ``B*isl/osl`` prefill tokens
+  (bounded by the token budget). TPOT is the mean iteration time, output tokens/s = B/TPOT. TTFT is
+  the iterations a prompt needs at the chunk size the budget leaves (plus an M/D/1 queueing wait
+  under an open request rate).
+
+Serving-specific coefficients (everything else is the training calibration of the device):
+see :class:`ServingCoefficients`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from autopar import collectives as C
+from autopar.coefficients import Calibration, coefficients_for, load_calibration
+from autopar.energy import NODE_OVERHEAD_LOAD, STALL_POWER_FRACTION
+from autopar.errors import AutoparError
+from autopar.latency import Coefficients, gemm_time
+from autopar.memory import COMM_BUFFER_BYTES, FRAMEWORK_RESERVE_BYTES, GIB
+
+__all__ = [
+    "WeightPrecision",
+    "KVPrecision",
+    "WEIGHT_BYTES",
+    "KV_BYTES",
+    "ServingWorkload",
+    "ServingCoefficients",
+    "ServingTable",
+    "ServingContext",
+    "make_context",
+    "memory",
+    "iteration",
+    "steady_state",
+    "kv_bytes_per_token_per_device",
+    "trtllm_max_num_tokens",
+]
+
+WeightPrecision = Literal["bf16", "fp16", "fp8", "int4"]
+KVPrecision = Literal["bf16", "fp16", "fp8", "int8"]
+
+# Bytes per stored weight of the linear layers. int4 is weight-only (W4A16, AWQ/GPTQ) with one fp16
+# scale per group of 128 weights.
+WEIGHT_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2.0 / 128}
+KV_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}
+ACT_BYTES = 2.0  # activations between kernels are 16-bit
+LOGIT_BYTES = 4.0  # TRT-LLM/vLLM keep the decode logits in fp32
+MMA_TILE_ROWS = 64.0  # Hopper wgmma M tile: fewer tokens still pay for 64 rows of compute
+KV_PAGE_TOKENS = 64  # paged KV-cache block (TRT-LLM tokens_per_block, vLLM block_size 16..64)
+ALIGN_TOKENS = 64.0
+
+# Energy: P = idle + (TDP - idle) * min(1, F_BASE + F_COMPUTE*u_c + F_MEMORY*u_m) while kernels run
+# (REFERENCE Part D 3.3). u_c is the achieved fraction of the *achievable* GEMM rate, u_m of the
+# achievable HBM bandwidth. GEMM-heavy prefill (u_c ~ 0.9) lands at ~0.9 TDP, HBM-bound decode
+# (u_m ~ 1, u_c ~ 0.05) at ~0.5 TDP: the 0.85-1.0 and 0.2-0.55 of TDP measured by [S21] and [S27].
+F_BASE = 0.10
+F_COMPUTE = 0.85
+F_MEMORY = 0.35
+# Power cap: dynamic power ~ f * V^2 with V ~ f in the DVFS range, so a cap that forces the dynamic
+# power from D to D' runs the SM clock (hence the peak FLOP/s) at (D'/D)^(1/3); HBM bandwidth is on
+# its own clock and unaffected. Caps below this fraction of TDP are outside the DVFS range: refused.
+POWER_CAP_MIN_FRACTION = 0.3
+
+
+# ============================================================================================ workload
+class ServingWorkload(BaseModel):
+    """What is served: request shape, load, precisions, latency targets and runtime limits.
+
+    Load is one of: ``concurrency`` (requests in flight over the whole deployment, closed loop),
+    ``request_rate`` (open loop, requests/s over the whole deployment), ``offline`` (max-throughput:
+    as many sequences as memory and ``max_batch`` allow), or none of them (sweep the concurrency).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    isl: int = Field(ge=1, description="prompt (input) tokens per request")
+    osl: int = Field(ge=1, description="generated (output) tokens per request")
+    concurrency: int | None = Field(None, ge=1, description="requests in flight, whole deployment")
+    request_rate: float | None = Field(None, gt=0, description="requests/s, whole deployment")
+    offline: bool = Field(False, description="max-throughput mode: memory decides the batch")
+    weight_precision: WeightPrecision = "bf16"
+    kv_precision: KVPrecision | None = Field(None, description="default: fp8 with fp8 weights, else bf16")
+    ttft_ms: float | None = Field(None, gt=0, description="time-to-first-token target")
+    tpot_ms: float | None = Field(None, gt=0, description="time-per-output-token target")
+    goodput: float | None = Field(None, gt=0, le=1, description="share of requests meeting both targets")
+    max_batch: int = Field(
+        4096,
+        ge=1,
+        description="runtime cap on sequences per instance "
+        "(trtllm-bench's tuning caps max_batch_size at 4096)",
+    )
+    max_num_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="token budget per iteration; "
+        "default: trtllm-bench's heuristic B*(1+isl/osl) in [2048, 32768]",
+    )
+    chunked_prefill: bool = True
+    kv_cache_fraction: float = Field(0.95, gt=0, le=1, description="share of free memory for the KV cache")
+
+    @model_validator(mode="after")
+    def _check(self) -> ServingWorkload:
+        modes = [
+            n
+            for n, on in (
+                ("concurrency", self.concurrency is not None),
+                ("request_rate", self.request_rate is not None),
+                ("offline", self.offline),
+            )
+            if on
+        ]
+        if len(modes) > 1:
+            raise ValueError(
+                f"give at most one of concurrency, request_rate, offline (got {', '.join(modes)})"
+            )
+        if self.goodput is not None and self.ttft_ms is None and self.tpot_ms is None:
+            raise ValueError("goodput needs a ttft_ms or tpot_ms target to measure attainment against")
+        return self
+
+    @property
+    def kv_dtype(self) -> str:
+        if self.kv_precision is not None:
+            return self.kv_precision
+        return "fp8" if self.weight_precision == "fp8" else "bf16"
+
+    @property
+    def mode(self) -> str:
+        if self.offline:
+            return "offline"
+        if self.concurrency is not None:
+            return "concurrency"
+        if self.request_rate is not None:
+            return "request_rate"
+        return "sweep"
+
+    @property
+    def has_targets(self) -> bool:
+        return self.ttft_ms is not None or self.tpot_ms is not None
+
+
+def make_workload(**kw: Any) -> ServingWorkload:
+    """Build a :class:`ServingWorkload`, turning validation errors into one-line AutoparErrors."""
+    try:
+        return ServingWorkload(**kw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        got = (
+            f" (got {err['input']!r})"
+            if loc and "input" in err and not isinstance(err["input"], dict)
+            else ""
+        )
+        raise AutoparError(
+            f"invalid serving workload: {loc + ': ' if loc else ''}{msg}{got}", "see `autopar serve --help`"
+        ) from None
+
+
+# ======================================================================================= coefficients
+@dataclass(frozen=True)
+class ServingCoefficients:
+    """The serving-specific coefficients; every other number is the device's training calibration.
+
+    * ``host_step_s``: host/scheduler time per scheduled micro-batch iteration that the GPU waits
+      for (batch assembly, CUDA-graph launch, the executor's bookkeeping); BLIS's per-step term.
+    * ``host_per_seq_s``: host/runtime time per sequence per iteration (sampling, stop checks,
+      detokenization and KV-block bookkeeping of each in-flight request); it is what makes very large
+      decode batches stop scaling.
+    * ``collective_sync_s``: fixed cost of each TP all-reduce / EP all-to-all call of a serving
+      iteration on top of the alpha-beta cost of :mod:`autopar.collectives` (kernel launch, the
+      cross-GPU barrier, and NCCL's low-bandwidth LL protocols at the 0.1-30 MB messages of decode:
+      measured 8-GPU busbw is 11.7 GB/s at 256 KiB and 107 GB/s at 4 MiB [S17]).
+
+    Not fitted: the runtime reserve (CUDA context, cuBLAS/NCCL workspaces, decoder and sampling
+    buffers) is the training model's framework reserve (2 GiB, ``framework_reserve_gib`` of the
+    calibration) plus its NCCL buffers (0.4 GB) per communicating group; AIConfigurator reserves
+    3.5 GB in all.
+
+    Fitted once (``studies/published_serving.py --fit``: soft-L1 least squares on log throughput)
+    to the 43 TensorRT-LLM 0.17 offline rows of ``published_runs_dev.csv`` (H100, FP8, Llama 3.1
+    8B/70B, TP1-8) on top of the shipped training calibration: host_per_seq 5.33 us,
+    collective_sync 53.3 us, host_step 0 (the fit drives it to zero: TRT-LLM's C++ executor hides
+    its per-step work behind CUDA graphs; it stays a knob for runtimes with a Python scheduler).
+    A calibration file may override them in its ``global`` section (``serving_host_step_us``,
+    ``serving_host_per_seq_us``, ``serving_collective_sync_us``, ``serving_runtime_reserve_gb``).
+    """
+
+    host_step_s: float = 0.0
+    host_per_seq_s: float = 5.33e-6
+    collective_sync_s: float = 53.3e-6
+    runtime_reserve_bytes: float = FRAMEWORK_RESERVE_BYTES
+    comm_buffer_bytes: float = COMM_BUFFER_BYTES
+
+    @classmethod
+    def from_calibration(cls, cal: Calibration | None) -> ServingCoefficients:
+        """The defaults, the calibration's memory constants (framework reserve, NCCL buffers, as
+        training uses them) and any ``serving_*`` overrides in its ``global`` section."""
+        from autopar.coefficients import memory_constants
+
+        mc = memory_constants(cal) if cal is not None else {}
+        base = cls(
+            runtime_reserve_bytes=mc.get("framework_reserve_bytes", FRAMEWORK_RESERVE_BYTES),
+            comm_buffer_bytes=mc.get("comm_buffer_bytes", COMM_BUFFER_BYTES),
+        )
+        g = dict(cal.global_) if cal is not None else {}
+        return cls(
+            comm_buffer_bytes=base.comm_buffer_bytes,
+            host_step_s=float(g.get("serving_host_step_us", base.host_step_s * 1e6)) * 1e-6,
+            host_per_seq_s=float(g.get("serving_host_per_seq_us", base.host_per_seq_s * 1e6)) * 1e-6,
+            collective_sync_s=float(g.get("serving_collective_sync_us", base.collective_sync_s * 1e6)) * 1e-6,
+            runtime_reserve_bytes=float(g.get("serving_runtime_reserve_gb", base.runtime_reserve_bytes / 1e9))
+            * 1e9,
+        )
+
+
+# ============================================================================================ context
+@dataclass(frozen=True)
+class ServingContext:
+    """Everything but the candidate columns: model, device, workload and coefficients."""
+
+    model: Any
+    device: Any
+    workload: ServingWorkload
+    co: Coefficients
+    links: C.Links
+    sc: ServingCoefficients
+    devices_per_node: int
+    compute_precision: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def weight_bytes(self) -> float:
+        return WEIGHT_BYTES[self.workload.weight_precision]
+
+    @property
+    def kv_bytes(self) -> float:
+        return KV_BYTES[self.workload.kv_dtype]
+
+
+def make_context(
+    model,
+    device,
+    workload: ServingWorkload,
+    *,
+    devices_per_node: int,
+    calibration: Calibration | None = None,
+    serving_coefficients: ServingCoefficients | None = None,
+) -> ServingContext:
+    cal = calibration or load_calibration()
+    co, link_coeffs = coefficients_for(device, cal)
+    links = C.Links.from_cluster(device, devices_per_node, link_coeffs)
+    # fp8 weights run fp8 GEMMs where the device has an fp8 tensor-core rate; otherwise (and for
+    # weight-only int4) the weights are dequantized into 16-bit GEMMs (Marlin/AWQ kernels).
+    wp = workload.weight_precision
+    prec = "fp8" if wp == "fp8" and "fp8" in device.peak_tflops else "bf16"
+    sc = serving_coefficients or ServingCoefficients.from_calibration(cal)
+    return ServingContext(model, device, workload, co, links, sc, devices_per_node, prec)
+
+
+# ============================================================================================== table
+SERVING_COLUMNS = ("tp", "pp", "ep", "adp", "conc", "cap_w")
+
+
+class ServingTable:
+    """Candidate serving instances as numpy columns.
+
+    ``tp``: devices per pipeline stage (TP group); ``pp``: pipeline stages; ``ep``: expert-parallel
+    size inside the TP group (experts split ep ways, each expert tp/ep ways); ``adp``: attention
+    data-parallel size inside the TP group (attention TP = tp/adp; MoE only); ``conc``: sequences in
+    flight per instance (0: as many as memory and ``max_batch`` allow); ``cap_w``: device power cap
+    in W (0: none).
+    """
+
+    __slots__ = ("cols",)
+
+    def __init__(self, cols: dict[str, Any]) -> None:
+        n = max(len(np.atleast_1d(cols.get(k, 0))) for k in SERVING_COLUMNS)
+        defaults = {"tp": 1, "pp": 1, "ep": 1, "adp": 1, "conc": 0, "cap_w": 0}
+        self.cols = {
+            k: np.broadcast_to(
+                np.atleast_1d(np.asarray(cols.get(k, defaults[k]), dtype=np.float64)), (n,)
+            ).copy()
+            for k in SERVING_COLUMNS
+        }
+
+    def __len__(self) -> int:
+        return len(self.cols["tp"])
+
+    def __getitem__(self, k: str) -> np.ndarray:
+        return self.cols[k]
+
+    def take(self, idx) -> ServingTable:
+        return ServingTable({k: v[idx] for k, v in self.cols.items()})
+
+    def with_columns(self, **kw: Any) -> ServingTable:
+        cols = dict(self.cols)
+        cols.update(kw)
+        return ServingTable(cols)
+
+    @property
+    def devices(self) -> np.ndarray:
+        return self.cols["tp"] * self.cols["pp"]
+
+
+# ================================================================================= legality and memory
+def legal(ctx: ServingContext, tab: ServingTable) -> dict[str, np.ndarray]:
+    """Boolean masks of violated rules (True = violated), keyed by reason code."""
+    m = ctx.model
+    tp, pp, ep, adp = (tab[k].astype(np.int64) for k in ("tp", "pp", "ep", "adp"))
+    ta = np.maximum(tp // np.maximum(adp, 1), 1)
+    g = m.heads if m.is_mla else m.kv_heads
+    out = {
+        "tp_heads": (m.heads % ta != 0) | (tp % adp != 0),
+        # KV heads are split when ta divides them and replicated when they divide ta (TRT-LLM, vLLM).
+        "tp_kv_heads": (g % ta != 0) & (ta % g != 0),
+        "pp_layers": pp > m.layers,
+        "ep_experts": ((ep > 1) & (not m.is_moe))
+        | (tp % ep != 0)
+        | ((m.num_experts % ep != 0) if m.is_moe else np.zeros(len(tab), dtype=bool)),
+        "attention_dp_dense": (adp > 1) & (not m.is_moe),
+    }
+    return out
+
+
+def kv_bytes_per_token_per_device(ctx: ServingContext, tab: ServingTable) -> np.ndarray:
+    """KV-cache bytes one cached token costs on one device of the instance (all its layers).
+
+    GQA/MHA: the device holds ceil(kv_heads / attention-TP) heads (replicated when TP exceeds the
+    KV heads); MLA: the compressed latent plus rope key, replicated on every attention-TP rank
+    (DeepSeek-V2 Sec. 2.1.3); pipeline stages split the layers.
+    """
+    m = ctx.model
+    ta = tab["tp"] / tab["adp"]
+    if m.is_mla:
+        share = np.ones_like(ta)
+    else:
+        share = np.ceil(m.kv_heads / ta) / m.kv_heads
+    layers_dev = np.ceil(m.layers / tab["pp"]) / m.layers
+    return m.kv_cache_bytes_per_token(ctx.kv_bytes) * share * layers_dev
+
+
+def _kv_seq_bytes_per_device(ctx: ServingContext, tab: ServingTable, seq_len: float) -> np.ndarray:
+    """Bytes one sequence of ``seq_len`` tokens reserves on one device (pages; sliding-window cap)."""
+    m = ctx.model
+    paged = math.ceil(seq_len / KV_PAGE_TOKENS) * KV_PAGE_TOKENS
+    per_full_token = kv_bytes_per_token_per_device(ctx, tab)
+    full = m.layers - m.sliding_window_layers
+    sw = m.sliding_window_layers
+    # Sliding-window layers keep at most window (+1 page) tokens.
+    sw_tokens = min(paged, (math.ceil(m.sliding_window / KV_PAGE_TOKENS) + 1) * KV_PAGE_TOKENS) if sw else 0
+    return per_full_token * (full * paged + sw * sw_tokens) / m.layers
+
+
+def trtllm_max_num_tokens(batch: np.ndarray, isl: int, osl: int) -> np.ndarray:
+    """trtllm-bench's token budget: B*(1+isl/osl) capped at 32768, at least 2048, rounded up.
+
+    TensorRT-LLM ``tensorrt_llm/bench/build/tuning.py`` ``finetune_setting`` (0.17 era).
+    """
+    raw = np.minimum(np.asarray(batch, dtype=np.float64) * (1.0 + isl / osl), 32768.0)
+    step = np.where(raw < 4096, 256.0, np.where(raw < 8192, 512.0, 1024.0))
+    return np.maximum(2048.0, step * np.ceil(raw / step))
+
+
+def weights_per_device(ctx: ServingContext, tab: ServingTable) -> np.ndarray:
+    """Weight bytes on one device of the heaviest pipeline stage."""
+    m = ctx.model
+    wb = ctx.weight_bytes
+    tp, pp, adp = tab["tp"], tab["pp"], tab["adp"]
+    ta = tp / adp
+    g = m.kv_heads
+    if m.is_mla:
+        attn = m.attn_matmul_params_per_layer / ta
+    else:
+        kvproj = 2 * m.hidden * g * m.head_dim
+        attn = (m.attn_matmul_params_per_layer - kvproj) / ta + kvproj * np.ceil(g / ta) / g
+    attn_16 = m.attn_params_per_layer - m.attn_matmul_params_per_layer + m.norm_params_per_layer
+    dense_layer = wb * (attn + m.dense_mlp_params / ta) + 2.0 * attn_16
+    if m.is_moe:
+        moe_layer = wb * (attn + m.shared_expert_params / ta + m.num_experts * m.expert_params / tp) + 2.0 * (
+            attn_16 + m.router_params
+        )
+    else:
+        moe_layer = 0.0
+    lps = np.ceil(m.layers / pp)
+    avg_layer = (m.dense_layers * dense_layer + m.moe_layers * moe_layer) / m.layers
+    # Embedding on the first stage, head + final norm on the last; both 16-bit, vocab-parallel.
+    embed = 2.0 * m.embedding_params / tp
+    head = 2.0 * (m.head_params / tp + m.final_norm_params)
+    ends = np.where(pp > 1, np.maximum(embed, head), embed + head)
+    return lps * avg_layer + ends
+
+
+def memory(
+    ctx: ServingContext,
+    tab: ServingTable,
+    *,
+    seq_len: float | None = None,
+    batch_cap: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Per-device memory (bytes) and the maximum concurrency per instance.
+
+    ``seq_len`` defaults to isl + osl (guaranteed-no-evict reservation). ``batch_cap`` bounds the
+    decode batch the logits buffer is sized for (default: the workload's ``max_batch``).
+    """
+    m, w = ctx.model, ctx.workload
+    seq = float(seq_len if seq_len is not None else w.isl + w.osl)
+    tp, pp, adp = tab["tp"], tab["pp"], tab["adp"]
+    ta = tp / adp
+    cap = np.full(len(tab), ctx.device.memory_bytes)
+    weights = weights_per_device(ctx, tab)
+    bcap = np.minimum(batch_cap if batch_cap is not None else float(w.max_batch), float(w.max_batch))
+    budget = (
+        np.full(len(tab), float(w.max_num_tokens))
+        if w.max_num_tokens
+        else trtllm_max_num_tokens(bcap, w.isl, w.osl)
+    )
+    # Activation workspace of one iteration of `budget` tokens on the widest layer (QKV + gated MLP
+    # intermediate + residual stream), per attention-DP rank, plus the fp32 decode logits.
+    F = max(m.ffn_hidden, m.moe_ffn_hidden * max(m.moe_topk, 1), m.shared_expert_ffn)
+    qkv = (
+        (m.heads * m.qk_head_dim + 2 * m.kv_heads * m.head_dim)
+        if not m.is_mla
+        else (m.heads * (m.qk_head_dim + m.v_dim) + m.kv_lora_rank)
+    )
+    per_tok = ACT_BYTES * (4.0 * m.hidden + qkv / ta + 3.0 * F / ta)
+    workspace = budget / adp * per_tok + bcap / adp * m.vocab / tp * LOGIT_BYTES
+    groups = (tp > 1).astype(float) + (pp > 1).astype(float) + ((adp > 1) & (tp > 1)).astype(float)
+    reserve = ctx.sc.runtime_reserve_bytes + groups * ctx.sc.comm_buffer_bytes
+    free = cap - weights - workspace - reserve
+    kv_avail = np.maximum(free, 0.0) * w.kv_cache_fraction
+    kv_seq = _kv_seq_bytes_per_device(ctx, tab, seq)
+    max_conc = np.floor(kv_avail / kv_seq) * adp  # each attention-DP rank caches its own requests
+    return {
+        "capacity": cap,
+        "weights": weights,
+        "workspace": workspace,
+        "reserve": reserve,
+        "kv_available": kv_avail,
+        "kv_per_seq": kv_seq,
+        "max_conc": max_conc,
+        "weights_fit": weights + reserve + workspace <= cap,
+        "budget": budget,
+    }
+
+
+# ========================================================================================= iteration
+@dataclass
+class _Acc:
+    time: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+    busy_compute: np.ndarray  # time the math units would need at their achievable rate
+    busy_memory: np.ndarray  # time HBM would need at its achieved bandwidth
+
+
+def _gemm(
+    co_inf: Coefficients,
+    co: Coefficients,
+    peak: np.ndarray,
+    eff: float,
+    M,
+    N,
+    K,
+    wbytes: float,
+    weight_frac=1.0,
+    count=1.0,
+) -> tuple[np.ndarray, ...]:
+    """(time, flops, HBM bytes, compute time, traffic time) of ``count`` GEMMs (M tokens x K) @ (K x N weights).
+
+    Compute: the shared shape-dependent roofline in N and K (``gemm_time`` with the token dim taken
+    large, i.e. per-row time), paid for ``max(M, 64)`` rows. Traffic: the weights (``weight_frac``
+    of them are read, e.g. the activated experts) plus 16-bit activations in and out.
+    """
+    M = np.asarray(M, dtype=np.float64)
+    ref = 1.0e9
+    per_row = gemm_time(co_inf, peak, np.asarray(eff, dtype=np.float64), ref, N, K) / ref
+    rows = np.where(M > 0, np.maximum(M, MMA_TILE_ROWS), 0.0)
+    compute = count * per_row * rows
+    traffic_b = count * (
+        np.asarray(N, dtype=np.float64) * K * wbytes * weight_frac * (M > 0)
+        + ACT_BYTES * M * (np.asarray(K, dtype=np.float64) + N)
+    )
+    traffic = traffic_b / co.hbm_bw
+    # Power follows the useful work: padded MMA rows of a skinny GEMM run while HBM is the bottleneck.
+    useful = count * per_row * M
+    return np.maximum(compute, traffic), count * 2.0 * M * N * K, traffic_b, useful, traffic
+
+
+def iteration(
+    ctx: ServingContext,
+    tab: ServingTable,
+    *,
+    n_dec,
+    n_pre,
+    dec_ctx,
+    pre_ctx,
+    pre_len,
+    logit_rows,
+    pre_seqs=None,
+    clock=1.0,
+) -> dict[str, np.ndarray]:
+    """Seconds (and FLOPs, HBM bytes) of ONE continuous-batching iteration of an instance.
+
+    ``n_dec`` sequences decode one token, ``n_pre`` prompt tokens are prefilled (mean attended
+    context ``pre_ctx`` keys, prompt length ``pre_len``), decode sequences have ``dec_ctx`` cached
+    tokens on average, ``logit_rows`` tokens need logits, ``pre_seqs`` requests are in prefill
+    (default ``n_pre / pre_len``). ``clock`` scales the compute peaks (power cap). The whole batch is split into ``pp`` micro-batches that each pass every stage once.
+    """
+    m, co, links, sc = ctx.model, ctx.co, ctx.links, ctx.sc
+    n = len(tab)
+    tp, pp, ep, adp = tab["tp"], tab["pp"], tab["ep"], tab["adp"]
+    ta = tp / adp
+    n_dec = np.broadcast_to(np.asarray(n_dec, dtype=np.float64), (n,))
+    n_pre = np.broadcast_to(np.asarray(n_pre, dtype=np.float64), (n,))
+    dec_ctx = np.broadcast_to(np.asarray(dec_ctx, dtype=np.float64), (n,))
+    pre_ctx = np.broadcast_to(np.asarray(pre_ctx, dtype=np.float64), (n,))
+    pre_len = np.broadcast_to(np.asarray(pre_len, dtype=np.float64), (n,))
+    logit_rows = np.broadcast_to(np.asarray(logit_rows, dtype=np.float64), (n,))
+    clock = np.broadcast_to(np.asarray(clock, dtype=np.float64), (n,))
+
+    prec = ctx.compute_precision
+    peak = co.peak(prec) * clock
+    eff = co.gemm_eff.get(prec, co.gemm_eff["bf16"])
+    peak16 = co.peak("bf16") * clock
+    eff16 = co.gemm_eff["bf16"]
+    co_inf = replace(co, hbm_bw=math.inf)
+    wb = ctx.weight_bytes
+    h = float(m.hidden)
+    a = float(m.heads)
+    up = 2.0 if m.gated_mlp else 1.0
+
+    mb = pp  # micro-batches in flight
+    tok_mb = (n_dec + n_pre) / mb  # tokens of one micro-batch (whole instance)
+    M = tok_mb / adp  # tokens per attention-DP rank
+    dec_a = n_dec / mb / adp  # decoding sequences per attention rank
+    pre_a = n_pre / mb / adp
+
+    acc = _Acc(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
+
+    def add(res, weight=1.0):
+        t, f, b, tc, tm = res
+        acc.time += weight * t
+        acc.flops += weight * f
+        acc.bytes += weight * b
+        acc.busy_compute += weight * tc
+        acc.busy_memory += weight * tm
+
+    def gemm(Mx, N, K, wbytes=wb, p=peak, e=eff, **kw):
+        return _gemm(co_inf, co, p, e, Mx, N, K, wbytes, **kw)
+
+    lps = np.ceil(m.layers / pp)
+    n_dense = lps * m.dense_layers / m.layers
+    n_moe = lps * m.moe_layers / m.layers
+
+    # ---- attention projections (per layer) ------------------------------------------------------
+    attn_parts = []
+    if m.is_mla:
+        qd = a * m.qk_head_dim
+        if m.q_lora_rank:
+            attn_parts += [gemm(M, m.q_lora_rank, h), gemm(M, qd / ta, m.q_lora_rank)]
+        else:
+            attn_parts.append(gemm(M, qd / ta, h))
+        attn_parts += [
+            gemm(M, m.kv_lora_rank + m.qk_rope_head_dim, h),
+            gemm(M, a * (m.qk_nope_head_dim + m.v_dim) / ta, m.kv_lora_rank),
+            gemm(M, h, a * m.v_dim / ta),
+        ]
+    else:
+        d = m.head_dim
+        kvh = np.ceil(m.kv_heads / ta)
+        attn_parts += [gemm(M, (a / ta + 2.0 * kvh) * d, h), gemm(M, h, a * d / ta)]
+    layers = n_dense + n_moe
+    add(tuple(sum(p[i] for p in attn_parts) for i in range(5)), layers)
+
+    # ---- attention core ---------------------------------------------------------------------------
+    full_l = m.layers - m.sliding_window_layers
+    sw_l = m.sliding_window_layers
+    win = float(m.sliding_window or 0)
+
+    def mean_ctx(c):
+        return (full_l * c + sw_l * np.minimum(c, win if win else c)) / m.layers
+
+    kv_tok_dev = kv_bytes_per_token_per_device(ctx, tab) / np.ceil(m.layers / pp)  # per layer per device
+    dec_c = mean_ctx(dec_ctx)
+    dec_bytes = dec_a * dec_c * kv_tok_dev
+    if m.is_mla:  # absorbed MLA decode: scores and values over the 576/512-wide latent per head
+        dec_dims = (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+    else:
+        dec_dims = m.qk_head_dim + m.v_dim
+    dec_flops = 2.0 * dec_a * dec_c * (a / ta) * dec_dims
+    dec_tc, dec_tm = dec_flops / (peak16 * co.attention_eff), dec_bytes / co.hbm_bw
+    dec_t = np.maximum(dec_tc, dec_tm)
+    pre_flops = 2.0 * pre_a * mean_ctx(pre_ctx) * (a / ta) * (m.qk_head_dim + m.v_dim)
+    s_kv = np.maximum(pre_len, 1.0)
+    pre_eff = co.attention_eff * s_kv / (s_kv + co.gemm_half_dim)
+    pre_t = pre_flops / (peak16 * pre_eff)
+    pre_b = pre_a * kv_tok_dev * 2.0
+    add(
+        (dec_t + pre_t, dec_flops + pre_flops, dec_bytes + pre_b, dec_tc + pre_t, dec_tm + pre_b / co.hbm_bw),
+        layers,
+    )
+    t_attn_dec, t_attn_pre = layers * dec_t, layers * pre_t
+
+    # ---- MLPs -------------------------------------------------------------------------------------
+    if m.dense_layers:
+        F = m.ffn_hidden
+        p1, p2 = gemm(M, up * F / ta, h), gemm(M, h, F / ta)
+        add(tuple(x + y for x, y in zip(p1, p2, strict=True)), n_dense)
+    if m.is_moe:
+        E, k, Fe = float(m.num_experts), float(m.moe_topk), float(m.moe_ffn_hidden)
+        etp = tp / ep
+        local = E / ep
+        tpe = tok_mb * k / E  # tokens per expert (balanced routing), whole micro-batch
+        activated = 1.0 - np.power(1.0 - k / E, tok_mb)  # share of experts that get any token
+        e1 = gemm(tpe, up * Fe / etp, h, weight_frac=activated, count=local)
+        e2 = gemm(tpe, h, Fe / etp, weight_frac=activated, count=local)
+        parts = [e1, e2, gemm(M, E, h, wbytes=2.0, p=peak16, e=eff16)]
+        if m.shared_expert_ffn:
+            S = m.shared_expert_ffn
+            parts += [gemm(M, up * S / ta, h), gemm(M, h, S / ta)]
+        add(tuple(sum(p[i] for p in parts) for i in range(5)), n_moe)
+
+    # ---- elementwise (norms, residuals, activation function, RoPE), memory-bound ------------------
+    act_f = m.ffn_hidden if m.ffn_hidden else m.moe_ffn_hidden * max(m.moe_topk, 1)
+    per_tok = ACT_BYTES * (10.0 * h + 3.0 * act_f / ta + 2.0 * (a + m.kv_heads) * m.qk_head_dim / ta)
+    t_el = M * per_tok / co.hbm_bw
+    add((t_el, np.zeros(n), M * per_tok, np.zeros(n), t_el), layers)
+
+    # ---- LM head on the last stage (16-bit weights) + sampling over the logits ---------------------
+    rows = logit_rows / mb
+    hd = gemm(rows, m.vocab / tp, h, wbytes=2.0, p=peak16, e=eff16)
+    samp_b = rows * m.vocab / tp * LOGIT_BYTES * 2.0
+    t_s = samp_b / co.hbm_bw
+    add((hd[0] + t_s, hd[1], hd[2] + samp_b, hd[3], hd[4] + t_s))
+
+    gpu_stage = acc.time.copy()
+
+    # ---- communication ---------------------------------------------------------------------------
+    ones = np.ones(n)
+    ar_bytes = tok_mb * h * ACT_BYTES
+    sync = sc.collective_sync_s
+    ar_tp = C.all_reduce(links, ar_bytes, tp, ones) + np.where(tp > 1, sync, 0.0)
+    if m.is_moe:
+        ar_attn = C.all_reduce(links, ar_bytes / adp, ta, ones) + np.where(ta > 1, sync, 0.0)
+        a2a = C.all_to_all(links, M * m.moe_topk * h * ACT_BYTES, tp, ones) + np.where(tp > 1, sync, 0.0)
+        moe_comm = np.where(adp > 1, ar_attn + 2.0 * a2a, 2.0 * ar_tp)
+        dense_comm = np.where(adp > 1, 2.0 * ar_attn, 2.0 * ar_tp)
+        comm = n_moe * moe_comm + n_dense * dense_comm
+    else:
+        comm = layers * 2.0 * ar_tp
+    inter_pp = tp >= ctx.devices_per_node
+    p2p = np.where(pp > 1, C.p2p(links, tok_mb * h * ACT_BYTES, inter_pp), 0.0)
+
+    stage = gpu_stage + comm + p2p
+    gpu = mb * stage
+    if pre_seqs is None:
+        pre_seqs = n_pre / np.maximum(pre_len, 1.0)
+    host = mb * sc.host_step_s + sc.host_per_seq_s * (n_dec + pre_seqs)
+    t_iter = gpu + host
+    # FLOPs and bytes per device for one iteration.
+    return {
+        "t_iter": t_iter,
+        "gpu": gpu,
+        "host": host,
+        "comm": mb * (comm + p2p),
+        "compute": mb * gpu_stage,
+        "flops_per_device": mb * acc.flops,
+        "bytes_per_device": mb * acc.bytes,
+        "busy_compute": mb * acc.busy_compute,
+        "busy_memory": mb * acc.busy_memory,
+        "attn_decode": mb * t_attn_dec,
+        "attn_prefill": mb * t_attn_pre,
+    }
+
+
+# ====================================================================================== steady state
+def steady_state(
+    ctx: ServingContext, tab: ServingTable, batch, *, budget, clock=1.0
+) -> dict[str, np.ndarray]:
+    """Offline/closed-loop steady state with ``batch`` sequences in flight per instance.
+
+    Each iteration advances ``B`` decodes and admits ``B/osl`` requests (``B*isl/osl`` prefill
+    tokens, chunked); the token budget caps ``B*(1+isl/osl)``. TPOT is the mean iteration time.
+    TTFT (service, no open-loop queueing) is the iterations the prompt needs at the chunk the budget
+    leaves, plus the admission wait of sequences the budget cannot keep decoding.
+    """
+    w = ctx.workload
+    isl, osl = float(w.isl), float(w.osl)
+    B = np.maximum(np.asarray(batch, dtype=np.float64), 1e-9)
+    budget = np.asarray(budget, dtype=np.float64)
+    b_eff = np.minimum(B, budget * osl / (isl + osl))
+    pre = b_eff * isl / osl
+    dec_ctx = isl + osl / 2.0
+    it = iteration(
+        ctx,
+        tab,
+        n_dec=b_eff,
+        n_pre=pre,
+        dec_ctx=dec_ctx,
+        pre_ctx=isl / 2.0,
+        pre_len=isl,
+        logit_rows=b_eff + b_eff / osl,
+        pre_seqs=b_eff / osl,
+        clock=clock,
+    )
+    tpot = it["t_iter"]
+    if w.chunked_prefill:
+        chunk = np.clip(budget - b_eff, ALIGN_TOKENS, isl)
+    else:
+        chunk = np.full_like(b_eff, isl)
+    n_chunks = np.ceil(isl / chunk)
+    last = isl - (n_chunks - 1.0) * chunk
+    # The prompt's chunks ride along with the other decodes (its own decode slot is not yet used).
+    others = np.maximum(b_eff - 1.0, 0.0)
+    itc = iteration(
+        ctx,
+        tab,
+        n_dec=others,
+        n_pre=chunk,
+        dec_ctx=dec_ctx,
+        pre_ctx=isl / 2.0,
+        pre_len=isl,
+        logit_rows=others,
+        pre_seqs=1.0,
+        clock=clock,
+    )
+    itl = iteration(
+        ctx,
+        tab,
+        n_dec=others,
+        n_pre=last,
+        dec_ctx=dec_ctx,
+        pre_ctx=isl / 2.0,
+        pre_len=isl,
+        logit_rows=others + 1.0,
+        pre_seqs=1.0,
+        clock=clock,
+    )
+    ttft = (n_chunks - 1.0) * itc["t_iter"] + itl["t_iter"]
+    # Closed loop: sequences beyond what the token budget keeps decoding wait for admission; by
+    # Little's law B = X * (wait + osl * TPOT) with X = b_eff / (osl * TPOT).
+    ttft = ttft + osl * tpot * (B / b_eff - 1.0)
+    return {
+        "batch": b_eff,
+        "tpot": tpot,
+        "ttft": ttft,
+        "prefill_tokens_per_iter": pre,
+        "output_tps_instance": b_eff / tpot,
+        "request_rate_instance": b_eff / (osl * tpot),
+        "iter": it,
+        "budget_bound": b_eff < B - 1e-9,
+    }
+
+
+def power_demand(ctx: ServingContext, it: dict[str, np.ndarray], clock=1.0) -> dict[str, np.ndarray]:
+    """Average device power during one iteration (kernels, communication/host stalls, node share)."""
+    p = ctx.device.power
+    span = p.tdp_w - p.idle_w
+    busy = np.maximum(it["compute"], 1e-15)
+    # Share of kernel time the math units (at their achievable rate) and HBM are busy.
+    u_c = np.clip(it["busy_compute"] / busy, 0.0, 1.0)
+    u_m = np.clip(it["busy_memory"] / busy, 0.0, 1.0)
+    active = p.idle_w + span * np.minimum(1.0, F_BASE + F_COMPUTE * u_c + F_MEMORY * u_m)
+    stall = p.idle_w + span * STALL_POWER_FRACTION
+    t = it["t_iter"]
+    avg = (it["compute"] * active + (t - it["compute"]) * stall) / t
+    return {
+        "active_w": active,
+        "stall_w": np.full_like(active, stall),
+        "avg_w": avg,
+        "u_compute": u_c,
+        "u_memory": u_m,
+    }
+
+
+def clock_under_cap(ctx: ServingContext, active_w: np.ndarray, cap_w: np.ndarray) -> np.ndarray:
+    """SM clock factor a power cap allows: dynamic power ~ f^3 (V ~ f); 1 where the cap does not bind."""
+    idle = ctx.device.power.idle_w
+    dyn = np.maximum(active_w - idle, 1e-9)
+    allowed = np.maximum(cap_w - idle, 1e-9)
+    s = np.cbrt(np.minimum(allowed / dyn, 1.0))
+    return np.where(cap_w > 0, s, 1.0)
+
+
+# =========================================================================================== evaluate
+REASONS = {
+    "tp_heads": "attention-TP (tp/adp) must divide the attention heads",
+    "tp_kv_heads": "attention-TP must divide the KV heads or be a multiple of them",
+    "pp_layers": "pp must not exceed the number of layers",
+    "ep_experts": "ep must divide both tp and the number of experts (MoE only)",
+    "attention_dp_dense": "attention data parallelism is for MoE models",
+    "power_cap_range": f"power cap below {POWER_CAP_MIN_FRACTION:.0%} of TDP or above TDP",
+    "weights_do_not_fit": "weights, workspace and runtime reserve exceed device memory",
+    "kv_cache": "no room in the KV cache for the requested concurrency",
+    "token_budget": "without chunked prefill the token budget must hold a whole prompt",
+    "saturated": "the request rate exceeds what the instance can sustain",
+    "devices": "the instance (or the prefill and decode pools) needs more devices than given",
+}
+
+
+def evaluate(
+    ctx: ServingContext, tab: ServingTable, *, rate_per_instance: np.ndarray | None = None
+) -> dict[str, Any]:
+    """Arrays over candidate instances: memory, batch, TTFT, TPOT, throughput, power, energy.
+
+    Without ``rate_per_instance`` the batch is ``conc`` (or the memory maximum where ``conc`` is 0);
+    with it, the batch that sustains that request rate (Little's law on the steady state), plus an
+    M/D/1 queueing wait on TTFT and the load factor ``rho``.
+    """
+    w = ctx.workload
+    n = len(tab)
+    bad = legal(ctx, tab)
+    tdp = ctx.device.power.tdp_w
+    cap_w = tab["cap_w"]
+    bad["power_cap_range"] = (cap_w > 0) & ((cap_w < POWER_CAP_MIN_FRACTION * tdp) | (cap_w > tdp))
+    mem0 = memory(ctx, tab)
+    fixed = tab["conc"] > 0
+    bcap = np.where(fixed, tab["conc"], np.clip(mem0["max_conc"], 1, w.max_batch))
+    mem = memory(ctx, tab, batch_cap=bcap)
+    budget = mem["budget"]
+    max_conc = np.minimum(mem["max_conc"], float(w.max_batch))
+    bad["weights_do_not_fit"] = ~mem["weights_fit"]
+    bad["token_budget"] = np.full(n, (not w.chunked_prefill)) & (budget < w.isl)
+    bmax = np.maximum(max_conc, 1.0)
+
+    def run(clock):
+        if rate_per_instance is None:
+            B = np.where(fixed, tab["conc"], bmax)
+            ss = steady_state(ctx, tab, B, budget=budget, clock=clock)
+            return ss, np.zeros(n), np.zeros(n)
+        lam = np.broadcast_to(np.asarray(rate_per_instance, dtype=np.float64), (n,))
+        top = steady_state(ctx, tab, bmax, budget=budget, clock=clock)
+        rho = lam / np.maximum(top["request_rate_instance"], 1e-30)
+        lo, hi = np.full(n, 1e-3), bmax.copy()
+        for _ in range(40):  # bisection in log space for X(B) = lambda
+            mid = np.sqrt(lo * hi)
+            x = steady_state(ctx, tab, mid, budget=budget, clock=clock)["request_rate_instance"]
+            below = x < lam
+            lo = np.where(below, mid, lo)
+            hi = np.where(below, hi, mid)
+        ss = steady_state(ctx, tab, hi, budget=budget, clock=clock)
+        r = np.clip(rho, 0.0, 0.999)
+        wait = r / (2.0 * (1.0 - r)) * ss["ttft"]  # M/D/1 mean wait, prefill as the server
+        return ss, rho, wait
+
+    ss, rho, wait = run(1.0)
+    pw = power_demand(ctx, ss["iter"])
+    clock = clock_under_cap(ctx, pw["active_w"], cap_w)
+    if np.any(clock < 1.0):
+        ss2, rho2, wait2 = run(clock)
+        sel = clock < 1.0
+        ss = {k: (np.where(sel, ss2[k], v) if isinstance(v, np.ndarray) else v) for k, v in ss.items()}
+        ss["iter"] = {k: np.where(sel, ss2["iter"][k], v) for k, v in ss["iter"].items()}
+        rho, wait = np.where(sel, rho2, rho), np.where(sel, wait2, wait)
+        pw = power_demand(ctx, ss["iter"], clock)
+        capped = np.where(sel, np.minimum(pw["active_w"], cap_w), pw["active_w"])
+        it = ss["iter"]
+        pw["active_w"] = capped
+        pw["avg_w"] = (it["compute"] * capped + (it["t_iter"] - it["compute"]) * pw["stall_w"]) / it["t_iter"]
+
+    if rate_per_instance is None:
+        B = np.where(fixed, tab["conc"], bmax)
+        bad["kv_cache"] = mem["weights_fit"] & ((max_conc < 1) | (B > max_conc))
+        bad["saturated"] = np.zeros(n, dtype=bool)
+        duty = np.ones(n)
+    else:
+        bad["kv_cache"] = mem["weights_fit"] & (max_conc < 1)
+        bad["saturated"] = rho >= 1.0
+        duty = np.clip(rho, 0.0, 1.0)
+
+    tpot = ss["tpot"]
+    ttft = ss["ttft"] + wait
+    devs = tab.devices
+    out_inst = ss["output_tps_instance"]
+    if rate_per_instance is not None:
+        out_inst = np.minimum(out_inst, np.asarray(rate_per_instance) * w.osl)
+    p = ctx.device.power
+    # Energy per second of wall time per device: busy share at the iteration's average power, the rest
+    # idle; node overhead (CPU, NIC, fans share, at typical load as in training) always.
+    dev_w = duty * pw["avg_w"] + (1.0 - duty) * p.idle_w + p.node_overhead_w * NODE_OVERHEAD_LOAD
+    j_per_tok = dev_w * devs / np.maximum(out_inst, 1e-30)
+    valid = ~np.logical_or.reduce([v for v in bad.values()])
+    return {
+        "valid": valid,
+        "bad": bad,
+        "batch": ss["batch"],
+        "max_conc": max_conc,
+        "budget": budget,
+        "ttft_s": ttft,
+        "ttft_service_s": ss["ttft"],
+        "queue_wait_s": wait,
+        "tpot_s": tpot,
+        "output_tps_instance": out_inst,
+        "output_tps_per_device": out_inst / devs,
+        "output_tps_per_user": 1.0 / tpot,
+        "request_rate_instance": out_inst / w.osl,
+        "rho": rho,
+        "saturated": np.where(rate_per_instance is None, ss["budget_bound"] | (~fixed), rho >= 0.85),
+        "power_w": dev_w,
+        "active_power_w": pw["active_w"],
+        "clock": clock,
+        "j_per_token": j_per_tok,
+        "j_per_request": j_per_tok * w.osl,
+        "u_compute": pw["u_compute"],
+        "u_memory": pw["u_memory"],
+        "mem_weights": mem["weights"],
+        "mem_workspace": mem["workspace"],
+        "mem_reserve": mem["reserve"],
+        "mem_kv_available": mem["kv_available"],
+        "mem_kv_per_seq": mem["kv_per_seq"],
+        "mem_capacity": mem["capacity"],
+        "t_host": ss["iter"]["host"],
+        "t_comm": ss["iter"]["comm"],
+        "t_compute": ss["iter"]["compute"],
+    }
+
+
+def attainment(ctx: ServingContext, res: dict[str, Any]) -> np.ndarray:
+    """Share of requests meeting both targets.
+
+    TPOT is deterministic in the steady state (met or not). TTFT is the service time plus a queueing
+    wait whose tail under an open request rate follows the heavy-traffic exponential approximation of
+    an M/D/1 queue, P(W > t) = rho * exp(-2 (1 - rho) t / (rho * s)) (Kingman); closed-loop and
+    offline loads have no queue (attainment 0 or 1).
+    """
+    w = ctx.workload
+    ok = np.ones(len(res["tpot_s"]))
+    if w.tpot_ms is not None:
+        ok = ok * (res["tpot_s"] * 1e3 <= w.tpot_ms * (1 + 1e-9))
+    if w.ttft_ms is not None:
+        s = res["ttft_service_s"]
+        T = w.ttft_ms * 1e-3
+        rho = np.clip(res["rho"], 1e-9, 0.999)
+        slack = T - s
+        tail = np.where(
+            res["rho"] > 0, rho * np.exp(-2.0 * (1.0 - rho) * np.maximum(slack, 0) / (rho * s)), 0.0
+        )
+        ok = ok * np.where(slack >= 0, 1.0 - tail, 0.0)
+    return ok
+
+
+def meets_targets(ctx: ServingContext, res: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Masks of target violations: mean TTFT/TPOT (no goodput given) or attainment < goodput."""
+    w = ctx.workload
+    n = len(res["tpot_s"])
+    out = {}
+    if w.goodput is not None:
+        out["goodput_target"] = attainment(ctx, res) < w.goodput
+        return out
+    if w.tpot_ms is not None:
+        out["tpot_target"] = res["tpot_s"] * 1e3 > w.tpot_ms * (1 + 1e-9)
+    if w.ttft_ms is not None:
+        out["ttft_target"] = res["ttft_s"] * 1e3 > w.ttft_ms * (1 + 1e-9)
+    return out or {"tpot_target": np.zeros(n, dtype=bool)}
+
+
+def gib(x) -> float:
+    return float(x) / GIB

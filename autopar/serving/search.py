@@ -1,0 +1,830 @@
+"""Serving layout search: TP x PP x EP (x attention-DP) x replicas x concurrency x power cap, plus
+disaggregated prefill/decode pools, under TTFT/TPOT/goodput targets.
+
+``serve(...)`` (also ``autopar serve``) enumerates instance shapes, scores every candidate with the
+vectorized model of :mod:`autopar.serving.estimate`, and returns the best layouts, the Pareto front of output
+tokens/s per device against tokens/s per user, and, under a request rate, the fewest devices that
+sustain it. The JSON has the shape of ``recommend --json``: ``layouts_enumerated``,
+``layouts_feasible``, ``infeasible_by_reason`` and ``results``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autopar.energy import NODE_OVERHEAD_LOAD
+from autopar.errors import AutoparError, InfeasibleError
+from autopar.serving.estimate import (
+    GIB,
+    REASONS,
+    ServingContext,
+    ServingTable,
+    ServingWorkload,
+    attainment,
+    evaluate,
+    iteration,
+    make_context,
+    make_workload,
+    meets_targets,
+    memory,
+    power_demand,
+)
+
+__all__ = ["serve", "ServingResult", "ServingInfeasible", "enumerate_instances", "search"]
+
+MAX_TP = 64
+MAX_PP = 16
+TARGET_REASONS = {
+    "ttft_target": "mean TTFT above the target",
+    "tpot_target": "mean TPOT above the target",
+    "goodput_target": "share of requests meeting the targets below the goodput target",
+}
+# Order in which an infeasible candidate's first reason is counted.
+REASON_ORDER = (
+    "tp_heads",
+    "tp_kv_heads",
+    "pp_layers",
+    "ep_experts",
+    "attention_dp_dense",
+    "power_cap_range",
+    "devices",
+    "weights_do_not_fit",
+    "kv_cache",
+    "token_budget",
+    "saturated",
+    "ttft_target",
+    "tpot_target",
+    "goodput_target",
+)
+
+
+class ServingInfeasible(InfeasibleError):
+    """No serving layout meets the request; ``closest`` holds the best achievable figures."""
+
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        closest: dict[str, Any] | None = None,
+        result: ServingResult | None = None,
+    ) -> None:
+        super().__init__(message, hint)
+        self.closest = closest or {}
+        self.result = result
+
+
+@dataclass
+class ServingResult:
+    """What ``serve`` found; ``to_dict()`` is what ``autopar serve --json`` prints."""
+
+    job: dict[str, Any]
+    workload: dict[str, Any]
+    layouts_enumerated: int
+    layouts_feasible: int
+    infeasible_by_reason: dict[str, int]
+    results: list[dict[str, Any]]
+    pareto: list[dict[str, Any]]
+    min_devices: dict[str, Any] | None = None
+    closest: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        return self.results[0] if self.results else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "workload": self.workload,
+            "layouts_enumerated": self.layouts_enumerated,
+            "layouts_feasible": self.layouts_feasible,
+            "infeasible_by_reason": self.infeasible_by_reason,
+            "results": self.results,
+            "pareto": self.pareto,
+            "min_devices": self.min_devices,
+            "closest": self.closest,
+            "notes": self.notes,
+        }
+
+
+# ========================================================================================= enumeration
+def _pow2_upto(n: int) -> list[int]:
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def enumerate_instances(
+    model,
+    num_devices: int,
+    *,
+    tp: int | None = None,
+    pp: int | None = None,
+    ep: int | None = None,
+    adp: int | None = None,
+) -> ServingTable:
+    """Instance shapes (tp, pp, ep, adp) with tp*pp <= num_devices; given values pin a dimension."""
+    tps = [tp] if tp else [t for t in _pow2_upto(min(num_devices, MAX_TP))]
+    pps = [pp] if pp else [p for p in _pow2_upto(min(num_devices, MAX_PP)) if p <= model.layers]
+    rows = []
+    for t in tps:
+        for p in pps:
+            if t * p > num_devices:
+                continue
+            if model.is_moe:
+                eps = [ep] if ep else [e for e in _pow2_upto(t) if model.num_experts % e == 0]
+                adps = [adp] if adp else sorted({1, t})
+            else:
+                eps, adps = [ep or 1], [adp or 1]
+            for e in eps:
+                for a in adps:
+                    rows.append((t, p, e, a))
+    if not rows:
+        raise AutoparError(
+            f"no instance shape fits {num_devices} devices with the pinned degrees (tp={tp}, pp={pp})",
+            "pin degrees whose product is at most --num-devices",
+        )
+    arr = np.array(rows, dtype=np.float64)
+    return ServingTable({"tp": arr[:, 0], "pp": arr[:, 1], "ep": arr[:, 2], "adp": arr[:, 3]})
+
+
+def _levels(max_conc: np.ndarray, cap: int) -> list[np.ndarray]:
+    """Per instance: concurrency levels 1, 2, 4, ... below its memory maximum, plus the maximum."""
+    out = []
+    for mc in max_conc:
+        top = int(min(mc, cap))
+        if top < 1:
+            out.append(np.array([1.0]))
+            continue
+        lv = [v for v in _pow2_upto(top) if v < top] + [top]
+        out.append(np.array(lv, dtype=np.float64))
+    return out
+
+
+# ============================================================================================ helpers
+def _first_reason(masks: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """Index into REASON_ORDER of each row's first violated rule (-1 where none)."""
+    first = np.full(n, -1)
+    for i, code in reversed(list(enumerate(REASON_ORDER))):
+        if code in masks:
+            first = np.where(masks[code], i, first)
+    return first
+
+
+def _count(first: np.ndarray, out: dict[str, int]) -> None:
+    for i in np.unique(first[first >= 0]):
+        out[REASON_ORDER[int(i)]] = out.get(REASON_ORDER[int(i)], 0) + int(np.sum(first == i))
+
+
+def _cost_per_mtok(price: float | None, tps_per_device: np.ndarray) -> np.ndarray | None:
+    if price is None:
+        return None
+    return price / 3600.0 / np.maximum(tps_per_device, 1e-30) * 1e6
+
+
+def _short(tp: int, pp: int, ep: int, adp: int) -> str:
+    s = f"tp{tp} pp{pp}"
+    if ep > 1:
+        s += f" ep{ep}"
+    if adp > 1:
+        s += f" adp{adp}"
+    return s
+
+
+def _pareto(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Indices of the points no other point beats on both x and y (maximize both), by x desc."""
+    if len(x) == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((-y, -x))
+    keep, best_y = [], -np.inf
+    for i in order:
+        if y[i] > best_y * (1 + 1e-12) or best_y == -np.inf:
+            keep.append(i)
+            best_y = y[i]
+    return np.array(keep, dtype=np.int64)
+
+
+# ====================================================================================== aggregated
+def _aggregated(
+    ctx: ServingContext, inst: ServingTable, num_devices: int, caps: list[float], price: float | None
+) -> dict[str, Any]:
+    """Score aggregated (co-located prefill+decode) candidates; returns arrays and row metadata."""
+    w = ctx.workload
+    mode = w.mode
+    base_mem = memory(ctx, inst)
+    max_conc = np.minimum(base_mem["max_conc"], w.max_batch)
+    n_inst = len(inst)
+    devs = inst.devices
+    idx: list[np.ndarray] = []
+    conc: list[np.ndarray] = []
+    reps: list[np.ndarray] = []
+    if mode == "sweep":
+        lv = _levels(max_conc, w.max_batch)
+        for i in range(n_inst):
+            idx.append(np.full(len(lv[i]), i))
+            conc.append(lv[i])
+            reps.append(np.full(len(lv[i]), max(num_devices // int(devs[i]), 1)))
+    elif mode == "offline":
+        idx.append(np.arange(n_inst))
+        conc.append(np.zeros(n_inst))
+        reps.append(np.maximum(num_devices // devs, 1))
+    elif mode == "concurrency":
+        for i in range(n_inst):
+            r = np.arange(1, max(num_devices // int(devs[i]), 1) + 1, dtype=np.float64)
+            idx.append(np.full(len(r), i))
+            conc.append(np.ceil(float(w.concurrency or 1) / r))
+            reps.append(r)
+    else:  # request_rate: every replica count up to the device budget
+        for i in range(n_inst):
+            r = np.arange(1, max(num_devices // int(devs[i]), 1) + 1, dtype=np.float64)
+            idx.append(np.full(len(r), i))
+            conc.append(np.zeros(len(r)))
+            reps.append(r)
+    ii = np.concatenate(idx)
+    cc = np.concatenate(conc)
+    rr = np.concatenate(reps)
+    k = len(caps)
+    ii, cc, rr = np.repeat(ii, k), np.repeat(cc, k), np.repeat(rr, k)
+    cap = np.tile(np.asarray(caps, dtype=np.float64), len(ii) // k)
+    tab = inst.take(ii).with_columns(conc=cc, cap_w=cap)
+    rate = None if mode != "request_rate" else w.request_rate / rr
+    res = evaluate(ctx, tab, rate_per_instance=rate)
+    bad = dict(res["bad"])
+    bad["devices"] = tab.devices > num_devices
+    bad.update(meets_targets(ctx, res))
+    first = _first_reason(bad, len(tab))
+    res["attainment"] = attainment(ctx, res)
+    return {
+        "tab": tab,
+        "res": res,
+        "replicas": rr,
+        "first": first,
+        "inst_index": ii,
+        "cost": _cost_per_mtok(price, res["output_tps_per_device"]),
+    }
+
+
+def _agg_record(ctx: ServingContext, agg: dict[str, Any], i: int, price: float | None) -> dict[str, Any]:
+    tab, res = agg["tab"], agg["res"]
+    w = ctx.workload
+    t = {k: int(tab[k][i]) for k in ("tp", "pp", "ep", "adp")}
+    reps = int(agg["replicas"][i])
+    dev = int(tab.devices[i])
+    batch = float(res["batch"][i])
+    rec: dict[str, Any] = {
+        "mode": "aggregated",
+        **t,
+        "replicas": reps,
+        "devices_per_instance": dev,
+        "devices": dev * reps,
+        "concurrency_per_instance": round(batch, 2),
+        "concurrency": round(batch * reps, 2),
+        "power_cap_w": float(tab["cap_w"][i]) or None,
+        "short": _short(**t) + f" x{reps} b{batch:.0f}",
+        "ttft_ms": float(res["ttft_s"][i]) * 1e3,
+        "tpot_ms": float(res["tpot_s"][i]) * 1e3,
+        "output_tokens_per_s": float(res["output_tps_instance"][i]) * reps,
+        "output_tokens_per_s_per_device": float(res["output_tps_per_device"][i]),
+        "output_tokens_per_s_per_user": float(res["output_tps_per_user"][i]),
+        "request_rate": float(res["request_rate_instance"][i]) * reps,
+        "load_factor": float(res["rho"][i]) if w.mode == "request_rate" else None,
+        "saturated": bool(res["saturated"][i]),
+        "slo_attainment": float(res["attainment"][i]),
+        "avg_power_w": float(res["power_w"][i]),
+        "clock_factor": float(res["clock"][i]),
+        "j_per_output_token": float(res["j_per_token"][i]),
+        "j_per_request": float(res["j_per_request"][i]),
+        "output_tokens_per_joule": 1.0 / float(res["j_per_token"][i]),
+        "cost_per_mtok": None if agg["cost"] is None else float(agg["cost"][i]),
+        "memory_gib_per_device": {
+            "weights": float(res["mem_weights"][i]) / GIB,
+            "workspace": float(res["mem_workspace"][i]) / GIB,
+            "runtime_reserve": float(res["mem_reserve"][i]) / GIB,
+            "kv_cache_available": float(res["mem_kv_available"][i]) / GIB,
+            "kv_cache_used": float(res["mem_kv_per_seq"][i] * batch / tab["adp"][i]) / GIB,
+            "capacity": float(res["mem_capacity"][i]) / GIB,
+        },
+        "max_concurrency_per_instance": float(res["max_conc"][i]),
+        "time_ms_per_iteration": {
+            "compute": float(res["t_compute"][i]) * 1e3,
+            "comm": float(res["t_comm"][i]) * 1e3,
+            "host": float(res["t_host"][i]) * 1e3,
+        },
+    }
+    return rec
+
+
+# ==================================================================================== disaggregated
+def _disaggregated(
+    ctx: ServingContext, inst: ServingTable, num_devices: int, price: float | None
+) -> dict[str, Any] | None:
+    """xPyD: prefill instances hand the KV cache to decode instances (DistServe, Splitwise, Dynamo)."""
+    w = ctx.workload
+    m = ctx.model
+    isl, osl = float(w.isl), float(w.osl)
+    if num_devices < 2:
+        return None
+    inst = inst.with_columns(conc=np.zeros(len(inst)), cap_w=np.zeros(len(inst)))
+    # ---- prefill pool: prompts only; k prompts per iteration (k = 1, 2, 4, ... what the budget
+    # holds: larger k is more throughput and a longer TTFT), or chunks of the budget -------------
+    budget_p = float(w.max_num_tokens or 8192)
+    mem_p = memory(ctx, inst, seq_len=isl, batch_cap=np.ones(len(inst)))
+    kmax = np.minimum(max(math.floor(budget_p / isl), 1), np.maximum(mem_p["max_conc"], 1))
+    klv = _levels(kmax, 1 << 20)
+    pi_ = np.concatenate([np.full(len(v), i) for i, v in enumerate(klv)])
+    k = np.concatenate(klv)
+    ptab = inst.take(pi_)
+    chunk = min(isl, budget_p)
+    n_chunks = math.ceil(isl / chunk)
+    tok = k * isl if isl <= budget_p else np.full(len(k), chunk)
+    it_p = iteration(
+        ctx, ptab, n_dec=0.0, n_pre=tok, dec_ctx=0.0, pre_ctx=isl / 2.0, pre_len=isl, logit_rows=k
+    )
+    t_p = it_p["t_iter"] * (1.0 if isl <= budget_p else n_chunks)
+    rate_p = k / t_p
+    pw_p = power_demand(ctx, it_p)["avg_w"]
+    legal_masks = [
+        v
+        for kk, v in evaluate(ctx, inst)["bad"].items()
+        if kk in ("tp_heads", "tp_kv_heads", "pp_layers", "ep_experts", "attention_dp_dense")
+    ]
+    illegal = np.logical_or.reduce(legal_masks) if legal_masks else np.zeros(len(inst), dtype=bool)
+    ok_p = (~illegal & mem_p["weights_fit"] & (mem_p["max_conc"] >= 1))[pi_]
+    # ---- decode pool: decode-only iterations at every concurrency level ------------------------
+    mem_d = memory(ctx, inst)
+    maxc = np.minimum(mem_d["max_conc"], w.max_batch)
+    lv = _levels(maxc, w.max_batch)
+    di = np.concatenate([np.full(len(v), i) for i, v in enumerate(lv)])
+    B = np.concatenate(lv)
+    dtab = inst.take(di)
+    it_d = iteration(
+        ctx, dtab, n_dec=B, n_pre=0.0, dec_ctx=isl + osl / 2.0, pre_ctx=0.0, pre_len=1.0, logit_rows=B
+    )
+    t_d = it_d["t_iter"]
+    rate_d = B / (osl * np.maximum(t_d, 1e-12))
+    pw_d = power_demand(ctx, it_d)["avg_w"]
+    ok_d = ~illegal[di] & mem_d["weights_fit"][di] & (maxc[di] >= B)
+    # Only the Pareto-efficient pool members can be in an efficient xPyD pair: per-device rate
+    # against latency (TTFT for prefill, TPOT for decode), among those meeting the target alone.
+    if w.ttft_ms is not None and w.goodput is None:
+        ok_p &= t_p * 1e3 <= w.ttft_ms
+    if w.tpot_ms is not None and w.goodput is None:
+        ok_d &= t_d * 1e3 <= w.tpot_ms
+    P = np.flatnonzero(ok_p)
+    D = np.flatnonzero(ok_d)
+    P = P[_pareto(rate_p[P] / ptab.devices[P], -t_p[P])]
+    D = D[_pareto(rate_d[D] / dtab.devices[D], -t_d[D])]
+    if len(P) == 0 or len(D) == 0:
+        return {"count": len(k) * len(B), "records": [], "P": P, "D": D}
+    np_dev = ptab.devices[P][:, None]
+    nd_dev = dtab.devices[D][None, :]
+    rp = rate_p[P][:, None]
+    rd = rate_d[D][None, :]
+    # KV hand-off: the prompt's whole KV cache, over NVLink when both pools share a node, else NICs.
+    kv_bytes = m.kv_cache_bytes(int(isl), ctx.kv_bytes)
+    same_node = (np_dev + nd_dev) <= ctx.devices_per_node
+    lanes = np.minimum(np_dev, nd_dev)
+    bw = np.where(same_node, ctx.links.up_peer, ctx.links.out_nic) * lanes
+    kv_t = kv_bytes / bw + np.where(same_node, ctx.links.lat_up, ctx.links.lat_out)
+    ttft_service = t_p[P][:, None] + kv_t
+    tpot = np.broadcast_to(t_d[D][None, :], ttft_service.shape)
+    if w.mode == "request_rate":
+        lam = float(w.request_rate or 0.0)
+        shape = (len(P), len(D))
+        x = np.broadcast_to(np.ceil(lam / rp), shape)
+        y = np.broadcast_to(np.ceil(lam / rd), shape)
+        thr = np.full(shape, lam)
+    else:
+        # Best pool ratio within the device budget: x prefill instances, just enough decoders.
+        xs = np.arange(1, num_devices + 1, dtype=np.float64)[None, None, :]
+        y_max = np.floor((num_devices - xs * np_dev[..., None]) / nd_dev[..., None])
+        y_need = np.ceil(xs * rp[..., None] / rd[..., None])
+        y3 = np.minimum(y_max, y_need)
+        x3 = np.broadcast_to(xs, y3.shape)
+        thr3 = np.where(y3 >= 1, np.minimum(x3 * rp[..., None], y3 * rd[..., None]), 0.0)
+        per_dev3 = thr3 / (x3 * np_dev[..., None] + np.maximum(y3, 0) * nd_dev[..., None])
+        best = np.argmax(per_dev3, axis=2)
+        x = np.take_along_axis(x3, best[..., None], axis=2)[..., 0]
+        y = np.take_along_axis(y3, best[..., None], axis=2)[..., 0]
+        thr = np.take_along_axis(thr3, best[..., None], axis=2)[..., 0]
+    devices = x * np_dev + y * nd_dev
+    rho_p = np.where(x > 0, thr / (x * rp), 1.0)
+    rho_d = np.where(y > 0, thr / np.maximum(y * rd, 1e-30), 1.0)
+    r = np.clip(rho_p, 0, 0.999)
+    wait = np.where(w.mode == "request_rate", r / (2 * (1 - r)) * t_p[P][:, None], 0.0)
+    ttft = ttft_service + wait
+    p = ctx.device.power
+    pool_w = (
+        x * np_dev * (rho_p * pw_p[P][:, None] + (1 - rho_p) * p.idle_w)
+        + y * nd_dev * (rho_d * pw_d[D][None, :] + (1 - rho_d) * p.idle_w)
+        + devices * p.node_overhead_w * NODE_OVERHEAD_LOAD
+    )
+    out_tps = thr * osl
+    tps_dev = out_tps / np.maximum(devices, 1)
+    valid = (y >= 1) & (x >= 1) & (devices <= num_devices) & (thr > 0)
+    res = {
+        "ttft_s": ttft,
+        "ttft_service_s": ttft_service,
+        "tpot_s": tpot,
+        "rho": np.maximum(rho_p, rho_d) if w.mode == "request_rate" else np.zeros_like(ttft),
+    }
+    flat = {k: v.ravel() for k, v in res.items()}
+    targets = meets_targets(ctx, flat)
+    att = attainment(ctx, flat).reshape(ttft.shape)
+    bad = {"devices": ~valid.ravel(), **targets}
+    if w.mode == "request_rate":
+        bad["saturated"] = np.zeros(valid.size, dtype=bool)
+    return {
+        "count": int(valid.size),
+        "P": P,
+        "D": D,
+        "di": di,
+        "B": B,
+        "x": x,
+        "y": y,
+        "devices": devices,
+        "ttft": ttft,
+        "tpot": tpot,
+        "kv_t": kv_t,
+        "out_tps": out_tps,
+        "tps_dev": tps_dev,
+        "pool_w": pool_w,
+        "bad": bad,
+        "first": _first_reason(bad, valid.size),
+        "inst": inst,
+        "dtab": dtab,
+        "cost": _cost_per_mtok(price, tps_dev),
+        "t_p": t_p,
+        "t_d": t_d,
+        "ptab": ptab,
+        "k": k,
+        "att": att,
+    }
+
+
+def _dis_record(dis: dict[str, Any], flat: int) -> dict[str, Any]:
+    i, j = np.unravel_index(flat, dis["x"].shape)
+    ptab, dtab = dis["ptab"], dis["dtab"]
+    pi, dj = int(dis["P"][i]), int(dis["D"][j])
+    pre = {k: int(ptab[k][pi]) for k in ("tp", "pp", "ep", "adp")}
+    dec = {k: int(dtab[k][dj]) for k in ("tp", "pp", "ep", "adp")}
+    x, y = int(dis["x"][i, j]), int(dis["y"][i, j])
+    B = float(dis["B"][dj])
+    tps = float(dis["out_tps"][i, j])
+    jt = float(dis["pool_w"][i, j]) / max(tps, 1e-30)
+    return {
+        "mode": "disaggregated",
+        "prefill": {**pre, "instances": x, "prompts_per_batch": int(dis["k"][pi])},
+        "decode": {**dec, "instances": y, "concurrency_per_instance": B},
+        "devices": int(dis["devices"][i, j]),
+        "short": f"{x}P({_short(**pre)} k{int(dis['k'][pi])}) + {y}D({_short(**dec)} b{B:.0f})",
+        "ttft_ms": float(dis["ttft"][i, j]) * 1e3,
+        "tpot_ms": float(dis["tpot"][i, j]) * 1e3,
+        "kv_transfer_ms": float(dis["kv_t"][i, j]) * 1e3,
+        "slo_attainment": float(dis["att"][i, j]),
+        "output_tokens_per_s": tps,
+        "output_tokens_per_s_per_device": float(dis["tps_dev"][i, j]),
+        "output_tokens_per_s_per_user": 1.0 / float(dis["tpot"][i, j]),
+        "avg_power_w": float(dis["pool_w"][i, j]) / max(int(dis["devices"][i, j]), 1),
+        "j_per_output_token": jt,
+        "output_tokens_per_joule": 1.0 / jt,
+        "cost_per_mtok": None if dis["cost"] is None else float(dis["cost"][i, j]),
+    }
+
+
+# ============================================================================================ search
+def search(
+    ctx: ServingContext,
+    *,
+    num_devices: int,
+    top: int = 10,
+    power_caps_w: list[float] | None = None,
+    price_per_device_hour: float | None = None,
+    disaggregated: bool = True,
+    pin: dict[str, int | None] | None = None,
+    job: dict[str, Any] | None = None,
+) -> ServingResult:
+    """Run the whole serving search for one model/device/workload; see :func:`serve`."""
+    w = ctx.workload
+    pin = pin or {}
+    inst = enumerate_instances(ctx.model, num_devices, **pin)
+    caps = [0.0] + sorted({float(c) for c in (power_caps_w or []) if c})
+    agg = _aggregated(ctx, inst, num_devices, caps, price_per_device_hour)
+    res = agg["res"]
+    reasons: dict[str, int] = {}
+    _count(agg["first"], reasons)
+    feas = np.flatnonzero(agg["first"] < 0)
+    enumerated = len(agg["tab"])
+    dis = (
+        _disaggregated(ctx, inst, num_devices, price_per_device_hour)
+        if (disaggregated and w.mode != "concurrency" and not any(pin.values()))
+        else None
+    )
+    dfeas = np.zeros(0, dtype=np.int64)
+    if dis is not None:
+        enumerated += dis["count"]
+        if "first" in dis:
+            _count(dis["first"], reasons)
+            dfeas = np.flatnonzero(dis["first"] < 0)
+    notes: list[str] = []
+    if w.mode == "offline":
+        notes.append(
+            "offline mode: the batch is what memory and max_batch allow; TTFT excludes the offline queue"
+        )
+
+    # ---- candidates: score, rank ---------------------------------------------------------------
+    # Rank by throughput per device in 1% bins (fewest devices first under a request rate), then
+    # by speed per user, then by TTFT: near-ties go to the more responsive layout.
+    cands: list[tuple[tuple[float, ...], str, int]] = []
+    tps_dev = res["output_tps_per_device"]
+
+    def bin1(x: float) -> float:
+        return -math.floor(math.log(max(x, 1e-30)) / math.log(1.01))
+
+    for i in feas:
+        dev = float(agg["tab"].devices[i] * agg["replicas"][i])
+        t = float(tps_dev[i])
+        key = (
+            dev if w.mode == "request_rate" else 0.0,
+            bin1(t),
+            -float(res["output_tps_per_user"][i]),
+            float(res["ttft_s"][i]),
+        )
+        cands.append((key, "a", int(i)))
+    for f in dfeas:
+        i, j = np.unravel_index(f, dis["x"].shape)  # type: ignore[index]
+        dev = float(dis["devices"][i, j])  # type: ignore[index]
+        t = float(dis["tps_dev"][i, j])  # type: ignore[index]
+        key = (
+            dev if w.mode == "request_rate" else 0.0,
+            bin1(t),
+            float(dis["tpot"][i, j]),  # type: ignore[index]
+            float(dis["ttft"][i, j]),  # type: ignore[index]
+        )
+        cands.append((key, "d", int(f)))
+    cands.sort(key=lambda c: c[0])
+
+    def record(kind: str, i: int) -> dict[str, Any]:
+        return _agg_record(ctx, agg, i, price_per_device_hour) if kind == "a" else _dis_record(dis, i)  # type: ignore[arg-type]
+
+    # Distinct layouts only (the same shape at other replica counts/caps adds nothing to a top list).
+    results, seen = [], set()
+    for _, kind, ci in cands:
+        r = record(kind, ci)
+        key2 = (
+            r["short"]
+            if r["mode"] == "aggregated"
+            else f"{r['prefill']}{r['decode']}".replace(
+                f"'prompts_per_batch': {r['prefill']['prompts_per_batch']}", ""
+            )
+        )
+        key2 += str(r.get("power_cap_w"))
+        if key2 in seen:
+            continue
+        seen.add(key2)
+        results.append(r)
+        if len(results) >= top:
+            break
+
+    # ---- Pareto front of tokens/s/device vs tokens/s/user ----------------------------------------
+    xs = [float(tps_dev[i]) for i in feas]
+    ys = [float(res["output_tps_per_user"][i]) for i in feas]
+    refs = [("a", int(i)) for i in feas]
+    for f in dfeas:
+        i, j = np.unravel_index(f, dis["x"].shape)  # type: ignore[index]
+        xs.append(float(dis["tps_dev"][i, j]))  # type: ignore[index]
+        ys.append(1.0 / float(dis["tpot"][i, j]))  # type: ignore[index]
+        refs.append(("d", int(f)))
+    front = _pareto(np.array(xs), np.array(ys))
+    pareto = [record(*refs[k]) for k in front[:64]]
+
+    # ---- fewest devices for the request rate ------------------------------------------------------
+    min_dev = None
+    if w.mode == "request_rate" and cands:
+        min_dev = dict(record(cands[0][1], cands[0][2]))
+        min_dev = {"devices": min_dev["devices"], "layout": min_dev}
+
+    n_feasible = len(feas) + len(dfeas)
+    result = ServingResult(
+        job=job or {},
+        workload=w.model_dump(),
+        layouts_enumerated=int(enumerated),
+        layouts_feasible=int(n_feasible),
+        infeasible_by_reason=dict(sorted(reasons.items(), key=lambda kv: -kv[1])),
+        results=results,
+        pareto=pareto,
+        min_devices=min_dev,
+        notes=notes,
+    )
+    if not results:
+        result.closest = _closest(ctx, agg, dis)
+        raise ServingInfeasible(
+            _infeasible_message(ctx, result), _infeasible_hint(result), closest=result.closest, result=result
+        )
+    return result
+
+
+def _closest(ctx: ServingContext, agg: dict[str, Any], dis: dict[str, Any] | None) -> dict[str, Any]:
+    """Best achievable TTFT, TPOT and throughput among candidates that fit (ignoring targets)."""
+    res = agg["res"]
+    runs = np.isin(
+        agg["first"],
+        [REASON_ORDER.index(c) for c in ("ttft_target", "tpot_target", "goodput_target", "saturated")],
+    ) | (agg["first"] < 0)
+    out: dict[str, Any] = {}
+    if not np.any(runs):  # nothing fits in memory: say by how much the best shape misses
+        i = int(np.argmin(res["mem_weights"] + res["mem_workspace"] + res["mem_reserve"]))
+        rec = _agg_record(ctx, agg, i, None)
+        mem = rec["memory_gib_per_device"]
+        out["least_memory_layout"] = rec["short"].split(" x")[0]
+        out["needs_gib_per_device"] = mem["weights"] + mem["workspace"] + mem["runtime_reserve"]
+        out["weights_gib_per_device"] = mem["weights"]
+        out["capacity_gib"] = mem["capacity"]
+        return out
+    if np.any(runs):
+        idx = np.flatnonzero(runs)
+        i_tpot = idx[np.argmin(res["tpot_s"][idx])]
+        i_ttft = idx[np.argmin(res["ttft_s"][idx])]
+        i_tps = idx[np.argmax(res["output_tps_per_device"][idx])]
+        out["min_tpot_ms"] = float(res["tpot_s"][i_tpot]) * 1e3
+        out["min_tpot_layout"] = _agg_record(ctx, agg, int(i_tpot), None)["short"]
+        out["min_ttft_ms"] = float(res["ttft_s"][i_ttft]) * 1e3
+        out["min_ttft_layout"] = _agg_record(ctx, agg, int(i_ttft), None)["short"]
+        out["max_output_tokens_per_s_per_device"] = float(res["output_tps_per_device"][i_tps])
+        if ctx.workload.mode == "request_rate":
+            out["max_request_rate"] = float(
+                np.max(
+                    res["request_rate_instance"][idx]
+                    * agg["replicas"][idx]
+                    / np.maximum(res["rho"][idx], 1.0)
+                )
+            )
+    if dis is not None and "ttft" in dis and dis["ttft"].size:
+        valid = ~dis["bad"]["devices"].reshape(dis["ttft"].shape)
+        if np.any(valid):
+            out["disaggregated_min_tpot_ms"] = float(np.min(dis["tpot"][valid])) * 1e3
+            out["disaggregated_min_ttft_ms"] = float(np.min(dis["ttft"][valid])) * 1e3
+    return out
+
+
+def _infeasible_message(ctx: ServingContext, result: ServingResult) -> str:
+    w = ctx.workload
+    reasons = result.infeasible_by_reason
+    c = result.closest or {}
+    top = ", ".join(f"{k} {v}" for k, v in list(reasons.items())[:4])
+    if "needs_gib_per_device" in c:
+        return (
+            f"no serving layout fits in memory: even {c['least_memory_layout']} needs "
+            f"{c['needs_gib_per_device']:.1f} GiB per device (weights {c['weights_gib_per_device']:.1f} GiB) "
+            f"of {c['capacity_gib']:.1f} GiB [{top}]"
+        )
+    if not c:
+        return (
+            f"no serving layout fits: {top} of {result.layouts_enumerated} candidates "
+            f"({REASONS.get(next(iter(reasons), ''), '')})"
+        )
+    parts = []
+    if w.tpot_ms is not None:
+        parts.append(
+            f"TPOT target {w.tpot_ms:g} ms (best achievable {c['min_tpot_ms']:.2f} ms with "
+            f"{c['min_tpot_layout']})"
+        )
+    if w.ttft_ms is not None:
+        parts.append(
+            f"TTFT target {w.ttft_ms:g} ms (best achievable {c['min_ttft_ms']:.1f} ms with "
+            f"{c['min_ttft_layout']})"
+        )
+    if w.mode == "request_rate" and "max_request_rate" in c:
+        parts.append(
+            f"request rate {w.request_rate:g}/s (at most ~{c['max_request_rate']:.2f}/s on the devices given)"
+        )
+    if w.goodput is not None:
+        parts.append(f"goodput {w.goodput:g}")
+    return f"no serving layout meets {'; '.join(parts) or 'the targets'} [{top}]"
+
+
+def _infeasible_hint(result: ServingResult) -> str:
+    r = result.infeasible_by_reason
+    if "weights_do_not_fit" in r and set(r) <= {"weights_do_not_fit", "kv_cache", "devices"}:
+        return "use more devices, a lower weight precision, or a device with more memory"
+    return "relax the targets, add devices, or lower the load"
+
+
+# ================================================================================================ API
+def serve(
+    *,
+    model,
+    device,
+    num_devices: int,
+    isl: int,
+    osl: int,
+    devices_per_node: int | None = None,
+    concurrency: int | None = None,
+    request_rate: float | None = None,
+    offline: bool = False,
+    weight_precision: str = "bf16",
+    kv_precision: str | None = None,
+    ttft_ms: float | None = None,
+    tpot_ms: float | None = None,
+    goodput: float | None = None,
+    max_batch: int = 4096,
+    max_num_tokens: int | None = None,
+    chunked_prefill: bool = True,
+    kv_cache_fraction: float = 0.95,
+    power_caps_w: list[float] | None = None,
+    price_per_device_hour: float | None = None,
+    disaggregated: bool = True,
+    tp: int | None = None,
+    pp: int | None = None,
+    ep: int | None = None,
+    adp: int | None = None,
+    top: int = 10,
+    calibration: str | None = None,
+) -> ServingResult:
+    """Search serving layouts for ``model`` on ``num_devices`` of ``device``.
+
+    Keyword names mirror ``autopar serve`` flags. Load: ``concurrency`` (closed loop, whole
+    deployment), ``request_rate`` (requests/s; also returns the fewest devices that sustain it),
+    ``offline=True`` (max throughput), or none (sweep the concurrency for the Pareto front).
+    ``tp``/``pp``/``ep``/``adp`` pin those degrees. Raises :class:`ServingInfeasible` (an
+    :class:`~autopar.errors.InfeasibleError`, exit status 2 on the CLI) with the closest achievable
+    figures when no layout meets the targets.
+    """
+    from autopar.coefficients import coefficient_source, load_calibration
+    from autopar.hardware import load_cluster
+    from autopar.model import ModelSpec, load_model
+
+    if not isinstance(num_devices, int) or isinstance(num_devices, bool) or num_devices < 1:
+        raise AutoparError(
+            f"num_devices must be a positive integer, got {num_devices!r}", "pass --num-devices >= 1"
+        )
+    if top < 1:
+        raise AutoparError(f"top must be >= 1, got {top}")
+    if price_per_device_hour is not None and not price_per_device_hour > 0:
+        raise AutoparError(f"price per device-hour must be positive, got {price_per_device_hour}")
+    for name, v in (("tp", tp), ("pp", pp), ("ep", ep), ("adp", adp)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise AutoparError(f"{name} must be a positive integer, got {v!r}")
+    workload = make_workload(
+        isl=isl,
+        osl=osl,
+        concurrency=concurrency,
+        request_rate=request_rate,
+        offline=offline,
+        weight_precision=weight_precision,
+        kv_precision=kv_precision,
+        ttft_ms=ttft_ms,
+        tpot_ms=tpot_ms,
+        goodput=goodput,
+        max_batch=max_batch,
+        max_num_tokens=max_num_tokens,
+        chunked_prefill=chunked_prefill,
+        kv_cache_fraction=kv_cache_fraction,
+    )
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    cluster = load_cluster(device, num_devices, devices_per_node)
+    dev = cluster.device
+    if power_caps_w:
+        for c in power_caps_w:
+            if not (0 < c <= dev.power.tdp_w):
+                raise AutoparError(
+                    f"power cap {c:g} W is outside (0, TDP {dev.power.tdp_w:g} W] of {dev.id}",
+                    "give caps in watts up to the TDP",
+                )
+    cal = load_calibration(calibration)
+    ctx = make_context(spec, dev, workload, devices_per_node=cluster.devices_per_node, calibration=cal)
+    job = {
+        "model": model if isinstance(model, str) else spec.name,
+        "device": dev.id,
+        "num_devices": num_devices,
+        "devices_per_node": cluster.devices_per_node,
+        "compute_precision": ctx.compute_precision,
+        "kv_precision": workload.kv_dtype,
+        "coefficients": coefficient_source(dev.id, cal),
+        "serving_coefficients": {
+            "host_step_us": ctx.sc.host_step_s * 1e6,
+            "host_per_seq_us": ctx.sc.host_per_seq_s * 1e6,
+            "collective_sync_us": ctx.sc.collective_sync_s * 1e6,
+            "runtime_reserve_gb": ctx.sc.runtime_reserve_bytes / 1e9,
+        },
+    }
+    return search(
+        ctx,
+        num_devices=num_devices,
+        top=top,
+        power_caps_w=power_caps_w,
+        price_per_device_hour=price_per_device_hour,
+        disaggregated=disaggregated,
+        pin={"tp": tp, "pp": pp, "ep": ep, "adp": adp},
+        job=job,
+    )
+
+
+def workload_from_kwargs(**kw: Any) -> ServingWorkload:
+    return make_workload(**kw)

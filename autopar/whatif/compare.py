@@ -1,0 +1,418 @@
+"""Device comparison: the best layout per device for a serving or training workload, and where the
+winner changes across batch size, sequence length and model size.
+
+``compare(...)`` (also ``autopar compare``) runs the serving search (:func:`autopar.serving.search.serve`)
+or a training layout sweep (the engine of ``predict``) on each device profile for every cell of a
+grid (models x sequence lengths x batch sizes) and ranks the devices by one metric: output (or
+training) tokens/s per device, tokens per joule, or cost per million tokens. ``write_outputs``
+writes the grid as CSV and a small dependency-free SVG plot (one panel per model and sequence
+length; the metric against the batch, one line per device).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autopar.errors import AutoparError, InfeasibleError
+
+__all__ = ["compare", "CompareResult", "METRICS", "write_outputs"]
+
+# metric -> (record key, larger is better)
+METRICS: dict[str, tuple[str, bool]] = {
+    "tokens_per_s_per_device": ("tokens_per_s_per_device", True),
+    "tokens_per_joule": ("tokens_per_joule", True),
+    "cost_per_mtok": ("cost_per_mtok", False),
+}
+
+
+@dataclass
+class CompareResult:
+    """One row per (model, seq_len, batch, device) cell with that device's best layout."""
+
+    workload: str
+    metric: str
+    devices: list[str]
+    cells: list[dict[str, Any]]
+    winners: list[dict[str, Any]]
+    changes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload,
+            "metric": self.metric,
+            "devices": self.devices,
+            "cells": self.cells,
+            "winners": self.winners,
+            "winner_changes": self.changes,
+        }
+
+
+# ============================================================================================ serving
+def _serving_cell(
+    model: str,
+    device: str,
+    num_devices: int,
+    isl: int,
+    osl: int,
+    batch: int | None,
+    price: float | None,
+    metric: str,
+    skw: dict[str, Any],
+) -> dict[str, Any]:
+    from autopar.serving.search import serve
+
+    kw = dict(skw)
+    if batch is not None:
+        kw.update(concurrency=batch, offline=False, request_rate=None)
+    elif kw.get("concurrency") is None and kw.get("request_rate") is None:
+        kw["offline"] = True
+    try:
+        res = serve(
+            model=model,
+            device=device,
+            num_devices=num_devices,
+            isl=isl,
+            osl=osl,
+            price_per_device_hour=price,
+            top=200,
+            **kw,
+        )
+    except InfeasibleError as exc:
+        return {"feasible": False, "reason": str(exc)}
+    key, hi = {
+        "tokens_per_s_per_device": ("output_tokens_per_s_per_device", True),
+        "tokens_per_joule": ("output_tokens_per_joule", True),
+        "cost_per_mtok": ("cost_per_mtok", False),
+    }[metric]
+    rows = [r for r in res.results if r.get(key) is not None] or res.results
+    best = (max if hi else min)(rows, key=lambda r: r.get(key) or 0.0)
+    return {
+        "feasible": True,
+        "layout": best["short"],
+        "devices_used": best["devices"],
+        "tokens_per_s_per_device": best["output_tokens_per_s_per_device"],
+        "tokens_per_s_per_user": best["output_tokens_per_s_per_user"],
+        "ttft_ms": best["ttft_ms"],
+        "tpot_ms": best["tpot_ms"],
+        "tokens_per_joule": best["output_tokens_per_joule"],
+        "cost_per_mtok": best.get("cost_per_mtok"),
+    }
+
+
+# =========================================================================================== training
+def _training_cell(
+    model: str,
+    device: str,
+    num_devices: int,
+    seq_len: int,
+    global_batch: int,
+    price: float | None,
+    metric: str,
+    precision: str,
+    calibration: str | None,
+) -> dict[str, Any]:
+    """Best training layout on ``device`` from a sweep of tp, pp, micro-batch, recompute, ZeRO."""
+    from autopar.coefficients import load_calibration
+    from autopar.engine import evaluate
+    from autopar.errors import LayoutError
+    from autopar.layout import LayoutTable, resolve_layout
+    from autopar.prediction import make_job
+
+    job, _ = make_job(
+        model=model,
+        device=device,
+        num_devices=num_devices,
+        devices_per_node=None,
+        seq_len=seq_len,
+        global_batch=global_batch,
+    )
+    prec = precision if precision != "fp8" or "fp8" in job.device.peak_tflops else "bf16"
+    layouts = []
+    for tp in (1, 2, 4, 8):
+        for pp in (1, 2, 4, 8, 16):
+            if num_devices % (tp * pp) or tp > job.devices_per_node:
+                continue
+            dp = num_devices // (tp * pp)
+            for mb in (1, 2, 4, 8):
+                if global_batch % (mb * dp):
+                    continue
+                for rec in ("none", "selective", "full"):
+                    for zero in (1, 3):
+                        try:
+                            layouts.append(
+                                resolve_layout(
+                                    num_devices=num_devices,
+                                    global_batch=global_batch,
+                                    tp=tp,
+                                    pp=pp,
+                                    micro_batch=mb,
+                                    recompute=rec,
+                                    zero=zero,
+                                    precision=prec,
+                                )
+                            )
+                        except LayoutError:
+                            continue
+    if not layouts:
+        return {"feasible": False, "reason": "no layout divides the devices and the global batch"}
+    tab = LayoutTable.from_layouts(layouts)
+    res = evaluate(job, tab, calibration=load_calibration(calibration))
+    ok = np.flatnonzero(res["fits"])
+    if len(ok) == 0:
+        return {"feasible": False, "reason": "no layout fits in memory"}
+    tps = res["tokens_per_s_per_device"][ok]
+    tok_j = job.tokens_per_step / res["energy_j_per_step"][ok]
+    score = {"tokens_per_s_per_device": tps, "tokens_per_joule": tok_j, "cost_per_mtok": tps}[metric]
+    i = ok[int(np.argmax(score))]
+    t = float(res["tokens_per_s_per_device"][i])
+    return {
+        "feasible": True,
+        "layout": tab.row(int(i)).short(),
+        "devices_used": num_devices,
+        "tokens_per_s_per_device": t,
+        "tokens_per_joule": job.tokens_per_step / float(res["energy_j_per_step"][i]),
+        "step_time_s": float(res["step_time_s"][i]),
+        "mfu": float(res["mfu"][i]),
+        "j_per_step": float(res["energy_j_per_step"][i]),
+        "cost_per_mtok": None if price is None else price / 3600.0 / t * 1e6,
+    }
+
+
+# ============================================================================================== driver
+def compare(
+    *,
+    models: list[str],
+    devices: list[str],
+    num_devices: int,
+    workload: str = "serving",
+    seq_lens: list[int],
+    batches: list[int | None],
+    osl: int = 256,
+    metric: str = "tokens_per_s_per_device",
+    prices: dict[str, float] | None = None,
+    precision: str = "bf16",
+    calibration: str | None = None,
+    serving_kwargs: dict[str, Any] | None = None,
+) -> CompareResult:
+    """Best layout per device on every (model, seq_len, batch) cell and the winner of each cell.
+
+    ``workload`` "serving": ``seq_lens`` are prompt lengths (isl), ``batches`` concurrencies (None:
+    offline max throughput), ``osl`` the output length. "training": ``seq_lens`` are training
+    sequence lengths and ``batches`` global batches (sequences per step).
+    """
+    if workload not in ("serving", "training"):
+        raise AutoparError(f"workload must be serving or training, got {workload!r}")
+    if metric not in METRICS:
+        raise AutoparError(f"unknown metric {metric!r}", f"use one of {', '.join(METRICS)}")
+    if len(devices) < 1 or len(set(devices)) != len(devices):
+        raise AutoparError("give one or more distinct devices", "e.g. --devices h100-sxm-80gb,h200-sxm-141gb")
+    prices = prices or {}
+    if metric == "cost_per_mtok":
+        missing = [d for d in devices if d not in prices]
+        if missing:
+            raise AutoparError(
+                f"metric cost_per_mtok needs a price per device-hour for {', '.join(missing)}",
+                "pass --prices DEVICE=USD,... or --price-per-device-hour",
+            )
+    if workload == "training" and any(b is None for b in batches):
+        raise AutoparError("training comparison needs --global-batch (or --batches)")
+    from autopar.hardware import load_device
+    from autopar.model import load_model
+
+    for d in devices:
+        load_device(d)  # fail fast on a typo
+    for m in models:
+        load_model(m)
+    key, hi = METRICS[metric]
+    cells, winners = [], []
+    skw = dict(serving_kwargs or {})
+    if calibration is not None:
+        skw["calibration"] = calibration
+    for m in models:
+        for s in seq_lens:
+            for b in batches:
+                row_cells = []
+                for d in devices:
+                    if workload == "serving":
+                        c = _serving_cell(m, d, num_devices, s, osl, b, prices.get(d), metric, skw)
+                    else:
+                        assert b is not None
+                        c = _training_cell(
+                            m, d, num_devices, s, b, prices.get(d), metric, precision, calibration
+                        )
+                    c.update(model=m, seq_len=s, batch=b, device=d)
+                    cells.append(c)
+                    row_cells.append(c)
+                ok = [c for c in row_cells if c["feasible"] and c.get(key) is not None]
+                win = (max if hi else min)(ok, key=lambda c: c[key]) if ok else None
+                for c in row_cells:
+                    c["winner"] = win is not None and c is win
+                winners.append(
+                    {
+                        "model": m,
+                        "seq_len": s,
+                        "batch": b,
+                        "winner": win["device"] if win else None,
+                        "value": win[key] if win else None,
+                        "runner_up_ratio": _runner_up(ok, key, hi),
+                    }
+                )
+    return CompareResult(workload, metric, list(devices), cells, winners, _changes(winners))
+
+
+def _runner_up(ok: list[dict[str, Any]], key: str, hi: bool) -> float | None:
+    vals = sorted((c[key] for c in ok), reverse=hi)
+    if len(vals) < 2 or not vals[1]:
+        return None
+    return vals[0] / vals[1] if hi else vals[1] / vals[0]
+
+
+def _changes(winners: list[dict[str, Any]]) -> list[str]:
+    """Sentences naming each place the winner changes along batch, sequence length and model."""
+    out = []
+    by = {(w["model"], w["seq_len"], w["batch"]): w["winner"] for w in winners}
+    models = list(dict.fromkeys(w["model"] for w in winners))
+    seqs = list(dict.fromkeys(w["seq_len"] for w in winners))
+    batches = list(dict.fromkeys(w["batch"] for w in winners))
+    for m in models:
+        for s in seqs:
+            for b0, b1 in zip(batches, batches[1:], strict=False):
+                if by[(m, s, b0)] != by[(m, s, b1)]:
+                    out.append(
+                        f"{m}, seq {s}: batch {b0 or 'max'} -> {b1 or 'max'}: "
+                        f"{by[(m, s, b0)]} -> {by[(m, s, b1)]}"
+                    )
+        for b in batches:
+            for s0, s1 in zip(seqs, seqs[1:], strict=False):
+                if by[(m, s0, b)] != by[(m, s1, b)]:
+                    out.append(
+                        f"{m}, batch {b or 'max'}: seq {s0} -> {s1}: {by[(m, s0, b)]} -> {by[(m, s1, b)]}"
+                    )
+    for s in seqs:
+        for b in batches:
+            for m0, m1 in zip(models, models[1:], strict=False):
+                if by[(m0, s, b)] != by[(m1, s, b)]:
+                    out.append(
+                        f"seq {s}, batch {b or 'max'}: model {m0} -> {m1}: {by[(m0, s, b)]} -> "
+                        f"{by[(m1, s, b)]}"
+                    )
+    return out
+
+
+# ============================================================================================= outputs
+CSV_FIELDS = (
+    "model",
+    "seq_len",
+    "batch",
+    "device",
+    "feasible",
+    "winner",
+    "layout",
+    "devices_used",
+    "tokens_per_s_per_device",
+    "tokens_per_s_per_user",
+    "tokens_per_joule",
+    "cost_per_mtok",
+    "ttft_ms",
+    "tpot_ms",
+    "step_time_s",
+    "mfu",
+    "j_per_step",
+    "reason",
+)
+
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+
+
+def write_outputs(res: CompareResult, prefix: str | Path) -> list[Path]:
+    """Write ``PREFIX.csv`` (every cell) and ``PREFIX.svg`` (the plot); returns the paths."""
+    prefix = Path(prefix)
+    if prefix.parent and not prefix.parent.exists():
+        raise AutoparError(
+            f"output directory {prefix.parent} does not exist", "create it or pick another --out"
+        )
+    csv_path = prefix.with_name(prefix.name + ".csv")
+    with csv_path.open("w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        wr.writeheader()
+        for c in res.cells:
+            wr.writerow({k: ("" if c.get(k) is None else c.get(k)) for k in CSV_FIELDS})
+    svg_path = prefix.with_name(prefix.name + ".svg")
+    svg_path.write_text(_svg(res))
+    return [csv_path, svg_path]
+
+
+def _svg(res: CompareResult) -> str:
+    key, _ = METRICS[res.metric]
+    panels = list(dict.fromkeys((c["model"], c["seq_len"]) for c in res.cells))
+    batches = list(dict.fromkeys(c["batch"] for c in res.cells))
+    W, H, pad = 360, 240, 48
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    legend_h = 24
+    total_w, total_h = cols * W, rows * H + legend_h
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{total_w}" height="{total_h}" '
+        f'font-family="sans-serif" font-size="11">',
+        '<rect width="100%" height="100%" fill="white"/>',
+    ]
+    for k, d in enumerate(res.devices):
+        lx = 10 + k * 150
+        out.append(
+            f'<rect x="{lx}" y="6" width="12" height="12" fill="{_COLORS[k % len(_COLORS)]}"/>'
+            f'<text x="{lx + 16}" y="16">{_esc(d)}</text>'
+        )
+    for p, (m, s) in enumerate(panels):
+        ox, oy = (p % cols) * W, legend_h + (p // cols) * H
+        cells = [c for c in res.cells if c["model"] == m and c["seq_len"] == s]
+        vals = [c[key] for c in cells if c.get("feasible") and c.get(key)]
+        vmax = max(vals) if vals else 1.0
+        x0, y0, x1, y1 = ox + pad, oy + 20, ox + W - 12, oy + H - 30
+        out.append(
+            f'<text x="{ox + W / 2}" y="{oy + 14}" text-anchor="middle">{_esc(str(m))}, seq {s}</text>'
+        )
+        out.append(
+            f'<line x1="{x0}" y1="{y1}" x2="{x1}" y2="{y1}" stroke="black"/>'
+            f'<line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" stroke="black"/>'
+        )
+        out.append(
+            f'<text x="{x0 - 4}" y="{y0 + 4}" text-anchor="end">{vmax:.3g}</text>'
+            f'<text x="{x0 - 4}" y="{y1}" text-anchor="end">0</text>'
+        )
+        nb = len(batches)
+        xs = {b: x0 + (x1 - x0) * (i + 0.5) / nb for i, b in enumerate(batches)}
+        for b in batches:
+            out.append(
+                f'<text x="{xs[b]}" y="{y1 + 14}" text-anchor="middle">{"max" if b is None else b}</text>'
+            )
+        out.append(f'<text x="{(x0 + x1) / 2}" y="{y1 + 26}" text-anchor="middle">batch</text>')
+        for k, d in enumerate(res.devices):
+            pts = [
+                (xs[c["batch"]], y1 - (y1 - y0) * c[key] / vmax, c)
+                for c in cells
+                if c["device"] == d and c.get("feasible") and c.get(key)
+            ]
+            color = _COLORS[k % len(_COLORS)]
+            if len(pts) > 1:
+                path = " ".join(f"{x:.1f},{y:.1f}" for x, y, _ in pts)
+                out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+            for x, y, c in pts:
+                rad = 5 if c.get("winner") else 3
+                out.append(
+                    f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{rad}" fill="{color}"'
+                    + (' stroke="black"' if c.get("winner") else "")
+                    + "/>"
+                )
+    out.append(f'<text x="{total_w - 8}" y="16" text-anchor="end">{_esc(res.metric)} (winner circled)</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def _esc(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
