@@ -41,7 +41,7 @@ def test_serving_comparison_grid_and_outputs(tmp_path: Path) -> None:
     for c in res.cells:
         assert c["feasible"] and c["tokens_per_joule"] > 0 and c["cost_per_mtok"] > 0
     paths = write_outputs(res, tmp_path / "cmp")
-    rows = list(csv.DictReader(paths[0].open()))
+    rows = list(csv.DictReader(paths[0].read_text().splitlines()))
     assert len(rows) == len(res.cells) and {"device", "layout", "winner"} <= set(rows[0])
     root = ET.parse(paths[1]).getroot()  # well-formed SVG
     assert root.tag.endswith("svg") and len(root.findall(".//{http://www.w3.org/2000/svg}circle")) > 0

@@ -53,7 +53,8 @@ def test_every_data_preset_exists_and_is_well_formed():
 
 def test_pyproject_ships_the_presets():
     py = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
-    assert "presets/*.json" in py["tool"]["setuptools"]["package-data"]["autopar"]
+    assert "autopar.presets" in py["tool"]["setuptools"]["packages"]
+    assert "*.json" in py["tool"]["setuptools"]["package-data"]["autopar.presets"]
 
 
 # (preset, published total, published active or None, relative tolerance). Sources in each preset's notes.

@@ -6,6 +6,9 @@ format cannot express raises :class:`ExportError`. :data:`EXPORTERS` maps format
 exporters (see :class:`Exporter` for the contract).
 """
 
+import sys
+import types
+
 from autopar.export import (  # noqa: F401  (each module registers its exporter)
     accelerate,
     deepspeed,
@@ -27,6 +30,7 @@ from autopar.export.base import (
     layout_and_job_from_json,
     parse,
 )
+from autopar.layout import Layout
 
 __all__ = [
     "EXPORTERS",
@@ -38,3 +42,17 @@ __all__ = [
     "layout_and_job_from_json",
     "parse",
 ]
+
+
+class _ExportModule(types.ModuleType):
+    """``autopar.export`` is a package and the export function at once: ``autopar.export(layout, fmt, job)``.
+
+    A plain function of that name in ``autopar/__init__.py`` would be replaced by the package the
+    first time anything imports ``autopar.export.<module>``; a callable package stays both.
+    """
+
+    def __call__(self, layout: Layout, fmt: str, job: Job) -> str:
+        return export(layout, fmt, job)
+
+
+sys.modules[__name__].__class__ = _ExportModule
