@@ -65,7 +65,7 @@ def _better(scorer, base, plan, best, cand):
 
 
 def best_known_reference(job, info, space, top: int = 10):
-    from autopar.search.recommend import search
+    from autopar.search.recommend import search_layouts
     from autopar.search.uneven import StagePlan, UnevenScorer, best_monotone_split, even_split
 
     uniform = space.model_copy(update={"uneven_pipeline": None})
@@ -76,7 +76,7 @@ def best_known_reference(job, info, space, top: int = 10):
             )
         }
     )
-    r = search(job, info, uniform, top=top)
+    r = search_layouts(job, info, uniform, top=top)
     scorer = UnevenScorer(job)
     modes = sorted({["none", "selective", "full"].index(x) for x in space.axes.recompute}, reverse=True)
     k = space.uneven_pipeline.max_shift if space.uneven_pipeline else 0
@@ -113,7 +113,7 @@ def run_one(
     """
     import optuna
 
-    from autopar.search.recommend import Objectives
+    from autopar.objectives import Objectives
     from autopar.search.study import StudyConfig, run_study
 
     trace: list[float] = []

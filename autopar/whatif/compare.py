@@ -18,14 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from autopar.errors import AutoparError, InfeasibleError
+from autopar.objectives import SERVING, cost_per_mtok
 
 __all__ = ["compare", "CompareResult", "METRICS", "write_outputs"]
 
-# metric -> (record key, larger is better)
+# compare's metrics: the serving objectives of ``autopar.objectives`` (training cells report the
+# same keys) -> (record key, larger is better).
+_BY_METRIC = {"tokens_per_s_per_device": "throughput", "tokens_per_joule": "energy", "cost_per_mtok": "cost"}
 METRICS: dict[str, tuple[str, bool]] = {
-    "tokens_per_s_per_device": ("tokens_per_s_per_device", True),
-    "tokens_per_joule": ("tokens_per_joule", True),
-    "cost_per_mtok": ("cost_per_mtok", False),
+    m: (m, SERVING[o].direction == "maximize") for m, o in _BY_METRIC.items()
 }
 
 
@@ -83,11 +84,8 @@ def _serving_cell(
         )
     except InfeasibleError as exc:
         return {"feasible": False, "reason": str(exc)}
-    key, hi = {
-        "tokens_per_s_per_device": ("output_tokens_per_s_per_device", True),
-        "tokens_per_joule": ("output_tokens_per_joule", True),
-        "cost_per_mtok": ("cost_per_mtok", False),
-    }[metric]
+    obj = SERVING[_BY_METRIC[metric]]
+    key, hi = obj.metric, obj.direction == "maximize"
     rows = [r for r in res.results if r.get(key) is not None] or res.results
     best = (max if hi else min)(rows, key=lambda r: r.get(key) or 0.0)
     return {
@@ -121,11 +119,6 @@ def _training_cell(
 
     # fp8 on a device without fp8 GEMMs falls back to bf16 (the legality rule would reject it).
     prec = precision if precision != "fp8" or "fp8" in load_device(device).peak_tflops else "bf16"
-    objective = {
-        "tokens_per_s_per_device": "throughput",
-        "tokens_per_joule": "energy",
-        "cost_per_mtok": "cost",
-    }
     try:
         r = recommend(
             model=model,
@@ -134,7 +127,7 @@ def _training_cell(
             seq_len=seq_len,
             global_batch=global_batch,
             top=1,
-            objective=objective[metric],
+            objective=_BY_METRIC[metric],
             overrides=(f"precision={prec}",),
             calibration=calibration,
             price_per_device_hour=DEFAULT_PRICE_PER_DEVICE_HOUR if price is None else price,
@@ -154,7 +147,7 @@ def _training_cell(
         "step_time_s": best.step_time_s,
         "mfu": best.mfu,
         "j_per_step": best.energy_j_per_step,
-        "cost_per_mtok": None if price is None else price / 3600.0 / t * 1e6,
+        "cost_per_mtok": None if price is None else float(cost_per_mtok(t, price)),
     }
 
 
