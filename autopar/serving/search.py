@@ -26,12 +26,12 @@ from autopar.serving.estimate import (
     ServingTable,
     ServingWorkload,
     attainment,
-    evaluate,
+    evaluate_serving,
+    instance_memory,
     iteration,
     make_context,
     make_workload,
     meets_targets,
-    memory,
     power_demand,
 )
 
@@ -203,7 +203,7 @@ def _aggregated(
     """Score aggregated (co-located prefill+decode) candidates; returns arrays and row metadata."""
     w = ctx.workload
     mode = w.mode
-    base_mem = memory(ctx, inst)
+    base_mem = instance_memory(ctx, inst)
     max_conc = np.minimum(base_mem["max_conc"], w.max_batch)
     n_inst = len(inst)
     devs = inst.devices
@@ -240,7 +240,7 @@ def _aggregated(
     cap = np.tile(np.asarray(caps, dtype=np.float64), len(ii) // k)
     tab = inst.take(ii).with_columns(conc=cc, cap_w=cap)
     rate = None if mode != "request_rate" else w.request_rate / rr
-    res = evaluate(ctx, tab, rate_per_instance=rate)
+    res = evaluate_serving(ctx, tab, rate_per_instance=rate)
     bad = dict(res["bad"])
     bad["devices"] = tab.devices > num_devices
     bad.update(meets_targets(ctx, res))
@@ -320,7 +320,7 @@ def _disaggregated(
     # ---- prefill pool: prompts only; k prompts per iteration (k = 1, 2, 4, ... what the budget
     # holds: larger k is more throughput and a longer TTFT), or chunks of the budget -------------
     budget_p = float(w.max_num_tokens or 8192)
-    mem_p = memory(ctx, inst, seq_len=isl, batch_cap=np.ones(len(inst)))
+    mem_p = instance_memory(ctx, inst, seq_len=isl, batch_cap=np.ones(len(inst)))
     kmax = np.minimum(max(math.floor(budget_p / isl), 1), np.maximum(mem_p["max_conc"], 1))
     klv = _levels(kmax, 1 << 20)
     pi_ = np.concatenate([np.full(len(v), i) for i, v in enumerate(klv)])
@@ -337,13 +337,13 @@ def _disaggregated(
     pw_p = power_demand(ctx, it_p)["avg_w"]
     legal_masks = [
         v
-        for kk, v in evaluate(ctx, inst)["bad"].items()
+        for kk, v in evaluate_serving(ctx, inst)["bad"].items()
         if kk in ("tp_heads", "tp_kv_heads", "pp_layers", "ep_experts", "attention_dp_dense")
     ]
     illegal = np.logical_or.reduce(legal_masks) if legal_masks else np.zeros(len(inst), dtype=bool)
     ok_p = (~illegal & mem_p["weights_fit"] & (mem_p["max_conc"] >= 1))[pi_]
     # ---- decode pool: decode-only iterations at every concurrency level ------------------------
-    mem_d = memory(ctx, inst)
+    mem_d = instance_memory(ctx, inst)
     maxc = np.minimum(mem_d["max_conc"], w.max_batch)
     lv = _levels(maxc, w.max_batch)
     di = np.concatenate([np.full(len(v), i) for i, v in enumerate(lv)])
