@@ -6,7 +6,7 @@ The space is ``search_spaces/uneven_pipeline.yaml`` (per-stage layer counts and 
 far too many layouts to enumerate) for Llama-3.1-405B on 128 h100-sxm-80gb, seq 8192, global
 batch 128 (memory-bound: the early stages need full recompute, the late ones do not), objective tokens/s per device, memory as a constraint. "Best known" is the best of:
 the exhaustive optimum of the enumerable uniform sub-space (even split, one recompute mode), a
-structured search (``pipeline_split.best_monotone_split``: for every monotone recompute assignment, the
+structured search (``autopar.search.uneven.best_monotone_split``: for every monotone recompute assignment, the
 split that minimizes the slowest stage) over the uniform top-10 base layouts, a local search (move one
 layer to a neighbouring stage, change one stage's recompute) from the same bases, and every trial of
 every run below. Each run is a fresh in-memory study, one trial at a time, either cold or seeded with

@@ -572,7 +572,7 @@ def enqueue_seeds(study: Any, tspace: TrialSpace, cfg: StudyConfig, cal: Calibra
     n = len(layouts)
     up = cfg.space.uneven_pipeline
     if up is not None and cfg.structured_seeds:
-        # For each seed's base layout, the best split under monotone recompute (pipeline_split.balanced_split).
+        # For each seed's base layout, the best split under monotone recompute (uneven.balanced_split).
         scorer = UnevenScorer(cfg.job, cal)
         modes = [RECOMPUTE_CODES.index(m) for m in tspace.stage_recompute] if tspace.stage_recompute else None
         seen: set[str] = set()
