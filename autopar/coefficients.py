@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autopar.errors import AutoparError
 from autopar.latency import Coefficients
+from autopar.memory import COMM_BUFFER_BYTES, FRAGMENTATION, FRAMEWORK_RESERVE_BYTES, GIB
 
 # Coefficients that are not device properties (how runtimes overlap communication with compute).
 GLOBAL_DEFAULTS: dict[str, float] = {
@@ -25,10 +26,11 @@ GLOBAL_DEFAULTS: dict[str, float] = {
     "kernel_overhead_us": 30.0,  # per layer per micro-batch (fwd+bwd+recompute launches and syncs)
     "tp_overlap": 0.0,  # fraction of TP/SP communication hidden behind GEMMs
     "tp_collective_overhead_us": 0.0,  # software cost per TP/SP collective beyond the link alpha (DTensor/gloo)
-    # Memory model constants of the runtime (CUDA + NCCL defaults; see autopar/memory.py).
-    "framework_reserve_gib": 2.0,
-    "comm_buffer_gb": 0.4,
-    "fragmentation": 0.10,
+    # Memory model constants of the runtime: the CUDA + NCCL figures of autopar/memory.py (their one
+    # definition, with sources), in the units of a calibration file's ``global`` section.
+    "framework_reserve_gib": FRAMEWORK_RESERVE_BYTES / GIB,
+    "comm_buffer_gb": COMM_BUFFER_BYTES / 1e9,
+    "fragmentation": FRAGMENTATION,
 }
 
 
@@ -143,14 +145,22 @@ def coefficient_source(device_id: str, cal: Calibration | None = None) -> str:
     )
 
 
+def _memory_constants(value: Any) -> dict[str, float]:
+    return {
+        "framework_reserve_bytes": value("framework_reserve_gib") * 2**30,
+        "comm_buffer_bytes": value("comm_buffer_gb") * 1e9,
+        "fragmentation": value("fragmentation"),
+    }
+
+
 def memory_constants(cal: Calibration | None = None) -> dict[str, float]:
     """Keyword arguments of :func:`autopar.memory.memory_breakdown` from a calibration."""
     cal = cal or load_calibration()
-    return {
-        "framework_reserve_bytes": cal.global_value("framework_reserve_gib") * 2**30,
-        "comm_buffer_bytes": cal.global_value("comm_buffer_gb") * 1e9,
-        "fragmentation": cal.global_value("fragmentation"),
-    }
+    return _memory_constants(cal.global_value)
+
+
+# The same without a calibration file (what every calibration that does not set them uses).
+DEFAULT_MEMORY_CONSTANTS: dict[str, float] = _memory_constants(GLOBAL_DEFAULTS.__getitem__)
 
 
 def coefficients_for(device, calibration: Calibration | None = None) -> tuple[Coefficients, dict[str, float]]:

@@ -14,10 +14,17 @@ from autopar import collectives as C
 from autopar.coefficients import Calibration, coefficients_for, load_calibration, memory_constants
 from autopar.energy import energy_per_step
 from autopar.hardware import DeviceProfile
-from autopar.latency import TIME_COMPONENTS, step_time_breakdown
+from autopar.latency import (
+    SLOT_PARTS,
+    TIME_COMPONENTS,
+    data_parallel_tail,
+    pipeline_p2p,
+    stage_slot,
+    step_time_breakdown,
+)
 from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.legality import Context, legality_mask
-from autopar.memory import MEMORY_COMPONENTS, memory_breakdown, stage_params
+from autopar.memory import MEMORY_COMPONENTS, memory_breakdown, stage_memory, stage_params, stage_params_at
 from autopar.model import ModelSpec
 
 
@@ -121,3 +128,99 @@ def evaluate(
     for k in TIME_COMPONENTS:
         out[f"time_{k}"] = t[k]
     return out
+
+
+def evaluate_stages(
+    job: TrainingJob,
+    lay: LayoutTable,
+    *,
+    stage: np.ndarray,
+    n_dense: np.ndarray,
+    n_moe: np.ndarray,
+    calibration: Calibration | None = None,
+) -> dict[str, np.ndarray]:
+    """Arrays over pipeline stages: memory per device and one micro-batch's time on each stage.
+
+    Each row of ``lay`` is one stage of a layout (its own recompute mode): stage index ``stage``,
+    ``n_dense`` dense and ``n_moe`` MoE layers; stage 0 holds the embedding, stage pp-1 the LM head
+    and logits, and the activations in flight follow the 1F1B schedule. The same memory and time
+    terms as :func:`evaluate` (:func:`autopar.memory.stage_memory`, :func:`autopar.latency.stage_slot`),
+    which applies them to the first and the last stage of a uniform pipeline. Returns ``mem_*``
+    components and ``memory_bytes``; ``slot_s`` and its ``time_*`` parts per micro-batch; ``fwd_s``,
+    ``bwd_s``, ``recompute_s`` (overlap windows); ``params_nonexpert``/``params_expert`` per rank.
+    """
+    model, dev = job.model, job.device
+    cal = calibration or load_calibration()
+    co, link_coeffs = coefficients_for(dev, cal)
+    links = C.Links.from_cluster(dev, job.devices_per_node, link_coeffs)
+    mc = memory_constants(cal)
+    mem = stage_memory(
+        model,
+        lay,
+        seq_len=job.seq_len,
+        stage=stage,
+        n_dense=n_dense,
+        n_moe=n_moe,
+        framework_reserve_bytes=mc["framework_reserve_bytes"],
+        comm_buffer_bytes=mc["comm_buffer_bytes"],
+        fragmentation=mc["fragmentation"],
+        frozen_weights=job.frozen_weights,
+    )
+    sl = stage_slot(
+        model,
+        lay,
+        seq_len=job.seq_len,
+        links=links,
+        co=co,
+        n_dense=n_dense,
+        n_moe=n_moe,
+        head=stage == lay["pp"] - 1,
+        frozen_weights=job.frozen_weights,
+    )
+    nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe)
+    out: dict[str, np.ndarray] = {f"mem_{k}": mem[k] for k in MEMORY_COMPONENTS}
+    out["memory_bytes"] = mem["total"]
+    out["slot_s"] = sum((sl[k] for k in SLOT_PARTS), np.zeros(len(lay)))
+    for k in SLOT_PARTS:
+        out[f"time_{k}"] = sl[k]
+    out.update(fwd_s=sl["fwd"], bwd_s=sl["bwd"], recompute_s=sl["recompute"])
+    out.update(params_nonexpert=nonexp, params_expert=exp)
+    return out
+
+
+def evaluate_tail(
+    job: TrainingJob,
+    lay: LayoutTable,
+    *,
+    params_nonexpert: np.ndarray,
+    params_expert: np.ndarray,
+    fwd_s: np.ndarray,
+    bwd_s: np.ndarray,
+    recompute_s: np.ndarray,
+    calibration: Calibration | None = None,
+) -> dict[str, np.ndarray]:
+    """Per layout: pipeline send/recv, data-parallel/ZeRO communication and the optimizer step.
+
+    The parameters per rank and the overlap windows are those of the stage that decides (as
+    :func:`evaluate_stages` returns them); :func:`evaluate` passes its heaviest stage's.
+    """
+    cal = calibration or load_calibration()
+    co, link_coeffs = coefficients_for(job.device, cal)
+    links = C.Links.from_cluster(job.device, job.devices_per_node, link_coeffs)
+    tail = data_parallel_tail(
+        job.model,
+        lay,
+        links=links,
+        co=co,
+        nonexpert_params=params_nonexpert,
+        expert_params=params_expert,
+        fwd=fwd_s,
+        bwd=bwd_s,
+        recompute=recompute_s,
+        frozen_weights=job.frozen_weights,
+    )
+    return {
+        "time_pp_comm": pipeline_p2p(job.model, lay, seq_len=job.seq_len, links=links),
+        "time_dp_comm": tail["dp_comm"],
+        "time_optimizer": tail["optimizer"],
+    }

@@ -35,6 +35,8 @@ TIME_COMPONENTS = (
     "pipeline_bubble",
     "optimizer",
 )
+# The components of one micro-batch on one stage (``stage_slot``); the step holds m of them.
+SLOT_PARTS = ("gemm", "attention", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm")
 
 
 @dataclass(frozen=True)
@@ -82,32 +84,34 @@ def gemm_time(
     return np.maximum(compute, traffic)
 
 
-def step_time_breakdown(
+def stage_slot(
     model,
     lay: LayoutTable,
     *,
     seq_len: int,
     links: C.Links,
     co: Coefficients,
-    param_counts: dict[str, np.ndarray],
+    n_dense: np.ndarray,
+    n_moe: np.ndarray,
+    head: np.ndarray,
     frozen_weights: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Seconds per optimizer step by component, plus ``step_time`` and communication totals.
+    """Seconds one micro-batch takes on one pipeline stage per row, by component (``SLOT_PARTS``).
 
-    ``frozen_weights`` (LoRA-style fine-tuning): the base weights get no gradients, so backward
-    runs only the input-gradient GEMMs (1x forward instead of 2x), and no gradient reduction or
-    optimizer step happens for them (adapters are a fraction of a percent and are neglected).
+    Each row of ``lay`` is one stage: ``n_dense`` dense and ``n_moe`` MoE layers with the row's own
+    recompute mode, plus the LM head and loss where ``head``. Besides the parts it returns ``slot``
+    (their sum as the pipeline schedule sees it), ``head_slot`` (the LM head's share), ``fwd``,
+    ``bwd`` and ``recompute`` (the overlap windows of the data-parallel tail), and the raw TP/CP/EP
+    communication for the exposed-communication report. :func:`step_time_breakdown` calls it on the
+    heaviest stage of a uniform pipeline, ``autopar.search.uneven`` on every stage of an uneven one.
+    ``frozen_weights`` (LoRA-style fine-tuning): backward runs only the input-gradient GEMMs.
     """
     n = len(lay)
     tp = lay["tp"].astype(np.float64)
-    pp = lay["pp"].astype(np.float64)
-    vpp = lay["vpp"].astype(np.float64)
     cp = lay["cp"].astype(np.float64)
-    dp = lay["dp"].astype(np.float64)
     ep = lay["ep"].astype(np.float64)
     etp = lay["etp"].astype(np.float64)
     mb = lay["micro_batch"].astype(np.float64)
-    m = lay["grad_accum"].astype(np.float64)
     sp = lay["sp"] > 0
     rec = lay["recompute"]
     prec_code = lay["precision"]
@@ -199,17 +203,16 @@ def step_time_breakdown(
     fp8_casts = np.where(is_fp8, 1.5 * (4 * h + act_f) / tp, 0.0)  # quantize inputs of each GEMM
     elem_f = T * elem * (per_tok + fp8_casts) / co.hbm_bw
 
-    st = stage_shape(model, lay)
-    n_dense = np.maximum(st.first_dense, st.last_dense).astype(np.float64)
-    n_moe = np.maximum(st.first_moe, st.last_moe).astype(np.float64)
+    n_dense = np.asarray(n_dense, dtype=np.float64)
+    n_moe = np.asarray(n_moe, dtype=np.float64)
     n_layers = n_dense + n_moe
-    chunk = vpp  # each pipeline rank runs its layers as v chunks; slot time is per chunk
 
     gemm_f = n_dense * (attn_gemm + dense_mlp) + n_moe * (attn_gemm + moe_mlp)
     attn_tot_f = n_layers * attn_f
     elem_tot_f = n_layers * elem_f
     # LM head + loss on the last stage (vocab-parallel over tp).
     head_f = gt(T, model.vocab / tp, h) + T * model.vocab / tp * 4.0 * 2 / co.hbm_bw
+    head_f = np.where(head, head_f, 0.0)
     gemm_f = gemm_f + head_f
 
     fwd = gemm_f + attn_tot_f + elem_tot_f
@@ -249,22 +252,81 @@ def step_time_breakdown(
     slot = fwd + bwd + recompute + overhead + tp_comm + cp_comm + ep_comm  # one micro-batch, whole stage
     contention_mb = co.overlap_contention * cp_hidden
     slot = slot + contention_mb
-    # Warm-up and cool-down pass through the other p-1 stages: charge them the average stage
-    # (L/p layers, no LM head), while the steady state runs at the slowest stage's pace.
     head_slot = (2.0 + wgrad) * head_f
-    avg_layers = model.layers / pp
-    avg_stage = (slot - head_slot) * (avg_layers / np.maximum(n_layers, 1.0))
-    bubble = (pp - 1.0) / chunk * avg_stage
+    parts = {
+        "gemm": (2.0 + wgrad) * gemm_f,
+        "attention": 3.5 * attn_tot_f,
+        "elementwise": 3.0 * elem_tot_f + overhead + contention_mb,
+        "recompute": recompute,
+        "tp_comm": tp_comm,
+        "cp_comm": cp_comm,
+        "ep_comm": ep_comm,
+    }
+    parts.update(
+        slot=slot,
+        head_slot=head_slot,
+        fwd=fwd,
+        bwd=bwd,
+        n_layers=n_layers,
+        tp_raw=tp_raw,
+        tp_exposed=tp_raw * (1.0 - co.tp_overlap),
+        cp_raw=cp_raw,
+    )
+    return parts
 
-    # ---- PP send/recv: act fwd + grad bwd per micro-batch chunk, on the critical path --------------
+
+def pipeline_p2p(model, lay: LayoutTable, *, seq_len: int, links: C.Links) -> np.ndarray:
+    """Seconds of pipeline send/recv per step on the critical path (activations fwd, gradients bwd)."""
+    tp = lay["tp"].astype(np.float64)
+    pp = lay["pp"].astype(np.float64)
+    vpp = lay["vpp"].astype(np.float64)
+    cp = lay["cp"].astype(np.float64)
+    dp = lay["dp"].astype(np.float64)
+    mb = lay["micro_batch"].astype(np.float64)
+    m = lay["grad_accum"].astype(np.float64)
+    sp = lay["sp"] > 0
+    h = float(model.hidden)
+    elem = np.where(lay["precision"] == PRECISION_CODES.index("fp32"), FP32_BYTES, ACT_BYTES)
+    T = mb * (seq_len / cp)
+    sp_div = np.where(sp, tp, 1.0)
     pp_bytes = T * h * elem / sp_div
     pp_inter = (tp * cp * dp) >= links.devices_per_node
     pp_one = C.p2p(links, pp_bytes, pp_inter)
     pp_comm = np.where(pp > 1, 2.0 * pp_one * (m * vpp + pp - 1.0), 0.0)
 
-    # ---- data parallel / ZeRO ------------------------------------------------------------------------
-    dense_params = param_counts["nonexpert"]  # per rank on the heaviest stage
-    exp_params = param_counts["expert"]
+    return pp_comm
+
+
+def data_parallel_tail(
+    model,
+    lay: LayoutTable,
+    *,
+    links: C.Links,
+    co: Coefficients,
+    nonexpert_params: np.ndarray,
+    expert_params: np.ndarray,
+    fwd: np.ndarray,
+    bwd: np.ndarray,
+    recompute: np.ndarray,
+    frozen_weights: bool = False,
+) -> dict[str, np.ndarray]:
+    """Data-parallel/ZeRO communication and the optimizer step of one step, per row.
+
+    ``*_params`` are the parameters per rank of the stage that decides (the heaviest one), and
+    ``fwd``/``bwd``/``recompute`` that stage's micro-batch times, the windows the communication
+    hides behind. Returns ``dp_comm`` and ``optimizer`` (step-time components) and the per-micro-batch
+    and per-step communication for the exposed-communication report.
+    """
+    tp = lay["tp"].astype(np.float64)
+    cp = lay["cp"].astype(np.float64)
+    dp = lay["dp"].astype(np.float64)
+    ep = lay["ep"].astype(np.float64)
+    etp = lay["etp"].astype(np.float64)
+    m = lay["grad_accum"].astype(np.float64)
+    elem = np.where(lay["precision"] == PRECISION_CODES.index("fp32"), FP32_BYTES, ACT_BYTES)
+    wgrad = 0.0 if frozen_weights else 1.0
+    dense_params = nonexpert_params
+    exp_params = expert_params
     zero = lay["zero"]
     dpcp = dp * cp
     shard = np.where(lay["shard_group"] > 0, lay["shard_group"], dpcp).astype(np.float64)
@@ -317,25 +379,84 @@ def step_time_breakdown(
     opt_cpu = local_opt * 16.0 / co.host_bw + local_opt * 4.0 * 2 / co.pcie_bw
     optimizer = np.where(lay["offload"] > 0, opt_cpu, opt_gpu) * wgrad
 
-    # ---- assemble; split the pipeline slots into their components ---------------------------------
-    parts = {
-        "gemm": (2.0 + wgrad) * gemm_f,
-        "attention": 3.5 * attn_tot_f,
-        "elementwise": 3.0 * elem_tot_f + overhead + contention_mb,
-        "recompute": recompute,
-        "tp_comm": tp_comm,
-        "cp_comm": cp_comm,
-        "ep_comm": ep_comm,
+    return {
+        "dp_comm": dp_comm,
+        "optimizer": optimizer,
+        "dp_per_mb": dp_per_mb,
+        "dp_per_step": dp_per_step,
+        "dp_exposed": dp_exposed,
     }
-    out = {k: m * v for k, v in parts.items()}
+
+
+def step_time_breakdown(
+    model,
+    lay: LayoutTable,
+    *,
+    seq_len: int,
+    links: C.Links,
+    co: Coefficients,
+    param_counts: dict[str, np.ndarray],
+    frozen_weights: bool = False,
+) -> dict[str, np.ndarray]:
+    """Seconds per optimizer step by component, plus ``step_time`` and communication totals.
+
+    The steady state runs at the pace of the heaviest stage: :func:`stage_slot` with the larger of
+    the first and the last stage's dense and MoE layer counts plus the LM head. ``frozen_weights``
+    (LoRA-style fine-tuning): the base weights get no gradients, so backward runs only the
+    input-gradient GEMMs (1x forward instead of 2x), and no gradient reduction or optimizer step
+    happens for them (adapters are a fraction of a percent and are neglected).
+    """
+    pp = lay["pp"].astype(np.float64)
+    vpp = lay["vpp"].astype(np.float64)
+    m = lay["grad_accum"].astype(np.float64)
+    st = stage_shape(model, lay)
+    n_dense = np.maximum(st.first_dense, st.last_dense).astype(np.float64)
+    n_moe = np.maximum(st.first_moe, st.last_moe).astype(np.float64)
+    sl = stage_slot(
+        model,
+        lay,
+        seq_len=seq_len,
+        links=links,
+        co=co,
+        n_dense=n_dense,
+        n_moe=n_moe,
+        head=np.ones(len(lay), dtype=bool),
+        frozen_weights=frozen_weights,
+    )
+    chunk = vpp  # each pipeline rank runs its layers as v chunks; slot time is per chunk
+    # Warm-up and cool-down pass through the other p-1 stages: charge them the average stage
+    # (L/p layers, no LM head), while the steady state runs at the slowest stage's pace.
+    avg_layers = model.layers / pp
+    avg_stage = (sl["slot"] - sl["head_slot"]) * (avg_layers / np.maximum(sl["n_layers"], 1.0))
+    bubble = (pp - 1.0) / chunk * avg_stage
+    pp_comm = pipeline_p2p(model, lay, seq_len=seq_len, links=links)
+    tail = data_parallel_tail(
+        model,
+        lay,
+        links=links,
+        co=co,
+        nonexpert_params=param_counts["nonexpert"],
+        expert_params=param_counts["expert"],
+        fwd=sl["fwd"],
+        bwd=sl["bwd"],
+        recompute=sl["recompute"],
+        frozen_weights=frozen_weights,
+    )
+
+    out = {k: m * sl[k] for k in SLOT_PARTS}
     out["pp_comm"] = pp_comm
-    out["dp_comm"] = dp_comm
+    out["dp_comm"] = tail["dp_comm"]
     out["pipeline_bubble"] = bubble
-    out["optimizer"] = optimizer
+    out["optimizer"] = tail["optimizer"]
     out["step_time"] = sum(out[k] for k in TIME_COMPONENTS)
-    total_comm = m * (tp_raw + cp_raw + ep_comm) + pp_comm + m * dp_per_mb + dp_per_step
-    exposed_comm = m * (tp_raw * (1.0 - co.tp_overlap) + cp_comm + ep_comm) + pp_comm + dp_exposed
+    total_comm = (
+        m * (sl["tp_raw"] + sl["cp_raw"] + sl["ep_comm"])
+        + pp_comm
+        + m * tail["dp_per_mb"]
+        + tail["dp_per_step"]
+    )
+    exposed_comm = m * (sl["tp_exposed"] + sl["cp_comm"] + sl["ep_comm"]) + pp_comm + tail["dp_exposed"]
     out["comm_total"] = total_comm
     out["comm_exposed"] = exposed_comm
-    out["compute_busy"] = m * (fwd + bwd + recompute)
+    out["compute_busy"] = m * (sl["fwd"] + sl["bwd"] + sl["recompute"])
     return out

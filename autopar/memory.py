@@ -93,13 +93,15 @@ def layer_params_per_rank(model, lay: LayoutTable) -> tuple[np.ndarray, np.ndarr
     return dense, moe_shared, np.broadcast_to(experts, tp.shape).astype(np.float64)
 
 
-def stage_params(model, lay: LayoutTable) -> dict[str, np.ndarray]:
-    """Parameters per rank on the first and the last pipeline stage, non-expert and routed-expert.
+def stage_params_at(
+    model, lay: LayoutTable, stage: np.ndarray, n_dense: np.ndarray, n_moe: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(non-expert, routed-expert) parameters per rank of pipeline stage ``stage`` (one row per stage).
 
-    Stage 0 holds the input embedding, the last stage the final norm and the LM head (its own copy of a
-    tied matrix when pp > 1); with pp = 1 both are the same stage and hold both.
+    The stage holds ``n_dense`` dense and ``n_moe`` MoE layers; stage 0 adds the input embedding,
+    stage pp-1 the final norm and the LM head (its own copy of a tied matrix when pp > 1); with
+    pp = 1 both are the same stage and hold both.
     """
-    st = stage_shape(model, lay)
     dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
     tp = lay["tp"].astype(np.float64)
     pp = lay["pp"]
@@ -107,14 +109,25 @@ def stage_params(model, lay: LayoutTable) -> dict[str, np.ndarray]:
     head = (model.head_params / tp) + model.final_norm_params
     if model.tie_embeddings:
         head = head + np.where(pp > 1, embed, 0.0)
+    nonexp = (
+        n_dense * dense_p
+        + n_moe * moe_p
+        + np.where(stage == 0, embed, 0.0)
+        + np.where(stage == pp - 1, head, 0.0)
+    )
+    return nonexp, n_moe * expert_p
+
+
+def stage_params(model, lay: LayoutTable) -> dict[str, np.ndarray]:
+    """Parameters per rank on the first and the last pipeline stage, non-expert and routed-expert."""
+    st = stage_shape(model, lay)
+    first_nonexp, first_exp = stage_params_at(model, lay, lay["pp"] * 0, st.first_dense, st.first_moe)
+    last_nonexp, last_exp = stage_params_at(model, lay, lay["pp"] - 1, st.last_dense, st.last_moe)
     return {
-        "first_nonexp": st.first_dense * dense_p
-        + st.first_moe * moe_p
-        + embed
-        + np.where(pp == 1, head, 0.0),
-        "last_nonexp": st.last_dense * dense_p + st.last_moe * moe_p + np.where(pp == 1, embed, 0.0) + head,
-        "first_exp": st.first_moe * expert_p,
-        "last_exp": st.last_moe * expert_p,
+        "first_nonexp": first_nonexp,
+        "last_nonexp": last_nonexp,
+        "first_exp": first_exp,
+        "last_exp": last_exp,
     }
 
 
@@ -192,11 +205,29 @@ def inflight_microbatches(lay: LayoutTable, num_microbatches: np.ndarray) -> np.
     return base * interleave
 
 
-def memory_breakdown(
+def stage_inflight(lay: LayoutTable, stage: np.ndarray) -> np.ndarray:
+    """Micro-batches whose activations stage ``stage`` holds at the 1F1B peak: min(p - i, m).
+
+    Stage i has p - i forwards in flight before its first backward (Narayanan et al. 2021); the
+    interleaved factor of :func:`inflight_microbatches` applies to every stage but the last, which
+    runs each micro-batch's backward right after its forward.
+    """
+    p = lay["pp"].astype(np.float64)
+    v = lay["vpp"].astype(np.float64)
+    m = lay["grad_accum"].astype(np.float64)
+    base = np.minimum(p - stage, m)
+    interleave = np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
+    return base * np.where(stage < p - 1, interleave, 1.0)
+
+
+def stage_memory(
     model,
     lay: LayoutTable,
     *,
     seq_len: int,
+    stage: np.ndarray,
+    n_dense: np.ndarray,
+    n_moe: np.ndarray,
     flash_attention: bool = True,
     dropout: bool = False,
     framework_reserve_bytes: float = FRAMEWORK_RESERVE_BYTES,
@@ -204,18 +235,20 @@ def memory_breakdown(
     fragmentation: float = FRAGMENTATION,
     frozen_weights: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Bytes per device for the most loaded pipeline stage, by component (sums to ``total``).
+    """Bytes per device of one pipeline stage per row, by component (sums to ``total``).
 
-    The reserve, buffer and fragmentation defaults are CUDA/NCCL figures; a calibration for another
-    runtime (e.g. CPU/gloo validation runs) overrides them.
+    Each row of ``lay`` is one stage of a layout: stage index ``stage``, ``n_dense`` dense and
+    ``n_moe`` MoE layers, and the row's own recompute mode. Stage 0 adds the embedding output of its
+    in-flight micro-batches, the last stage the logits. :func:`memory_breakdown` is this function on
+    the first and the last stage of a uniform pipeline; ``autopar.search.uneven`` calls it on every
+    stage of an uneven one. The reserve, buffer and fragmentation defaults are CUDA/NCCL figures; a
+    calibration for another runtime (e.g. CPU/gloo validation runs) overrides them.
     """
-    st = stage_shape(model, lay)
     dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
     tp = lay["tp"].astype(np.float64)
     pp = lay["pp"]
-    sp_ = stage_params(model, lay)
-    first_nonexp, last_nonexp = sp_["first_nonexp"], sp_["last_nonexp"]
-    first_exp, last_exp = sp_["first_exp"], sp_["last_exp"]
+    first, last = stage == 0, stage == pp - 1
+    nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe)
 
     dpcp = (lay["dp"] * lay["cp"]).astype(np.float64)
     shard = np.where(lay["shard_group"] > 0, lay["shard_group"], dpcp).astype(np.float64)
@@ -230,19 +263,13 @@ def memory_breakdown(
     o_bytes = np.where(fp32, FP32_OPTIM_BYTES, OPTIM_BYTES)
     act_scale = np.where(fp32, 2.0, 1.0)  # activation_bytes_per_layer counts 16-bit elements
 
-    def state(nonexp: np.ndarray, exp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        w = w_bytes * (np.where(zero >= 3, nonexp / shard, nonexp) + np.where(zero >= 3, exp / eshard, exp))
-        g = g_bytes * (np.where(zero >= 2, nonexp / shard, nonexp) + np.where(zero >= 2, exp / eshard, exp))
-        o = o_bytes * (np.where(zero >= 1, nonexp / shard, nonexp) + np.where(zero >= 1, exp / eshard, exp))
-        o = np.where(offload, 0.0, o)
-        return w, g, o
-
-    wf, gf, of = state(first_nonexp, first_exp)
-    wl, gl, ol = state(last_nonexp, last_exp)
+    w = w_bytes * (np.where(zero >= 3, nonexp / shard, nonexp) + np.where(zero >= 3, exp / eshard, exp))
+    g = g_bytes * (np.where(zero >= 2, nonexp / shard, nonexp) + np.where(zero >= 2, exp / eshard, exp))
+    o = o_bytes * (np.where(zero >= 1, nonexp / shard, nonexp) + np.where(zero >= 1, exp / eshard, exp))
+    o = np.where(offload, 0.0, o)
     if frozen_weights:  # LoRA-style: no gradients or optimizer state for the frozen base weights
-        gf, of, gl, ol = (x * 0.0 for x in (gf, of, gl, ol))
+        g, o = g * 0.0, o * 0.0
 
-    m = lay["grad_accum"]  # micro-batches per step per pipeline (global batch / (mb * dp))
     common: dict[str, Any] = dict(
         seq_len=seq_len,
         micro_batch=lay["micro_batch"],
@@ -257,26 +284,22 @@ def memory_breakdown(
     act_moe = (
         activation_bytes_per_layer(model, moe=True, **common) * act_scale if model.is_moe else act_dense * 0
     )
-    per_mb_first = st.first_dense * act_dense + st.first_moe * act_moe
-    per_mb_last = st.last_dense * act_dense + st.last_moe * act_moe
-    inflight = inflight_microbatches(lay, m)
+    per_mb = n_dense * act_dense + n_moe * act_moe
+    inflight = stage_inflight(lay, stage)
     # Full recompute re-materializes one layer at a time during backward: add one layer's full set.
     full_layer = (
         activation_bytes_per_layer(model, moe=model.is_moe, **{**common, "recompute": lay["recompute"] * 0})
         * act_scale
     )
     working = np.where(lay["recompute"] == REC_FULL, full_layer, 0.0)
-    act_first = per_mb_first * inflight + working
-    last_inflight = np.where(pp > 1, 1.0, inflight)
-    act_last = per_mb_last * last_inflight + working
+    act = per_mb * inflight + working
 
     s_local = seq_len / lay["cp"]
     sb = s_local * lay["micro_batch"]
     sp_div = np.where(lay["sp"] > 0, tp, 1.0)
     embed_out = 2.0 * act_scale * sb * model.hidden / sp_div * inflight
     logits = np.where(fp32, FP32_LOGIT_BYTES, LOGIT_BYTES) * sb * model.vocab / tp
-    emb_first = embed_out + np.where(pp == 1, logits, 0.0)
-    emb_last = logits + np.where(pp == 1, embed_out, 0.0)
+    emb = np.where(first, embed_out, 0.0) + np.where(last, logits, 0.0)
 
     max_layer = np.maximum(dense_p, moe_p + expert_p * (1 if model.is_moe else 0))
     z3 = np.where(zero >= 3, 2.0 * max_layer * w_bytes + max_layer * g_bytes * 2, 0.0)
@@ -288,29 +311,57 @@ def memory_breakdown(
         + (lay["ep"] > 1)
         + ((lay["dp"] * lay["cp"]) > 1)
     )
-    comm = comm_buffer_bytes * groups
-    reserve = np.full(len(lay), float(framework_reserve_bytes))
-
-    first_total = wf + gf + of + act_first * (1 + fragmentation) + emb_first + z3
-    last_total = wl + gl + ol + act_last * (1 + fragmentation) + emb_last + z3
-    use_first = first_total >= last_total
-
-    def pick(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return np.where(use_first, a, b)
-
     out = {
-        "weights": pick(wf, wl),
-        "gradients": pick(gf, gl),
-        "optimizer": pick(of, ol),
-        "activations": pick(act_first, act_last) * (1 + fragmentation),
-        "embeddings_logits": pick(emb_first, emb_last),
+        "weights": w,
+        "gradients": g,
+        "optimizer": o,
+        "activations": act * (1 + fragmentation),
+        "embeddings_logits": emb,
         "zero3_buffers": z3,
-        "comm_buffers": comm,
-        "framework_reserve": reserve,
+        "comm_buffers": comm_buffer_bytes * groups,
+        "framework_reserve": np.full(len(lay), float(framework_reserve_bytes)),
     }
     out["total"] = sum(out[k] for k in MEMORY_COMPONENTS)
+    # What differs between stages (the buffers and the reserve do not): decides the loaded stage.
+    out["stage_bytes"] = w + g + o + act * (1 + fragmentation) + emb + z3
+    out["state"] = w + g + o
+    return out
+
+
+def memory_breakdown(
+    model,
+    lay: LayoutTable,
+    *,
+    seq_len: int,
+    flash_attention: bool = True,
+    dropout: bool = False,
+    framework_reserve_bytes: float = FRAMEWORK_RESERVE_BYTES,
+    comm_buffer_bytes: float = COMM_BUFFER_BYTES,
+    fragmentation: float = FRAGMENTATION,
+    frozen_weights: bool = False,
+) -> dict[str, np.ndarray]:
+    """Bytes per device for the most loaded pipeline stage (first or last), by component.
+
+    :func:`stage_memory` on the first and on the last stage of the uniform split of
+    :func:`stage_shape`; the heavier one is reported (``stage``).
+    """
+    st = stage_shape(model, lay)
+    kw: dict[str, Any] = dict(
+        seq_len=seq_len,
+        flash_attention=flash_attention,
+        dropout=dropout,
+        framework_reserve_bytes=framework_reserve_bytes,
+        comm_buffer_bytes=comm_buffer_bytes,
+        fragmentation=fragmentation,
+        frozen_weights=frozen_weights,
+    )
+    first = stage_memory(model, lay, stage=lay["pp"] * 0, n_dense=st.first_dense, n_moe=st.first_moe, **kw)
+    last = stage_memory(model, lay, stage=lay["pp"] - 1, n_dense=st.last_dense, n_moe=st.last_moe, **kw)
+    use_first = first["stage_bytes"] >= last["stage_bytes"]
+    out = {k: np.where(use_first, first[k], last[k]) for k in MEMORY_COMPONENTS}
+    out["total"] = sum((out[k] for k in MEMORY_COMPONENTS), np.zeros(len(lay)))
     out["stage"] = np.where(use_first, 0, lay["pp"] - 1)
     # Model state (weights + gradients + optimizer) of each end stage, for invariants and reports.
-    out["state_first"] = wf + gf + of
-    out["state_last"] = wl + gl + ol
+    out["state_first"] = first["state"]
+    out["state_last"] = last["state"]
     return out

@@ -6,7 +6,7 @@ The space is ``search_spaces/uneven_pipeline.yaml`` (per-stage layer counts and 
 far too many layouts to enumerate) for Llama-3.1-405B on 128 h100-sxm-80gb, seq 8192, global
 batch 128 (memory-bound: the early stages need full recompute, the late ones do not), objective tokens/s per device, memory as a constraint. "Best known" is the best of:
 the exhaustive optimum of the enumerable uniform sub-space (even split, one recompute mode), a
-structured search (``pipeline_split.best_monotone_split``: for every monotone recompute assignment, the
+structured search (``autopar.search.uneven.best_monotone_split``: for every monotone recompute assignment, the
 split that minimizes the slowest stage) over the uniform top-10 base layouts, a local search (move one
 layer to a neighbouring stage, change one stage's recompute) from the same bases, and every trial of
 every run below. Each run is a fresh in-memory study, one trial at a time, either cold or seeded with
@@ -65,7 +65,7 @@ def _better(scorer, base, plan, best, cand):
 
 
 def best_known_reference(job, info, space, top: int = 10):
-    from autopar.search.recommend import search
+    from autopar.search.recommend import search_layouts
     from autopar.search.uneven import StagePlan, UnevenScorer, best_monotone_split, even_split
 
     uniform = space.model_copy(update={"uneven_pipeline": None})
@@ -76,7 +76,7 @@ def best_known_reference(job, info, space, top: int = 10):
             )
         }
     )
-    r = search(job, info, uniform, top=top)
+    r = search_layouts(job, info, uniform, top=top)
     scorer = UnevenScorer(job)
     modes = sorted({["none", "selective", "full"].index(x) for x in space.axes.recompute}, reverse=True)
     k = space.uneven_pipeline.max_shift if space.uneven_pipeline else 0
@@ -113,7 +113,7 @@ def run_one(
     """
     import optuna
 
-    from autopar.search.recommend import Objectives
+    from autopar.objectives import Objectives
     from autopar.search.study import StudyConfig, run_study
 
     trace: list[float] = []

@@ -30,7 +30,13 @@ from autopar.coefficients import load_calibration
 from autopar.errors import AutoparError
 from autopar.hardware import load_device
 from autopar.model import load_model
-from autopar.serving.estimate import ServingCoefficients, ServingTable, evaluate, make_context, make_workload
+from autopar.serving.estimate import (
+    ServingCoefficients,
+    ServingTable,
+    evaluate_serving,
+    make_context,
+    make_workload,
+)
 
 PRECISION = {"fp8": "fp8", "mxfp8": "fp8", "bf16": "bf16", "fp16": "fp16"}
 
@@ -125,7 +131,7 @@ def predict(rec: dict[str, Any], cal, sc: ServingCoefficients | None) -> dict[st
         serving_coefficients=sc,
     )
     tab = ServingTable({"tp": rec["tp"], "pp": rec["pp"], "ep": rec["ep"]})
-    res = evaluate(ctx, tab)
+    res = evaluate_serving(ctx, tab)
     if not res["valid"][0]:
         bad = [k for k, v in res["bad"].items() if v[0]]
         return {"skipped": f"layout does not fit or is illegal: {', '.join(bad)}"}

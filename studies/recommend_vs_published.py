@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from autopar.errors import AutoparError
     from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES
     from autopar.search.enumerate import enumerate_space
-    from autopar.search.recommend import Objectives, explain_choice, predict_layout, search
+    from autopar.search.recommend import Objectives, explain_choice, predict_layout, search_layouts
     from autopar.search.space import load_space
 
     cal = load_calibration(a.calibration)
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             "source": theirs.row.get("source_id", ""),
         }
         try:
-            res = search(
+            res = search_layouts(
                 job, info, space, top=1, objectives=Objectives(), calibration=cal, explain_infeasible=False
             )
         except AutoparError as exc:
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
         )
         try:
-            r2 = search(
+            r2 = search_layouts(
                 job, info, same, top=1, objectives=Objectives(), calibration=cal, explain_infeasible=False
             )
             rec["same_features_layout"] = r2.results[0].layout.short()

@@ -35,8 +35,9 @@ LARGE = ("micro_batch.max=16", "precision=bf16,fp8", "shard_group=0,8,64")
 
 def _scoring_rate(job, info, space, workers: int, reps: int) -> tuple[int, float, float]:
     from autopar.coefficients import load_calibration
+    from autopar.objectives import Objectives
     from autopar.search.enumerate import enumerate_space
-    from autopar.search.recommend import Objectives, ScoringState, run_scoring
+    from autopar.search.recommend import ScoringState, run_scoring
 
     best_wall, best_cpu = float("inf"), float("inf")
     n = 0

@@ -148,3 +148,23 @@ def test_cli(tmp_path: Path) -> None:
         text=True,
     )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_training_comparison_picks_the_recommend_winner() -> None:
+    """compare --workload training runs the search itself: its top-1 is recommend's for the same job."""
+    from autopar.search.recommend import recommend
+
+    job = dict(num_devices=64, seq_len=8192, global_batch=128)
+    res = compare(
+        models=["llama-3.1-70b"],
+        devices=["h100-sxm-80gb", "a100-80gb"],
+        workload="training",
+        seq_lens=[job["seq_len"]],
+        batches=[job["global_batch"]],
+        num_devices=job["num_devices"],
+    )
+    for c in res.cells:
+        r = recommend(model="llama-3.1-70b", device=c["device"], top=1, progress=False, **job)
+        best = r.results[0]
+        assert c["layout"] == best.layout.short()
+        assert c["tokens_per_s_per_device"] == best.tokens_per_s_per_device

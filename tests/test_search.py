@@ -12,9 +12,10 @@ import pytest
 from autopar.coefficients import load_calibration
 from autopar.engine import evaluate
 from autopar.errors import InfeasibleError
+from autopar.objectives import Objectives, pareto_mask
 from autopar.prediction import make_job, predict
 from autopar.search.enumerate import enumerate_space
-from autopar.search.recommend import Objectives, explain_choice, pareto_mask, recommend
+from autopar.search.recommend import explain_choice, recommend
 from autopar.search.space import load_space
 
 DENSE = dict(model="llama-3.1-8b", device="a100-80gb", num_devices=16, seq_len=4096, global_batch=64)

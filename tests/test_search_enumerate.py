@@ -232,3 +232,11 @@ def test_enumeration_invariants(model, n, gb, seq, sets) -> None:
     ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in job.device.peak_tflops)
     legal, _ = legality_mask(job.model, LayoutTable(cols), ctx)
     assert legal.all()
+
+
+def test_space_rules_do_not_shadow_legality_rules() -> None:
+    """A space rule with a legality rule's code would never run (legality is looked up first)."""
+    from autopar.legality import RULES
+    from autopar.search.enumerate import SPACE_RULES
+
+    assert not set(SPACE_RULES) & {r.code for r in RULES}

@@ -14,12 +14,12 @@ from autopar.serving.estimate import (
     KV_PAGE_TOKENS,
     ServingTable,
     _kv_seq_bytes_per_device,
-    evaluate,
+    evaluate_serving,
+    instance_memory,
     iteration,
     kv_bytes_per_token_per_device,
     make_context,
     make_workload,
-    memory,
     power_demand,
     steady_state,
     trtllm_max_num_tokens,
@@ -150,8 +150,8 @@ def test_longer_prompts_never_lower_ttft(
 
 # ========================================================================= memory and throughput
 def test_max_concurrency_shrinks_with_sequence_length_and_fits_memory() -> None:
-    short = memory(ctx_for("llama-3.1-70b", isl=128, osl=128), ServingTable({"tp": 4}))
-    long = memory(ctx_for("llama-3.1-70b", isl=8192, osl=1024), ServingTable({"tp": 4}))
+    short = instance_memory(ctx_for("llama-3.1-70b", isl=128, osl=128), ServingTable({"tp": 4}))
+    long = instance_memory(ctx_for("llama-3.1-70b", isl=8192, osl=1024), ServingTable({"tp": 4}))
     assert long["max_conc"][0] < short["max_conc"][0]
     m = short
     used = m["weights"] + m["workspace"] + m["reserve"] + m["kv_per_seq"] * m["max_conc"]
@@ -159,12 +159,12 @@ def test_max_concurrency_shrinks_with_sequence_length_and_fits_memory() -> None:
 
 
 def test_offline_batch_is_capped_by_max_batch_and_memory() -> None:
-    res = evaluate(
+    res = evaluate_serving(
         ctx_for("llama-3.1-8b", isl=128, osl=128, offline=True, max_batch=512, weight_precision="fp8"),
         ServingTable({"tp": 1}),
     )
     assert res["batch"][0] == 512
-    res = evaluate(
+    res = evaluate_serving(
         ctx_for("llama-3.1-70b", isl=4096, osl=4096, offline=True, weight_precision="fp8"),
         ServingTable({"tp": 2}),
     )
@@ -172,7 +172,7 @@ def test_offline_batch_is_capped_by_max_batch_and_memory() -> None:
 
 
 def test_weights_that_do_not_fit_are_reported() -> None:
-    res = evaluate(ctx_for("llama-3.1-405b", offline=True), ServingTable({"tp": [1, 8]}))
+    res = evaluate_serving(ctx_for("llama-3.1-405b", offline=True), ServingTable({"tp": [1, 8]}))
     assert res["bad"]["weights_do_not_fit"][0] and not res["valid"][0]
     assert res["bad"]["weights_do_not_fit"][1]  # 810 GB bf16 on 8 x 80 GB does not fit either
 
@@ -221,19 +221,19 @@ def test_prefill_draws_near_tdp_and_decode_far_below() -> None:
 
 def test_power_cap_slows_compute_and_lowers_power() -> None:
     ctx = ctx_for("llama-3.1-8b", isl=2048, osl=128, offline=True, weight_precision="fp8")
-    res = evaluate(ctx, ServingTable({"tp": 1, "cap_w": [0.0, 600.0, 400.0]}))
+    res = evaluate_serving(ctx, ServingTable({"tp": 1, "cap_w": [0.0, 600.0, 400.0]}))
     assert res["valid"].all()
     assert res["clock"][0] == 1.0 and 1.0 > res["clock"][1] > res["clock"][2]
     assert res["active_power_w"][2] <= 400.0 + 1e-9
     assert res["output_tps_instance"][0] >= res["output_tps_instance"][1] >= res["output_tps_instance"][2]
-    bad = evaluate(ctx, ServingTable({"tp": 1, "cap_w": [100.0, 900.0]}))
+    bad = evaluate_serving(ctx, ServingTable({"tp": 1, "cap_w": [100.0, 900.0]}))
     assert bad["bad"]["power_cap_range"].all()
 
 
 def test_request_rate_mode_finds_the_batch_and_flags_saturation() -> None:
     ctx = ctx_for("llama-3.1-8b", isl=512, osl=256, request_rate=1.0, weight_precision="fp8")
     tab = ServingTable({"tp": [1, 1, 1]})
-    res = evaluate(ctx, tab, rate_per_instance=np.array([1.0, 20.0, 1e6]))
+    res = evaluate_serving(ctx, tab, rate_per_instance=np.array([1.0, 20.0, 1e6]))
     assert res["request_rate_instance"][0] == pytest.approx(1.0, rel=1e-3)
     assert res["request_rate_instance"][1] == pytest.approx(20.0, rel=1e-3)
     assert res["batch"][1] > res["batch"][0]

@@ -18,8 +18,9 @@ from optuna.trial import TrialState
 from autopar.errors import AutoparError
 from autopar.layout import Layout, LayoutTable
 from autopar.legality import Context, legality_mask
+from autopar.objectives import Objectives
 from autopar.prediction import make_job, predict
-from autopar.search.recommend import Objectives, recommend
+from autopar.search.recommend import recommend
 from autopar.search.space import load_space
 from autopar.search.study import StudyConfig, TrialSpace, _repair_split, load_report, run_study
 

@@ -49,17 +49,53 @@ def test_even_split_matches_the_engine(model, n, gb, kw, rec) -> None:
 
 
 def test_stage_costs_are_affine_in_layers() -> None:
+    """What balanced_split relies on: the engine's stage memory and slot time are affine in layers."""
     job = _job("llama-3.1-70b", 64, 128)
     sc = UnevenScorer(job)
     base = resolve_layout(num_devices=64, global_batch=128, tp=4, pp=4, zero=1)
-    bc = sc.base_costs(base)
-    for r in (0, 1, 2):
-        three = sc._slots(sc._eval(base, 3, [r]), base.grad_accum)[0]
-        assert three == pytest.approx(3 * bc.a[r] + bc.c, rel=1e-12)
-    m1 = sc.stage_memory(base, StagePlan((1,) * 4, (2, 1, 0, 0)))
-    m2 = sc.stage_memory(base, StagePlan((2,) * 4, (2, 1, 0, 0)))
-    m5 = sc.stage_memory(base, StagePlan((5,) * 4, (2, 1, 0, 0)))
-    assert m5 == pytest.approx(m1 + 4 * (m2 - m1), rel=1e-12)
+    rec = (2, 1, 0, 0)
+    c1, c2, c5 = (sc.stage_costs(base, StagePlan((n,) * 4, rec)) for n in (1, 2, 5))
+    assert c5.memory == pytest.approx(c1.memory + 4 * (c2.memory - c1.memory), rel=1e-12)
+    assert c5.slot == pytest.approx(c1.slot + 4 * (c2.slot - c1.slot), rel=1e-12)
+    # only the last stage carries the LM head: the other intercepts vanish
+    intercept = 2 * c1.slot - c2.slot
+    assert abs(intercept[:3]).max() < 1e-9 * c1.slot.max() < intercept[3]
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("precision", ["bf16", "fp8", "fp32"])
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_uneven_scorer_agrees_with_the_engine(model, precision, lora, zero) -> None:
+    """Even split: the uneven scorer's memory and step time are the engine's, for every precision,
+    frozen or trained base weights and ZeRO stage (one code path: engine.evaluate_stages)."""
+    n, gb = 64, 128
+    job = make_job(
+        model=model,
+        device="h100-sxm-80gb",
+        num_devices=n,
+        devices_per_node=None,
+        seq_len=4096,
+        global_batch=gb,
+        lora=lora,
+    )[0]
+    ep = 8 if job.model.is_moe else 1
+    base = resolve_layout(
+        num_devices=n,
+        global_batch=gb,
+        tp=2,
+        pp=4,
+        ep=ep,
+        zero=zero,
+        precision=precision,
+        recompute="selective",
+    )
+    res = evaluate(job, LayoutTable.from_layouts([base]), check_legal=False)
+    plan = StagePlan(tuple(even_split(job.model.layers, 4)), (1,) * 4)
+    assert job.model.layers % 4 == 0  # the engine's uniform split is then this even split
+    s = UnevenScorer(job).score(base, plan)
+    assert s["memory_bytes"] == pytest.approx(res["memory_bytes"][0], rel=1e-15)
+    assert s["step_time_s"] == pytest.approx(res["step_time_s"][0], rel=1e-12)
 
 
 def test_per_stage_recompute_beats_uniform_when_memory_bound() -> None:

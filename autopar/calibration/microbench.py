@@ -33,10 +33,8 @@ import argparse
 import json
 import os
 import platform
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.errors import RunError
+from autopar.runner.launch import torchrun
 
 SCHEMA = "autopar.microbench/v1"
 ERROR_MARKER = "autopar-microbench-error: "
@@ -447,25 +446,12 @@ def run_microbenchmarks(
         raise RunError(f"unknown sweep {sweep!r}", f"use one of {', '.join(SWEEPS)}")
     with tempfile.TemporaryDirectory(prefix="autopar-mb-") as tmp:
         out = Path(tmp) / "mb.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(world_size),
-            "-m",
-            "autopar.calibration.microbench",
-            "--out",
-            str(out),
-            "--sweep",
-            sweep,
-            "--device",
-            device,
-        ]
+        args = ["--out", str(out), "--sweep", sweep, "--device", device]
         if skip:
-            cmd += ["--skip", ",".join(skip)]
-        rc, log, timed_out = run_group(cmd, timeout_s)
+            args += ["--skip", ",".join(skip)]
+        rc, log, timed_out = torchrun(
+            "autopar.calibration.microbench", args, nproc=world_size, timeout_s=timeout_s
+        )
         if timed_out:
             raise RunError(
                 f"microbenchmarks timed out after {timeout_s:g} s", "raise --timeout or use --quick"
@@ -479,35 +465,6 @@ def run_microbenchmarks(
                 f"microbenchmarks failed: {err}", "see the log: " + log[-400:].replace("\n", " | ")
             )
         return json.loads(out.read_text())
-
-
-def run_group(cmd: list[str], timeout_s: float) -> tuple[int, str, bool]:
-    """Run ``cmd`` in its own session with one intra-op thread per process (as the reference runner);
-    on timeout stop the whole session. Returns (returncode, log, timed_out)."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
-    )
-    try:
-        log, _ = proc.communicate(timeout=timeout_s)
-        return proc.returncode, log, False
-    except subprocess.TimeoutExpired:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        log, _ = proc.communicate()
-        return proc.returncode, log or "", True
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def register(sub) -> dict:
     p = sub.add_parser(
         "compare",
         help="compare devices: best layout, tokens/s, tokens/J, $/token",
-        description="Run the serving search or a training layout sweep on each device and "
+        description="Run the serving search or the training search (recommend) on each device and "
         "show where the winner changes across batch size, sequence length and "
         "model size; --out writes PREFIX.csv and PREFIX.svg.",
     )

@@ -194,15 +194,7 @@ def _launch(
         )
     with tempfile.TemporaryDirectory(prefix="autopar-run-") as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(n),
-            "-m",
-            "autopar.runner.train",
+        args = [
             "--layout-json",
             layout_arg,
             "--model-json",
@@ -225,9 +217,9 @@ def _launch(
             str(out),
         ]
         if dump_grads is not None:
-            cmd += ["--dump-grads", os.fspath(dump_grads)]
+            args += ["--dump-grads", os.fspath(dump_grads)]
         t0 = time.perf_counter()
-        rc, log, timed_out = _run(cmd, timeout_s)
+        rc, log, timed_out = torchrun("autopar.runner.train", args, nproc=n, timeout_s=timeout_s)
         wall = time.perf_counter() - t0
         payload: dict[str, Any] | None = None
         if out.exists():
@@ -267,7 +259,25 @@ def _error_of(payload: dict[str, Any] | None, log: str, rc: int) -> str:
     return f"torchrun exited with status {rc} and no result"
 
 
-def _run(cmd: list[str], timeout_s: float) -> tuple[int, str, bool]:
+def torchrun(module: str, args: Sequence[str], *, nproc: int, timeout_s: float) -> tuple[int, str, bool]:
+    """``python -m torch.distributed.run --standalone --nproc-per-node NPROC -m MODULE ARGS``.
+
+    The one torchrun launcher of autopar (reference runs here, microbenchmarks in
+    ``autopar.calibration.microbench``): its own session with one intra-op thread per process, the
+    workers importing this very autopar, and on timeout the whole session stopped. Returns
+    (returncode, log, timed_out).
+    """
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "-m",
+        module,
+        *args,
+    ]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # profiler "unknown block" notices on every free

@@ -29,13 +29,9 @@ from autopar.search.space import SearchSpace, axis_bases, int_candidates, produc
 
 _RULE = {r.code: r for r in RULES}
 
-# Space rules: conventions of the launchers that autopar enforces on top of autopar.legality.
+# Space rules: conventions of the search spaces on top of autopar.legality (whose rules are looked
+# up first, so a code here must not repeat one there).
 SPACE_RULES: dict[str, tuple[str, Callable[..., np.ndarray]]] = {
-    # Megatron's interleaved schedule splits the layers into pp*vpp equal model chunks.
-    "vpp_layers": (
-        "the interleaved schedule needs the layers divisible by pp*vpp",
-        lambda m, L, c: (L["vpp"] > 1) & (m.layers % (L["pp"] * L["vpp"]) != 0),
-    ),
     # A shard group spanning every dp*cp rank is shard_group=0 (plain ZeRO/FSDP) under another name.
     "duplicate": (
         "shard_group equal to dp*cp duplicates shard_group=0",

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from autopar.errors import AutoparError
+from autopar.search.scoring import ScoringState, Summary, score_chunks
 
 LOCAL = ("local", "True", "true", "1")
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
@@ -71,19 +72,17 @@ def _remote(fn: Callable[..., Any]) -> Any:
     return ray.remote(num_cpus=1, max_retries=1)(fn)
 
 
-def _score_batch(state: Any, batch: list[tuple[int, int, int]]) -> Any:
-    from autopar.search.recommend import score_chunks
-
+def _score_batch(state: ScoringState, batch: list[tuple[int, int, int]]) -> Summary:
     return score_chunks(state, batch)
 
 
 def score_batches(
-    state: Any,
+    state: ScoringState,
     batches: Sequence[list[tuple[int, int, int]]],
     *,
     address: Any = "local",
     on_done: Callable[[int], None] | None = None,
-) -> list[Any]:
+) -> list[Summary]:
     """Score each batch of chunks as one Ray task; results in batch order (merge is order-independent)."""
     ray = _ray()
     connect(address)

@@ -13,7 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,252 +22,22 @@ from autopar.coefficients import Calibration, load_calibration
 from autopar.engine import TrainingJob, evaluate
 from autopar.errors import AutoparError, InfeasibleError
 from autopar.layout import Layout, LayoutTable
-from autopar.memory import GIB
+from autopar.objectives import DEFAULT_PRICE_PER_DEVICE_HOUR, GIB, OBJECTIVES, Objectives, pareto_mask
 from autopar.prediction import Prediction, make_job, prediction_from_row
 from autopar.search.enumerate import STAGE_RULES, Enumeration, enumerate_space, rule_message
+from autopar.search.ray_backend import score_batches
+from autopar.search.scoring import (
+    ScoringState,
+    Summary,
+    merge,
+    score_chunk,
+    score_chunks,
+    score_ids,
+)
 from autopar.search.space import SearchSpace, load_space
 
-OBJECTIVES = ("throughput", "memory", "energy", "cost")
-# Default cloud price of one accelerator-hour (USD), used by the "cost" objective: about the
-# on-demand H100 rate of the large GPU clouds in 2025-26. Pass price_per_device_hour for yours.
-DEFAULT_PRICE_PER_DEVICE_HOUR = 2.0
 TARGET_CELLS = 100_000  # grid cells per engine call (fits the caches; see studies/search_speed.py)
 POOL_MIN_LAYOUTS = 1_500_000  # below this a process pool costs more than it saves on 2 cores
-KEEP_CLOSEST = 3
-
-
-# ------------------------------------------------------------------------------------ objectives
-@dataclass(frozen=True)
-class Objectives:
-    """Objectives to minimize (throughput is minimized as step time), with the prices for "cost"."""
-
-    names: tuple[str, ...] = ("throughput",)
-    price_per_device_hour: float = DEFAULT_PRICE_PER_DEVICE_HOUR
-    price_per_kwh: float = 0.0
-
-    @classmethod
-    def parse(
-        cls,
-        objective: str | Sequence[str],
-        *,
-        price_per_device_hour: float = DEFAULT_PRICE_PER_DEVICE_HOUR,
-        price_per_kwh: float = 0.0,
-    ) -> Objectives:
-        names = [objective] if isinstance(objective, str) else list(objective)
-        names = [p.strip() for n in names for p in str(n).split(",") if p.strip()]
-        if not names:
-            raise AutoparError("no objective given", f"use one or more of: {', '.join(OBJECTIVES)}")
-        bad = [n for n in names if n not in OBJECTIVES]
-        if bad:
-            raise AutoparError(
-                f"unknown objective {bad[0]!r}", f"use one or more of: {', '.join(OBJECTIVES)}"
-            )
-        if len(set(names)) != len(names):
-            raise AutoparError(f"objective listed twice: {','.join(names)}", "name each objective once")
-        if price_per_device_hour < 0 or price_per_kwh < 0:
-            raise AutoparError("prices must be >= 0", "pass --price-per-device-hour >= 0")
-        return cls(tuple(names), float(price_per_device_hour), float(price_per_kwh))
-
-    @property
-    def primary(self) -> str:
-        return self.names[0]
-
-    def values(self, name: str, res: dict[str, np.ndarray], job: TrainingJob) -> np.ndarray:
-        """The quantity to minimize for objective ``name`` (arrays as ``evaluate`` returns them)."""
-        if name == "throughput":
-            return res["step_time_s"]
-        if name == "memory":
-            return res["memory_bytes"]
-        if name == "energy":
-            return res["energy_j_per_step"] / job.tokens_per_step
-        if name == "cost":
-            usd = res["step_time_s"] * (job.num_devices * self.price_per_device_hour / 3600.0) + res[
-                "energy_j_per_step"
-            ] * (self.price_per_kwh / 3.6e6)
-            return usd * (1e6 / job.tokens_per_step)
-        raise KeyError(name)
-
-    def report(self, pred: Prediction, job: TrainingJob) -> dict[str, float]:
-        """Human units of every objective for one prediction."""
-        tokens = job.tokens_per_step
-        usd = (
-            pred.step_time_s * job.num_devices * self.price_per_device_hour / 3600.0
-            + pred.energy_j_per_step * self.price_per_kwh / 3.6e6
-        )
-        return {
-            "tokens_per_s_per_device": pred.tokens_per_s_per_device,
-            "memory_gib_per_device": pred.memory_gib_per_device,
-            "energy_j_per_token": pred.energy_j_per_step / tokens,
-            "cost_usd_per_million_tokens": usd * 1e6 / tokens,
-        }
-
-
-# ------------------------------------------------------------------------------ chunk summaries
-@dataclass
-class Summary:
-    """What a chunk (or a merge of chunks) keeps: counts, top-k, Pareto front, closest misses."""
-
-    n_legal: int = 0
-    n_fit: int = 0
-    top_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    top_keys: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # (primary, secondary)
-    front_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    front_vals: np.ndarray = field(default_factory=lambda: np.zeros((0, 1)))
-    close_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    close_ratio: np.ndarray = field(default_factory=lambda: np.zeros(0))
-
-
-def _top(ids: np.ndarray, keys: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """k best by (primary, secondary, id), ties included deterministically."""
-    if len(ids) > 4 * k:
-        kth = np.partition(keys[:, 0], k - 1)[k - 1]
-        sel = keys[:, 0] <= kth
-        ids, keys = ids[sel], keys[sel]
-    order = np.lexsort((ids, keys[:, 1], keys[:, 0]))[:k]
-    return ids[order], keys[order]
-
-
-def pareto_mask(vals: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Non-dominated rows of ``vals`` (all minimized); of identical rows the lowest id is kept."""
-    n = len(vals)
-    if n == 0:
-        return np.zeros(0, dtype=bool)
-    order = np.lexsort((ids, *vals.T[::-1]))
-    v = vals[order]
-    if v.shape[1] == 1:
-        keep_sorted = np.zeros(n, dtype=bool)
-        keep_sorted[0] = True
-    elif v.shape[1] == 2:
-        prev = np.minimum.accumulate(v[:, 1])
-        keep_sorted = np.empty(n, dtype=bool)
-        keep_sorted[0] = True
-        keep_sorted[1:] = v[1:, 1] < prev[:-1]
-    else:
-        alive = np.ones(n, dtype=bool)
-        keep_sorted = np.zeros(n, dtype=bool)
-        i = 0
-        while True:
-            idx = np.flatnonzero(alive[i:])
-            if not len(idx):
-                break
-            i += int(idx[0])
-            keep_sorted[i] = True
-            alive[i] = False
-            dominated = np.all(v[i] <= v, axis=1)  # sorted lexicographically: v[i] is not dominated later
-            alive &= ~dominated
-    keep = np.zeros(n, dtype=bool)
-    keep[order[keep_sorted]] = True
-    return keep
-
-
-def merge(summaries: Sequence[Summary], *, k: int, pareto: bool) -> Summary:
-    out = Summary()
-    if not summaries:
-        return out
-    out.n_legal = sum(s.n_legal for s in summaries)
-    out.n_fit = sum(s.n_fit for s in summaries)
-    ids = np.concatenate([s.top_ids for s in summaries])
-    keys = np.concatenate([s.top_keys for s in summaries])
-    out.top_ids, out.top_keys = _top(ids, keys, k) if len(ids) else (ids, keys)
-    if pareto:
-        fi = np.concatenate([s.front_ids for s in summaries])
-        fv = np.concatenate([s.front_vals for s in summaries])
-        keep = pareto_mask(fv, fi)
-        order = np.lexsort((fi[keep], *fv[keep].T[::-1]))
-        out.front_ids, out.front_vals = fi[keep][order], fv[keep][order]
-    ci = np.concatenate([s.close_ids for s in summaries])
-    cr = np.concatenate([s.close_ratio for s in summaries])
-    order = np.lexsort((ci, cr))[:KEEP_CLOSEST]
-    out.close_ids, out.close_ratio = ci[order], cr[order]
-    return out
-
-
-@dataclass
-class ScoringState:
-    """Everything a worker needs to score chunks (sent once to each process or Ray worker)."""
-
-    enum: Enumeration
-    calibration: Calibration
-    objectives: Objectives
-    k: int
-
-
-def summarize_results(
-    state: ScoringState,
-    ids: np.ndarray,
-    res: dict[str, np.ndarray],
-    legal: np.ndarray | None = None,
-    shape: tuple[int, ...] | None = None,
-    base: int = 0,
-) -> Summary:
-    """Reduce one chunk's engine output to a Summary.
-
-    Grid path: ``res`` arrays broadcast to ``shape`` and ``legal`` is the legal-cell mask of that
-    shape; values are gathered only at the cells that matter (fitting cells, or the misses of a
-    chunk where nothing fits: only then can they be the closest misses overall); a cell's layout id
-    is ``base`` + its flat index. Flat path: ``shape`` is None and ``ids`` are the rows' layout ids.
-    """
-    job, obj = state.enum.job, state.objectives
-    flat_ids = ids if shape is None else None
-    if shape is None:
-        shape = (len(ids),)
-        legal = np.ones(shape, dtype=bool)
-    assert legal is not None
-
-    def at(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        return np.broadcast_to(x, shape)[mask]
-
-    fits = np.broadcast_to(res["fits"], shape) & legal
-    n_fit = int(fits.sum())
-    s = Summary(n_legal=len(ids), n_fit=n_fit)
-
-    def cell_ids(mask: np.ndarray) -> np.ndarray:
-        return flat_ids[mask] if flat_ids is not None else base + np.flatnonzero(mask)
-
-    if n_fit:
-        fid = cell_ids(fits)
-        primary = at(obj.values(obj.primary, res, job), fits)
-        secondary = at(res["memory_bytes"] if obj.primary == "throughput" else res["step_time_s"], fits)
-        s.top_ids, s.top_keys = _top(fid, np.stack([primary, secondary], axis=1), state.k)
-        if len(obj.names) > 1:
-            vals = np.stack([at(obj.values(n, res, job), fits) for n in obj.names], axis=1)
-            keep = pareto_mask(vals, fid)
-            s.front_ids, s.front_vals = fid[keep], vals[keep]
-        else:
-            s.front_vals = np.zeros((0, 1))
-    else:
-        s.front_vals = np.zeros((0, len(obj.names)))
-        miss = legal & ~fits
-        if miss.any():
-            ratio = at(res["memory_bytes"] / res["memory_capacity_bytes"], miss)
-            mid = cell_ids(miss)
-            order = np.lexsort((mid, ratio))[:KEEP_CLOSEST]
-            s.close_ids, s.close_ratio = mid[order], ratio[order]
-    return s
-
-
-def score_chunk(state: ScoringState, p: int, s0: int, s1: int) -> Summary:
-    """Score grid rows [s0, s1) at precision index p with the engine (broadcast grid)."""
-    en = state.enum
-    table, shape = en.grid_table(p, s0, s1)
-    legal = en.grid_mask(s0, s1)
-    base = (p * en.n_structural + s0) * en.cells_per_row
-    ids = base + np.flatnonzero(legal)
-    try:
-        res = evaluate(en.job, table, calibration=state.calibration, check_legal=False)
-    except (ValueError, IndexError):  # pragma: no cover - the engine stopped broadcasting: score flat
-        return score_ids(state, ids)
-    return summarize_results(state, ids, res, legal, shape, base)
-
-
-def score_ids(state: ScoringState, ids: np.ndarray) -> Summary:
-    """Score the given layout ids as a flat table (the reference path; used by tests and fallbacks)."""
-    res = evaluate(state.enum.job, state.enum.table(ids), calibration=state.calibration, check_legal=False)
-    return summarize_results(state, ids, res)
-
-
-def score_chunks(state: ScoringState, chunks: Sequence[tuple[int, int, int]]) -> Summary:
-    return merge([score_chunk(state, *c) for c in chunks], k=state.k, pareto=len(state.objectives.names) > 1)
 
 
 # ---------------------------------------------------------------------------------- executors
@@ -331,8 +101,6 @@ def run_scoring(
     bar = _Progress(state.enum.size, progress, "scoring layouts")
     try:
         if ray is not None and ray is not False:
-            from autopar.search.ray_backend import score_batches
-
             batches = _batches(chunks, max(1, 4 * _ray_cpus(ray)))
             parts = score_batches(state, batches, address=ray, on_done=lambda n: bar.advance(n))
             return merge(parts, k=state.k, pareto=pareto), "ray", len(batches)
@@ -421,7 +189,12 @@ class SearchResult:
 
     def objective_report(self, pred: Prediction) -> dict[str, float]:
         assert self.training_job is not None
-        return self.objectives.report(pred, self.training_job)
+        res = {
+            "tokens_per_s_per_device": pred.tokens_per_s_per_device,
+            "memory_bytes": pred.memory_gib_per_device * GIB,
+            "energy_j_per_step": pred.energy_j_per_step,
+        }
+        return self.objectives.report(res, self.training_job.tokens_per_step)
 
     def to_dict(self) -> dict[str, Any]:
         def rec(i: int, p: Prediction) -> dict[str, Any]:
@@ -542,13 +315,13 @@ def _resolve_calibration(calibration: str | Calibration | None) -> Calibration:
     return calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
 
 
-def search(
+def search_layouts(
     job: TrainingJob,
     info: dict[str, Any],
     space: SearchSpace,
     *,
     top: int = 5,
-    objectives: Objectives = Objectives(),
+    objectives: Objectives | None = None,
     calibration: str | Calibration | None = None,
     ray: Any = None,
     workers: int | None = None,
@@ -557,6 +330,7 @@ def search(
     explain_infeasible: bool = True,
 ) -> SearchResult:
     """:func:`recommend` on an already-built job (used by sweeps and studies)."""
+    objectives = objectives or Objectives()
     t0 = time.perf_counter()
     if not isinstance(top, int) or top < 1:
         raise AutoparError(f"top must be a positive integer, got {top!r}", "pass --top >= 1")
@@ -646,7 +420,7 @@ def recommend(
         global_batch=global_batch,
         lora=lora,
     )
-    return search(
+    return search_layouts(
         job,
         info,
         sp,
@@ -711,7 +485,7 @@ def _infeasible_message(
         (f"precision={','.join(en.space.axes.precision)}", "micro_batch=1", "cp.max=64", "pp.max=128"),
     )
     try:
-        r = search(
+        r = search_layouts(
             job, info, relaxed, top=1, objectives=objectives, calibration=cal, explain_infeasible=False
         )
         best = r.results[0]
@@ -734,7 +508,7 @@ def _infeasible_message(
                     global_batch=job.global_batch,
                     lora=job.frozen_weights,
                 )
-                r = search(
+                r = search_layouts(
                     job2,
                     info2,
                     relaxed,
@@ -762,7 +536,7 @@ def _infeasible_message(
 
 __all__ = [
     "recommend",
-    "search",
+    "search_layouts",
     "SearchResult",
     "Objectives",
     "OBJECTIVES",
@@ -771,4 +545,9 @@ __all__ = [
     "pareto_mask",
     "predict_layout",
     "GIB",
+    "ScoringState",
+    "Summary",
+    "score_chunks",
+    "score_ids",
+    "run_scoring",
 ]

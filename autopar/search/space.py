@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import tomllib
 from functools import reduce
 from importlib import resources
@@ -20,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autopar.errors import SearchSpaceError
-from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, Precision, Recompute
+from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, Precision, Recompute, divisors
 
 SCHEMA = "autopar.search_space/v1"
 
@@ -195,11 +194,6 @@ class SearchSpace(BaseModel):
 
 
 # ------------------------------------------------------------------------------------- candidates
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
-
-
 def _pow2(lo: int, hi: int) -> list[int]:
     out, v = [], 1
     while v <= hi:
@@ -218,9 +212,9 @@ def int_candidates(axis: IntAxis, *, base: int, node: int) -> list[int]:
     if axis.candidates == "pow2":
         vals = _pow2(lo, hi)
     elif axis.candidates == "divisors":
-        vals = [d for d in _divisors(max(base, 1)) if lo <= d <= hi]
+        vals = [d for d in divisors(max(base, 1)) if lo <= d <= hi]
     elif axis.candidates == "divisors+pow2":
-        vals = sorted(set(_divisors(max(base, 1))) | set(_pow2(1, hi)))
+        vals = sorted(set(divisors(max(base, 1))) | set(_pow2(1, hi)))
         vals = [d for d in vals if lo <= d <= hi]
     else:
         vals = list(range(lo, hi + 1))

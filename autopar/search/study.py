@@ -34,20 +34,14 @@ from autopar.engine import TrainingJob, evaluate
 from autopar.errors import AutoparError, SearchSpaceError
 from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, Layout, LayoutTable
 from autopar.memory import GIB
+from autopar.objectives import DEFAULT_PRICE_PER_DEVICE_HOUR, TRAINING, Objectives, cost_per_mtok, pareto_mask
 from autopar.search.enumerate import Enumeration, enumerate_space
-from autopar.search.recommend import DEFAULT_PRICE_PER_DEVICE_HOUR, Objectives, search
+from autopar.search.recommend import search_layouts
 from autopar.search.space import SearchSpace
 from autopar.search.uneven import StagePlan, UnevenScorer, best_monotone_split, check_model, even_split
 
 DEFAULT_STORAGE = "autopar-studies.log"
 SAMPLERS = ("tpe", "nsga2", "random", "gp", "bruteforce")
-# Name and direction of each objective's value as Optuna sees it.
-OBJECTIVE_VALUES = {
-    "throughput": ("tokens_per_s_per_device", "maximize"),
-    "memory": ("memory_gib_per_device", "minimize"),
-    "energy": ("energy_j_per_token", "minimize"),
-    "cost": ("cost_usd_per_million_tokens", "minimize"),
-}
 CONSTRAINT = "memory_over_capacity_gib"
 
 
@@ -368,13 +362,18 @@ class TrialScorer:
     def _record(self, r: dict[str, Any]) -> dict[str, Any]:
         job, ob = self.job, self.objectives
         tokens = job.tokens_per_step
+        energy = r["energy_j_per_step"]  # None for uneven splits (not modeled)
         r["tokens_per_s_per_device"] = tokens / (r["step_time_s"] * job.num_devices)
-        r["energy_j_per_token"] = None if r["energy_j_per_step"] is None else r["energy_j_per_step"] / tokens
-        usd = r["step_time_s"] * job.num_devices * ob.price_per_device_hour / 3600.0
-        if ob.price_per_kwh and r["energy_j_per_step"] is not None:
-            usd += r["energy_j_per_step"] * ob.price_per_kwh / 3.6e6
-        r["cost_usd_per_million_tokens"] = usd * 1e6 / tokens
-        r["values"] = [r[OBJECTIVE_VALUES[n][0]] for n in ob.names]
+        r["energy_j_per_token"] = None if energy is None else energy / tokens
+        r["cost_usd_per_million_tokens"] = float(
+            cost_per_mtok(
+                r["tokens_per_s_per_device"],
+                ob.price_per_device_hour,
+                joules_per_token=r["energy_j_per_token"] or 0.0,
+                price_per_kwh=ob.price_per_kwh,
+            )
+        )
+        r["values"] = [r[TRAINING[n].metric] for n in ob.names]
         r["constraint"] = r["memory_gib_per_device"] - r["memory_capacity_gib"]
         return r
 
@@ -479,7 +478,7 @@ def open_study(cfg: StudyConfig) -> tuple[Any, bool, str, int]:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = resolve_storage(cfg.storage) if not _is_storage_obj(cfg.storage) else cfg.storage
-    directions: list[Any] = [OBJECTIVE_VALUES[n][1] for n in cfg.objectives.names]
+    directions: list[Any] = [TRAINING[n].direction for n in cfg.objectives.names]
     attrs = _job_attrs(cfg)
     try:
         existing = optuna.load_study(
@@ -527,7 +526,7 @@ def open_study(cfg: StudyConfig) -> tuple[Any, bool, str, int]:
     study.set_user_attr("optuna_version", optuna.__version__)
     study.set_user_attr("autopar_version", __version__)
     study.set_user_attr("space_def", cfg.space.to_dict())
-    names = [OBJECTIVE_VALUES[n][0] for n in cfg.objectives.names]
+    names = [TRAINING[n].metric for n in cfg.objectives.names]
     study.set_user_attr("objective_names", names)
     study.set_user_attr("constraint", f"{CONSTRAINT} <= 0")
     # Optuna's own metric names: optuna-dashboard and study.trials_dataframe() show them.
@@ -553,7 +552,7 @@ def enqueue_seeds(study: Any, tspace: TrialSpace, cfg: StudyConfig, cal: Calibra
             }
         )
     try:
-        r = search(
+        r = search_layouts(
             cfg.job,
             cfg.info,
             uniform,
@@ -573,7 +572,7 @@ def enqueue_seeds(study: Any, tspace: TrialSpace, cfg: StudyConfig, cal: Calibra
     n = len(layouts)
     up = cfg.space.uneven_pipeline
     if up is not None and cfg.structured_seeds:
-        # For each seed's base layout, the best split under monotone recompute (pipeline_split.balanced_split).
+        # For each seed's base layout, the best split under monotone recompute (uneven.balanced_split).
         scorer = UnevenScorer(cfg.job, cal)
         modes = [RECOMPUTE_CODES.index(m) for m in tspace.stage_recompute] if tspace.stage_recompute else None
         seen: set[str] = set()
@@ -695,14 +694,12 @@ def study_report(study: Any, *, top: int = 5) -> StudyReport:
     """Counts and the best feasible trials (top-k, or the Pareto front for several objectives)."""
     from optuna.trial import TrialState
 
-    from autopar.search.recommend import pareto_mask
-
     trials = study.get_trials(deepcopy=False)
     ua = study.user_attrs
     names = tuple(ua.get("objectives", []))
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     feas = [t for t in complete if t.user_attrs.get("fits")]
-    signs = np.array([-1.0 if OBJECTIVE_VALUES[n][1] == "maximize" else 1.0 for n in names])
+    signs = np.array([-1.0 if TRAINING[n].direction == "maximize" else 1.0 for n in names])
     best: list[Any] = []
     if feas:
         vals = np.array([t.values for t in feas], dtype=float) * signs
@@ -728,7 +725,7 @@ def study_report(study: Any, *, top: int = 5) -> StudyReport:
         return {
             "trial": t.number,
             "layout": t.user_attrs.get("layout"),
-            "values": dict(zip([OBJECTIVE_VALUES[n][0] for n in names], t.values, strict=True)),
+            "values": dict(zip([TRAINING[n].metric for n in names], t.values, strict=True)),
             "step_time_s": r.get("step_time_s"),
             "memory_gib_per_device": r.get("memory_gib_per_device"),
             "tokens_per_s_per_device": r.get("tokens_per_s_per_device"),
@@ -812,7 +809,6 @@ __all__ = [
     "load_report",
     "list_studies",
     "SAMPLERS",
-    "OBJECTIVE_VALUES",
     "DEFAULT_STORAGE",
     "DEFAULT_PRICE_PER_DEVICE_HOUR",
 ]

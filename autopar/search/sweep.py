@@ -197,7 +197,7 @@ def run_sweep(sw: SweepFile, *, ray: Any = None, on_point=None) -> list[dict[str
         "price_per_device_hour": sw.price_per_device_hour,
     }
     # Fail fast on a bad space or objective (every point would fail the same way).
-    from autopar.search.recommend import Objectives
+    from autopar.objectives import Objectives
     from autopar.search.space import load_space
 
     load_space(sw.space, tuple(sw.set_))

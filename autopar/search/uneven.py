@@ -1,46 +1,35 @@
 """Uneven pipeline splits with per-stage recompute: step time and memory of every stage.
 
-The engine scores uniform pipelines (every stage ``ceil(L/p)`` layers, one recompute mode, the LM
-head charged to every slot). Here stage i holds ``layers[i]`` layers with its own recompute mode:
+The engine scores uniform pipelines (every stage ``ceil(L/p)`` layers, one recompute mode). Here
+stage i holds ``layers[i]`` layers with its own recompute mode, and every stage is scored by the
+engine's own per-stage entry point (:func:`autopar.engine.evaluate_stages`: the memory and
+micro-batch time terms of ``autopar.memory``/``autopar.latency``, embedding on stage 0, LM head
+and logits on the last, ``min(p - i, m)`` micro-batches in flight on stage i, Narayanan et al.
+2021). Only the schedule is assembled here:
 
-* slot time of stage i per micro-batch = ``layers[i] * a[r_i]`` (+ ``c`` on the last stage, the LM
-  head and loss), with ``a`` and ``c`` read off the engine itself by scoring the same layout on
-  copies of the model with 1 and 2 layers per stage (the engine's slot is affine in the layer count);
 * synchronous 1F1B step: ``(m - 1) * max_i slot_i + sum_i slot_i`` (DAPPLE, Fan et al. 2021,
   PPoPP: the slowest stage paces the steady state, each stage appears once in fill and drain),
-  plus the engine's send/recv time and the slowest stage's data-parallel sync and optimizer step;
-* memory of stage i: its layers' model state (ZeRO/offload as in ``autopar.memory``), activations
-  of ``min(p - i, m)`` in-flight micro-batches (Narayanan et al. 2021, 1F1B), embedding on stage 0,
-  logits on the last stage, the same buffers and reserve as the engine.
+  plus the engine's send/recv time and data-parallel sync and optimizer step
+  (:func:`autopar.engine.evaluate_tail`) for the most parameters on any stage, hidden behind the
+  pacing stage's micro-batch;
+* memory: the most loaded stage.
 
-For an even split this is the engine's memory and step time exactly (both charge the LM head to
-the last stage only).
+For an even split this is the engine's memory and step time (tests/test_study_uneven.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from autopar.coefficients import Calibration, load_calibration, memory_constants
-from autopar.engine import TrainingJob, evaluate
+from autopar.coefficients import Calibration, load_calibration
+from autopar.engine import TrainingJob, evaluate_stages, evaluate_tail
 from autopar.errors import SearchSpaceError
 from autopar.layout import RECOMPUTE_CODES, Layout, LayoutTable
-from autopar.memory import (
-    GIB,
-    GRAD_BYTES,
-    LOGIT_BYTES,
-    OPTIM_BYTES,
-    REC_FULL,
-    WEIGHT_BYTES,
-    activation_bytes_per_layer,
-    layer_params_per_rank,
-)
-
-# Per-micro-batch parts of the engine's step time (``time_<part>`` are m x the slot's parts).
-SLOT_PARTS = ("gemm", "attention", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm")
+from autopar.memory import GIB
 
 
 @dataclass(frozen=True)
@@ -76,144 +65,67 @@ def check_model(model) -> None:
         )
 
 
-def _model_with_layers(model, n: int):
-    update: dict[str, Any] = {"layers": n}
-    if model.is_moe:
-        update["moe_layers"] = n
-    if model.sliding_window_layers:
-        update["sliding_window_layers"] = n
-    return model.model_copy(update=update)
+@dataclass(frozen=True)
+class StageCosts:
+    """Memory per device (bytes) and one micro-batch's time (s) of every stage, and the step tail."""
 
-
-@dataclass
-class BaseCosts:
-    """Per-recompute-mode slot coefficients of one base layout, and its tail cache."""
-
-    a: np.ndarray  # (3,) seconds per layer per micro-batch, by recompute code
-    c: float  # LM head + loss per micro-batch on the last stage
-    pp_comm: float
-    tail: dict[tuple[int, int], float]
-    memory: dict[str, Any] | None = None
+    memory: np.ndarray
+    slot: np.ndarray
+    tail: float  # pipeline send/recv + data-parallel sync + optimizer step
 
 
 class UnevenScorer:
-    """Score (base layout, stage plan) pairs; engine calls are cached per base layout."""
+    """Score (base layout, stage plan) pairs with the engine's per-stage entry point."""
 
     def __init__(self, job: TrainingJob, calibration: Calibration | None = None) -> None:
         check_model(job.model)
         self.job = job
         self.cal = calibration or load_calibration()
-        self.consts = memory_constants(self.cal)
-        self._base: dict[tuple, BaseCosts] = {}
+        self._rows: dict[tuple, LayoutTable] = {}
 
-    # ------------------------------------------------------------------------------ engine reads
-    def _eval(self, base: Layout, layers_per_stage: int, recompute: list[int]) -> dict[str, np.ndarray]:
-        job = replace(self.job, model=_model_with_layers(self.job.model, layers_per_stage * base.pp))
-        rows = [base.model_copy(update={"recompute": RECOMPUTE_CODES[r]}) for r in recompute]
-        return evaluate(job, LayoutTable.from_layouts(rows), calibration=self.cal)
-
-    @staticmethod
-    def _slots(res: dict[str, np.ndarray], m: int) -> np.ndarray:
-        total = np.zeros_like(res["step_time_s"])
-        for k in SLOT_PARTS:
-            total = total + res[f"time_{k}"]
-        return total / float(m)
-
-    def base_costs(self, base: Layout) -> BaseCosts:
+    def _stage_rows(self, base: Layout) -> LayoutTable:
+        """The base layout once per recompute code (cached); a plan's stages are taken from it."""
         key = _base_key(base)
-        bc = self._base.get(key)
-        if bc is None:
-            r = [0, 1, 2]
-            one, two = self._eval(base, 1, r), self._eval(base, 2, r)
-            s1, s2 = self._slots(one, base.grad_accum), self._slots(two, base.grad_accum)
-            a = s2 - s1
-            c = float((s1 - a)[0])
-            bc = BaseCosts(a=a, c=c, pp_comm=float(one["time_pp_comm"][0]), tail={})
-            self._base[key] = bc
-        return bc
-
-    def tail(self, base: Layout, layers: int, rec: int) -> float:
-        bc = self.base_costs(base)
-        t = bc.tail.get((layers, rec))
+        t = self._rows.get(key)
         if t is None:
-            res = self._eval(base, layers, [rec])
-            t = float(res["time_dp_comm"][0] + res["time_optimizer"][0])
-            bc.tail[(layers, rec)] = t
+            t = LayoutTable.from_layouts([base.model_copy(update={"recompute": r}) for r in RECOMPUTE_CODES])
+            self._rows[key] = t
         return t
 
-    # ------------------------------------------------------------------------------------ score
-    def _memory_terms(self, base: Layout) -> dict[str, Any]:
-        """Per-layer and per-stage memory terms of a base layout (cached: they do not depend on the plan)."""
-        bc = self.base_costs(base)
-        if bc.memory is not None:
-            return bc.memory
-        model = self.job.model
-        one = LayoutTable.from_layouts([base.model_copy(update={"recompute": r}) for r in RECOMPUTE_CODES])
-        dense_p, moe_p, expert_p = (float(x[0]) for x in layer_params_per_rank(model, one))
-        tp = float(base.tp)
-        embed = model.embedding_params / tp
-        head = model.head_params / tp + model.final_norm_params
-        if model.tie_embeddings:
-            head = head + embed
-        common: dict[str, Any] = dict(
-            seq_len=self.job.seq_len,
-            micro_batch=one["micro_batch"],
-            tp=one["tp"],
-            cp=one["cp"],
-            sp=one["sp"],
-            recompute=one["recompute"],
-            flash_attention=True,
-            dropout=False,
+    def stage_costs(self, base: Layout, plan: StagePlan) -> StageCosts:
+        """Every stage of ``plan`` scored in one engine call."""
+        if base.vpp != 1:
+            raise ValueError("uneven pipeline splits are modeled for the plain 1F1B schedule (vpp = 1)")
+        p = base.pp
+        rows = self._stage_rows(base).take(np.asarray(plan.recompute, dtype=np.int64))
+        layers = np.asarray(plan.layers, dtype=np.int64)
+        moe = self.job.model.is_moe  # check_model: all layers dense or all MoE
+        res = evaluate_stages(
+            self.job,
+            rows,
+            stage=np.arange(p),
+            n_dense=layers * 0 if moe else layers,
+            n_moe=layers if moe else layers * 0,
+            calibration=self.cal,
         )
-        act_layer = activation_bytes_per_layer(model, moe=model.is_moe, **common)  # by recompute code
-        full_layer = float(
-            activation_bytes_per_layer(
-                model, moe=model.is_moe, **{**common, "recompute": one["recompute"] * 0}
-            )[0]
+        pace = int(np.argmax(res["slot_s"]))
+        one = rows.take([pace])
+        tail = evaluate_tail(
+            self.job,
+            one,
+            params_nonexpert=res["params_nonexpert"].max(keepdims=True),
+            params_expert=res["params_expert"].max(keepdims=True),
+            fwd_s=res["fwd_s"][[pace]],
+            bwd_s=res["bwd_s"][[pace]],
+            recompute_s=res["recompute_s"][[pace]],
+            calibration=self.cal,
         )
-        sb = self.job.seq_len / base.cp * base.micro_batch
-        sp_div = tp if base.sp else 1.0
-        max_layer = max(dense_p, moe_p + expert_p if model.is_moe else 0.0)
-        groups = (base.tp > 1) + (base.pp > 1) + (base.cp > 1) + (base.ep > 1) + (base.dp * base.cp > 1)
-        terms = {
-            "layer_nonexp": moe_p if model.is_moe else dense_p,
-            "layer_exp": expert_p if model.is_moe else 0.0,
-            "embed": embed,
-            "head": head,
-            "act_layer": np.asarray(act_layer, dtype=np.float64),
-            "full_layer": full_layer,
-            "embed_out": 2.0 * sb * model.hidden / sp_div,
-            "logits": LOGIT_BYTES * sb * model.vocab / tp,
-            "z3": (2.0 * max_layer * WEIGHT_BYTES + max_layer * GRAD_BYTES * 2) if base.zero >= 3 else 0.0,
-            "fixed": self.consts["comm_buffer_bytes"] * groups + self.consts["framework_reserve_bytes"],
-        }
-        bc.memory = terms
-        return terms
+        t = float(tail["time_pp_comm"][0] + tail["time_dp_comm"][0] + tail["time_optimizer"][0])
+        return StageCosts(memory=res["memory_bytes"], slot=res["slot_s"], tail=t)
 
     def stage_memory(self, base: Layout, plan: StagePlan) -> np.ndarray:
-        """Bytes per device of every stage (the components of ``autopar.memory``, stage by stage)."""
-        t = self._memory_terms(base)
-        p = base.pp
-        layers = np.asarray(plan.layers, dtype=np.float64)
-        rec = np.asarray(plan.recompute, dtype=np.int64)
-        idx = np.arange(p)
-        first, last = idx == 0, idx == p - 1
-        nonexp = (
-            layers * t["layer_nonexp"] + np.where(first, t["embed"], 0.0) + np.where(last, t["head"], 0.0)
-        )
-        exp = layers * t["layer_exp"]
-        shard = float(base.shard_group or base.dp * base.cp)
-        eshard = min(shard, base.tp * base.cp * base.dp / (base.ep * base.etp))
-        z = base.zero
-        w = WEIGHT_BYTES * ((nonexp / shard if z >= 3 else nonexp) + (exp / eshard if z >= 3 else exp))
-        g = GRAD_BYTES * ((nonexp / shard if z >= 2 else nonexp) + (exp / eshard if z >= 2 else exp))
-        o = OPTIM_BYTES * ((nonexp / shard if z >= 1 else nonexp) + (exp / eshard if z >= 1 else exp))
-        if base.offload:
-            o = o * 0.0
-        inflight = np.minimum(p - idx, base.grad_accum).astype(np.float64)
-        act = layers * t["act_layer"][rec] * inflight + np.where(rec == REC_FULL, t["full_layer"], 0.0)
-        emb = np.where(first, t["embed_out"] * inflight, 0.0) + np.where(last, t["logits"], 0.0)
-        return w + g + o + act * (1 + self.consts["fragmentation"]) + emb + t["z3"] + t["fixed"]
+        """Bytes per device of every stage."""
+        return self.stage_costs(base, plan).memory
 
     def score(self, base: Layout, plan: StagePlan) -> dict[str, Any]:
         """Step time, throughput and per-stage memory of ``base`` split as ``plan``."""
@@ -221,18 +133,10 @@ class UnevenScorer:
             raise ValueError(f"a stage plan for pp={base.pp} needs {base.pp} stages, got {len(plan.layers)}")
         if sum(plan.layers) != self.job.model.layers or min(plan.layers) < 1:
             raise ValueError(f"stage layers {plan.layers} must be >= 1 and sum to {self.job.model.layers}")
-        bc = self.base_costs(base)
-        layers = np.asarray(plan.layers, dtype=np.float64)
-        rec = np.asarray(plan.recompute, dtype=np.int64)
-        slots = layers * bc.a[rec]
-        slots[-1] += bc.c
+        sc = self.stage_costs(base, plan)
         m = base.grad_accum
-        tail = max(
-            self.tail(base, int(n), int(r))
-            for n, r in sorted(set(zip(plan.layers, plan.recompute, strict=True)))
-        )
-        step = (m - 1) * float(slots.max()) + float(slots.sum()) + bc.pp_comm + tail
-        mem = self.stage_memory(base, plan)
+        step = (m - 1) * float(sc.slot.max()) + float(sc.slot.sum()) + sc.tail
+        mem = sc.memory
         cap = self.job.device.memory_gb * 1e9
         tokens = self.job.tokens_per_step
         return {
@@ -243,8 +147,8 @@ class UnevenScorer:
             "memory_capacity_gib": cap / GIB,
             "fits": bool(mem.max() <= cap),
             "stage_memory_gib": [float(x) / GIB for x in mem],
-            "stage_slot_s": [float(x) for x in slots],
-            "pacing_stage": int(np.argmax(slots)),
+            "stage_slot_s": [float(x) for x in sc.slot],
+            "pacing_stage": int(np.argmax(sc.slot)),
         }
 
 
@@ -264,19 +168,18 @@ def balanced_split(
     layers; the smallest T whose maxima add up to the model's layers is found by bisection, and the
     surplus layers come off the stages with the most expensive layers first.
     """
-    import math
-
     p, L = base.pp, scorer.job.model.layers
     even = even_split(L, p)
     lo = [max(1, e - max_shift) for e in even]
     hi = [e + max_shift for e in even]
-    m1 = scorer.stage_memory(base, StagePlan((1,) * p, rec))
-    m2 = scorer.stage_memory(base, StagePlan((2,) * p, rec))
-    alpha, beta = m2 - m1, 2 * m1 - m2
+    # The engine's stage memory and slot time are affine in the layer count: read the slope and
+    # intercept of every stage off two engine calls.
+    one = scorer.stage_costs(base, StagePlan((1,) * p, rec))
+    two = scorer.stage_costs(base, StagePlan((2,) * p, rec))
+    alpha, beta = two.memory - one.memory, 2 * one.memory - two.memory
     cap = scorer.job.device.memory_gb * 1e9
-    bc = scorer.base_costs(base)
-    a = [float(bc.a[r]) for r in rec]
-    c = [0.0] * (p - 1) + [bc.c]
+    a = [float(x) for x in two.slot - one.slot]
+    c = [float(x) for x in 2 * one.slot - two.slot]
     mem_max = [min(hi[i], math.floor((cap - beta[i]) / alpha[i])) for i in range(p)]
     if any(mem_max[i] < lo[i] for i in range(p)) or sum(mem_max) < L:
         return None

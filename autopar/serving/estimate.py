@@ -43,11 +43,17 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autopar import collectives as C
-from autopar.coefficients import Calibration, coefficients_for, load_calibration
+from autopar.coefficients import (
+    DEFAULT_MEMORY_CONSTANTS,
+    Calibration,
+    coefficients_for,
+    load_calibration,
+    memory_constants,
+)
 from autopar.energy import NODE_OVERHEAD_LOAD, STALL_POWER_FRACTION
 from autopar.errors import AutoparError
 from autopar.latency import Coefficients, gemm_time
-from autopar.memory import COMM_BUFFER_BYTES, FRAMEWORK_RESERVE_BYTES, GIB
+from autopar.memory import GIB
 
 __all__ = [
     "WeightPrecision",
@@ -59,7 +65,7 @@ __all__ = [
     "ServingTable",
     "ServingContext",
     "make_context",
-    "memory",
+    "instance_memory",
     "iteration",
     "steady_state",
     "kv_bytes_per_token_per_device",
@@ -218,19 +224,17 @@ class ServingCoefficients:
     host_step_s: float = 0.0
     host_per_seq_s: float = 5.33e-6
     collective_sync_s: float = 53.3e-6
-    runtime_reserve_bytes: float = FRAMEWORK_RESERVE_BYTES
-    comm_buffer_bytes: float = COMM_BUFFER_BYTES
+    runtime_reserve_bytes: float = DEFAULT_MEMORY_CONSTANTS["framework_reserve_bytes"]
+    comm_buffer_bytes: float = DEFAULT_MEMORY_CONSTANTS["comm_buffer_bytes"]
 
     @classmethod
     def from_calibration(cls, cal: Calibration | None) -> ServingCoefficients:
         """The defaults, the calibration's memory constants (framework reserve, NCCL buffers, as
         training uses them) and any ``serving_*`` overrides in its ``global`` section."""
-        from autopar.coefficients import memory_constants
-
-        mc = memory_constants(cal) if cal is not None else {}
+        mc = memory_constants(cal) if cal is not None else DEFAULT_MEMORY_CONSTANTS
         base = cls(
-            runtime_reserve_bytes=mc.get("framework_reserve_bytes", FRAMEWORK_RESERVE_BYTES),
-            comm_buffer_bytes=mc.get("comm_buffer_bytes", COMM_BUFFER_BYTES),
+            runtime_reserve_bytes=mc["framework_reserve_bytes"],
+            comm_buffer_bytes=mc["comm_buffer_bytes"],
         )
         g = dict(cal.global_) if cal is not None else {}
         return cls(
@@ -420,7 +424,7 @@ def weights_per_device(ctx: ServingContext, tab: ServingTable) -> np.ndarray:
     return lps * avg_layer + ends
 
 
-def memory(
+def instance_memory(
     ctx: ServingContext,
     tab: ServingTable,
     *,
@@ -828,7 +832,7 @@ REASONS = {
 }
 
 
-def evaluate(
+def evaluate_serving(
     ctx: ServingContext, tab: ServingTable, *, rate_per_instance: np.ndarray | None = None
 ) -> dict[str, Any]:
     """Arrays over candidate instances: memory, batch, TTFT, TPOT, throughput, power, energy.
@@ -843,10 +847,10 @@ def evaluate(
     tdp = ctx.device.power.tdp_w
     cap_w = tab["cap_w"]
     bad["power_cap_range"] = (cap_w > 0) & ((cap_w < POWER_CAP_MIN_FRACTION * tdp) | (cap_w > tdp))
-    mem0 = memory(ctx, tab)
+    mem0 = instance_memory(ctx, tab)
     fixed = tab["conc"] > 0
     bcap = np.where(fixed, tab["conc"], np.clip(mem0["max_conc"], 1, w.max_batch))
-    mem = memory(ctx, tab, batch_cap=bcap)
+    mem = instance_memory(ctx, tab, batch_cap=bcap)
     budget = mem["budget"]
     max_conc = np.minimum(mem["max_conc"], float(w.max_batch))
     bad["weights_do_not_fit"] = ~mem["weights_fit"]

@@ -18,6 +18,7 @@ import numpy as np
 
 from autopar.energy import NODE_OVERHEAD_LOAD
 from autopar.errors import AutoparError, InfeasibleError
+from autopar.objectives import cost_per_mtok, pareto_front
 from autopar.serving.estimate import (
     GIB,
     REASONS,
@@ -25,16 +26,16 @@ from autopar.serving.estimate import (
     ServingTable,
     ServingWorkload,
     attainment,
-    evaluate,
+    evaluate_serving,
+    instance_memory,
     iteration,
     make_context,
     make_workload,
     meets_targets,
-    memory,
     power_demand,
 )
 
-__all__ = ["serve", "ServingResult", "ServingInfeasible", "enumerate_instances", "search"]
+__all__ = ["serve", "ServingResult", "ServingInfeasible", "enumerate_instances", "search_serving"]
 
 MAX_TP = 64
 MAX_PP = 16
@@ -183,9 +184,7 @@ def _count(first: np.ndarray, out: dict[str, int]) -> None:
 
 
 def _cost_per_mtok(price: float | None, tps_per_device: np.ndarray) -> np.ndarray | None:
-    if price is None:
-        return None
-    return price / 3600.0 / np.maximum(tps_per_device, 1e-30) * 1e6
+    return None if price is None else cost_per_mtok(tps_per_device, price)
 
 
 def _short(tp: int, pp: int, ep: int, adp: int) -> str:
@@ -197,19 +196,6 @@ def _short(tp: int, pp: int, ep: int, adp: int) -> str:
     return s
 
 
-def _pareto(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Indices of the points no other point beats on both x and y (maximize both), by x desc."""
-    if len(x) == 0:
-        return np.zeros(0, dtype=np.int64)
-    order = np.lexsort((-y, -x))
-    keep, best_y = [], -np.inf
-    for i in order:
-        if y[i] > best_y * (1 + 1e-12) or best_y == -np.inf:
-            keep.append(i)
-            best_y = y[i]
-    return np.array(keep, dtype=np.int64)
-
-
 # ====================================================================================== aggregated
 def _aggregated(
     ctx: ServingContext, inst: ServingTable, num_devices: int, caps: list[float], price: float | None
@@ -217,7 +203,7 @@ def _aggregated(
     """Score aggregated (co-located prefill+decode) candidates; returns arrays and row metadata."""
     w = ctx.workload
     mode = w.mode
-    base_mem = memory(ctx, inst)
+    base_mem = instance_memory(ctx, inst)
     max_conc = np.minimum(base_mem["max_conc"], w.max_batch)
     n_inst = len(inst)
     devs = inst.devices
@@ -254,7 +240,7 @@ def _aggregated(
     cap = np.tile(np.asarray(caps, dtype=np.float64), len(ii) // k)
     tab = inst.take(ii).with_columns(conc=cc, cap_w=cap)
     rate = None if mode != "request_rate" else w.request_rate / rr
-    res = evaluate(ctx, tab, rate_per_instance=rate)
+    res = evaluate_serving(ctx, tab, rate_per_instance=rate)
     bad = dict(res["bad"])
     bad["devices"] = tab.devices > num_devices
     bad.update(meets_targets(ctx, res))
@@ -334,7 +320,7 @@ def _disaggregated(
     # ---- prefill pool: prompts only; k prompts per iteration (k = 1, 2, 4, ... what the budget
     # holds: larger k is more throughput and a longer TTFT), or chunks of the budget -------------
     budget_p = float(w.max_num_tokens or 8192)
-    mem_p = memory(ctx, inst, seq_len=isl, batch_cap=np.ones(len(inst)))
+    mem_p = instance_memory(ctx, inst, seq_len=isl, batch_cap=np.ones(len(inst)))
     kmax = np.minimum(max(math.floor(budget_p / isl), 1), np.maximum(mem_p["max_conc"], 1))
     klv = _levels(kmax, 1 << 20)
     pi_ = np.concatenate([np.full(len(v), i) for i, v in enumerate(klv)])
@@ -351,13 +337,13 @@ def _disaggregated(
     pw_p = power_demand(ctx, it_p)["avg_w"]
     legal_masks = [
         v
-        for kk, v in evaluate(ctx, inst)["bad"].items()
+        for kk, v in evaluate_serving(ctx, inst)["bad"].items()
         if kk in ("tp_heads", "tp_kv_heads", "pp_layers", "ep_experts", "attention_dp_dense")
     ]
     illegal = np.logical_or.reduce(legal_masks) if legal_masks else np.zeros(len(inst), dtype=bool)
     ok_p = (~illegal & mem_p["weights_fit"] & (mem_p["max_conc"] >= 1))[pi_]
     # ---- decode pool: decode-only iterations at every concurrency level ------------------------
-    mem_d = memory(ctx, inst)
+    mem_d = instance_memory(ctx, inst)
     maxc = np.minimum(mem_d["max_conc"], w.max_batch)
     lv = _levels(maxc, w.max_batch)
     di = np.concatenate([np.full(len(v), i) for i, v in enumerate(lv)])
@@ -378,8 +364,8 @@ def _disaggregated(
         ok_d &= t_d * 1e3 <= w.tpot_ms
     P = np.flatnonzero(ok_p)
     D = np.flatnonzero(ok_d)
-    P = P[_pareto(rate_p[P] / ptab.devices[P], -t_p[P])]
-    D = D[_pareto(rate_d[D] / dtab.devices[D], -t_d[D])]
+    P = P[pareto_front(-np.stack([rate_p[P] / ptab.devices[P], -t_p[P]], axis=1))]
+    D = D[pareto_front(-np.stack([rate_d[D] / dtab.devices[D], -t_d[D]], axis=1))]
     if len(P) == 0 or len(D) == 0:
         return {"count": len(k) * len(B), "records": [], "P": P, "D": D}
     np_dev = ptab.devices[P][:, None]
@@ -499,7 +485,7 @@ def _dis_record(dis: dict[str, Any], flat: int) -> dict[str, Any]:
 
 
 # ============================================================================================ search
-def search(
+def search_serving(
     ctx: ServingContext,
     *,
     num_devices: int,
@@ -601,7 +587,7 @@ def search(
         xs.append(float(dis["tps_dev"][i, j]))  # type: ignore[index]
         ys.append(1.0 / float(dis["tpot"][i, j]))  # type: ignore[index]
         refs.append(("d", int(f)))
-    front = _pareto(np.array(xs), np.array(ys))
+    front = pareto_front(-np.stack([np.array(xs), np.array(ys)], axis=1).reshape(-1, 2))
     pareto = [record(*refs[k]) for k in front[:64]]
 
     # ---- fewest devices for the request rate ------------------------------------------------------
@@ -814,7 +800,7 @@ def serve(
             "runtime_reserve_gb": ctx.sc.runtime_reserve_bytes / 1e9,
         },
     }
-    return search(
+    return search_serving(
         ctx,
         num_devices=num_devices,
         top=top,

@@ -2,7 +2,7 @@
 winner changes across batch size, sequence length and model size.
 
 ``compare(...)`` (also ``autopar compare``) runs the serving search (:func:`autopar.serving.search.serve`)
-or a training layout sweep (the engine of ``predict``) on each device profile for every cell of a
+or the training search (:func:`autopar.search.recommend`, its default space) on each device profile for every cell of a
 grid (models x sequence lengths x batch sizes) and ranks the devices by one metric: output (or
 training) tokens/s per device, tokens per joule, or cost per million tokens. ``write_outputs``
 writes the grid as CSV and a small dependency-free SVG plot (one panel per model and sequence
@@ -17,17 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from autopar.errors import AutoparError, InfeasibleError
+from autopar.objectives import SERVING, cost_per_mtok
 
 __all__ = ["compare", "CompareResult", "METRICS", "write_outputs"]
 
-# metric -> (record key, larger is better)
+# compare's metrics: the serving objectives of ``autopar.objectives`` (training cells report the
+# same keys) -> (record key, larger is better).
+_BY_METRIC = {"tokens_per_s_per_device": "throughput", "tokens_per_joule": "energy", "cost_per_mtok": "cost"}
 METRICS: dict[str, tuple[str, bool]] = {
-    "tokens_per_s_per_device": ("tokens_per_s_per_device", True),
-    "tokens_per_joule": ("tokens_per_joule", True),
-    "cost_per_mtok": ("cost_per_mtok", False),
+    m: (m, SERVING[o].direction == "maximize") for m, o in _BY_METRIC.items()
 }
 
 
@@ -85,11 +84,8 @@ def _serving_cell(
         )
     except InfeasibleError as exc:
         return {"feasible": False, "reason": str(exc)}
-    key, hi = {
-        "tokens_per_s_per_device": ("output_tokens_per_s_per_device", True),
-        "tokens_per_joule": ("output_tokens_per_joule", True),
-        "cost_per_mtok": ("cost_per_mtok", False),
-    }[metric]
+    obj = SERVING[_BY_METRIC[metric]]
+    key, hi = obj.metric, obj.direction == "maximize"
     rows = [r for r in res.results if r.get(key) is not None] or res.results
     best = (max if hi else min)(rows, key=lambda r: r.get(key) or 0.0)
     return {
@@ -117,70 +113,41 @@ def _training_cell(
     precision: str,
     calibration: str | None,
 ) -> dict[str, Any]:
-    """Best training layout on ``device`` from a sweep of tp, pp, micro-batch, recompute, ZeRO."""
-    from autopar.coefficients import load_calibration
-    from autopar.engine import evaluate
-    from autopar.errors import LayoutError
-    from autopar.layout import LayoutTable, resolve_layout
-    from autopar.prediction import make_job
+    """Best training layout on ``device``: :func:`autopar.search.recommend` over its default space."""
+    from autopar.hardware import load_device
+    from autopar.search.recommend import DEFAULT_PRICE_PER_DEVICE_HOUR, recommend
 
-    job, _ = make_job(
-        model=model,
-        device=device,
-        num_devices=num_devices,
-        devices_per_node=None,
-        seq_len=seq_len,
-        global_batch=global_batch,
-    )
-    prec = precision if precision != "fp8" or "fp8" in job.device.peak_tflops else "bf16"
-    layouts = []
-    for tp in (1, 2, 4, 8):
-        for pp in (1, 2, 4, 8, 16):
-            if num_devices % (tp * pp) or tp > job.devices_per_node:
-                continue
-            dp = num_devices // (tp * pp)
-            for mb in (1, 2, 4, 8):
-                if global_batch % (mb * dp):
-                    continue
-                for rec in ("none", "selective", "full"):
-                    for zero in (1, 3):
-                        try:
-                            layouts.append(
-                                resolve_layout(
-                                    num_devices=num_devices,
-                                    global_batch=global_batch,
-                                    tp=tp,
-                                    pp=pp,
-                                    micro_batch=mb,
-                                    recompute=rec,
-                                    zero=zero,
-                                    precision=prec,
-                                )
-                            )
-                        except LayoutError:
-                            continue
-    if not layouts:
-        return {"feasible": False, "reason": "no layout divides the devices and the global batch"}
-    tab = LayoutTable.from_layouts(layouts)
-    res = evaluate(job, tab, calibration=load_calibration(calibration))
-    ok = np.flatnonzero(res["fits"])
-    if len(ok) == 0:
-        return {"feasible": False, "reason": "no layout fits in memory"}
-    tps = res["tokens_per_s_per_device"][ok]
-    tok_j = job.tokens_per_step / res["energy_j_per_step"][ok]
-    score = {"tokens_per_s_per_device": tps, "tokens_per_joule": tok_j, "cost_per_mtok": tps}[metric]
-    i = ok[int(np.argmax(score))]
-    t = float(res["tokens_per_s_per_device"][i])
+    # fp8 on a device without fp8 GEMMs falls back to bf16 (the legality rule would reject it).
+    prec = precision if precision != "fp8" or "fp8" in load_device(device).peak_tflops else "bf16"
+    try:
+        r = recommend(
+            model=model,
+            device=device,
+            num_devices=num_devices,
+            seq_len=seq_len,
+            global_batch=global_batch,
+            top=1,
+            objective=_BY_METRIC[metric],
+            overrides=(f"precision={prec}",),
+            calibration=calibration,
+            price_per_device_hour=DEFAULT_PRICE_PER_DEVICE_HOUR if price is None else price,
+            progress=False,
+        )
+    except InfeasibleError as exc:
+        return {"feasible": False, "reason": str(exc).splitlines()[0]}
+    best = r.results[0]
+    t = best.tokens_per_s_per_device
+    tokens = seq_len * global_batch
     return {
         "feasible": True,
-        "layout": tab.row(int(i)).short(),
+        "layout": best.layout.short(),
         "devices_used": num_devices,
         "tokens_per_s_per_device": t,
-        "tokens_per_joule": job.tokens_per_step / float(res["energy_j_per_step"][i]),
-        "step_time_s": float(res["step_time_s"][i]),
-        "mfu": float(res["mfu"][i]),
-        "j_per_step": float(res["energy_j_per_step"][i]),
-        "cost_per_mtok": None if price is None else price / 3600.0 / t * 1e6,
+        "tokens_per_joule": tokens / best.energy_j_per_step,
+        "step_time_s": best.step_time_s,
+        "mfu": best.mfu,
+        "j_per_step": best.energy_j_per_step,
+        "cost_per_mtok": None if price is None else float(cost_per_mtok(t, price)),
     }
 
 
