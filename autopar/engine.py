@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -14,6 +15,7 @@ from autopar import collectives as C
 from autopar.coefficients import Calibration, coefficients_for, load_calibration, memory_constants
 from autopar.energy import energy_per_step
 from autopar.hardware import DeviceProfile
+from autopar.job import Job
 from autopar.latency import TIME_COMPONENTS, step_time_breakdown
 from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.legality import Context, legality_mask
@@ -23,19 +25,58 @@ from autopar.model import ModelSpec
 
 @dataclass(frozen=True)
 class TrainingJob:
-    """Everything but the layout: the model, the cluster and the training workload."""
+    """The resolved runtime form of a training :class:`~autopar.job.Job`: the loaded model and device.
 
+    Built only by :meth:`resolve` (``Job.resolve()``); everything but the loaded objects and the
+    resolved node size is read from the declaration ``job``.
+    """
+
+    job: Job
     model: ModelSpec
     device: DeviceProfile
-    num_devices: int
     devices_per_node: int
-    seq_len: int
-    global_batch: int
-    frozen_weights: bool = False  # LoRA-style fine-tuning: base weights frozen, adapters neglected
+
+    @classmethod
+    def resolve(
+        cls, job: Job, *, model: ModelSpec | None = None, device: DeviceProfile | None = None
+    ) -> TrainingJob:
+        """Load the model and device of ``job`` (unless given) and resolve the node size."""
+        from autopar.hardware import load_cluster
+        from autopar.model import load_model
+
+        job.training  # noqa: B018  (raises for a non-training job)
+        spec = model if model is not None else load_model(job.model)
+        cluster = load_cluster(
+            device or job.cluster.device, job.cluster.num_devices, job.cluster.devices_per_node
+        )
+        return cls(job, spec, cluster.device, cluster.devices_per_node)
+
+    @property
+    def num_devices(self) -> int:
+        return self.job.cluster.num_devices
+
+    @property
+    def seq_len(self) -> int:
+        return self.job.training.seq_len
+
+    @property
+    def global_batch(self) -> int:
+        return self.job.training.global_batch
+
+    @property
+    def frozen_weights(self) -> bool:
+        """LoRA-style fine-tuning: base weights frozen, adapters neglected."""
+        return self.job.training.lora
 
     @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.global_batch
+
+    def info(self) -> dict[str, Any]:
+        """The job as JSON outputs record it: the declaration with the node size resolved."""
+        d = self.job.to_dict()
+        d["cluster"]["devices_per_node"] = self.devices_per_node
+        return d
 
 
 def stage_param_counts(model, lay: LayoutTable) -> dict[str, np.ndarray]:

@@ -108,7 +108,6 @@ def step_time_breakdown(
     etp = lay["etp"].astype(np.float64)
     mb = lay["micro_batch"].astype(np.float64)
     m = lay["grad_accum"].astype(np.float64)
-    sp = lay["sp"] > 0
     rec = lay["recompute"]
     prec_code = lay["precision"]
     h = float(model.hidden)
@@ -188,7 +187,7 @@ def step_time_breakdown(
         attn_f = attn_fwd(s_kv_full)
 
     # ---- memory-bound elementwise work per layer (bytes moved, fwd) ------------------------------
-    sp_div = np.where(sp, tp, 1.0)
+    sp_div = lay.dims.sp_divisor.astype(np.float64)
     act_f = model.ffn_hidden if model.ffn_hidden else model.moe_ffn_hidden * model.moe_topk
     per_tok = (
         2 * 2 * h / sp_div  # two norms: read + write
@@ -267,9 +266,9 @@ def step_time_breakdown(
     exp_params = param_counts["expert"]
     zero = lay["zero"]
     dpcp = dp * cp
-    shard = np.where(lay["shard_group"] > 0, lay["shard_group"], dpcp).astype(np.float64)
+    shard = lay.dims.shard_size.astype(np.float64)
     replicas = dpcp / shard
-    edp = tp * cp * dp / (ep * etp)
+    edp = lay.dims.expert_dp
     gbytes = elem  # bf16 gradients on the wire (fp32 when training in fp32)
     stride_dp = tp
 
@@ -295,7 +294,7 @@ def step_time_breakdown(
         return per_mb, per_step
 
     d_mb, d_step = dp_costs(dense_params, shard, replicas, stride_dp)
-    e_shard = np.minimum(shard, edp)
+    e_shard = lay.dims.expert_shard
     # Expert-data-parallel groups (Megatron expert order etp, ep, edp) are spaced ep*etp apart.
     e_mb, e_step = dp_costs(exp_params, e_shard, edp / e_shard, ep * etp) if model.is_moe else (0.0, 0.0)
     dp_per_mb = d_mb + e_mb

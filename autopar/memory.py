@@ -60,8 +60,7 @@ class StageShape:
 
 def stage_shape(model, lay: LayoutTable) -> StageShape:
     """Layers per stage with ceil division (the slowest/heaviest stage decides)."""
-    pp = lay["pp"]
-    lps = -(-model.layers // pp)
+    lps = lay.dims.layers_per_stage(model)
     if model.moe_layers == 0:
         zero = np.zeros_like(lps)
         return StageShape(lps, zero, lps, zero, lps)
@@ -217,11 +216,10 @@ def memory_breakdown(
     first_nonexp, last_nonexp = sp_["first_nonexp"], sp_["last_nonexp"]
     first_exp, last_exp = sp_["first_exp"], sp_["last_exp"]
 
-    dpcp = (lay["dp"] * lay["cp"]).astype(np.float64)
-    shard = np.where(lay["shard_group"] > 0, lay["shard_group"], dpcp).astype(np.float64)
+    dims = lay.dims
+    shard = dims.shard_size.astype(np.float64)
     # Expert parameters are replicated over expert-data-parallel ranks only.
-    edp = (lay["tp"] * lay["cp"] * lay["dp"]) / (lay["ep"] * lay["etp"])
-    eshard = np.minimum(shard, edp).astype(np.float64)
+    eshard = dims.expert_shard
     zero = lay["zero"]
     offload = lay["offload"] > 0
     fp32 = lay["precision"] == PRECISION_CODES.index("fp32")
@@ -272,7 +270,7 @@ def memory_breakdown(
 
     s_local = seq_len / lay["cp"]
     sb = s_local * lay["micro_batch"]
-    sp_div = np.where(lay["sp"] > 0, tp, 1.0)
+    sp_div = dims.sp_divisor.astype(np.float64)
     embed_out = 2.0 * act_scale * sb * model.hidden / sp_div * inflight
     logits = np.where(fp32, FP32_LOGIT_BYTES, LOGIT_BYTES) * sb * model.vocab / tp
     emb_first = embed_out + np.where(pp == 1, logits, 0.0)
@@ -281,13 +279,7 @@ def memory_breakdown(
     max_layer = np.maximum(dense_p, moe_p + expert_p * (1 if model.is_moe else 0))
     z3 = np.where(zero >= 3, 2.0 * max_layer * w_bytes + max_layer * g_bytes * 2, 0.0)
 
-    groups = (
-        (lay["tp"] > 1).astype(float)
-        + (lay["pp"] > 1)
-        + (lay["cp"] > 1)
-        + (lay["ep"] > 1)
-        + ((lay["dp"] * lay["cp"]) > 1)
-    )
+    groups = dims.process_groups.astype(np.float64)
     comm = comm_buffer_bytes * groups
     reserve = np.full(len(lay), float(framework_reserve_bytes))
 
@@ -298,7 +290,7 @@ def memory_breakdown(
     def pick(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return np.where(use_first, a, b)
 
-    out = {
+    out: dict[str, Any] = {
         "weights": pick(wf, wl),
         "gradients": pick(gf, gl),
         "optimizer": pick(of, ol),

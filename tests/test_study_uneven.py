@@ -7,7 +7,7 @@ import pytest
 from autopar.engine import evaluate
 from autopar.errors import SearchSpaceError
 from autopar.layout import LayoutTable, resolve_layout
-from autopar.prediction import make_job
+from autopar.prediction import training_job
 from autopar.search.uneven import (
     StagePlan,
     UnevenScorer,
@@ -24,14 +24,14 @@ CASES = [
 
 
 def _job(model: str, n: int, gb: int):
-    return make_job(
+    return training_job(
         model=model,
         device="h100-sxm-80gb",
         num_devices=n,
         devices_per_node=None,
         seq_len=8192,
         global_batch=gb,
-    )[0]
+    )
 
 
 @pytest.mark.parametrize(("model", "n", "gb", "kw"), CASES)

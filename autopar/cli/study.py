@@ -97,33 +97,24 @@ def cmd_study(a: argparse.Namespace) -> int:
             print(
                 f"{r['name']}: {r['trials']} trials, {r.get('sampler')} seed {r.get('seed')}, "
                 f"objectives {','.join(r.get('objectives') or [])}, space {r.get('space')}, "
-                f"{j.get('model')} on {j.get('num_devices')} x {j.get('device')}"
+                f"{j.get('model')} on {(j.get('cluster') or {}).get('num_devices')} x "
+                f"{(j.get('cluster') or {}).get('device')}"
             )
     return 0
 
 
 def _run(a: argparse.Namespace) -> int:
+    from autopar.cli.args import job_from_args
     from autopar.cli.recommend import price
-    from autopar.prediction import make_job
     from autopar.search.recommend import Objectives
     from autopar.search.space import load_space
     from autopar.search.study import StudyConfig, run_study
 
     objectives = Objectives.parse(a.objective, price_per_device_hour=price(a), price_per_kwh=a.price_per_kwh)
     space = load_space(a.space, tuple(a.overrides))
-    job, info = make_job(
-        model=a.model,
-        device=a.device,
-        num_devices=a.num_devices,
-        devices_per_node=a.devices_per_node,
-        seq_len=a.seq_len,
-        global_batch=a.global_batch,
-        lora=a.lora,
-    )
     cfg = StudyConfig(
         name=a.name,
-        job=job,
-        info=info,
+        job=job_from_args(a).resolve(),
         space=space,
         objectives=objectives,
         sampler=a.sampler,

@@ -73,8 +73,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
     )
     from autopar.coefficients import load_calibration
     from autopar.errors import AutoparError
+    from autopar.job import SCHEMA_VERSION, Job
     from autopar.memory import GIB
-    from autopar.prediction import make_job
 
     if a.warmup < 0 or a.steps <= a.warmup:
         raise AutoparError(f"--steps {a.steps} must exceed --warmup {a.warmup} (>= 0)", "raise --steps")
@@ -96,14 +96,17 @@ def cmd_validate(a: argparse.Namespace) -> int:
     jobs = {}
     for w in worlds:
         dpn = info.get("devices_per_node")
-        jobs[w], _ = make_job(
+        jobs[w] = Job.from_flat(
             model=info["model"],
             device=info["device"],
             num_devices=w,
             devices_per_node=min(dpn, w) if dpn else None,
             seq_len=int(info["seq_len"]),
             global_batch=int(info["global_batch"]),
-        )
+            lora=info.get("lora"),
+            framework=info.get("framework"),
+            calibration=cal_path,
+        ).resolve()
     spec = jobs[worlds[0]].model
     runner_model = runner_model_for(spec)
     for w, job in jobs.items():  # predictions first, so that the progress lines can show them
@@ -129,7 +132,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
     )
     summary = summarize(records)
     out: dict[str, Any] = {
-        "job": {k: info.get(k) for k in ("model", "device", "devices_per_node", "seq_len", "global_batch")},
+        "schema_version": SCHEMA_VERSION,
+        "job": jobs[worlds[0]].info(),
         "calibration": cal_path or "default",
         "source": source.kind,
         "summary": summary,

@@ -121,17 +121,12 @@ def _training_cell(
     from autopar.coefficients import load_calibration
     from autopar.engine import evaluate
     from autopar.errors import LayoutError
+    from autopar.job import Job
     from autopar.layout import LayoutTable, resolve_layout
-    from autopar.prediction import make_job
 
-    job, _ = make_job(
-        model=model,
-        device=device,
-        num_devices=num_devices,
-        devices_per_node=None,
-        seq_len=seq_len,
-        global_batch=global_batch,
-    )
+    job = Job.from_flat(
+        model=model, device=device, num_devices=num_devices, seq_len=seq_len, global_batch=global_batch
+    ).resolve()
     prec = precision if precision != "fp8" or "fp8" in job.device.peak_tflops else "bf16"
     layouts = []
     for tp in (1, 2, 4, 8):
