@@ -30,13 +30,13 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
         "--price-per-device-hour",
         type=float,
         default=None,
-        help="USD per device-hour for the cost objective (default 2.0)",
+        help="USD per device-hour for the cost objective (default: 2.0)",
     )
     p.add_argument(
         "--price-per-kwh",
         type=float,
         default=0.0,
-        help="USD per kWh added to the cost objective (default 0: included in the device price)",
+        help="USD per kWh added to the cost objective (default: 0: included in the device price)",
     )
     p.add_argument(
         "--ray",
@@ -58,7 +58,7 @@ def register(sub: Any) -> dict[str, Any]:
         "memory and time models, and rank those that fit.",
     )
     add_job_args(p)
-    p.add_argument("--top", type=positive_int, default=5, help="how many layouts to return (default 5)")
+    p.add_argument("--top", type=positive_int, default=5, help="how many layouts to return (default: 5)")
     p.add_argument(
         "--objective",
         default="throughput",
