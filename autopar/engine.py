@@ -6,14 +6,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from autopar import collectives as C
 from autopar.coefficients import Calibration, coefficients_for, load_calibration, memory_constants
 from autopar.energy import energy_per_step
-from autopar.hardware import DeviceProfile
+from autopar.job import TrainingJob
 from autopar.latency import (
     SLOT_PARTS,
     TIME_COMPONENTS,
@@ -25,24 +23,6 @@ from autopar.latency import (
 from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.legality import Context, legality_mask
 from autopar.memory import MEMORY_COMPONENTS, memory_breakdown, stage_memory, stage_params, stage_params_at
-from autopar.model import ModelSpec
-
-
-@dataclass(frozen=True)
-class TrainingJob:
-    """Everything but the layout: the model, the cluster and the training workload."""
-
-    model: ModelSpec
-    device: DeviceProfile
-    num_devices: int
-    devices_per_node: int
-    seq_len: int
-    global_batch: int
-    frozen_weights: bool = False  # LoRA-style fine-tuning: base weights frozen, adapters neglected
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.seq_len * self.global_batch
 
 
 def stage_param_counts(model, lay: LayoutTable) -> dict[str, np.ndarray]:

@@ -112,7 +112,6 @@ def stage_slot(
     ep = lay["ep"].astype(np.float64)
     etp = lay["etp"].astype(np.float64)
     mb = lay["micro_batch"].astype(np.float64)
-    sp = lay["sp"] > 0
     rec = lay["recompute"]
     prec_code = lay["precision"]
     h = float(model.hidden)
@@ -192,7 +191,7 @@ def stage_slot(
         attn_f = attn_fwd(s_kv_full)
 
     # ---- memory-bound elementwise work per layer (bytes moved, fwd) ------------------------------
-    sp_div = np.where(sp, tp, 1.0)
+    sp_div = lay.dims.sp_divisor.astype(np.float64)
     act_f = model.ffn_hidden if model.ffn_hidden else model.moe_ffn_hidden * model.moe_topk
     per_tok = (
         2 * 2 * h / sp_div  # two norms: read + write
@@ -284,11 +283,10 @@ def pipeline_p2p(model, lay: LayoutTable, *, seq_len: int, links: C.Links) -> np
     dp = lay["dp"].astype(np.float64)
     mb = lay["micro_batch"].astype(np.float64)
     m = lay["grad_accum"].astype(np.float64)
-    sp = lay["sp"] > 0
     h = float(model.hidden)
     elem = np.where(lay["precision"] == PRECISION_CODES.index("fp32"), FP32_BYTES, ACT_BYTES)
     T = mb * (seq_len / cp)
-    sp_div = np.where(sp, tp, 1.0)
+    sp_div = lay.dims.sp_divisor.astype(np.float64)
     pp_bytes = T * h * elem / sp_div
     pp_inter = (tp * cp * dp) >= links.devices_per_node
     pp_one = C.p2p(links, pp_bytes, pp_inter)
@@ -329,9 +327,9 @@ def data_parallel_tail(
     exp_params = expert_params
     zero = lay["zero"]
     dpcp = dp * cp
-    shard = np.where(lay["shard_group"] > 0, lay["shard_group"], dpcp).astype(np.float64)
+    shard = lay.dims.shard_size.astype(np.float64)
     replicas = dpcp / shard
-    edp = tp * cp * dp / (ep * etp)
+    edp = lay.dims.expert_dp
     gbytes = elem  # bf16 gradients on the wire (fp32 when training in fp32)
     stride_dp = tp
 
@@ -357,7 +355,7 @@ def data_parallel_tail(
         return per_mb, per_step
 
     d_mb, d_step = dp_costs(dense_params, shard, replicas, stride_dp)
-    e_shard = np.minimum(shard, edp)
+    e_shard = lay.dims.expert_shard
     # Expert-data-parallel groups (Megatron expert order etp, ep, edp) are spaced ep*etp apart.
     e_mb, e_step = dp_costs(exp_params, e_shard, edp / e_shard, ep * etp) if model.is_moe else (0.0, 0.0)
     dp_per_mb = d_mb + e_mb
@@ -373,7 +371,7 @@ def data_parallel_tail(
 
     # ---- optimizer step (memory bound: ~28 bytes per locally optimized parameter) ------------------
     local_opt = np.where(zero >= 1, dense_params / shard, dense_params) + np.where(
-        zero >= 1, exp_params / np.minimum(shard, edp), exp_params
+        zero >= 1, exp_params / e_shard, exp_params
     )
     opt_gpu = local_opt * 28.0 / co.hbm_bw
     opt_cpu = local_opt * 16.0 / co.host_bw + local_opt * 4.0 * 2 / co.pcie_bw

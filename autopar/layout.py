@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,8 +18,9 @@ from autopar.errors import LayoutError
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp8", "fp16", "fp32"]
-RECOMPUTE_CODES: tuple[str, ...] = ("none", "selective", "full")
-PRECISION_CODES: tuple[str, ...] = ("bf16", "fp8", "fp16", "fp32")
+ZeroStage = Literal[0, 1, 2, 3]
+RECOMPUTE_CODES: tuple[str, ...] = get_args(Recompute)
+PRECISION_CODES: tuple[str, ...] = get_args(Precision)
 
 # Columns of a LayoutTable, in order; integer-coded so that whole candidate sets are numpy arrays.
 COLUMNS: tuple[str, ...] = (
@@ -41,6 +42,59 @@ COLUMNS: tuple[str, ...] = (
 )
 
 
+class ParallelDims:
+    """Sizes derived from a layout's degrees, defined ONCE over numpy arrays (torchtitan's ParallelDims).
+
+    ``ParallelDims(table.cols)`` gives whole columns (what the vectorized models use);
+    :class:`Layout`'s properties of the same names give the scalars of one layout.
+    """
+
+    __slots__ = ("_c",)
+
+    def __init__(self, cols: Any) -> None:
+        self._c = cols
+
+    def _a(self, name: str) -> np.ndarray:
+        return np.asarray(self._c[name], dtype=np.int64)
+
+    @property
+    def shard_size(self) -> np.ndarray:
+        """Ranks that share one copy of the sharded model state (ZeRO/FSDP group; HSDP's inner size)."""
+        sg = self._a("shard_group")
+        return np.where(sg > 0, sg, self._a("dp") * self._a("cp"))
+
+    @property
+    def expert_dp(self) -> np.ndarray:
+        """Expert-data-parallel size: each stage's tp*cp*dp ranks regrouped as etp*ep*expert_dp
+        (Megatron-Core's expert rank order); float where ep*etp does not divide (an illegal layout)."""
+        return (self._a("tp") * self._a("cp") * self._a("dp")) / (self._a("ep") * self._a("etp"))
+
+    @property
+    def expert_shard(self) -> np.ndarray:
+        """Ranks sharding the expert state: the shard group, capped by the expert-DP group."""
+        return np.minimum(self.shard_size.astype(np.float64), self.expert_dp)
+
+    @property
+    def sp_divisor(self) -> np.ndarray:
+        """What divides the sequence dimension of activations outside attention/MLP (tp with SP)."""
+        return np.where(self._a("sp") > 0, self._a("tp"), 1)
+
+    @property
+    def process_groups(self) -> np.ndarray:
+        """Communicating process groups a rank belongs to (each holds NCCL buffers): TP, PP, CP, EP, DP*CP."""
+        tp, pp, cp, ep, dp = (self._a(k) for k in ("tp", "pp", "cp", "ep", "dp"))
+        return (tp > 1).astype(np.int64) + (pp > 1) + (cp > 1) + (ep > 1) + (dp * cp > 1)
+
+    def layers_per_stage(self, model: Any) -> np.ndarray:
+        """Transformer layers on the heaviest pipeline stage (ceil division)."""
+        return -(-int(model.layers) // self._a("pp"))
+
+
+def _scalar(v: np.ndarray) -> Any:
+    x = v.item()
+    return int(x) if isinstance(x, float) and x.is_integer() else x
+
+
 class Layout(BaseModel):
     """A fully resolved parallel layout of one training job.
 
@@ -59,14 +113,20 @@ class Layout(BaseModel):
     cp: int = Field(1, ge=1, description="context-parallel size (sequence sharded for attention)")
     ep: int = Field(1, ge=1, description="expert-parallel size (MoE); divides tp*cp*dp / etp")
     etp: int = Field(1, ge=1, description="expert tensor-parallel size; 1 or tp in practice")
-    zero: int = Field(0, ge=0, le=3, description="0 DDP, 1 optimizer sharding, 2 +grads, 3 +params (FSDP)")
+    zero: ZeroStage = Field(
+        1,
+        description="ZeRO stage: 0 DDP, 1 optimizer sharding (Megatron's distributed optimizer), "
+        "2 +grads, 3 +params (FSDP)",
+    )
     shard_group: int = Field(0, ge=0, description="ZeRO/FSDP shard-group size (HSDP); 0 = all dp*cp ranks")
     sp: bool = Field(False, description="Megatron sequence parallelism (needs tp > 1)")
     micro_batch: int = Field(1, ge=1, description="sequences per micro-batch per rank")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step per rank")
-    recompute: Recompute = "none"
+    recompute: Recompute = Field(
+        "none", description="activation recomputation: none, selective (attention core), full"
+    )
     offload: bool = Field(False, description="optimizer state and step on the host (CPU)")
-    precision: Precision = "bf16"
+    precision: Precision = Field("bf16", description="GEMM precision")
 
     @property
     def model_parallel(self) -> int:
@@ -77,9 +137,37 @@ class Layout(BaseModel):
         return self.tp * self.pp * self.cp * self.dp
 
     @property
+    def dims(self) -> ParallelDims:
+        return ParallelDims(self.__dict__)
+
+    @property
     def shard_size(self) -> int:
-        """Ranks that share one copy of the sharded model state (ZeRO/FSDP group)."""
-        return self.shard_group or self.dp * self.cp
+        """See :attr:`ParallelDims.shard_size`."""
+        return int(self.dims.shard_size)
+
+    @property
+    def expert_dp(self) -> int | float:
+        """See :attr:`ParallelDims.expert_dp`."""
+        return _scalar(self.dims.expert_dp)
+
+    @property
+    def expert_shard(self) -> int | float:
+        """See :attr:`ParallelDims.expert_shard`."""
+        return _scalar(self.dims.expert_shard)
+
+    @property
+    def sp_divisor(self) -> int:
+        """See :attr:`ParallelDims.sp_divisor`."""
+        return int(self.dims.sp_divisor)
+
+    @property
+    def process_groups(self) -> int:
+        """See :attr:`ParallelDims.process_groups`."""
+        return int(self.dims.process_groups)
+
+    def layers_per_stage(self, model: Any) -> int:
+        """See :meth:`ParallelDims.layers_per_stage`."""
+        return int(self.dims.layers_per_stage(model))
 
     @property
     def global_batch(self) -> int:
@@ -130,29 +218,53 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+# Keywords of resolve_layout (and of predict()); None = the Layout field's default, except the
+# derived ones: dp (what is left of the world size), etp (tp when ep == 1, else 1), sp (tp > 1).
+LAYOUT_ARGS: tuple[str, ...] = tuple(c for c in COLUMNS if c != "grad_accum")
+DERIVED_DEFAULTS: dict[str, str] = {
+    "dp": "num_devices/(tp*pp*cp)",
+    "etp": "tp when ep == 1, else 1",
+    "sp": "on when tp > 1",
+}
+
+
 def resolve_layout(
     *,
     num_devices: int,
     global_batch: int,
-    tp: int = 1,
-    pp: int = 1,
-    vpp: int = 1,
+    tp: int | None = None,
+    pp: int | None = None,
+    vpp: int | None = None,
     dp: int | None = None,
-    cp: int = 1,
-    ep: int = 1,
+    cp: int | None = None,
+    ep: int | None = None,
     etp: int | None = None,
-    zero: int = 0,
-    shard_group: int = 0,
+    zero: int | None = None,
+    shard_group: int | None = None,
     sp: bool | None = None,
-    micro_batch: int = 1,
-    recompute: str = "none",
-    offload: bool = False,
-    precision: str = "bf16",
+    micro_batch: int | None = None,
+    recompute: str | None = None,
+    offload: bool | None = None,
+    precision: str | None = None,
 ) -> Layout:
     """Derive ``dp`` (if None) and ``grad_accum`` from the world size and the global batch.
 
-    Raises :class:`LayoutError` naming every factor of the product when they do not divide.
+    A keyword left at None takes the :class:`Layout` field default (see :data:`DERIVED_DEFAULTS`
+    for dp, etp and sp). Raises :class:`LayoutError` naming every factor of the product when they
+    do not divide.
     """
+    d = {k: f.default for k, f in Layout.model_fields.items()}
+    tp = d["tp"] if tp is None else tp
+    pp = d["pp"] if pp is None else pp
+    vpp = d["vpp"] if vpp is None else vpp
+    cp = d["cp"] if cp is None else cp
+    ep = d["ep"] if ep is None else ep
+    zero = d["zero"] if zero is None else zero
+    shard_group = d["shard_group"] if shard_group is None else shard_group
+    micro_batch = d["micro_batch"] if micro_batch is None else micro_batch
+    recompute = d["recompute"] if recompute is None else recompute
+    offload = d["offload"] if offload is None else offload
+    precision = d["precision"] if precision is None else precision
     for name, value in (
         ("num_devices", num_devices),
         ("global_batch", global_batch),
@@ -227,7 +339,7 @@ def resolve_layout(
         cp=cp,
         ep=ep,
         etp=tp if etp is None and ep == 1 else (etp or 1),
-        zero=zero,
+        zero=zero,  # type: ignore[arg-type]
         shard_group=shard_group or 0,
         sp=(tp > 1) if sp is None else bool(sp),
         micro_batch=micro_batch,
@@ -261,6 +373,11 @@ class LayoutTable:
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.cols[name]
+
+    @property
+    def dims(self) -> ParallelDims:
+        """The derived sizes of every row, as columns."""
+        return ParallelDims(self.cols)
 
     @classmethod
     def from_layouts(cls, layouts: Sequence[Layout]) -> LayoutTable:

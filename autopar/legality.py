@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from autopar.layout import PRECISION_CODES, LayoutTable, Reason
+from autopar.layout import PRECISION_CODES, LayoutTable, ParallelDims, Reason
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def _rules() -> list[Rule]:
         Rule(
             "ep_ranks",
             "ep*etp must divide tp*cp*dp (experts are carved out of the same ranks)",
-            lambda m, L, c: (L["tp"] * L["cp"] * L["dp"]) % (L["ep"] * L["etp"]) != 0,
+            lambda m, L, c: ParallelDims(L).expert_dp % 1 != 0,
             ("ep", "etp"),
         ),
         Rule(

@@ -60,8 +60,7 @@ class StageShape:
 
 def stage_shape(model, lay: LayoutTable) -> StageShape:
     """Layers per stage with ceil division (the slowest/heaviest stage decides)."""
-    pp = lay["pp"]
-    lps = -(-model.layers // pp)
+    lps = lay.dims.layers_per_stage(model)
     if model.moe_layers == 0:
         zero = np.zeros_like(lps)
         return StageShape(lps, zero, lps, zero, lps)
@@ -250,11 +249,10 @@ def stage_memory(
     first, last = stage == 0, stage == pp - 1
     nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe)
 
-    dpcp = (lay["dp"] * lay["cp"]).astype(np.float64)
-    shard = np.where(lay["shard_group"] > 0, lay["shard_group"], dpcp).astype(np.float64)
+    dims = lay.dims
+    shard = dims.shard_size.astype(np.float64)
     # Expert parameters are replicated over expert-data-parallel ranks only.
-    edp = (lay["tp"] * lay["cp"] * lay["dp"]) / (lay["ep"] * lay["etp"])
-    eshard = np.minimum(shard, edp).astype(np.float64)
+    eshard = dims.expert_shard
     zero = lay["zero"]
     offload = lay["offload"] > 0
     fp32 = lay["precision"] == PRECISION_CODES.index("fp32")
@@ -296,7 +294,7 @@ def stage_memory(
 
     s_local = seq_len / lay["cp"]
     sb = s_local * lay["micro_batch"]
-    sp_div = np.where(lay["sp"] > 0, tp, 1.0)
+    sp_div = dims.sp_divisor.astype(np.float64)
     embed_out = 2.0 * act_scale * sb * model.hidden / sp_div * inflight
     logits = np.where(fp32, FP32_LOGIT_BYTES, LOGIT_BYTES) * sb * model.vocab / tp
     emb = np.where(first, embed_out, 0.0) + np.where(last, logits, 0.0)
@@ -304,14 +302,8 @@ def stage_memory(
     max_layer = np.maximum(dense_p, moe_p + expert_p * (1 if model.is_moe else 0))
     z3 = np.where(zero >= 3, 2.0 * max_layer * w_bytes + max_layer * g_bytes * 2, 0.0)
 
-    groups = (
-        (lay["tp"] > 1).astype(float)
-        + (lay["pp"] > 1)
-        + (lay["cp"] > 1)
-        + (lay["ep"] > 1)
-        + ((lay["dp"] * lay["cp"]) > 1)
-    )
-    out = {
+    groups = dims.process_groups.astype(np.float64)
+    out: dict[str, Any] = {
         "weights": w,
         "gradients": g,
         "optimizer": o,

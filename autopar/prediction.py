@@ -5,14 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from autopar.engine import TrainingJob, evaluate
+from autopar.engine import evaluate
 from autopar.errors import AutoparError, LayoutError
+from autopar.job import SCHEMA_VERSION, Job, TrainingJob
 from autopar.latency import TIME_COMPONENTS
-from autopar.layout import Layout, LayoutTable, Reason, resolve_layout
+from autopar.layout import LAYOUT_ARGS, Layout, LayoutTable, Reason, resolve_layout
 from autopar.legality import Context, reasons_for_row
 from autopar.memory import GIB, MEMORY_COMPONENTS
-
-JOB_FIELDS = ("model", "device", "num_devices", "devices_per_node", "seq_len", "global_batch")
 
 
 @dataclass
@@ -40,9 +39,14 @@ class Prediction:
     expected_error_p90: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def assumptions(self) -> list[str]:
+        return Job.model_validate(self.job).assumptions
+
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = dict(self.layout.model_dump())
-        d.update(self.job)
+        """``schema_version``, the job (``Job``'s dump), the layout's fields, then the figures."""
+        d: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "job": self.job}
+        d.update(self.layout.model_dump())
         d.update(
             step_time_s=self.step_time_s,
             tokens_per_s_per_device=self.tokens_per_s_per_device,
@@ -61,13 +65,13 @@ class Prediction:
             memory_breakdown=self.memory_breakdown,
             coefficients=self.coefficients,
             expected_error_p90=self.expected_error_p90,
+            assumptions=self.assumptions,
         )
         return d
 
 
 def prediction_from_row(
     job: TrainingJob,
-    job_info: dict[str, Any],
     lay: LayoutTable,
     res: dict[str, Any],
     i: int,
@@ -98,7 +102,7 @@ def prediction_from_row(
         )
     return Prediction(
         layout=lay.row(i),
-        job=job_info,
+        job=job.info(),
         step_time_s=float(res["step_time_s"][i]),
         tokens_per_s_per_device=float(res["tokens_per_s_per_device"][i]),
         mfu=float(res["mfu"][i]),
@@ -119,82 +123,61 @@ def prediction_from_row(
     )
 
 
-def make_job(
-    *,
-    model,
-    device,
-    num_devices: int,
-    devices_per_node: int | None,
-    seq_len: int,
-    global_batch: int,
-    lora: bool = False,
-) -> tuple[TrainingJob, dict[str, Any]]:
-    """Load the model and device and check the cluster and workload sizes."""
-    from autopar.hardware import load_cluster
-    from autopar.model import ModelSpec, load_model
+def job_from_api(job: Job | None, kind: str = "training", **flat: Any) -> Job:
+    """The API's two spellings of a job: ``job=Job(...)`` or the flat keywords (field names)."""
+    given = {k: v for k, v in flat.items() if v is not None}
+    if job is None:
+        return Job.from_flat(kind=kind, **flat)  # type: ignore[arg-type]
+    if not isinstance(job, Job):
+        raise AutoparError(f"job must be an autopar.job.Job, got {type(job).__name__}", "pass job=Job(...)")
+    if given:
+        raise AutoparError(
+            f"job= given together with the job keyword(s) {sorted(given)}",
+            "pass either job=Job(...) or the flat keywords, not both",
+        )
+    if job.workload.kind != kind:
+        raise AutoparError(f"expected a {kind} job, got a {job.workload.kind} job")
+    return job
 
-    for name, v in (("num_devices", num_devices), ("seq_len", seq_len), ("global_batch", global_batch)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise AutoparError(
-                f"{name} must be a positive integer, got {v!r}", f"pass --{name.replace('_', '-')} >= 1"
-            )
-    spec = model if isinstance(model, ModelSpec) else load_model(model)
-    cluster = load_cluster(device, num_devices, devices_per_node)
-    job = TrainingJob(
-        spec,
-        cluster.device,
-        num_devices,
-        cluster.devices_per_node,
-        seq_len,
-        global_batch,
-        frozen_weights=bool(lora),
-    )
-    info = {
-        "model": model if isinstance(model, str) else spec.name,
-        "device": cluster.device.id,
-        "num_devices": num_devices,
-        "devices_per_node": cluster.devices_per_node,
-        "seq_len": seq_len,
-        "global_batch": global_batch,
-        "lora": bool(lora),
-    }
-    return job, info
+
+def training_job(job: Job | None = None, *, model: Any = None, **flat: Any) -> TrainingJob:
+    """The resolved training job of the API's keywords (``model`` may be a loaded ModelSpec)."""
+    from autopar.model import ModelSpec
+
+    spec = model if isinstance(model, ModelSpec) else None
+    decl = job_from_api(job, "training", model=spec.name if spec else model, **flat)
+    return decl.resolve(model=spec)
 
 
 def predict(
     *,
-    model,
-    device: str,
-    num_devices: int,
+    job: Job | None = None,
+    layout: Layout | None = None,
+    model: Any = None,
+    device: str | None = None,
+    num_devices: int | None = None,
     devices_per_node: int | None = None,
-    seq_len: int,
-    global_batch: int,
-    tp: int = 1,
-    pp: int = 1,
-    vpp: int = 1,
-    dp: int | None = None,
-    cp: int = 1,
-    ep: int = 1,
-    etp: int | None = None,
-    zero: int = 1,
-    shard_group: int = 0,
-    sp: bool | None = None,
-    micro_batch: int = 1,
-    recompute: str = "none",
-    offload: bool = False,
-    precision: str = "bf16",
-    lora: bool = False,
+    seq_len: int | None = None,
+    global_batch: int | None = None,
+    lora: bool | None = None,
+    framework: str | None = None,
     calibration: str | None = None,
+    **layout_kw: Any,
 ) -> Prediction:
     """Predict per-device memory and step time of one training layout.
 
-    Keyword names mirror ``autopar predict`` flags. ``dp`` defaults to what is left of the world
-    size; ``sp`` defaults to on when tp > 1. ``lora``: LoRA/PEFT fine-tuning (base weights frozen). Raises :class:`LayoutError` (with ``reasons``) for a
-    layout that is not legal; a legal layout that does not fit returns ``fits=False`` and reasons.
+    The job: ``job=Job(...)`` or the flat keywords (the ``autopar predict`` flag names: model,
+    device, num_devices, devices_per_node, seq_len, global_batch, lora, framework, calibration).
+    The layout: ``layout=Layout(...)`` or the layout keywords of :func:`resolve_layout` (tp, pp,
+    vpp, dp, cp, ep, etp, zero, shard_group, sp, micro_batch, recompute, offload, precision;
+    defaults: the :class:`Layout` field defaults, ``dp`` what is left of the world size, ``sp`` on
+    when tp > 1). Raises :class:`LayoutError` (with ``reasons``) for a layout that is not legal; a
+    legal layout that does not fit returns ``fits=False`` and reasons.
     """
     from autopar.coefficients import load_calibration
 
-    job, info = make_job(
+    tj = training_job(
+        job,
         model=model,
         device=device,
         num_devices=num_devices,
@@ -202,29 +185,28 @@ def predict(
         seq_len=seq_len,
         global_batch=global_batch,
         lora=lora,
+        framework=framework,
+        calibration=calibration,
     )
-    layout = resolve_layout(
-        num_devices=num_devices,
-        global_batch=global_batch,
-        tp=tp,
-        pp=pp,
-        vpp=vpp,
-        dp=dp,
-        cp=cp,
-        ep=ep,
-        etp=etp,
-        zero=zero,
-        shard_group=shard_group,
-        sp=sp,
-        micro_batch=micro_batch,
-        recompute=recompute,
-        offload=offload,
-        precision=precision,
-    )
+    if layout is not None:
+        if layout_kw:
+            raise AutoparError(
+                f"layout= given together with the layout keyword(s) {sorted(layout_kw)}",
+                "pass either layout=Layout(...) or the layout keywords, not both",
+            )
+        if not isinstance(layout, Layout):
+            raise AutoparError(f"layout must be an autopar.Layout, got {type(layout).__name__}")
+    else:
+        unknown = sorted(set(layout_kw) - set(LAYOUT_ARGS))
+        if unknown:
+            raise AutoparError(
+                f"predict() got unknown keyword(s) {unknown}", f"known layout keywords: {list(LAYOUT_ARGS)}"
+            )
+        layout = resolve_layout(num_devices=tj.num_devices, global_batch=tj.global_batch, **layout_kw)
     table = LayoutTable.from_layouts([layout])
-    cal = load_calibration(calibration)
-    res = evaluate(job, table, calibration=cal)
-    pred = prediction_from_row(job, info, table, res, 0, cal)
+    cal = load_calibration(tj.job.calibration)
+    res = evaluate(tj, table, calibration=cal)
+    pred = prediction_from_row(tj, table, res, 0, cal)
     illegal = [r for r in pred.reasons if r.code != "out_of_memory"]
     if illegal:
         first = illegal[0]

@@ -58,9 +58,10 @@ from autopar.calibration.calibrate import (  # noqa: E402
 from autopar.calibration.microbench import run_microbenchmarks  # noqa: E402
 from autopar.calibration.validate import Item, Progress, run_items, summarize  # noqa: E402
 from autopar.coefficients import Calibration, load_calibration  # noqa: E402
-from autopar.engine import TrainingJob, evaluate  # noqa: E402
+from autopar.engine import evaluate  # noqa: E402
 from autopar.errors import RunError  # noqa: E402
 from autopar.hardware import load_device  # noqa: E402
+from autopar.job import Job, TrainingJob  # noqa: E402
 from autopar.layout import Layout, LayoutTable  # noqa: E402
 from autopar.memory import GIB  # noqa: E402
 from autopar.model import load_model  # noqa: E402
@@ -222,12 +223,13 @@ def main(argv: list[str] | None = None) -> int:
     fitted, cal_path, prof_path = calibrate(world_size=WORLD, name=a.name, out_dir=a.out_dir, raw=raw_mb)
     cal_mb = load_calibration(cal_path)
     dev = load_device(prof_path)
-    job = TrainingJob(spec, dev, WORLD, WORLD, SEQ, BATCH)
+    flat = dict(model=spec.name, num_devices=WORLD, devices_per_node=WORLD, seq_len=SEQ, global_batch=BATCH)
+    job = Job.from_flat(device=dev.id, **flat).resolve(model=spec, device=dev)
     with tempfile.TemporaryDirectory() as tmp:
         naive_dev = load_device(
             write_profile_atomic(naive_cpu_profile("naive-cpu", WORLD), Path(tmp) / "naive.yaml")
         )
-    job_before = TrainingJob(spec, naive_dev, WORLD, WORLD, SEQ, BATCH)
+    job_before = Job.from_flat(device=naive_dev.id, **flat).resolve(model=spec, device=naive_dev)
     cal_default = load_calibration()
 
     # 2. enumerate

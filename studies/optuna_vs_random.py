@@ -64,7 +64,7 @@ def _better(scorer, base, plan, best, cand):
     return cand
 
 
-def best_known_reference(job, info, space, top: int = 10):
+def best_known_reference(job, space, top: int = 10):
     from autopar.search.recommend import search_layouts
     from autopar.search.uneven import StagePlan, UnevenScorer, best_monotone_split, even_split
 
@@ -76,7 +76,7 @@ def best_known_reference(job, info, space, top: int = 10):
             )
         }
     )
-    r = search_layouts(job, info, uniform, top=top)
+    r = search_layouts(job, uniform, top=top)
     scorer = UnevenScorer(job)
     modes = sorted({["none", "selective", "full"].index(x) for x in space.axes.recompute}, reverse=True)
     k = space.uneven_pipeline.max_shift if space.uneven_pipeline else 0
@@ -98,7 +98,6 @@ def best_known_reference(job, info, space, top: int = 10):
 
 def run_one(
     job,
-    info,
     space,
     sampler: str,
     seed: int,
@@ -129,7 +128,6 @@ def run_one(
     cfg = StudyConfig(
         name=f"{sampler}-{seed}",
         job=job,
-        info=info,
         space=space,
         objectives=Objectives(),
         sampler=sampler,
@@ -175,11 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     a = ap.parse_args(argv)
 
-    from autopar.prediction import make_job
+    from autopar.prediction import training_job
     from autopar.search.space import load_space
     from autopar.search.study import TrialSpace
 
-    job, info = make_job(
+    job = training_job(
         model=a.model,
         device=DEFAULT_JOB["device"],
         num_devices=a.num_devices,
@@ -211,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{(len(ts.modes_heavy_first) - 1) if ts.monotone else pp_max} recompute parameters)"
     )
     t0 = time.perf_counter()
-    uniform_best, (ls_val, ls_base, ls_plan, how) = best_known_reference(job, info, space)
+    uniform_best, (ls_val, ls_base, ls_plan, how) = best_known_reference(job, space)
     print(
         f"exhaustive uniform sub-space (even split, one recompute mode; engine numbers): "
         f"{uniform_best.tokens_per_s_per_device:,.2f} tokens/s/device  {uniform_best.layout.short()}"
@@ -226,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     for cond, top_k in (("cold", 0), ("seeded", 10)):
         for sampler in [x.strip() for x in a.samplers.split(",") if x.strip()]:
             for seed in range(a.seeds):
-                trace, rep, dt = run_one(job, info, space, sampler, seed, a.evaluations, seed_top_k=top_k)
+                trace, rep, dt = run_one(job, space, sampler, seed, a.evaluations, seed_top_k=top_k)
                 runs.setdefault(f"{sampler} {cond}", []).append(trace)
                 print(
                     f"  {sampler:<7} {cond:<7} seed {seed}: best {trace[-1] if trace else 0:,.2f} after "

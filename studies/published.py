@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from autopar.engine import TrainingJob, evaluate
+from autopar.engine import evaluate
 from autopar.errors import AutoparError
 from autopar.hardware import load_device
+from autopar.job import Job, TrainingJob
 from autopar.layout import LayoutTable, resolve_layout
 from autopar.legality import Context, reasons_for_row
 from autopar.model import load_model
@@ -288,7 +289,15 @@ def run_case(case: Case, calibration=None) -> None:
         measured_target(case, model, num_devices, gb, seq)
         lay = layout_for(case, num_devices, gb)
         dpn = _int(row, "devices_per_node") or dev.scale_up.domain
-        job = TrainingJob(model, dev, num_devices, min(dpn, num_devices), seq, gb, frozen_weights=lora)
+        job = Job.from_flat(
+            model=model.name,
+            device=dev.id,
+            num_devices=num_devices,
+            devices_per_node=min(dpn, num_devices),
+            seq_len=seq,
+            global_batch=gb,
+            lora=lora,
+        ).resolve(model=model, device=dev)
         if lora:
             case.assumptions.append("LoRA: base weights frozen (no weight gradients or optimizer)")
         table = LayoutTable.from_layouts([lay])
@@ -330,9 +339,14 @@ def run_microbench(case: Case, calibration=None) -> None:
             raise AutoparError("num_devices, seq_len or step_time_s missing")
         dev = load_device((row.get("device") or "").strip())
         lay = layout_for(case, num_devices, mb)
-        job = TrainingJob(
-            model, dev, num_devices, min(_int(row, "devices_per_node") or 8, num_devices), seq, mb
-        )
+        job = Job.from_flat(
+            model=model.name,
+            device=dev.id,
+            num_devices=num_devices,
+            devices_per_node=min(_int(row, "devices_per_node") or 8, num_devices),
+            seq_len=seq,
+            global_batch=mb,
+        ).resolve(model=model, device=dev)
         table = LayoutTable.from_layouts([lay])
         res = evaluate(job, table, calibration=calibration, check_legal=False)
         layer = float(res["step_time_s"][0] - res["time_optimizer"][0] - res["time_dp_comm"][0])

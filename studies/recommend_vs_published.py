@@ -89,14 +89,6 @@ def main(argv: list[str] | None = None) -> int:
         theirs = max(cs, key=lambda c: c.measured_tps)
         job = theirs.job
         lay = theirs.table.row(0)
-        info = {
-            "model": model,
-            "device": device,
-            "num_devices": n,
-            "devices_per_node": job.devices_per_node,
-            "seq_len": seq,
-            "global_batch": gb,
-        }
         precisions = sorted({c.table.row(0).precision for c in cs})
         space = load_space(a.space, (f"precision={','.join(precisions)}",))
         rec: dict[str, Any] = {
@@ -115,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         try:
             res = search_layouts(
-                job, info, space, top=1, objectives=Objectives(), calibration=cal, explain_infeasible=False
+                job, space, top=1, objectives=Objectives(), calibration=cal, explain_infeasible=False
             )
         except AutoparError as exc:
             rec.update(
@@ -164,13 +156,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             r2 = search_layouts(
-                job, info, same, top=1, objectives=Objectives(), calibration=cal, explain_infeasible=False
+                job, same, top=1, objectives=Objectives(), calibration=cal, explain_infeasible=False
             )
             rec["same_features_layout"] = r2.results[0].layout.short()
             rec["gain_same_features"] = r2.results[0].tokens_per_s_per_device / rec["their_predicted"] - 1.0
         except AutoparError:
             rec["same_features_layout"], rec["gain_same_features"] = None, None
-        their_pred = predict_layout(job, info, lay, cal)
+        their_pred = predict_layout(job, lay, cal)
         rec["why"] = (
             explain_choice(best, their_pred, "throughput", "the practitioners'")
             if best.layout != lay

@@ -33,7 +33,7 @@ CASES = [
 LARGE = ("micro_batch.max=16", "precision=bf16,fp8", "shard_group=0,8,64")
 
 
-def _scoring_rate(job, info, space, workers: int, reps: int) -> tuple[int, float, float]:
+def _scoring_rate(job, space, workers: int, reps: int) -> tuple[int, float, float]:
     from autopar.coefficients import load_calibration
     from autopar.objectives import Objectives
     from autopar.search.enumerate import enumerate_space
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cli", action="store_true", help="skip the end-to-end subprocess timings")
     a = ap.parse_args(argv)
 
-    from autopar.prediction import make_job
+    from autopar.prediction import training_job
     from autopar.search.space import load_space
 
     print(
@@ -98,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         f"{'2 procs scored/s':>17}"
     )
     for label, kw in CASES:
-        job, info = make_job(device="h100-sxm-80gb", devices_per_node=None, **kw)
+        job = training_job(device="h100-sxm-80gb", **kw)
         for sname, space in (("default", load_space("default")), ("large", load_space("default", LARGE))):
-            n, rate1, cpu1 = _scoring_rate(job, info, space, 1, a.reps)
-            _, rate2, _ = _scoring_rate(job, info, space, 2, a.reps)
+            n, rate1, cpu1 = _scoring_rate(job, space, 1, a.reps)
+            _, rate2, _ = _scoring_rate(job, space, 2, a.reps)
             print(f"{label:<32} {sname:<9} {n:>10,} {rate1:>16,.0f} {cpu1:>12,.0f} {rate2:>17,.0f}")
     if not a.no_cli:
         print("\nend-to-end `autopar recommend --json` (new process each run, imports included):")

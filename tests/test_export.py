@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from autopar.errors import AutoparError
 from autopar.export import EXPORTERS, Exporter, ExportError, Job, export, layout_and_job_from_json, parse
+from autopar.job import Job as CoreJob
 from autopar.layout import Layout, resolve_layout
 
 
@@ -30,8 +31,8 @@ def J(
 
 # name -> (layout, job). Every layout is canonical (shard_group 0 or a proper divisor of dp*cp).
 CASES: dict[str, tuple[Layout, Job]] = {
-    "ddp": (Layout(dp=8, micro_batch=2, grad_accum=4), J(8, 64)),
-    "single": (Layout(micro_batch=4, grad_accum=2, precision="fp32"), J(1, 8)),
+    "ddp": (Layout(zero=0, dp=8, micro_batch=2, grad_accum=4), J(8, 64)),
+    "single": (Layout(zero=0, micro_batch=4, grad_accum=2, precision="fp32"), J(1, 8)),
     "zero1": (Layout(dp=8, zero=1, micro_batch=1, grad_accum=2), J(8, 16)),
     "zero1_offload": (
         Layout(dp=8, zero=1, offload=True, micro_batch=1, grad_accum=2, precision="fp16"),
@@ -93,13 +94,16 @@ CASES: dict[str, tuple[Layout, Job]] = {
         J(8, 8),
     ),
     "serve_tp": (
-        Layout(tp=8, etp=8, micro_batch=64),
+        Layout(zero=0, tp=8, etp=8, micro_batch=64),
         J(8, 64, layers=None, model="meta-llama/Llama-3.1-70B"),
     ),
-    "serve_vllm_ep": (Layout(tp=4, dp=2, ep=8, etp=1, micro_batch=32), J(8, 64, layers=None)),
-    "serve_sglang_ep": (Layout(tp=8, dp=2, ep=4, etp=2, micro_batch=16), J(16, 32, layers=None)),
-    "serve_fp8_pp": (Layout(tp=4, pp=2, etp=1, micro_batch=16, precision="fp8"), J(8, 16, layers=None)),
-    "serve_pcp": (Layout(tp=2, cp=2, etp=2, micro_batch=8), J(4, 8, layers=None)),
+    "serve_vllm_ep": (Layout(zero=0, tp=4, dp=2, ep=8, etp=1, micro_batch=32), J(8, 64, layers=None)),
+    "serve_sglang_ep": (Layout(zero=0, tp=8, dp=2, ep=4, etp=2, micro_batch=16), J(16, 32, layers=None)),
+    "serve_fp8_pp": (
+        Layout(zero=0, tp=4, pp=2, etp=1, micro_batch=16, precision="fp8"),
+        J(8, 16, layers=None),
+    ),
+    "serve_pcp": (Layout(zero=0, tp=2, cp=2, etp=2, micro_batch=8), J(4, 8, layers=None)),
 }
 
 # Which cases each format must express (the rest may or may not; the conformance test checks both ways).
@@ -382,14 +386,18 @@ def test_emitted_flags_are_frozen(fmt: str) -> None:
 
 def test_layout_and_job_from_predict_json_record() -> None:
     layout, job = CASES["megatron_3d"]
+    core = CoreJob.from_flat(
+        model=job.model,
+        device="h100-sxm",
+        num_devices=job.num_devices,
+        devices_per_node=8,
+        seq_len=job.seq_len,
+        global_batch=job.global_batch,
+    )
     rec = {
+        "schema_version": 1,
+        "job": core.to_dict(),
         **layout.model_dump(),
-        "model": job.model,
-        "device": "h100-sxm",
-        "num_devices": job.num_devices,
-        "devices_per_node": 8,
-        "seq_len": job.seq_len,
-        "global_batch": job.global_batch,
         "step_time_s": 1.5,
         "mfu": 0.4,
         "fits": True,
@@ -405,13 +413,22 @@ def test_layout_and_job_from_predict_json_record() -> None:
 
 def test_json_record_mismatch_and_missing_fields() -> None:
     layout, job = CASES["ddp"]
-    rec = {**layout.model_dump(), "model": "m", "num_devices": 16, "seq_len": 4096, "global_batch": 64}
+
+    def rec_job(**kw):
+        flat = dict(
+            model="m", device="h100-sxm", devices_per_node=8, num_devices=16, seq_len=4096, global_batch=64
+        )
+        return CoreJob.from_flat(**{**flat, **kw}).to_dict()
+
+    rec = {**layout.model_dump(), "job": rec_job()}
     with pytest.raises(ExportError, match="num_devices=16"):
         layout_and_job_from_json(rec)
-    with pytest.raises(ExportError, match="missing"):
+    with pytest.raises(ExportError, match="no 'job'"):
         layout_and_job_from_json({**layout.model_dump(), "model": "m", "num_devices": 8})
+    with pytest.raises(ExportError, match="job is not valid"):
+        layout_and_job_from_json({**layout.model_dump(), "job": {**rec_job(), "cluster": {"num_devices": 8}}})
     with pytest.raises(ExportError, match="valid layout"):
-        layout_and_job_from_json({"tp": 0, "model": "m", "num_devices": 8, "seq_len": 1, "global_batch": 8})
+        layout_and_job_from_json({"tp": 0, "job": rec_job(num_devices=8, global_batch=8, seq_len=1)})
 
 
 def test_resolved_layouts_export() -> None:

@@ -15,7 +15,7 @@ from autopar import predict
 from autopar.engine import evaluate
 from autopar.errors import AutoparError, LayoutError
 from autopar.layout import Layout, LayoutTable
-from autopar.prediction import make_job
+from autopar.prediction import training_job
 
 BASE = dict(model="llama-3.1-70b", device="h100-sxm-80gb", num_devices=64, seq_len=8192, global_batch=128)
 
@@ -47,19 +47,21 @@ def test_json_record_has_contract_fields() -> None:
         "zero",
         "micro_batch",
         "grad_accum",
-        "model",
-        "device",
-        "num_devices",
-        "seq_len",
-        "global_batch",
+        "schema_version",
+        "job",
+        "assumptions",
     ):
         assert k in d
+    job = d["job"]
+    assert job["schema_version"] == d["schema_version"] == 1 and job["workload"]["kind"] == "training"
+    assert set(job["cluster"]) == {"device", "num_devices", "devices_per_node"}
+    assert job["framework"] == "megatron" and d["assumptions"] == []
     json.dumps(d)
 
 
 def test_single_row_equals_batch_row() -> None:
     """predict() is evaluate() on a table of one: the same numbers as inside a large table."""
-    job, _ = make_job(
+    job = training_job(
         model="llama-3.1-8b",
         device="a100-80gb",
         num_devices=16,
@@ -226,19 +228,10 @@ def test_import_autopar_is_light() -> None:
 
 
 def test_frozen_weights_lora_is_cheaper_and_keeps_no_optimizer_state() -> None:
-    from dataclasses import replace
-
-    job, _ = make_job(
-        model="llama-2-7b",
-        device="h100-sxm-80gb",
-        num_devices=8,
-        devices_per_node=None,
-        seq_len=4096,
-        global_batch=32,
-    )
+    kw = dict(model="llama-2-7b", device="h100-sxm-80gb", num_devices=8, seq_len=4096, global_batch=32)
     table = LayoutTable.from_layouts([Layout(dp=8, zero=1, micro_batch=1, grad_accum=4)])
-    full = evaluate(job, table)
-    lora = evaluate(replace(job, frozen_weights=True), table)
+    full = evaluate(training_job(**kw), table)
+    lora = evaluate(training_job(**kw, lora=True), table)
     assert lora["mem_gradients"][0] == 0 and lora["mem_optimizer"][0] == 0
     assert lora["time_optimizer"][0] == 0 and lora["time_dp_comm"][0] == 0
     # backward loses its weight-gradient GEMMs: between 1.2x and 1.5x faster for a dense model
@@ -266,11 +259,12 @@ def test_cli_model_json_and_hf_config(tmp_path: Path) -> None:
     )
     r = _cli("predict", "--model", str(cfg), *JOB_ARGS[2:], "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["model"] == str(cfg)
+    assert json.loads(r.stdout)["job"]["model"] == str(cfg)
 
 
 def test_lora_flag_reaches_the_engine() -> None:
     kw = dict(model="llama-2-7b", device="h100-sxm-80gb", num_devices=8, seq_len=4096, global_batch=32)
     full, lora = predict(**kw), predict(**kw, lora=True)
-    assert lora.to_dict()["lora"] is True and full.to_dict()["lora"] is False
+    assert lora.to_dict()["job"]["workload"]["lora"] is True
+    assert full.to_dict()["job"]["workload"]["lora"] is False
     assert lora.step_time_s < full.step_time_s and lora.memory_breakdown["optimizer"] == 0

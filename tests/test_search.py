@@ -13,7 +13,7 @@ from autopar.coefficients import load_calibration
 from autopar.engine import evaluate
 from autopar.errors import InfeasibleError
 from autopar.objectives import Objectives, pareto_mask
-from autopar.prediction import make_job, predict
+from autopar.prediction import predict, training_job
 from autopar.search.enumerate import enumerate_space
 from autopar.search.recommend import explain_choice, recommend
 from autopar.search.space import load_space
@@ -62,7 +62,7 @@ def test_predict_reproduces_recommended_layouts_exactly(job, sets) -> None:
 
 
 def _all_scores(job: dict, sets: list[str]):
-    j, _ = make_job(devices_per_node=None, **job)
+    j = training_job(devices_per_node=None, **job)
     en = enumerate_space(j, load_space("default", sets))
     cal = load_calibration()
     res = evaluate(
@@ -316,7 +316,7 @@ def test_cli_human_output_and_impossible_request() -> None:
 def test_grid_summary_equals_flat_summary(job, sets, objective) -> None:
     from autopar.search.recommend import ScoringState, merge, run_scoring, score_ids
 
-    j, _ = make_job(devices_per_node=None, **job)
+    j = training_job(devices_per_node=None, **job)
     en = enumerate_space(j, load_space("default", sets))
     obj = Objectives.parse(objective)
     st = ScoringState(en, load_calibration(), obj, 5)

@@ -13,7 +13,7 @@ from autopar.engine import evaluate
 from autopar.errors import SearchSpaceError
 from autopar.layout import COLUMNS, LayoutTable
 from autopar.legality import Context, legality_mask
-from autopar.prediction import make_job
+from autopar.prediction import training_job
 from autopar.search.enumerate import STAGE_RULES, _violated, axis_values, enumerate_space
 from autopar.search.space import load_space
 
@@ -106,9 +106,9 @@ def brute_force(job, space):
 
 
 def _job(model, device, n, seq, gb):
-    return make_job(
+    return training_job(
         model=model, device=device, num_devices=n, devices_per_node=None, seq_len=seq, global_batch=gb
-    )[0]
+    )
 
 
 @pytest.mark.parametrize(("model", "device", "n", "seq", "gb", "sets"), CASES)

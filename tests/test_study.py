@@ -19,7 +19,7 @@ from autopar.errors import AutoparError
 from autopar.layout import Layout, LayoutTable
 from autopar.legality import Context, legality_mask
 from autopar.objectives import Objectives
-from autopar.prediction import make_job, predict
+from autopar.prediction import predict, training_job
 from autopar.search.recommend import recommend
 from autopar.search.space import load_space
 from autopar.search.study import StudyConfig, TrialSpace, _repair_split, load_report, run_study
@@ -50,11 +50,10 @@ def _cfg(
     job: dict | None = None,
     **kw,
 ) -> StudyConfig:
-    j, info = make_job(devices_per_node=None, **(job or JOB))
+    j = training_job(devices_per_node=None, **(job or JOB))
     return StudyConfig(
         name=name,
         job=j,
-        info=info,
         space=load_space(space),
         objectives=Objectives.parse(objective),
         sampler=sampler,
@@ -157,7 +156,7 @@ def test_every_proposal_is_repaired_to_a_legal_layout(tmp_path: Path) -> None:
     job = dict(model="qwen3-30b-a3b", device="h100-sxm-80gb", num_devices=32, seq_len=4096, global_batch=64)
     cfg = _cfg(tmp_path, sampler="random", seed_top_k=0, job=job, space="moe")
     run_study(cfg, n_trials=40)
-    j, _ = make_job(devices_per_node=None, **job)
+    j = training_job(devices_per_node=None, **job)
     ctx = Context(32, 4096, 64, True)
     study = _load(tmp_path)
     lays = [Layout(**json.loads(t.user_attrs["key"])) for t in study.get_trials()]
@@ -191,7 +190,7 @@ def test_uneven_space_trials_and_seeds(tmp_path: Path) -> None:
 
 
 def test_uneven_trial_space_is_too_large_to_enumerate() -> None:
-    j, _ = make_job(
+    j = training_job(
         model="llama-3.1-405b",
         device="h100-sxm-80gb",
         num_devices=1024,

@@ -7,7 +7,7 @@ import pytest
 from autopar.engine import evaluate
 from autopar.errors import SearchSpaceError
 from autopar.layout import LayoutTable, resolve_layout
-from autopar.prediction import make_job
+from autopar.prediction import training_job
 from autopar.search.uneven import (
     StagePlan,
     UnevenScorer,
@@ -24,14 +24,14 @@ CASES = [
 
 
 def _job(model: str, n: int, gb: int):
-    return make_job(
+    return training_job(
         model=model,
         device="h100-sxm-80gb",
         num_devices=n,
         devices_per_node=None,
         seq_len=8192,
         global_batch=gb,
-    )[0]
+    )
 
 
 @pytest.mark.parametrize(("model", "n", "gb", "kw"), CASES)
@@ -70,15 +70,9 @@ def test_uneven_scorer_agrees_with_the_engine(model, precision, lora, zero) -> N
     """Even split: the uneven scorer's memory and step time are the engine's, for every precision,
     frozen or trained base weights and ZeRO stage (one code path: engine.evaluate_stages)."""
     n, gb = 64, 128
-    job = make_job(
-        model=model,
-        device="h100-sxm-80gb",
-        num_devices=n,
-        devices_per_node=None,
-        seq_len=4096,
-        global_batch=gb,
-        lora=lora,
-    )[0]
+    job = training_job(
+        model=model, device="h100-sxm-80gb", num_devices=n, seq_len=4096, global_batch=gb, lora=lora
+    )
     ep = 8 if job.model.is_moe else 1
     base = resolve_layout(
         num_devices=n,

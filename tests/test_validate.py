@@ -24,9 +24,9 @@ from autopar.calibration.validate import (
 )
 from autopar.cli import main
 from autopar.coefficients import load_calibration
-from autopar.engine import TrainingJob
 from autopar.errors import AutoparError
 from autopar.hardware import load_device
+from autopar.job import Job
 from autopar.layout import Layout, resolve_layout
 from autopar.model import load_model
 from autopar.runner import RunnerModelConfig
@@ -254,7 +254,14 @@ def test_study_layouts_and_attachment():
 
 # ------------------------------------------------------------------------------------- refit
 def test_refit_recovers_the_overhead_and_writes_a_valid_file(local, tmp_path):
-    job = TrainingJob(load_model(TINY), load_device(local["device"]), 2, 2, SEQ, BATCH)
+    job = Job.from_flat(
+        model=str(TINY),
+        device=str(local["device"]),
+        num_devices=2,
+        devices_per_node=2,
+        seq_len=SEQ,
+        global_batch=BATCH,
+    ).resolve(model=load_model(TINY), device=load_device(local["device"]))
     base = load_calibration(local["calibration"])
     truth = base.model_copy(
         update={"global_": {**base.global_, "kernel_overhead_us": 9000.0, "fragmentation": 0.3}}

@@ -52,6 +52,7 @@ from autopar import collectives as C
 from autopar.coefficients import Calibration, DeviceCoefficients
 from autopar.errors import AutoparError
 from autopar.latency import Coefficients, gemm_time
+from autopar.layout import ParallelDims
 
 SCHEMA_PROFILE_COMMENT = "# autopar device profile written by `autopar calibrate` (local, measured)\n"
 CPU_GLOBALS = {
@@ -978,13 +979,7 @@ def refit_memory(
 
 
 def _comm_groups(lay) -> np.ndarray:
-    return (
-        (lay["tp"] > 1).astype(float)
-        + (lay["pp"] > 1)
-        + (lay["cp"] > 1)
-        + (lay["ep"] > 1)
-        + ((lay["dp"] * lay["cp"]) > 1)
-    )
+    return ParallelDims(lay).process_groups.astype(np.float64)
 
 
 __all__ = [

@@ -20,7 +20,8 @@ import yaml
 from scipy.optimize import least_squares
 
 from autopar.coefficients import GLOBAL_DEFAULTS, Calibration, DeviceCoefficients
-from autopar.engine import TrainingJob, evaluate
+from autopar.engine import evaluate
+from autopar.job import TrainingJob
 from autopar.layout import LayoutTable
 
 # (name, lower, upper) per device; gemm_<precision> entries only where that precision was measured.

@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from autopar.coefficients import Calibration
-from autopar.engine import TrainingJob, evaluate
+from autopar.engine import evaluate
 from autopar.errors import AutoparError, RunError
+from autopar.job import TrainingJob
 from autopar.layout import COLUMNS, Layout, LayoutTable
 from autopar.memory import GIB
 
@@ -97,6 +98,21 @@ def _read_structured(path: Path) -> Any:
         ) from None
 
 
+def flat_job(d: Any) -> dict[str, Any]:
+    """A source's job as flat keywords: a :class:`~autopar.job.Job` dump (``cluster``/``workload``)
+    is flattened; a flat (possibly partial) dict is kept as it is."""
+    from autopar.job import Job
+
+    if not isinstance(d, dict):
+        return {}
+    if "cluster" in d or "workload" in d:
+        try:
+            return {k: v for k, v in Job.model_validate(d).flat().items() if v is not None}
+        except Exception as exc:  # pydantic ValidationError
+            raise AutoparError(f"the source's job is not valid: {str(exc).splitlines()[0]}") from None
+    return dict(d)
+
+
 def load_layouts_file(path: str | Path) -> Source:
     """Layouts from ``recommend --json`` output, a list of layouts, ``{"job", "layouts"}``, or a
     previous ``validate --json`` / ``cpu_validation --json`` output (its ``records``)."""
@@ -108,13 +124,13 @@ def load_layouts_file(path: str | Path) -> Source:
         kind = "recommend"
         entries = raw["results"]
         first = entries[0] if entries else {}
-        job = {k: first[k] for k in JOB_KEYS if k in first}
+        job = flat_job(raw.get("job") or first.get("job") or {k: first[k] for k in JOB_KEYS if k in first})
     elif isinstance(raw, dict) and isinstance(raw.get("layouts"), list):
         entries = raw["layouts"]
-        job = dict(raw.get("job") or {})
+        job = flat_job(raw.get("job"))
     elif isinstance(raw, dict) and isinstance(raw.get("records"), list):
         entries = raw["records"]
-        job = dict(raw.get("job") or {})
+        job = flat_job(raw.get("job"))
     elif isinstance(raw, list):
         entries = raw
     else:
@@ -192,7 +208,7 @@ def load_study_layouts(name: str, storage: Any = None, *, top: int = 5) -> Sourc
             )
         if len(items) >= top:
             break
-    job = dict(study.user_attrs.get("job") or {})
+    job = flat_job(study.user_attrs.get("job"))
     cal = study.user_attrs.get("calibration")
     if cal and cal != "default":
         job["calibration"] = cal

@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from autopar.job import ClusterSpec, Job, TrainingWorkload
+from autopar.layout import DERIVED_DEFAULTS, LAYOUT_ARGS, Layout
 
 EXIT_USAGE = 2
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports errors as one line with exit status 2 (its default) and no usage dump."""
+    """argparse that reports errors as one line with exit status 2 (its default) and no usage dump;
+    every option's help shows its default (:class:`DefaultsFormatter`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"error: {message} (see `{self.prog} --help`)\n")
@@ -36,85 +50,147 @@ def nonneg_int(text: str) -> int:
     return _int_at_least(text, 0)
 
 
-def add_job_args(p: argparse.ArgumentParser) -> None:
-    """Model, cluster and training workload flags (shared by predict, recommend, study, export)."""
-    p.add_argument(
-        "--model", required=True, help="preset id (see `autopar model --list`) or a HF config.json path"
-    )
-    p.add_argument("--device", required=True, help="device id, e.g. h100-sxm-80gb, or a device YAML path")
-    p.add_argument("--num-devices", type=positive_int, required=True)
-    p.add_argument(
-        "--devices-per-node",
-        type=positive_int,
-        default=None,
-        help="devices per scale-up domain actually used (default: the device's domain size)",
-    )
-    p.add_argument("--seq-len", type=positive_int, required=True)
-    p.add_argument("--global-batch", type=positive_int, required=True, help="sequences per optimizer step")
-    p.add_argument("--calibration", default=None, help="calibration YAML (default: the shipped one)")
-    p.add_argument(
-        "--lora",
-        action="store_true",
-        help="LoRA/PEFT fine-tuning: base weights frozen (no weight gradients, sync or optimizer)",
-    )
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, or says the option is required."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            not action.option_strings
+            or "(default:" in text
+            or "%(default)" in text
+            or action.default is argparse.SUPPRESS
+        ):
+            return text
+        if action.required:
+            return f"{text} (required)"
+        return f"{text} (default: %(default)s)"
+
+
+# ------------------------------------------------------------------ flags generated from fields
+def _unwrap(annotation: Any) -> tuple[Any, bool]:
+    """``X | None`` -> (X, True)."""
+    args = [t for t in get_args(annotation) if t is not type(None)]
+    if get_origin(annotation) in (Union, UnionType) and len(args) == 1:
+        return args[0], True
+    return annotation, False
+
+
+def _bounds(info: FieldInfo) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for m in info.metadata:
+        for k in ("ge", "gt", "le", "lt"):
+            v = getattr(m, k, None)
+            if v is not None:
+                out[k] = v
+    return out
+
+
+def _number(kind: type, bounds: dict[str, float]) -> Callable[[str], Any]:
+    """An argparse type that parses ``kind`` and checks the field's bounds."""
+    checks = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b)}
+    checks.update({"le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)})
+
+    def parse(text: str) -> Any:
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {'an integer' if kind is int else 'a number'}"
+            ) from None
+        if kind is float and not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{v} must be finite")
+        for k, b in bounds.items():
+            sym, ok = checks[k]
+            if not ok(v, b):
+                raise argparse.ArgumentTypeError(f"{v} must be {sym} {b}")
+        return v
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def add_field_args(
+    p: Any,
+    model: type[BaseModel],
+    names: Sequence[str],
+    *,
+    required: Sequence[str] = (),
+    defaults: Mapping[str, Any] | None = None,
+    helps: Mapping[str, str] | None = None,
+) -> None:
+    """One flag per field: ``--field-name``, the field's type, bounds, choices and description.
+
+    A field without a default is a required flag unless ``defaults`` gives one; ``defaults``
+    (e.g. None for a derived value) and ``helps`` (the text of that default) override the field.
+    """
+    defaults, helps = dict(defaults or {}), dict(helps or {})
+    for name in names:
+        info = model.model_fields[name]
+        ann, _ = _unwrap(info.annotation)
+        flag = "--" + name.replace("_", "-")
+        default = defaults[name] if name in defaults else (None if info.is_required() else info.default)
+        text = (info.description or name.replace("_", " ")) + helps.get(name, "")
+        kw: dict[str, Any] = {"default": default, "help": text, "dest": name}
+        if name in required or (info.is_required() and name not in defaults):
+            kw["required"] = True
+        if get_origin(ann) is Literal:  # the choices ARE the Literal's values
+            kw["choices"] = list(get_args(ann))
+            kw["type"] = type(kw["choices"][0])
+        elif ann is bool:
+            kw["action"] = argparse.BooleanOptionalAction
+        elif ann in (int, float):
+            kw["type"] = _number(ann, _bounds(info))
+        elif ann is not str:
+            raise TypeError(f"no flag type for field {model.__name__}.{name}: {ann!r}")
+        p.add_argument(flag, **kw)
+
+
+JOB_TOP_FIELDS = ("model",)
+JOB_TRAINING_FIELDS = ("seq_len", "global_batch", "lora")
+
+
+def add_job_args(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
+    """Model, cluster and training workload flags, generated from :mod:`autopar.job`.
+
+    ``optional``: no flag is required (``export``, where ``--from-json`` carries the job).
+    """
+    names: list[tuple[type[BaseModel], tuple[str, ...]]] = [
+        (Job, JOB_TOP_FIELDS),
+        (ClusterSpec, tuple(ClusterSpec.model_fields)),
+        (TrainingWorkload, JOB_TRAINING_FIELDS),
+    ]
+    for model, fields in names:
+        req = {f: None for f in fields if model.model_fields[f].is_required()} if optional else {}
+        add_field_args(
+            p, model, fields, defaults=req, helps={f: " (required unless --from-json)" for f in req}
+        )
+    add_field_args(p, Job, ("framework", "calibration"))
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tp", type=positive_int, default=1)
-    p.add_argument("--pp", type=positive_int, default=1)
-    p.add_argument("--vpp", type=positive_int, default=1)
-    p.add_argument("--dp", type=positive_int, default=None, help="default: num_devices/(tp*pp*cp)")
-    p.add_argument("--cp", type=positive_int, default=1)
-    p.add_argument("--ep", type=positive_int, default=1)
-    p.add_argument("--etp", type=positive_int, default=None, help="expert TP (default: tp, or 1 when ep > 1)")
-    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=1)
-    p.add_argument("--shard-group", type=nonneg_int, default=0, help="HSDP shard-group size (0 = all dp*cp)")
-    p.add_argument(
-        "--sp",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="sequence parallelism (default: on when tp > 1)",
+    """One flag per :class:`~autopar.layout.Layout` field (grad_accum is derived from the batch)."""
+    add_field_args(
+        p,
+        Layout,
+        LAYOUT_ARGS,
+        defaults={k: None for k in DERIVED_DEFAULTS},
+        helps={k: f" (default: {v})" for k, v in DERIVED_DEFAULTS.items()},
     )
-    p.add_argument("--micro-batch", type=positive_int, default=1)
-    p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
-    p.add_argument(
-        "--offload",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="optimizer state and step on the host",
-    )
-    p.add_argument("--precision", choices=["bf16", "fp8", "fp16", "fp32"], default="bf16")
 
 
 def job_kwargs(a: argparse.Namespace) -> dict[str, Any]:
-    return dict(
-        model=a.model,
-        device=a.device,
-        num_devices=a.num_devices,
-        devices_per_node=a.devices_per_node,
-        seq_len=a.seq_len,
-        global_batch=a.global_batch,
-        lora=a.lora,
-    )
+    """The flat job keywords of the API (the field names) from parsed flags."""
+    names = (*JOB_TOP_FIELDS, *ClusterSpec.model_fields, *JOB_TRAINING_FIELDS, "framework", "calibration")
+    return {k: getattr(a, k) for k in names if hasattr(a, k)}
+
+
+def job_from_args(a: argparse.Namespace) -> Job:
+    return Job.from_flat(kind="training", **job_kwargs(a))
 
 
 def layout_kwargs(a: argparse.Namespace) -> dict[str, Any]:
-    return dict(
-        tp=a.tp,
-        pp=a.pp,
-        vpp=a.vpp,
-        dp=a.dp,
-        cp=a.cp,
-        ep=a.ep,
-        etp=a.etp,
-        zero=a.zero,
-        shard_group=a.shard_group,
-        sp=a.sp,
-        micro_batch=a.micro_batch,
-        recompute=a.recompute,
-        offload=a.offload,
-        precision=a.precision,
-    )
+    return {k: getattr(a, k) for k in LAYOUT_ARGS}
 
 
 def print_json(obj: Any) -> None:

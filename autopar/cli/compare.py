@@ -7,9 +7,10 @@ import json
 import sys
 from typing import Any
 
-from autopar.cli.args import positive_int
+from autopar.cli.args import add_field_args, positive_int
 from autopar.cli.serve import positive_float
 from autopar.errors import AutoparError
+from autopar.job import Job, ServingWorkload
 
 
 def _int_list(text: str) -> list[int]:
@@ -71,7 +72,12 @@ def register(sub) -> dict:
     )
     p.add_argument("--devices", type=_names, required=True, help="device ids, comma-separated")
     p.add_argument("--num-devices", type=positive_int, required=True, help="devices of each type")
-    p.add_argument("--workload", choices=["serving", "training"], default="serving")
+    p.add_argument(
+        "--workload",
+        choices=["serving", "training"],
+        default="serving",
+        help="what the devices are compared on",
+    )
     p.add_argument(
         "--seq-len",
         "--isl",
@@ -90,10 +96,7 @@ def register(sub) -> dict:
         help="concurrency (serving; 'max' = offline) or global batch (training); comma-separated",
     )
     p.add_argument("--osl", type=positive_int, default=256, help="serving output tokens per request")
-    p.add_argument("--weight-precision", choices=["bf16", "fp16", "fp8", "int4"], default="bf16")
-    p.add_argument("--kv-precision", choices=["bf16", "fp16", "fp8", "int8"], default=None)
-    p.add_argument("--ttft-ms", type=positive_float, default=None)
-    p.add_argument("--tpot-ms", type=positive_float, default=None)
+    add_field_args(p, ServingWorkload, ("weight_precision", "kv_precision", "ttft_ms", "tpot_ms"))
     p.add_argument("--precision", choices=["bf16", "fp8"], default="bf16", help="training GEMM precision")
     p.add_argument(
         "--metric",
@@ -105,9 +108,9 @@ def register(sub) -> dict:
     p.add_argument(
         "--price-per-device-hour", type=positive_float, default=None, help="same price for every device"
     )
-    p.add_argument("--calibration", default=None)
+    add_field_args(p, Job, ("calibration",))
     p.add_argument("--out", default=None, help="write PREFIX.csv and PREFIX.svg")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     return {"compare": cmd_compare}
 
 

@@ -35,14 +35,13 @@ def write_output(text: str, out: Path | None) -> None:
 def render_record(record: dict[str, Any], fmt: str) -> str:
     """Export one ``predict``/``recommend --json`` record (fills ``num_layers`` from the model)."""
     from autopar.export import export, layout_and_job_from_json
-    from autopar.export.base import Job
 
     layout, job = layout_and_job_from_json(record)
     if job.num_layers is None:
         try:
             from autopar.model import load_model
 
-            job = Job(**{**job.to_dict(), "num_layers": load_model(job.model).layers})
+            job = job.model_copy(update={"num_layers": load_model(job.model).layers})
         except AutoparError:
             pass  # a model we cannot load here: formats that need the depth will say so
     return export(layout, fmt, job)
@@ -73,6 +72,17 @@ def _read_records(src: str) -> list[dict[str, Any]]:
     return data
 
 
+def _framework_format(record: dict[str, Any]) -> str:
+    """The export format of the record's training stack (``Job.framework``)."""
+    from autopar.job import FRAMEWORK_EXPORT_FORMAT
+
+    job = record.get("job") if isinstance(record, dict) else None
+    framework = job.get("framework", "megatron") if isinstance(job, dict) else None
+    if framework not in FRAMEWORK_EXPORT_FORMAT:
+        raise AutoparError("autopar export needs --format", f"one of: {', '.join(_formats())}")
+    return FRAMEWORK_EXPORT_FORMAT[framework]
+
+
 def cmd_export(a: argparse.Namespace) -> int:
     from autopar.export import EXPORTERS
 
@@ -81,8 +91,6 @@ def cmd_export(a: argparse.Namespace) -> int:
             desc = getattr(EXPORTERS[name], "description", "")
             sys.stdout.write(f"{name:<16} {desc}\n")
         return 0
-    if not a.format:
-        raise AutoparError("autopar export needs --format", f"one of: {', '.join(_formats())}")
     if a.from_json:
         records = _read_records(a.from_json)
         if not 0 <= a.record < len(records):
@@ -101,21 +109,24 @@ def cmd_export(a: argparse.Namespace) -> int:
         from autopar.prediction import predict
 
         record = predict(**job_kwargs(a), **layout_kwargs(a)).to_dict()
-    write_output(render_record(record, a.format), a.out)
+    fmt = a.format or _framework_format(record)
+    write_output(render_record(record, fmt), a.out)
     return 0
 
 
 def register(sub) -> dict:
-    from autopar.cli.args import add_layout_args
+    from autopar.cli.args import add_job_args, add_layout_args
 
     p = sub.add_parser("export", help="render a layout as launcher arguments or config")
     p.add_argument(
         "--format",
         default=None,
         help="megatron, megatron_bridge, deepspeed, torchtitan, accelerate, "
-        "torchrun, vllm, sglang or env (see --list-formats)",
+        "torchrun, vllm, sglang or env (see --list-formats) (default: the job's framework's: "
+        "megatron->megatron, torchtitan->torchtitan, deepspeed/megatron-deepspeed->deepspeed, "
+        "fsdp->accelerate)",
     )
-    p.add_argument("--list-formats", action="store_true")
+    p.add_argument("--list-formats", action="store_true", help="list the formats and exit")
     p.add_argument(
         "--from-json", default=None, metavar="FILE", help="a predict/recommend --json output ('-' for stdin)"
     )
@@ -123,14 +134,7 @@ def register(sub) -> dict:
         "--record", type=int, default=0, help="which result of a recommend --json to export (0 = best)"
     )
     # The job flags of predict, optional here because --from-json carries them.
-    p.add_argument("--model")
-    p.add_argument("--device")
-    p.add_argument("--num-devices", type=int)
-    p.add_argument("--devices-per-node", type=int, default=None)
-    p.add_argument("--seq-len", type=int)
-    p.add_argument("--global-batch", type=int)
-    p.add_argument("--calibration", default=None)
-    p.add_argument("--lora", action="store_true", help="LoRA/PEFT fine-tuning (base weights frozen)")
+    add_job_args(p, optional=True)
     add_layout_args(p)
     add_export_output_args(p, required=False)
     return {"export": cmd_export}

@@ -13,7 +13,7 @@ from autopar.errors import AutoparError
 def cmd_predict(a: argparse.Namespace) -> int:
     from autopar.prediction import predict
 
-    pred = predict(**job_kwargs(a), **layout_kwargs(a), calibration=a.calibration)
+    pred = predict(**job_kwargs(a), **layout_kwargs(a))
     if a.json:
         print_json(pred.to_dict())
     else:
@@ -50,10 +50,12 @@ def register(sub: Any) -> dict[str, Any]:
     p = sub.add_parser("predict", help="memory and step time of one training layout")
     add_job_args(p)
     add_layout_args(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--json", action="store_true", help="machine-readable output (schema_version, job, layout, figures)"
+    )
 
     p = sub.add_parser("model", help="show a model's normalized spec and parameter counts")
     p.add_argument("name", nargs="?", help="preset id or path to a HF config.json")
     p.add_argument("--list", action="store_true", help="list the presets")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     return {"predict": cmd_predict, "model": cmd_model}

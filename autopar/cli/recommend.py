@@ -30,13 +30,13 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
         "--price-per-device-hour",
         type=float,
         default=None,
-        help="USD per device-hour for the cost objective (default 2.0)",
+        help="USD per device-hour for the cost objective (default: 2.0)",
     )
     p.add_argument(
         "--price-per-kwh",
         type=float,
         default=0.0,
-        help="USD per kWh added to the cost objective (default 0: included in the device price)",
+        help="USD per kWh added to the cost objective (default: 0: included in the device price)",
     )
     p.add_argument(
         "--ray",
@@ -58,7 +58,7 @@ def register(sub: Any) -> dict[str, Any]:
         "memory and time models, and rank those that fit.",
     )
     add_job_args(p)
-    p.add_argument("--top", type=positive_int, default=5, help="how many layouts to return (default 5)")
+    p.add_argument("--top", type=positive_int, default=5, help="how many layouts to return (default: 5)")
     p.add_argument(
         "--objective",
         default="throughput",
@@ -95,6 +95,7 @@ def price(a: argparse.Namespace) -> float:
 
 
 def cmd_recommend(a: argparse.Namespace) -> int:
+    from autopar.cli.args import job_kwargs
     from autopar.errors import AutoparError
     from autopar.search.recommend import recommend
 
@@ -106,23 +107,16 @@ def cmd_recommend(a: argparse.Namespace) -> int:
     started = _maybe_start_ray(a.ray)
     try:
         res = recommend(
-            model=a.model,
-            device=a.device,
-            num_devices=a.num_devices,
-            devices_per_node=a.devices_per_node,
-            seq_len=a.seq_len,
-            global_batch=a.global_batch,
+            **job_kwargs(a),
             top=a.top,
             objective=a.objective,
             space=a.space,
             overrides=tuple(a.overrides),
-            calibration=a.calibration,
             price_per_device_hour=price(a),
             price_per_kwh=a.price_per_kwh,
             ray=a.ray,
             workers=a.workers,
             progress=not a.json,
-            lora=a.lora,
         )
     finally:
         if started:
@@ -201,13 +195,19 @@ def print_search_result(res) -> None:
     from autopar.cli.render import breakdown_table, console
 
     con = console()
-    job = res.job
+    from autopar.cli.render import print_assumptions
+    from autopar.job import Job
+
+    job, c, w = res.job, res.job["cluster"], res.job["workload"]
     tj = res.training_job
-    tokens = job["seq_len"] * job["global_batch"]
+    tokens = w["seq_len"] * w["global_batch"]
     con.print(
-        f"[bold]{job['model']}[/] on {job['num_devices']:,} x {job['device']} ({job['devices_per_node']} per node), "
-        f"seq {job['seq_len']:,}, global batch {job['global_batch']:,} = {tokens:,} tokens/step"
+        f"[bold]{job['model']}[/] on {c['num_devices']:,} x {c['device']} ({c['devices_per_node']} per node), "
+        f"seq {w['seq_len']:,}, global batch {w['global_batch']:,} = {tokens:,} tokens/step"
+        + (", LoRA (base weights frozen)" if w.get("lora") else "")
+        + f", framework {job['framework']}"
     )
+    print_assumptions(Job.model_validate(job).assumptions)
     if tj is not None:
         m = tj.model
         con.print(

@@ -37,14 +37,22 @@ def print_model(spec) -> None:
     _console.print(t)
 
 
+def print_assumptions(assumptions) -> None:
+    for a in assumptions:
+        _console.print(f"[yellow]assumption:[/] {a}")
+
+
 def print_prediction(pred) -> None:
     d = pred.to_dict()
-    job = pred.job
+    job, c, w = pred.job, pred.job["cluster"], pred.job["workload"]
     _console.print(
-        f"[bold]{job['model']}[/] on {job['num_devices']} x {job['device']} "
-        f"({job['devices_per_node']} per node), seq {job['seq_len']}, global batch {job['global_batch']} "
-        f"= {job['seq_len'] * job['global_batch']:,} tokens/step"
+        f"[bold]{job['model']}[/] on {c['num_devices']} x {c['device']} "
+        f"({c['devices_per_node']} per node), seq {w['seq_len']}, global batch {w['global_batch']} "
+        f"= {w['seq_len'] * w['global_batch']:,} tokens/step"
+        + (", LoRA (base weights frozen)" if w.get("lora") else "")
+        + f", framework {job['framework']}"
     )
+    print_assumptions(pred.assumptions)
     _console.print(f"layout: [bold]{pred.layout.short()}[/]")
     summary = Table(show_header=False)
     summary.add_column("metric")

@@ -7,7 +7,8 @@ import json
 import sys
 from typing import Any
 
-from autopar.cli.args import positive_int
+from autopar.cli.args import add_field_args, positive_int
+from autopar.job import ClusterSpec, Job, ServingWorkload
 
 
 def positive_float(text: str) -> float:
@@ -31,79 +32,29 @@ def float_list(text: str) -> list[float]:
     return [positive_float(x) for x in text.split(",") if x.strip()]
 
 
+LOAD_FIELDS = ("concurrency", "request_rate", "offline")
+WORKLOAD_FIELDS = tuple(k for k in ServingWorkload.model_fields if k != "kind")
+
+
 def add_serving_workload_args(p: argparse.ArgumentParser, *, lengths_required: bool = True) -> None:
-    """Request shape, load, precisions, targets and runtime limits (shared by serve and compare)."""
-    p.add_argument("--isl", type=positive_int, required=lengths_required, help="prompt tokens per request")
-    p.add_argument("--osl", type=positive_int, required=lengths_required, help="output tokens per request")
-    load = p.add_mutually_exclusive_group()
-    load.add_argument(
-        "--concurrency",
-        type=positive_int,
-        default=None,
-        help="requests in flight over the whole deployment (closed loop)",
+    """Request shape, load, precisions, targets and runtime limits, generated from
+    :class:`autopar.job.ServingWorkload` (the load flags are mutually exclusive)."""
+    add_field_args(
+        p, ServingWorkload, ("isl", "osl"), defaults={} if lengths_required else {"isl": None, "osl": None}
     )
-    load.add_argument(
-        "--request-rate",
-        type=positive_float,
-        default=None,
-        help="requests/s over the whole deployment; also reports the fewest devices",
-    )
-    load.add_argument("--offline", action="store_true", help="max-throughput mode: memory decides the batch")
-    p.add_argument(
-        "--weight-precision",
-        choices=["bf16", "fp16", "fp8", "int4"],
-        default="bf16",
-        help="int4 is weight-only (W4A16)",
-    )
-    p.add_argument(
-        "--kv-precision",
-        choices=["bf16", "fp16", "fp8", "int8"],
-        default=None,
-        help="default: fp8 with fp8 weights, else bf16",
-    )
-    p.add_argument("--ttft-ms", type=positive_float, default=None, help="time-to-first-token target")
-    p.add_argument("--tpot-ms", type=positive_float, default=None, help="time-per-output-token target")
-    p.add_argument(
-        "--goodput",
-        type=fraction,
-        default=None,
-        help="share of requests that must meet both targets (default: mean values must)",
-    )
-    p.add_argument(
-        "--max-batch", type=positive_int, default=4096, help="runtime cap on sequences per instance"
-    )
-    p.add_argument(
-        "--max-num-tokens",
-        type=positive_int,
-        default=None,
-        help="token budget per iteration (default: trtllm-bench's heuristic)",
-    )
-    p.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false")
+    add_field_args(p.add_mutually_exclusive_group(), ServingWorkload, LOAD_FIELDS)
+    add_field_args(p, ServingWorkload, [k for k in WORKLOAD_FIELDS if k not in (*LOAD_FIELDS, "isl", "osl")])
     p.add_argument(
         "--price-per-device-hour",
         type=positive_float,
         default=None,
-        help="$ per device-hour, for $/M output tokens",
+        help="$ per device-hour, for $/M output tokens (default: no cost column)",
     )
-    p.add_argument("--calibration", default=None, help="calibration YAML (default: the shipped one)")
+    add_field_args(p, Job, ("calibration",))
 
 
 def workload_kwargs(a: argparse.Namespace) -> dict[str, Any]:
-    return dict(
-        isl=a.isl,
-        osl=a.osl,
-        concurrency=a.concurrency,
-        request_rate=a.request_rate,
-        offline=a.offline,
-        weight_precision=a.weight_precision,
-        kv_precision=a.kv_precision,
-        ttft_ms=a.ttft_ms,
-        tpot_ms=a.tpot_ms,
-        goodput=a.goodput,
-        max_batch=a.max_batch,
-        max_num_tokens=a.max_num_tokens,
-        chunked_prefill=a.chunked_prefill,
-    )
+    return {k: getattr(a, k) for k in WORKLOAD_FIELDS}
 
 
 def register(sub) -> dict:
@@ -114,25 +65,23 @@ def register(sub) -> dict:
         "prefill/decode pools) for serving a model; exit 2 when no layout "
         "meets the targets, with the closest achievable figures.",
     )
-    p.add_argument("--model", required=True, help="preset id or a HF config.json path")
-    p.add_argument("--device", required=True, help="device id or a device YAML path")
-    p.add_argument("--num-devices", type=positive_int, required=True, help="devices available")
-    p.add_argument("--devices-per-node", type=positive_int, default=None)
+    add_field_args(p, Job, ("model",))
+    add_field_args(p, ClusterSpec, tuple(ClusterSpec.model_fields))
     add_serving_workload_args(p)
     p.add_argument(
         "--power-caps",
         type=float_list,
         default=None,
-        help="device power caps to search, W, comma-separated (e.g. 400,500,600)",
+        help="device power caps to search, W, comma-separated, e.g. 400,500,600 (default: TDP only)",
     )
     p.add_argument(
         "--no-disaggregated",
         dest="disaggregated",
         action="store_false",
-        help="skip disaggregated prefill/decode pools",
+        help="skip disaggregated prefill/decode pools (default: they are searched)",
     )
     for d in ("tp", "pp", "ep", "adp"):
-        p.add_argument(f"--{d}", type=positive_int, default=None, help=f"pin {d}")
+        p.add_argument(f"--{d}", type=positive_int, default=None, help=f"pin {d} (default: searched)")
     p.add_argument("--top", type=positive_int, default=10, help="how many layouts to list")
     p.add_argument("--json", action="store_true", help="machine-readable output (shape of recommend --json)")
     return {"serve": cmd_serve}
@@ -183,7 +132,7 @@ def print_serving(res) -> None:
     from autopar.cli.render import console
 
     con = console()
-    w, job = res.workload, res.job
+    w, job, c, cost = res.workload, res.job, res.job["cluster"], res.costing
     load = (
         "offline max-throughput"
         if w["offline"]
@@ -194,11 +143,11 @@ def print_serving(res) -> None:
         else "concurrency sweep"
     )
     con.print(
-        f"{job['model']} on {job['num_devices']} x {job['device']}: isl {w['isl']}, osl {w['osl']}, "
-        f"{load}; weights {w['weight_precision']} (GEMMs {job['compute_precision']}), "
-        f"KV {job['kv_precision']}"
+        f"{job['model']} on {c['num_devices']} x {c['device']}: isl {w['isl']}, osl {w['osl']}, "
+        f"{load}; weights {w['weight_precision']} (GEMMs {cost['compute_precision']}), "
+        f"KV {cost['kv_precision']}"
     )
-    con.print(f"coefficients: {job.get('coefficients', 'default')}")
+    con.print(f"coefficients: {cost.get('coefficients', 'default')}")
     con.print(
         f"{res.layouts_enumerated} candidates, {res.layouts_feasible} feasible; infeasible: "
         + (", ".join(f"{k} {v}" for k, v in res.infeasible_by_reason.items()) or "none")

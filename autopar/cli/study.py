@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+STORAGE_HELP = "journal file, *.db (SQLite) or Optuna storage URL (default: autopar-studies.log)"
+
 
 def register(sub: Any) -> dict[str, Any]:
     from autopar.cli.args import Parser, add_job_args, nonneg_int, positive_int
@@ -33,15 +35,15 @@ def register(sub: Any) -> dict[str, Any]:
         "--sampler",
         default=None,
         choices=["tpe", "nsga2", "random", "gp", "bruteforce"],
-        help="Optuna sampler for a new study (default tpe); a resumed study keeps its recorded one",
+        help="Optuna sampler for a new study (default: tpe); a resumed study keeps its recorded one",
     )
     r.add_argument(
-        "--seed", type=int, default=None, help="sampler seed for a new study (default 0; recorded)"
+        "--seed", type=int, default=None, help="sampler seed for a new study (default: 0; recorded)"
     )
     r.add_argument("--n-trials", type=positive_int, default=200, help="complete trials the study should have")
     r.add_argument("--timeout", type=float, default=None, help="stop this session after this many seconds")
     r.add_argument(
-        "--batch", type=positive_int, default=8, help="trials asked and scored together (default 8)"
+        "--batch", type=positive_int, default=8, help="trials asked and scored together (default: 8)"
     )
     r.add_argument(
         "--seed-top-k",
@@ -57,21 +59,25 @@ def register(sub: Any) -> dict[str, Any]:
     r.add_argument(
         "--storage",
         default=None,
-        help="journal file path (default autopar-studies.log), *.db for SQLite, or an Optuna storage URL",
+        help="journal file path (default: autopar-studies.log), *.db for SQLite, or an Optuna storage URL",
     )
-    r.add_argument("--top", type=positive_int, default=5)
+    r.add_argument("--top", type=positive_int, default=5, help="how many best trials to report")
     r.add_argument("--verbose", action="store_true", help="print every finished trial")
-    r.add_argument("--json", action="store_true")
+    r.add_argument(
+        "--json", action="store_true", help="machine-readable output (schema_version, job, trials)"
+    )
 
     s = ss.add_parser("show", help="the best feasible trials of a study")
-    s.add_argument("--name", required=True)
-    s.add_argument("--storage", default=None)
-    s.add_argument("--top", type=positive_int, default=5)
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--name", required=True, help="study name")
+    s.add_argument("--storage", default=None, help=STORAGE_HELP)
+    s.add_argument("--top", type=positive_int, default=5, help="how many best trials to show")
+    s.add_argument(
+        "--json", action="store_true", help="machine-readable output (schema_version, job, trials)"
+    )
 
     li = ss.add_parser("list", help="studies in a storage")
-    li.add_argument("--storage", default=None)
-    li.add_argument("--json", action="store_true")
+    li.add_argument("--storage", default=None, help=STORAGE_HELP)
+    li.add_argument("--json", action="store_true", help="machine-readable output")
     return {"study": cmd_study}
 
 
@@ -97,33 +103,24 @@ def cmd_study(a: argparse.Namespace) -> int:
             print(
                 f"{r['name']}: {r['trials']} trials, {r.get('sampler')} seed {r.get('seed')}, "
                 f"objectives {','.join(r.get('objectives') or [])}, space {r.get('space')}, "
-                f"{j.get('model')} on {j.get('num_devices')} x {j.get('device')}"
+                f"{j.get('model')} on {(j.get('cluster') or {}).get('num_devices')} x "
+                f"{(j.get('cluster') or {}).get('device')}"
             )
     return 0
 
 
 def _run(a: argparse.Namespace) -> int:
+    from autopar.cli.args import job_from_args
     from autopar.cli.recommend import price
-    from autopar.prediction import make_job
     from autopar.search.recommend import Objectives
     from autopar.search.space import load_space
     from autopar.search.study import StudyConfig, run_study
 
     objectives = Objectives.parse(a.objective, price_per_device_hour=price(a), price_per_kwh=a.price_per_kwh)
     space = load_space(a.space, tuple(a.overrides))
-    job, info = make_job(
-        model=a.model,
-        device=a.device,
-        num_devices=a.num_devices,
-        devices_per_node=a.devices_per_node,
-        seq_len=a.seq_len,
-        global_batch=a.global_batch,
-        lora=a.lora,
-    )
     cfg = StudyConfig(
         name=a.name,
-        job=job,
-        info=info,
+        job=job_from_args(a).resolve(),
         space=space,
         objectives=objectives,
         sampler=a.sampler,

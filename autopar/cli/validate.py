@@ -29,23 +29,37 @@ def register(sub: Any) -> dict[str, Any]:
     src.add_argument("--study", metavar="NAME", help="validate the best trials of this study")
     p.add_argument("--storage", default=None, help="study storage (default: autopar-studies.log)")
     p.add_argument(
-        "--top", type=positive_int, default=5, help="how many of the study's best trials (default 5)"
+        "--top", type=positive_int, default=5, help="how many of the study's best trials (default: 5)"
     )
     g = p.add_argument_group("job (overrides what the source records)")
     g.add_argument("--model", default=None, help="preset id, HF config.json or raw-dimensions JSON")
     g.add_argument("--device", default=None, help="device id or device YAML (e.g. from autopar calibrate)")
-    g.add_argument("--devices-per-node", type=positive_int, default=None)
-    g.add_argument("--seq-len", type=positive_int, default=None)
-    g.add_argument("--global-batch", type=positive_int, default=None)
+    g.add_argument(
+        "--devices-per-node",
+        type=positive_int,
+        default=None,
+        help="override the source's (default: the source's)",
+    )
+    g.add_argument(
+        "--seq-len", type=positive_int, default=None, help="override the source's (default: the source's)"
+    )
+    g.add_argument(
+        "--global-batch",
+        type=positive_int,
+        default=None,
+        help="override the source's (default: the source's)",
+    )
     g.add_argument("--calibration", default=None, help="calibration YAML for the predictions")
     r = p.add_argument_group("runs")
     r.add_argument("--steps", type=positive_int, default=7, help="optimizer steps per run, warm-up included")
-    r.add_argument("--warmup", type=int, default=2, help="steps left out of the median (default 2)")
+    r.add_argument("--warmup", type=int, default=2, help="steps left out of the median (default: 2)")
     r.add_argument("--timeout", type=float, default=300.0, help="seconds per layout before a run is failed")
     r.add_argument(
-        "--batch-size", type=positive_int, default=6, help="layouts per torchrun launch (default 6)"
+        "--batch-size", type=positive_int, default=6, help="layouts per torchrun launch (default: 6)"
     )
-    r.add_argument("--run-device", choices=("auto", "cpu", "cuda"), default="auto")
+    r.add_argument(
+        "--run-device", choices=("auto", "cpu", "cuda"), default="auto", help="where the runs execute"
+    )
     p.add_argument(
         "--refit",
         default=None,
@@ -73,8 +87,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
     )
     from autopar.coefficients import load_calibration
     from autopar.errors import AutoparError
+    from autopar.job import SCHEMA_VERSION, Job
     from autopar.memory import GIB
-    from autopar.prediction import make_job
 
     if a.warmup < 0 or a.steps <= a.warmup:
         raise AutoparError(f"--steps {a.steps} must exceed --warmup {a.warmup} (>= 0)", "raise --steps")
@@ -96,14 +110,17 @@ def cmd_validate(a: argparse.Namespace) -> int:
     jobs = {}
     for w in worlds:
         dpn = info.get("devices_per_node")
-        jobs[w], _ = make_job(
+        jobs[w] = Job.from_flat(
             model=info["model"],
             device=info["device"],
             num_devices=w,
             devices_per_node=min(dpn, w) if dpn else None,
             seq_len=int(info["seq_len"]),
             global_batch=int(info["global_batch"]),
-        )
+            lora=info.get("lora"),
+            framework=info.get("framework"),
+            calibration=cal_path,
+        ).resolve()
     spec = jobs[worlds[0]].model
     runner_model = runner_model_for(spec)
     for w, job in jobs.items():  # predictions first, so that the progress lines can show them
@@ -129,7 +146,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
     )
     summary = summarize(records)
     out: dict[str, Any] = {
-        "job": {k: info.get(k) for k in ("model", "device", "devices_per_node", "seq_len", "global_batch")},
+        "schema_version": SCHEMA_VERSION,
+        "job": jobs[worlds[0]].info(),
         "calibration": cal_path or "default",
         "source": source.kind,
         "summary": summary,

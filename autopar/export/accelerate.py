@@ -337,7 +337,8 @@ class AccelerateExporter(Exporter):
                 raise unsupported("offload other than the optimizer to cpu", "autopar (reading " + FMT + ")")
             v.update(zero=to_int(d.get("zero_stage", 0), "zero_stage", FMT), offload=off == "cpu")
             ga = to_int(d.get("gradient_accumulation_steps", 1), "gradient_accumulation_steps", FMT)
-        else:
+        else:  # plain DDP (MULTI_GPU / NO): no sharded optimizer
+            v.update(zero=0)
             ga = ga_hdr
         if ga != ga_hdr:
             raise ExportError(f"gradient accumulation {ga} in the {FMT} config != {ga_hdr} in its batch line")

@@ -20,12 +20,13 @@ import re
 import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autopar.errors import AutoparError
+from autopar.job import Framework, GlobalBatch, ModelRef, NumDevices, SeqLen, job_error
+from autopar.job import Job as CoreJob
 from autopar.layout import COLUMNS, Layout
 
 HEADER_TAG = "autopar-export"
@@ -42,40 +43,60 @@ def unsupported(feature: str, fmt: str, hint: str | None = None) -> ExportError:
     return ExportError(f"{feature} cannot be expressed in {fmt}", hint)
 
 
-@dataclass(frozen=True, kw_only=True)
-class Job:
-    """What a layout runs: the model, the world, the workload. Keyword-only.
+class Job(BaseModel):
+    """What a layout runs, as launchers need it: the core :class:`autopar.job.Job` flattened, with the
+    node size resolved. Keyword-only; build it with :meth:`from_core`.
 
+    The fields are the core job's own declarations (same types, bounds and descriptions).
     ``model`` is a preset id or a config path, written as given. ``num_layers`` is needed only by
     targets that size virtual pipeline stages in layers (torchtitan with ``vpp > 2``) and is used to
     check ``num_layers % (pp * vpp) == 0`` where known. ``device`` is the device-profile id of the
-    prediction (context only; no launcher consumes it).
+    prediction and ``framework`` the training stack (context only; no launcher consumes them).
     """
 
-    model: str
-    num_devices: int
-    seq_len: int
-    global_batch: int
-    devices_per_node: int = 8
-    num_layers: int | None = None
-    device: str | None = None
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.model, str) or not self.model:
+    model: ModelRef
+    num_devices: NumDevices
+    seq_len: SeqLen
+    global_batch: GlobalBatch
+    devices_per_node: int = Field(8, strict=True, ge=1, description="devices per node the launcher starts")
+    num_layers: int | None = Field(None, strict=True, ge=1, description="transformer layers of the model")
+    device: str | None = None
+    framework: Framework = "megatron"
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            err = e.errors()[0]
+            name = ".".join(str(p) for p in err["loc"])
             raise ExportError(
-                f"Job.model must be a non-empty string, got {self.model!r}",
-                "pass a preset id or a config path",
-            )
-        for name in ("num_devices", "seq_len", "global_batch", "devices_per_node"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ExportError(f"Job.{name} must be a positive integer, got {v!r}", "pass a value >= 1")
-        if self.num_layers is not None and (
-            isinstance(self.num_layers, bool) or not isinstance(self.num_layers, int) or self.num_layers < 1
-        ):
-            raise ExportError(f"Job.num_layers must be a positive integer or None, got {self.num_layers!r}")
-        if self.device is not None and not isinstance(self.device, str):
-            raise ExportError(f"Job.device must be a string or None, got {self.device!r}")
+                f"Job.{name}: {err['msg']}, got {err.get('input')!r}", "pass a value the core job accepts"
+            ) from None
+
+    @classmethod
+    def from_core(
+        cls, job: CoreJob, *, devices_per_node: int | None = None, num_layers: int | None = None
+    ) -> Job:
+        """The exporters' view of a training ``job``; the node size is resolved from the device
+        (its scale-up domain) when neither ``devices_per_node`` nor the job gives it."""
+        t = job.training
+        dpn = devices_per_node or job.cluster.devices_per_node
+        if dpn is None:
+            from autopar.hardware import load_cluster
+
+            dpn = load_cluster(job.cluster.device, job.cluster.num_devices).devices_per_node
+        return cls(
+            model=job.model,
+            num_devices=job.cluster.num_devices,
+            seq_len=t.seq_len,
+            global_batch=t.global_batch,
+            devices_per_node=dpn,
+            num_layers=num_layers,
+            device=job.cluster.device,
+            framework=job.framework,
+        )
 
     @property
     def nnodes(self) -> int:
@@ -94,11 +115,11 @@ class Job:
         return self.num_devices // self.nnodes
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Job:
-        names = {f.name for f in fields(cls)}
+        names = set(cls.model_fields)
         unknown = sorted(set(d) - names)
         if unknown:
             raise ExportError(f"unknown job field(s) {unknown}", f"known: {sorted(names)}")
@@ -177,17 +198,24 @@ def parse(text: str, fmt: str) -> tuple[Layout, Job]:
 
 
 def layout_and_job_from_json(d: Mapping[str, Any]) -> tuple[Layout, Job]:
-    """Read one record of ``predict --json`` / ``recommend --json`` (a flat dict).
+    """Read one record of ``predict --json`` / ``recommend --json`` (``"job"``: the core Job's dump).
 
-    Layout fields and job fields are taken by name; metric keys (step time, memory, reasons, ...)
-    are ignored. A missing layout field takes the Layout default; a missing job field is an error.
+    Layout fields are taken by name from the record; metric keys (step time, memory, reasons, ...)
+    are ignored. A missing layout field takes the Layout default; a missing or invalid job is an error.
     """
     if not isinstance(d, Mapping):
         raise ExportError(f"expected a JSON object (one predict/recommend record), got {type(d).__name__}")
+    if not isinstance(d.get("job"), Mapping):
+        raise ExportError(
+            "the JSON record has no 'job' object", "pass the output of `autopar predict/recommend --json`"
+        )
+    try:
+        core = CoreJob.model_validate(d["job"])
+    except ValidationError as e:
+        raise ExportError(f"the JSON record's job is not valid: {job_error(e)}") from None
     lay = {k: d[k] for k in COLUMNS if k in d}
     layout = build_layout(lay, "the JSON record")
-    job_keys = {f.name for f in fields(Job)}
-    job = Job.from_dict({k: d[k] for k in job_keys if k in d})
+    job = Job.from_core(core)
     check_layout_and_job(layout, job, "the JSON record")
     return layout, job
 

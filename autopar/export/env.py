@@ -9,7 +9,6 @@ the file is a plain serialization.
 from __future__ import annotations
 
 import shlex
-from dataclasses import fields
 from typing import Any
 
 from autopar.export.base import (
@@ -28,7 +27,7 @@ FMT = "env"
 PREFIX = "AUTOPAR_"
 BOOL_FIELDS = ("sp", "offload")
 STR_FIELDS = ("recompute", "precision")
-JOB_FIELDS = tuple(f.name for f in fields(Job))
+JOB_FIELDS = tuple(Job.model_fields)
 DERIVED = ("nnodes", "nproc_per_node")
 
 
@@ -93,7 +92,7 @@ class EnvExporter(Exporter):
         jd: dict[str, Any] = {}
         for k in JOB_FIELDS:
             if k in env:
-                jd[k] = env[k] if k in ("model", "device") else _int(env[k], k)
+                jd[k] = env[k] if k in ("model", "device", "framework") else _int(env[k], k)
         job = merge_job(header, jd, FMT) if header else Job.from_dict(jd)
         for k in DERIVED:
             if k in env and _int(env[k], k) != getattr(job, k):

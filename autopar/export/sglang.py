@@ -149,6 +149,7 @@ class SglangExporter(Exporter):
                 micro_batch=mb,
                 grad_accum=exact_div(job.global_batch, mb * dp, "batch", FMT),
                 precision=precision,
+                zero=0,  # serving: no optimizer (check_serving)
             ),
             FMT,
         )

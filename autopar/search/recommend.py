@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 
 from autopar.coefficients import Calibration, load_calibration
-from autopar.engine import TrainingJob, evaluate
+from autopar.engine import evaluate
 from autopar.errors import AutoparError, InfeasibleError
+from autopar.job import SCHEMA_VERSION, Job, TrainingJob
 from autopar.layout import Layout, LayoutTable
 from autopar.objectives import DEFAULT_PRICE_PER_DEVICE_HOUR, GIB, OBJECTIVES, Objectives, pareto_mask
-from autopar.prediction import Prediction, make_job, prediction_from_row
+from autopar.prediction import Prediction, prediction_from_row, training_job
 from autopar.search.enumerate import STAGE_RULES, Enumeration, enumerate_space, rule_message
 from autopar.search.ray_backend import score_batches
 from autopar.search.scoring import (
@@ -204,6 +205,8 @@ class SearchResult:
             return d
 
         out: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "job": self.job,
             "layouts_enumerated": self.layouts_enumerated,
             "layouts_feasible": self.layouts_feasible,
             "infeasible_by_reason": dict(self.infeasible_by_reason),
@@ -295,20 +298,18 @@ def explain_choice(a: Prediction, b: Prediction, objective: str, other: str = "t
     return s + "."
 
 
-def predict_layout(job: TrainingJob, info: dict[str, Any], layout: Layout, cal: Calibration) -> Prediction:
+def predict_layout(job: TrainingJob, layout: Layout, cal: Calibration) -> Prediction:
     """Exactly what ``predict`` computes for ``layout`` (a table of one row, same engine call)."""
     table = LayoutTable.from_layouts([layout])
     res = evaluate(job, table, calibration=cal)
-    return prediction_from_row(job, info, table, res, 0, cal)
+    return prediction_from_row(job, table, res, 0, cal)
 
 
-def _predictions(
-    en: Enumeration, ids: np.ndarray, info: dict[str, Any], cal: Calibration
-) -> list[Prediction]:
+def _predictions(en: Enumeration, ids: np.ndarray, cal: Calibration) -> list[Prediction]:
     if not len(ids):
         return []
     table = en.table(ids)
-    return [predict_layout(en.job, info, table.row(i), cal) for i in range(len(ids))]
+    return [predict_layout(en.job, table.row(i), cal) for i in range(len(ids))]
 
 
 def _resolve_calibration(calibration: str | Calibration | None) -> Calibration:
@@ -317,7 +318,6 @@ def _resolve_calibration(calibration: str | Calibration | None) -> Calibration:
 
 def search_layouts(
     job: TrainingJob,
-    info: dict[str, Any],
     space: SearchSpace,
     *,
     top: int = 5,
@@ -346,17 +346,17 @@ def search_layouts(
     reasons["out_of_memory"] = summary.n_legal - summary.n_fit
     if summary.n_fit == 0:
         msg, hint = (
-            _infeasible_message(en, summary, info, cal, objectives)
+            _infeasible_message(en, summary, cal, objectives)
             if explain_infeasible
             else (f"none of the {summary.n_legal:,} legal layouts fits in memory", "see recommend")
         )
         raise InfeasibleError(msg, hint)
-    results = _predictions(en, summary.top_ids[:top], info, cal)
+    results = _predictions(en, summary.top_ids[:top], cal)
     front: list[Prediction] = []
     if len(objectives.names) > 1:
-        front = _predictions(en, summary.front_ids[:pareto_limit], info, cal)
+        front = _predictions(en, summary.front_ids[:pareto_limit], cal)
     return SearchResult(
-        job=info,
+        job=job.info(),
         space=space.name,
         space_fingerprint=space.fingerprint(),
         objectives=objectives,
@@ -377,27 +377,30 @@ def search_layouts(
 
 def recommend(
     *,
-    model,
-    device: str,
-    num_devices: int,
+    job: Job | None = None,
+    model: Any = None,
+    device: str | None = None,
+    num_devices: int | None = None,
     devices_per_node: int | None = None,
-    seq_len: int,
-    global_batch: int,
+    seq_len: int | None = None,
+    global_batch: int | None = None,
+    lora: bool | None = None,
+    framework: str | None = None,
+    calibration: str | Calibration | None = None,
     top: int = 5,
     objective: str | Sequence[str] = "throughput",
     space: str | SearchSpace | dict | None = None,
     overrides: Sequence[str] = (),
-    calibration: str | Calibration | None = None,
     price_per_device_hour: float = DEFAULT_PRICE_PER_DEVICE_HOUR,
     price_per_kwh: float = 0.0,
     ray: Any = None,
     workers: int | None = None,
     progress: bool = True,
-    lora: bool = False,
 ) -> SearchResult:
     """The best ``top`` layouts of a search space for one training job.
 
-    Keyword names mirror :func:`autopar.predict` for the job. ``objective`` is one of
+    The job: ``job=Job(...)`` or the flat keywords of :func:`autopar.predict` (the flag names).
+    ``calibration`` may also be a loaded :class:`Calibration`. ``objective`` is one of
     ``throughput`` (default: highest tokens/s), ``memory`` (lowest memory per device), ``energy``
     (lowest energy per token), ``cost`` (lowest USD per token at ``price_per_device_hour``, plus
     ``price_per_kwh`` for the energy if your device price excludes power), or several of them
@@ -411,7 +414,9 @@ def recommend(
         objective, price_per_device_hour=price_per_device_hour, price_per_kwh=price_per_kwh
     )
     sp = load_space(space, tuple(overrides))
-    job, info = make_job(
+    cal_path = calibration if isinstance(calibration, str) else None
+    tj = training_job(
+        job,
         model=model,
         device=device,
         num_devices=num_devices,
@@ -419,14 +424,15 @@ def recommend(
         seq_len=seq_len,
         global_batch=global_batch,
         lora=lora,
+        framework=framework,
+        calibration=cal_path,
     )
     return search_layouts(
-        job,
-        info,
+        tj,
         sp,
         top=top,
         objectives=objectives,
-        calibration=calibration,
+        calibration=calibration if isinstance(calibration, Calibration) else tj.job.calibration,
         ray=ray,
         workers=workers,
         progress=progress,
@@ -470,10 +476,10 @@ def _relaxations(layout: Layout, space: SearchSpace) -> list[str]:
 
 
 def _infeasible_message(
-    en: Enumeration, summary: Summary, info: dict[str, Any], cal: Calibration, objectives: Objectives
+    en: Enumeration, summary: Summary, cal: Calibration, objectives: Objectives
 ) -> tuple[str, str]:
     job = en.job
-    closest = _predictions(en, summary.close_ids, info, cal)
+    closest = _predictions(en, summary.close_ids, cal)
     lines = [
         f"none of the {summary.n_legal:,} legal layouts of search space {en.space.name} fits in "
         f"{job.device.memory_gb:g} GB per device. Closest: " + "; ".join(_describe_miss(p) for p in closest)
@@ -486,7 +492,7 @@ def _infeasible_message(
     )
     try:
         r = search_layouts(
-            job, info, relaxed, top=1, objectives=objectives, calibration=cal, explain_infeasible=False
+            job, relaxed, top=1, objectives=objectives, calibration=cal, explain_infeasible=False
         )
         best = r.results[0]
         what = _relaxations(best.layout, en.space)
@@ -499,18 +505,12 @@ def _infeasible_message(
         for factor in (2, 4, 8, 16):
             n = job.num_devices * factor
             try:
-                job2, info2 = make_job(
-                    model=job.model,
-                    device=job.device,
-                    num_devices=n,
-                    devices_per_node=job.devices_per_node,
-                    seq_len=job.seq_len,
-                    global_batch=job.global_batch,
-                    lora=job.frozen_weights,
+                bigger = job.job.model_copy(
+                    update={"cluster": job.job.cluster.model_copy(update={"num_devices": n})}
                 )
+                job2 = bigger.resolve(model=job.model, device=job.device)
                 r = search_layouts(
                     job2,
-                    info2,
                     relaxed,
                     top=1,
                     objectives=objectives,

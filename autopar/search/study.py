@@ -30,8 +30,9 @@ import numpy as np
 
 from autopar import __version__
 from autopar.coefficients import Calibration, load_calibration
-from autopar.engine import TrainingJob, evaluate
+from autopar.engine import evaluate
 from autopar.errors import AutoparError, SearchSpaceError
+from autopar.job import SCHEMA_VERSION, Job, TrainingJob
 from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, Layout, LayoutTable
 from autopar.memory import GIB
 from autopar.objectives import DEFAULT_PRICE_PER_DEVICE_HOUR, TRAINING, Objectives, cost_per_mtok, pareto_mask
@@ -328,10 +329,8 @@ def _repair_split(base: list[int], shifts: list[int], k: int) -> tuple[list[int]
 class TrialScorer:
     """Scores candidates (uniform layouts with the engine, uneven ones with UnevenScorer)."""
 
-    def __init__(
-        self, job: TrainingJob, info: dict[str, Any], objectives: Objectives, calibration: Calibration
-    ) -> None:
-        self.job, self.info, self.objectives, self.cal = job, info, objectives, calibration
+    def __init__(self, job: TrainingJob, objectives: Objectives, calibration: Calibration) -> None:
+        self.job, self.objectives, self.cal = job, objectives, calibration
         self._uneven: UnevenScorer | None = None
 
     def score(self, cands: Sequence[Candidate]) -> list[dict[str, Any]]:
@@ -381,9 +380,11 @@ class TrialScorer:
 # -------------------------------------------------------------------------------------- study
 @dataclass
 class StudyConfig:
+    """One study. ``job`` is a :class:`~autopar.job.Job` (resolved here) or an already resolved
+    :class:`TrainingJob`; ``calibration`` defaults to the job's."""
+
     name: str
     job: TrainingJob
-    info: dict[str, Any]
     space: SearchSpace
     objectives: Objectives
     sampler: str | None = None
@@ -393,6 +394,12 @@ class StudyConfig:
     seed_top_k: int = 10
     batch: int = 8
     structured_seeds: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.job, Job):
+            self.job = self.job.resolve()
+        if self.calibration is None:
+            self.calibration = self.job.job.calibration
 
 
 @dataclass
@@ -413,7 +420,9 @@ class StudyReport:
     attrs: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "job": self.attrs.get("job")}
+        out.update((k, getattr(self, k)) for k in self.__dataclass_fields__)
+        return out
 
 
 def _worker_id() -> str:
@@ -462,7 +471,7 @@ def fail_stale_trials(study: Any, *, untagged_after_s: float = 30.0) -> int:
 
 def _job_attrs(cfg: StudyConfig) -> dict[str, Any]:
     return {
-        "job": cfg.info,
+        "job": cfg.job.info(),
         "space": cfg.space.name,
         "space_fingerprint": cfg.space.fingerprint(),
         "objectives": list(cfg.objectives.names),
@@ -554,7 +563,6 @@ def enqueue_seeds(study: Any, tspace: TrialSpace, cfg: StudyConfig, cal: Calibra
     try:
         r = search_layouts(
             cfg.job,
-            cfg.info,
             uniform,
             top=cfg.seed_top_k,
             objectives=cfg.objectives,
@@ -649,7 +657,7 @@ def run_study(
     study.set_user_attr("sessions", sessions)
     if not resumed:
         enqueue_seeds(study, tspace, cfg, cal)
-    scorer = TrialScorer(cfg.job, cfg.info, cfg.objectives, cal)
+    scorer = TrialScorer(cfg.job, cfg.objectives, cal)
     cache = _cache_from_storage(study)
     new = 0
     worker = _worker_id()

@@ -169,7 +169,7 @@ def run_point(args: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
     row.update(
         status="ok",
         message="",
-        devices_per_node=res.job["devices_per_node"],
+        devices_per_node=res.job["cluster"]["devices_per_node"],
         layouts_enumerated=res.layouts_enumerated,
         layouts_feasible=res.layouts_feasible,
         layout=best.layout.short(),

@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from autopar.coefficients import Calibration, load_calibration
-from autopar.engine import TrainingJob, evaluate_stages, evaluate_tail
+from autopar.engine import evaluate_stages, evaluate_tail
 from autopar.errors import SearchSpaceError
+from autopar.job import TrainingJob
 from autopar.layout import RECOMPUTE_CODES, Layout, LayoutTable
 from autopar.memory import GIB
 

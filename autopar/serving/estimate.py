@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
 from autopar import collectives as C
 from autopar.coefficients import (
@@ -52,6 +52,7 @@ from autopar.coefficients import (
 )
 from autopar.energy import NODE_OVERHEAD_LOAD, STALL_POWER_FRACTION
 from autopar.errors import AutoparError
+from autopar.job import KVPrecision, ServingWorkload, WeightPrecision
 from autopar.latency import Coefficients, gemm_time
 from autopar.memory import GIB
 
@@ -72,8 +73,6 @@ __all__ = [
     "trtllm_max_num_tokens",
 ]
 
-WeightPrecision = Literal["bf16", "fp16", "fp8", "int4"]
-KVPrecision = Literal["bf16", "fp16", "fp8", "int8"]
 
 # Bytes per stored weight of the linear layers. int4 is weight-only (W4A16, AWQ/GPTQ) with one fp16
 # scale per group of 128 weights.
@@ -99,81 +98,6 @@ POWER_CAP_MIN_FRACTION = 0.3
 
 
 # ============================================================================================ workload
-class ServingWorkload(BaseModel):
-    """What is served: request shape, load, precisions, latency targets and runtime limits.
-
-    Load is one of: ``concurrency`` (requests in flight over the whole deployment, closed loop),
-    ``request_rate`` (open loop, requests/s over the whole deployment), ``offline`` (max-throughput:
-    as many sequences as memory and ``max_batch`` allow), or none of them (sweep the concurrency).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    isl: int = Field(ge=1, description="prompt (input) tokens per request")
-    osl: int = Field(ge=1, description="generated (output) tokens per request")
-    concurrency: int | None = Field(None, ge=1, description="requests in flight, whole deployment")
-    request_rate: float | None = Field(None, gt=0, description="requests/s, whole deployment")
-    offline: bool = Field(False, description="max-throughput mode: memory decides the batch")
-    weight_precision: WeightPrecision = "bf16"
-    kv_precision: KVPrecision | None = Field(None, description="default: fp8 with fp8 weights, else bf16")
-    ttft_ms: float | None = Field(None, gt=0, description="time-to-first-token target")
-    tpot_ms: float | None = Field(None, gt=0, description="time-per-output-token target")
-    goodput: float | None = Field(None, gt=0, le=1, description="share of requests meeting both targets")
-    max_batch: int = Field(
-        4096,
-        ge=1,
-        description="runtime cap on sequences per instance "
-        "(trtllm-bench's tuning caps max_batch_size at 4096)",
-    )
-    max_num_tokens: int | None = Field(
-        None,
-        ge=1,
-        description="token budget per iteration; "
-        "default: trtllm-bench's heuristic B*(1+isl/osl) in [2048, 32768]",
-    )
-    chunked_prefill: bool = True
-    kv_cache_fraction: float = Field(0.95, gt=0, le=1, description="share of free memory for the KV cache")
-
-    @model_validator(mode="after")
-    def _check(self) -> ServingWorkload:
-        modes = [
-            n
-            for n, on in (
-                ("concurrency", self.concurrency is not None),
-                ("request_rate", self.request_rate is not None),
-                ("offline", self.offline),
-            )
-            if on
-        ]
-        if len(modes) > 1:
-            raise ValueError(
-                f"give at most one of concurrency, request_rate, offline (got {', '.join(modes)})"
-            )
-        if self.goodput is not None and self.ttft_ms is None and self.tpot_ms is None:
-            raise ValueError("goodput needs a ttft_ms or tpot_ms target to measure attainment against")
-        return self
-
-    @property
-    def kv_dtype(self) -> str:
-        if self.kv_precision is not None:
-            return self.kv_precision
-        return "fp8" if self.weight_precision == "fp8" else "bf16"
-
-    @property
-    def mode(self) -> str:
-        if self.offline:
-            return "offline"
-        if self.concurrency is not None:
-            return "concurrency"
-        if self.request_rate is not None:
-            return "request_rate"
-        return "sweep"
-
-    @property
-    def has_targets(self) -> bool:
-        return self.ttft_ms is not None or self.tpot_ms is not None
-
-
 def make_workload(**kw: Any) -> ServingWorkload:
     """Build a :class:`ServingWorkload`, turning validation errors into one-line AutoparErrors."""
     try:

@@ -18,6 +18,7 @@ import numpy as np
 
 from autopar.energy import NODE_OVERHEAD_LOAD
 from autopar.errors import AutoparError, InfeasibleError
+from autopar.job import SCHEMA_VERSION, Job
 from autopar.objectives import cost_per_mtok, pareto_front
 from autopar.serving.estimate import (
     GIB,
@@ -92,6 +93,7 @@ class ServingResult:
     min_devices: dict[str, Any] | None = None
     closest: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    costing: dict[str, Any] = field(default_factory=dict)
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -99,7 +101,9 @@ class ServingResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "schema_version": SCHEMA_VERSION,
             "job": self.job,
+            "costing": self.costing,
             "workload": self.workload,
             "layouts_enumerated": self.layouts_enumerated,
             "layouts_feasible": self.layouts_feasible,
@@ -495,6 +499,7 @@ def search_serving(
     disaggregated: bool = True,
     pin: dict[str, int | None] | None = None,
     job: dict[str, Any] | None = None,
+    costing: dict[str, Any] | None = None,
 ) -> ServingResult:
     """Run the whole serving search for one model/device/workload; see :func:`serve`."""
     w = ctx.workload
@@ -599,6 +604,7 @@ def search_serving(
     n_feasible = len(feas) + len(dfeas)
     result = ServingResult(
         job=job or {},
+        costing=costing or {},
         workload=w.model_dump(),
         layouts_enumerated=int(enumerated),
         layouts_feasible=int(n_feasible),
@@ -705,24 +711,26 @@ def _infeasible_hint(result: ServingResult) -> str:
 # ================================================================================================ API
 def serve(
     *,
-    model,
-    device,
-    num_devices: int,
-    isl: int,
-    osl: int,
+    job: Job | None = None,
+    model: Any = None,
+    device: str | None = None,
+    num_devices: int | None = None,
+    isl: int | None = None,
+    osl: int | None = None,
     devices_per_node: int | None = None,
     concurrency: int | None = None,
     request_rate: float | None = None,
-    offline: bool = False,
-    weight_precision: str = "bf16",
+    offline: bool | None = None,
+    weight_precision: str | None = None,
     kv_precision: str | None = None,
     ttft_ms: float | None = None,
     tpot_ms: float | None = None,
     goodput: float | None = None,
-    max_batch: int = 4096,
+    max_batch: int | None = None,
     max_num_tokens: int | None = None,
-    chunked_prefill: bool = True,
-    kv_cache_fraction: float = 0.95,
+    chunked_prefill: bool | None = None,
+    kv_cache_fraction: float | None = None,
+    calibration: str | None = None,
     power_caps_w: list[float] | None = None,
     price_per_device_hour: float | None = None,
     disaggregated: bool = True,
@@ -731,33 +739,54 @@ def serve(
     ep: int | None = None,
     adp: int | None = None,
     top: int = 10,
-    calibration: str | None = None,
 ) -> ServingResult:
     """Search serving layouts for ``model`` on ``num_devices`` of ``device``.
 
-    Keyword names mirror ``autopar serve`` flags. Load: ``concurrency`` (closed loop, whole
-    deployment), ``request_rate`` (requests/s; also returns the fewest devices that sustain it),
-    ``offline=True`` (max throughput), or none (sweep the concurrency for the Pareto front).
-    ``tp``/``pp``/``ep``/``adp`` pin those degrees. Raises :class:`ServingInfeasible` (an
-    :class:`~autopar.errors.InfeasibleError`, exit status 2 on the CLI) with the closest achievable
-    figures when no layout meets the targets.
+    The job: ``job=Job(...)`` with a serving workload, or the flat keywords (the ``autopar serve``
+    flag names; a keyword left at None takes the :class:`~autopar.job.ServingWorkload` default).
+    Load: ``concurrency`` (closed loop, whole deployment), ``request_rate`` (requests/s; also returns
+    the fewest devices that sustain it), ``offline=True`` (max throughput), or none (sweep the
+    concurrency for the Pareto front). ``tp``/``pp``/``ep``/``adp`` pin those degrees. Raises
+    :class:`ServingInfeasible` (an :class:`~autopar.errors.InfeasibleError`, exit status 2 on the
+    CLI) with the closest achievable figures when no layout meets the targets.
     """
     from autopar.coefficients import coefficient_source, load_calibration
     from autopar.hardware import load_cluster
     from autopar.model import ModelSpec, load_model
+    from autopar.prediction import job_from_api
 
-    if not isinstance(num_devices, int) or isinstance(num_devices, bool) or num_devices < 1:
-        raise AutoparError(
-            f"num_devices must be a positive integer, got {num_devices!r}", "pass --num-devices >= 1"
+    spec = model if isinstance(model, ModelSpec) else None
+    if job is None:
+        # the workload's own validation messages (one line, naming the field)
+        make_workload(
+            **{
+                k: v
+                for k, v in dict(
+                    isl=isl,
+                    osl=osl,
+                    concurrency=concurrency,
+                    request_rate=request_rate,
+                    offline=offline,
+                    weight_precision=weight_precision,
+                    kv_precision=kv_precision,
+                    ttft_ms=ttft_ms,
+                    tpot_ms=tpot_ms,
+                    goodput=goodput,
+                    max_batch=max_batch,
+                    max_num_tokens=max_num_tokens,
+                    chunked_prefill=chunked_prefill,
+                    kv_cache_fraction=kv_cache_fraction,
+                ).items()
+                if v is not None
+            }
         )
-    if top < 1:
-        raise AutoparError(f"top must be >= 1, got {top}")
-    if price_per_device_hour is not None and not price_per_device_hour > 0:
-        raise AutoparError(f"price per device-hour must be positive, got {price_per_device_hour}")
-    for name, v in (("tp", tp), ("pp", pp), ("ep", ep), ("adp", adp)):
-        if v is not None and (not isinstance(v, int) or v < 1):
-            raise AutoparError(f"{name} must be a positive integer, got {v!r}")
-    workload = make_workload(
+    decl = job_from_api(
+        job,
+        "serving",
+        model=spec.name if spec else model,
+        device=device,
+        num_devices=num_devices,
+        devices_per_node=devices_per_node,
         isl=isl,
         osl=osl,
         concurrency=concurrency,
@@ -772,9 +801,20 @@ def serve(
         max_num_tokens=max_num_tokens,
         chunked_prefill=chunked_prefill,
         kv_cache_fraction=kv_cache_fraction,
+        calibration=calibration,
     )
-    spec = model if isinstance(model, ModelSpec) else load_model(model)
-    cluster = load_cluster(device, num_devices, devices_per_node)
+    workload = decl.workload
+    assert isinstance(workload, ServingWorkload)
+    num_devices = decl.cluster.num_devices
+    if top < 1:
+        raise AutoparError(f"top must be >= 1, got {top}")
+    if price_per_device_hour is not None and not price_per_device_hour > 0:
+        raise AutoparError(f"price per device-hour must be positive, got {price_per_device_hour}")
+    for name, v in (("tp", tp), ("pp", pp), ("ep", ep), ("adp", adp)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise AutoparError(f"{name} must be a positive integer, got {v!r}")
+    spec = spec or load_model(decl.model)
+    cluster = load_cluster(decl.cluster.device, num_devices, decl.cluster.devices_per_node)
     dev = cluster.device
     if power_caps_w:
         for c in power_caps_w:
@@ -783,13 +823,11 @@ def serve(
                     f"power cap {c:g} W is outside (0, TDP {dev.power.tdp_w:g} W] of {dev.id}",
                     "give caps in watts up to the TDP",
                 )
-    cal = load_calibration(calibration)
+    cal = load_calibration(decl.calibration)
     ctx = make_context(spec, dev, workload, devices_per_node=cluster.devices_per_node, calibration=cal)
-    job = {
-        "model": model if isinstance(model, str) else spec.name,
-        "device": dev.id,
-        "num_devices": num_devices,
-        "devices_per_node": cluster.devices_per_node,
+    resolved = decl.to_dict()
+    resolved["cluster"]["devices_per_node"] = cluster.devices_per_node
+    costing = {
         "compute_precision": ctx.compute_precision,
         "kv_precision": workload.kv_dtype,
         "coefficients": coefficient_source(dev.id, cal),
@@ -808,7 +846,8 @@ def serve(
         price_per_device_hour=price_per_device_hour,
         disaggregated=disaggregated,
         pin={"tp": tp, "pp": pp, "ep": ep, "adp": adp},
-        job=job,
+        job=resolved,
+        costing=costing,
     )
 
 

@@ -42,7 +42,10 @@ class CompareResult:
     changes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        from autopar.job import SCHEMA_VERSION
+
         return {
+            "schema_version": SCHEMA_VERSION,
             "workload": self.workload,
             "metric": self.metric,
             "devices": self.devices,

@@ -1,0 +1,300 @@
+"""The ONE declaration of a job: model, cluster, workload, training stack and calibration.
+
+Every other spelling is derived from these models: the CLI flags (``autopar.cli.args`` generates
+them from the fields: name, type, bounds, choices, help and default), the Python API keywords
+(the same names, flat: :meth:`Job.from_flat`), the ``"job"`` object of every JSON output
+(:meth:`Job.to_dict`, with ``schema_version``), the exporters' job (``autopar.export.base.Job`` is
+built from this one) and the engine's resolved runtime form (:class:`TrainingJob`, built
+only by :meth:`Job.resolve`; ``autopar.engine`` re-exports it).
+
+The parallel layout is declared separately, by :class:`autopar.layout.Layout`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from autopar.errors import AutoparError
+from autopar.hardware import DeviceProfile, load_cluster
+from autopar.model import ModelSpec, load_model
+
+SCHEMA_VERSION = 1
+
+Framework = Literal["megatron", "torchtitan", "fsdp", "deepspeed", "megatron-deepspeed"]
+WorkloadKind = Literal["training", "serving"]
+WeightPrecision = Literal["bf16", "fp16", "fp8", "int4"]
+KVPrecision = Literal["bf16", "fp16", "fp8", "int8"]
+
+# The export format a command writes for a training stack when no --format is given.
+FRAMEWORK_EXPORT_FORMAT: dict[str, str] = {
+    "megatron": "megatron",
+    "torchtitan": "torchtitan",
+    "fsdp": "accelerate",
+    "deepspeed": "deepspeed",
+    "megatron-deepspeed": "deepspeed",
+}
+# The only cost profile the models have today; every prediction is costed with it.
+COSTED_FRAMEWORK = "megatron"
+FRAMEWORK_DESCRIPTION = (
+    "training stack the job runs on; recorded in every JSON output and picks the default export "
+    "format (megatron->megatron, torchtitan->torchtitan, deepspeed and megatron-deepspeed->deepspeed, "
+    "fsdp->accelerate). Costs are always those of the Megatron-Core/Transformer-Engine profile: a "
+    "non-megatron stack's predictions say so as an assumption"
+)
+
+ModelRef = Annotated[
+    str,
+    Field(min_length=1, description="preset id (see `autopar model --list`) or a HF config.json path"),
+]
+DeviceRef = Annotated[
+    str, Field(min_length=1, description="device id, e.g. h100-sxm-80gb, or a device YAML path")
+]
+NumDevices = Annotated[int, Field(strict=True, ge=1, description="devices the job runs on")]
+DevicesPerNode = Annotated[
+    int | None,
+    Field(
+        strict=True,
+        ge=1,
+        description="devices per scale-up domain actually used (None: the device's domain size)",
+    ),
+]
+SeqLen = Annotated[int, Field(strict=True, ge=1, description="tokens per sequence")]
+GlobalBatch = Annotated[int, Field(strict=True, ge=1, description="sequences per optimizer step")]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ClusterSpec(_Frozen):
+    """The devices: which accelerator, how many, and how many share one scale-up domain."""
+
+    device: DeviceRef
+    num_devices: NumDevices
+    devices_per_node: DevicesPerNode = None
+
+
+class TrainingWorkload(_Frozen):
+    """A training (or fine-tuning) run: sequence length, global batch, fine-tuning mode."""
+
+    kind: Literal["training"] = "training"
+    seq_len: SeqLen
+    global_batch: GlobalBatch
+    lora: bool = Field(
+        False,
+        description="LoRA/PEFT fine-tuning: base weights frozen (no weight gradients, sync or "
+        "optimizer state; the adapters are neglected)",
+    )
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch
+
+
+class ServingWorkload(_Frozen):
+    """What is served: request shape, load, precisions, latency targets and runtime limits.
+
+    Load is one of: ``concurrency`` (requests in flight over the whole deployment, closed loop),
+    ``request_rate`` (open loop, requests/s over the whole deployment), ``offline`` (max-throughput:
+    as many sequences as memory and ``max_batch`` allow), or none of them (sweep the concurrency).
+    """
+
+    kind: Literal["serving"] = "serving"
+    isl: int = Field(ge=1, description="prompt (input) tokens per request")
+    osl: int = Field(ge=1, description="generated (output) tokens per request")
+    concurrency: int | None = Field(None, ge=1, description="requests in flight, whole deployment")
+    request_rate: float | None = Field(None, gt=0, description="requests/s, whole deployment")
+    offline: bool = Field(False, description="max-throughput mode: memory decides the batch")
+    weight_precision: WeightPrecision = Field("bf16", description="precision of the linear-layer weights")
+    kv_precision: KVPrecision | None = Field(
+        None, description="KV-cache precision (None: fp8 with fp8 weights, else bf16)"
+    )
+    ttft_ms: float | None = Field(None, gt=0, description="mean time-to-first-token target (ms)")
+    tpot_ms: float | None = Field(None, gt=0, description="mean time-per-output-token target (ms)")
+    goodput: float | None = Field(None, gt=0, le=1, description="share of requests meeting both targets")
+    max_batch: int = Field(
+        4096,
+        ge=1,
+        description="runtime cap on sequences per instance (trtllm-bench's tuning caps max_batch_size at 4096)",
+    )
+    max_num_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="token budget per iteration (None: trtllm-bench's heuristic B*(1+isl/osl) in [2048, 32768])",
+    )
+    chunked_prefill: bool = Field(True, description="chunked prefill (prompts split over iterations)")
+    kv_cache_fraction: float = Field(0.95, gt=0, le=1, description="share of free memory for the KV cache")
+
+    @model_validator(mode="after")
+    def _check(self) -> ServingWorkload:
+        modes = [
+            n
+            for n, on in (
+                ("concurrency", self.concurrency is not None),
+                ("request_rate", self.request_rate is not None),
+                ("offline", self.offline),
+            )
+            if on
+        ]
+        if len(modes) > 1:
+            raise ValueError(
+                f"give at most one of concurrency, request_rate, offline (got {', '.join(modes)})"
+            )
+        if self.goodput is not None and self.ttft_ms is None and self.tpot_ms is None:
+            raise ValueError("goodput needs a ttft_ms or tpot_ms target to measure attainment against")
+        return self
+
+    @property
+    def kv_dtype(self) -> str:
+        if self.kv_precision is not None:
+            return self.kv_precision
+        return "fp8" if self.weight_precision == "fp8" else "bf16"
+
+    @property
+    def mode(self) -> str:
+        if self.offline:
+            return "offline"
+        if self.concurrency is not None:
+            return "concurrency"
+        if self.request_rate is not None:
+            return "request_rate"
+        return "sweep"
+
+    @property
+    def has_targets(self) -> bool:
+        return self.ttft_ms is not None or self.tpot_ms is not None
+
+
+# A diffusion workload joins this union as one more ``kind`` (no diffusion model exists yet).
+Workload = Annotated[TrainingWorkload | ServingWorkload, Field(discriminator="kind")]
+WORKLOADS: dict[str, type[BaseModel]] = {"training": TrainingWorkload, "serving": ServingWorkload}
+
+
+class Job(_Frozen):
+    """One job: the model, the cluster, the workload, the training stack and the calibration."""
+
+    schema_version: Literal[1] = Field(1, description="version of this JSON shape (SCHEMA_VERSION)")
+    model: ModelRef
+    cluster: ClusterSpec
+    workload: Workload
+    framework: Framework = Field("megatron", description=FRAMEWORK_DESCRIPTION)
+    calibration: str | None = Field(None, description="calibration YAML (None: the shipped one)")
+
+    # ---------------------------------------------------------------- flat keywords <-> the model
+    @classmethod
+    def from_flat(cls, *, kind: WorkloadKind = "training", **kw: Any) -> Job:
+        """Build a Job from the flat keywords of the API and the CLI (the field names).
+
+        Validation errors become one-line :class:`AutoparError` naming the flag to fix.
+        """
+        kw = {k: v for k, v in kw.items() if v is not None}  # None: the field's default
+        top = {k: kw.pop(k) for k in ("model", "framework", "calibration") if k in kw}
+        cluster = {k: kw.pop(k) for k in ClusterSpec.model_fields if k in kw}
+        try:
+            return cls(**top, cluster=ClusterSpec(**cluster), workload=WORKLOADS[kind](**kw))
+        except ValidationError as exc:
+            raise job_error(exc) from None
+
+    def flat(self) -> dict[str, Any]:
+        """The flat keywords (field names) that :meth:`from_flat` takes back."""
+        out: dict[str, Any] = {"model": self.model, **self.cluster.model_dump()}
+        out.update((k, v) for k, v in self.workload.model_dump().items() if k != "kind")
+        out.update(framework=self.framework, calibration=self.calibration)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``"job"`` of every JSON output)."""
+        return self.model_dump(mode="json")
+
+    # ----------------------------------------------------------------------------- derived facts
+    @property
+    def training(self) -> TrainingWorkload:
+        if not isinstance(self.workload, TrainingWorkload):
+            raise AutoparError(f"this is a {self.workload.kind} job, not a training job")
+        return self.workload
+
+    @property
+    def assumptions(self) -> list[str]:
+        """What the prediction assumes about this job beyond its fields."""
+        if self.framework == COSTED_FRAMEWORK:
+            return []
+        return [
+            f"framework={self.framework}: costed with the Megatron-Core/Transformer-Engine profile "
+            "(no per-stack cost profile exists yet)"
+        ]
+
+    @property
+    def export_format(self) -> str:
+        """The export format written for this training stack when none is asked for."""
+        return FRAMEWORK_EXPORT_FORMAT[self.framework]
+
+    def resolve(self, *, model: ModelSpec | None = None, device: DeviceProfile | None = None) -> TrainingJob:
+        """The engine's runtime form; ``model``/``device`` pass an already loaded spec/profile."""
+        return TrainingJob.resolve(self, model=model, device=device)
+
+
+def job_error(exc: ValidationError) -> AutoparError:
+    """One line naming the first invalid field and its flag."""
+    err = exc.errors()[0]
+    name = str(err["loc"][-1]) if err["loc"] else ""
+    msg = err["msg"].removeprefix("Value error, ")
+    got = f", got {err['input']!r}" if name and not isinstance(err.get("input"), dict) else ""
+    where = f"{name}: " if name else ""
+    hint = f"pass a valid --{name.replace('_', '-')}" if name else "see `autopar --help`"
+    return AutoparError(f"invalid job: {where}{msg}{got}", hint)
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """The resolved runtime form of a training :class:`~autopar.job.Job`: the loaded model and device.
+
+    Built only by :meth:`resolve` (``Job.resolve()``); everything but the loaded objects and the
+    resolved node size is read from the declaration ``job``.
+    """
+
+    job: Job
+    model: ModelSpec
+    device: DeviceProfile
+    devices_per_node: int
+
+    @classmethod
+    def resolve(
+        cls, job: Job, *, model: ModelSpec | None = None, device: DeviceProfile | None = None
+    ) -> TrainingJob:
+        """Load the model and device of ``job`` (unless given) and resolve the node size."""
+        job.training  # noqa: B018  (raises for a non-training job)
+        spec = model if model is not None else load_model(job.model)
+        cluster = load_cluster(
+            device or job.cluster.device, job.cluster.num_devices, job.cluster.devices_per_node
+        )
+        return cls(job, spec, cluster.device, cluster.devices_per_node)
+
+    @property
+    def num_devices(self) -> int:
+        return self.job.cluster.num_devices
+
+    @property
+    def seq_len(self) -> int:
+        return self.job.training.seq_len
+
+    @property
+    def global_batch(self) -> int:
+        return self.job.training.global_batch
+
+    @property
+    def frozen_weights(self) -> bool:
+        """LoRA-style fine-tuning: base weights frozen, adapters neglected."""
+        return self.job.training.lora
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch
+
+    def info(self) -> dict[str, Any]:
+        """The job as JSON outputs record it: the declaration with the node size resolved."""
+        d = self.job.to_dict()
+        d["cluster"]["devices_per_node"] = self.devices_per_node
+        return d
