@@ -6,8 +6,9 @@ A small Llama-style model (4 layers, hidden 256, GQA 8/4 heads, SwiGLU 768, voca
 global batch 4, fp32) at world size 4 on gloo (4 processes sharing this host's cores):
 
 1. **calibrate**: ``autopar calibrate``'s microbenchmarks at world size 4, fitted into a local device
-   profile and a calibration (``cost_models/calibration/cpu-gloo-w4{,.device}.yaml``; the probe
-   refit below is written as ``cpu-gloo-w4-probes.yaml``);
+   profile and a calibration (``autopar-calibration/cpu-gloo-w4{,.device}.yaml`` in the working
+   directory by default, ``--out-dir cost_models/calibration`` to refresh the shipped ones; the
+   probe refit below is written as ``cpu-gloo-w4-probes.yaml``);
 2. **enumerate** every legal layout of the space (tp, pp in {1, 2, 4}, dp = rest, ZeRO 0-3,
    every micro-batch that divides the batch, recompute none/full; cp, ep, vpp and fp8 excluded on
    CPU) with ``autopar.search.enumerate``, minus the layouts the runner treats identically (ZeRO > 0
@@ -201,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, metavar="OUT", help="one record per layout (and the summary)")
     ap.add_argument("--raw", default=None, metavar="OUT", help="save microbenchmarks and runs for --from-raw")
     ap.add_argument("--from-raw", default=None, metavar="RAW", help="re-analyze a saved run (no measuring)")
-    ap.add_argument("--out-dir", default=str(ROOT / "cost_models" / "calibration"))
+    ap.add_argument(
+        "--out-dir",
+        default="autopar-calibration",
+        help="where the fitted profile and calibrations go (pass cost_models/calibration to refresh the shipped ones)",
+    )
     ap.add_argument("--name", default="cpu-gloo-w4")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -224,8 +225,15 @@ def test_from_raw_cli_and_bad_inputs(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_quick_calibrate_on_this_machine(tmp_path, capsys):
-    """The real thing, small: quick microbenchmarks on 2 gloo ranks, fitted and written."""
+def test_quick_calibrate_on_this_machine(tmp_path, capsys, monkeypatch):
+    """The real thing, small: quick microbenchmarks on 2 gloo ranks, fitted and written.
+
+    By default into ./autopar-calibration of the working directory, never into the package."""
+    import autopar.cost_models
+
+    shipped = Path(autopar.cost_models.__file__).parent / "calibration"
+    before = {f.name: f.stat().st_mtime_ns for f in shipped.iterdir()}
+    monkeypatch.chdir(tmp_path)
     rc = main(
         [
             "calibrate",
@@ -236,8 +244,6 @@ def test_quick_calibrate_on_this_machine(tmp_path, capsys):
             "cpu",
             "--name",
             "ci-cpu-w2",
-            "--out-dir",
-            str(tmp_path),
             "--save-raw",
             str(tmp_path / "raw.json"),
             "--timeout",
@@ -252,8 +258,10 @@ def test_quick_calibrate_on_this_machine(tmp_path, capsys):
     ops = {r["op"] for r in raw["collectives"] if "time_s" in r}
     assert {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"} <= ops
     assert all(r["time_s"] > 0 for r in raw["gemm"] + raw["attention"] + raw["elementwise"] + raw["dispatch"])
-    dev = load_device(tmp_path / "ci-cpu-w2.device.yaml")
-    cal = yaml.safe_load((tmp_path / "ci-cpu-w2.yaml").read_text())
+    out = tmp_path / "autopar-calibration"
+    dev = load_device(out / "ci-cpu-w2.device.yaml")
+    cal = yaml.safe_load((out / "ci-cpu-w2.yaml").read_text())
+    assert {f.name: f.stat().st_mtime_ns for f in shipped.iterdir()} == before
     assert cal["devices"]["ci-cpu-w2"]["scale_up_latency_us"] > 0
     assert cal["provenance"]["backend"] == "gloo" and cal["provenance"]["world_size"] == 2
     assert math.isfinite(dev.efficiency.gemm["fp32"]) and dev.scale_up.domain == 2

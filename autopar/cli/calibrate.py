@@ -27,7 +27,11 @@ def register(sub: Any) -> dict[str, Any]:
         help="ranks to measure with: the world size of the runs to predict (default: 2)",
     )
     p.add_argument("--name", default=None, help="device id and file stem (default: local-<cpu|cuda>-w<N>)")
-    p.add_argument("--out-dir", default="cost_models/calibration", help="where to write")
+    p.add_argument(
+        "--out-dir",
+        default="autopar-calibration",
+        help="where to write (relative to the working directory; never into the installed package)",
+    )
     p.add_argument("--quick", action="store_true", help="a small sweep (seconds; for CI and smoke tests)")
     p.add_argument(
         "--run-device",
