@@ -1,6 +1,6 @@
 """Fit the latency model's coefficients to the measured training runs of a published-runs CSV.
 
-    python studies/fit_published.py --csv ../shared/data/published_runs_dev.csv \
+    python studies/fit_published.py [--csv studies/data/published_runs_dev.csv] \
         [--out cost_models/calibration/default.yaml] [--holdout-source SOURCE_ID]
 
 Rows with a measured throughput or step time are used, and (unless --measured-only) rows whose
@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from published import load_cases, run_case
+from published import DEV_CSV, load_cases, run_case
 
-from autopar.calibration.fit import Sample, file_digest, fit, now_iso, residuals, write_calibration
+from autopar.calibration.fit import FitResult, Sample, file_digest, fit, now_iso, residuals, write_calibration
 from autopar.coefficients import Calibration, default_calibration_path
 
 # Devices built on the same compute die as a device in the data (NVIDIA: H200, H800 and H100 96GB
@@ -33,9 +33,46 @@ SAME_SILICON = {
 }
 
 
+BASE = Calibration.model_validate({"transfer": {"same_silicon": SAME_SILICON}})
+
+
+def samples(cases) -> list[Sample]:
+    return [
+        Sample(
+            c.run_id,
+            c.job,
+            c.table,
+            c.measured_tps,
+            c.row.get("precision") or "bf16",
+            c.row.get("source_id") or "",
+        )
+        for c in cases
+    ]
+
+
+def usable(cases, *, measured_only: bool = False) -> list:
+    """Predicted training rows with a throughput target (derived ones unless ``measured_only``)."""
+    return [
+        c
+        for c in cases
+        if c.prediction is not None
+        and c.measured_tps
+        and c.target_kind in (("measured",) if measured_only else ("measured", "derived"))
+    ]
+
+
+def fit_cases(cases, *, max_nfev: int = 60, provenance: dict | None = None) -> FitResult:
+    """The coefficient fit on already-run cases (run them with :data:`BASE` as calibration)."""
+    return fit(samples(cases), BASE, max_nfev=max_nfev, provenance=provenance)
+
+
+def holdout_mape(cases, calibration: Calibration) -> float:
+    return float(np.mean(np.abs(np.exp(residuals(samples(cases), calibration)) - 1)))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", required=True, type=Path)
+    ap.add_argument("--csv", type=Path, default=DEV_CSV, help="default: the shipped studies/data copy")
     ap.add_argument("--out", type=Path, default=None, help="write the calibration here")
     ap.add_argument("--holdout-source", default=None)
     ap.add_argument("--max-nfev", type=int, default=60)
@@ -44,32 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     if not a.csv.is_file():
         print(f"error: {a.csv} does not exist", file=sys.stderr)
         return 2
-    base = Calibration.model_validate({"transfer": {"same_silicon": SAME_SILICON}})
     cases = load_cases(a.csv)
     for c in cases:
-        run_case(c, base)
-    usable = [
-        c
-        for c in cases
-        if c.prediction is not None
-        and c.measured_tps
-        and (c.target_kind == "measured" or not a.measured_only)
-    ]
-    train = [c for c in usable if c.row.get("source_id") != a.holdout_source]
-    test = [c for c in usable if c.row.get("source_id") == a.holdout_source]
-
-    def samples(cs):
-        return [
-            Sample(
-                c.run_id,
-                c.job,
-                c.table,
-                c.measured_tps,
-                c.row.get("precision") or "bf16",
-                c.row.get("source_id") or "",
-            )
-            for c in cs
-        ]
+        run_case(c, BASE)
+    rows = usable(cases, measured_only=a.measured_only)
+    train = [c for c in rows if c.row.get("source_id") != a.holdout_source]
+    test = [c for c in rows if c.row.get("source_id") == a.holdout_source]
 
     t0 = time.perf_counter()
     prov = {
@@ -81,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "holdout_source": a.holdout_source,
         "date": now_iso(),
     }
-    res = fit(samples(train), base, max_nfev=a.max_nfev, provenance=prov)
+    res = fit_cases(train, max_nfev=a.max_nfev, provenance=prov)
     dt = time.perf_counter() - t0
     print(
         f"fitted {len(res.names)} coefficients on {len(train)} rows in {dt:.1f} s; train MAPE {res.mape:.1%}"
@@ -89,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     for n, v in zip(res.names, res.values, strict=True):
         print(f"  {n:<40} {v:10.4f}")
     if test:
-        r = residuals(samples(test), res.calibration)
-        print(f"holdout {a.holdout_source}: n={len(test)} MAPE {np.mean(np.abs(np.exp(r) - 1)):.1%}")
+        print(f"holdout {a.holdout_source}: n={len(test)} MAPE {holdout_mape(test, res.calibration):.1%}")
     if a.out:
         res.calibration.provenance["train_mape"] = round(res.mape, 4)
         write_calibration(res.calibration, a.out)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -25,9 +26,15 @@ from autopar.hardware import load_device
 from autopar.job import Job, TrainingJob
 from autopar.layout import LayoutTable, resolve_layout
 from autopar.legality import Context, reasons_for_row
-from autopar.model import load_model
+from autopar.model import ModelSpec, load_model
 
 TRAINING_KINDS = ("pretrain", "finetune")
+
+# The published-runs data ships with the studies (``studies/data/``, each CSV next to the README
+# that documents its columns), so every accuracy command runs from a fresh clone.
+DATA_DIR = Path(__file__).resolve().parent / "data"
+DEV_CSV = DATA_DIR / "published_runs_dev.csv"
+DEV2_CSV = DATA_DIR / "published_runs_dev2.csv"
 
 
 def _num(row: dict[str, str], key: str) -> float | None:
@@ -60,54 +67,156 @@ class Case:
 
 
 # Architecture conventions of model families whose rows give only dimensions (the data README says
-# the architecture columns came from the public configs of these families).
-FAMILY_CONVENTIONS = (
+# the architecture columns came from the public configs of these families). Each entry: name keys,
+# ModelSpec fields, the assumption stated on the record, and whether a missing ffn_hidden / vocab
+# may take the GPT default (only GPT-style models: a SwiGLU width is never 4h, and the Llama/Qwen/
+# DeepSeek tokenizers differ, so those rows are refused instead of guessed).
+FAMILY_CONVENTIONS: tuple[tuple[tuple[str, ...], dict[str, Any], str, bool], ...] = (
     (
-        "mpt",
+        ("mpt",),
         dict(gated_mlp=False, norm="layernorm", tie_embeddings=True),
         "MPT: GELU MLP, LayerNorm, tied embeddings",
+        True,
     ),
     (
-        "gpt",
+        ("deepseek",),
+        dict(gated_mlp=True, norm="rmsnorm", tie_embeddings=False),
+        "DeepSeek family: SwiGLU MLP, RMSNorm, untied embeddings, no qkv bias",
+        False,
+    ),
+    (
+        ("llama", "mistral", "mixtral", "qwen"),
+        dict(gated_mlp=True, norm="rmsnorm", tie_embeddings=False),
+        "Llama/Mistral/Qwen family: SwiGLU MLP, RMSNorm, untied embeddings, no qkv bias, GQA from kv_heads",
+        False,
+    ),
+    (
+        ("gpt",),
         dict(gated_mlp=False, norm="layernorm", tie_embeddings=True),
         "GPT: GELU MLP, LayerNorm, tied embeddings",
+        True,
     ),
 )
+
+
+# ``orig_framework`` free text onto a few stack names (first matching key wins).
+STACKS = (
+    ("megatron-bridge", "nemo"),
+    ("nemo", "nemo"),
+    ("megatron", "megatron-lm"),
+    ("deepspeed", "deepspeed"),
+    ("llm-foundry", "llm-foundry"),
+    ("torchtitan", "torchtitan"),
+    ("tensorrt-llm", "tensorrt-llm"),
+)
+# Stacks built on Megatron-Core (their defaults, e.g. etp = tp, apply).
+MEGATRON_STACKS = ("megatron-lm", "nemo")
+
+
+def stack_of(row: dict[str, str]) -> str:
+    fw = (row.get("orig_framework") or "").lower()
+    return next((name for key, name in STACKS if key in fw), "other" if fw else "(blank)")
 
 
 # Sources whose dims-only models are Megatron GPT models (the paper/README tables say so).
 MEGATRON_GPT_SOURCES = ("narayanan", "korthikanti", "megatron_core")
 
+# Architecture values some rows state only in ``normalization_notes`` as ``key=value`` (Megatron
+# launcher names, e.g. the SimuMax DeepSeek-V2 rows), mapped onto ModelSpec fields.
+_NOTE_ARCH = {
+    "moe_ffn_hidden": "moe_ffn_hidden",
+    "shared_expert_ffn": "shared_expert_ffn",
+    "dense_layers": "first_dense_layers",  # Megatron MOE_LAYER_FREQ [0]*k+[1]*n: a dense prefix
+    "moe_layers": "moe_layers",
+    "q_lora_rank": "q_lora_rank",
+    "kv_lora_rank": "kv_lora_rank",
+    "qk_head_dim": "qk_nope_head_dim",  # Megatron --qk-head-dim is the no-RoPE part
+    "qk_pos_emb_head_dim": "qk_rope_head_dim",
+    "v_head_dim": "v_head_dim",
+}
+_NOTE_ARCH_RE = re.compile(r"\b(" + "|".join(_NOTE_ARCH) + r")=(\d+)\b")
+
+
+def note_architecture(row: dict[str, str]) -> dict[str, int]:
+    """ModelSpec fields that the row states in ``normalization_notes`` (first value per key)."""
+    found: dict[str, int] = {}
+    for key, val in _NOTE_ARCH_RE.findall(row.get("normalization_notes") or ""):
+        found.setdefault(_NOTE_ARCH[key], int(val))
+    return found
+
+
+def at_depth(spec: ModelSpec, depth: int) -> ModelSpec:
+    """``spec`` cut to ``depth`` layers, keeping its layer pattern (a reduced-depth proxy run).
+
+    The dense prefix (DeepSeek ``first_k_dense_replace``) is kept up to ``depth``; the remaining
+    layers keep the preset's MoE / dense and sliding-window / full-attention proportions (rounded).
+    Width, experts, attention and vocabulary are unchanged, so embedding and LM head stay full.
+    """
+    if depth <= 0:
+        raise AutoparError(f"proxy depth {depth} must be positive")
+    if depth == spec.layers:
+        return spec
+    L0 = spec.layers
+    first = min(spec.first_dense_layers, depth)
+    rest0, rest = L0 - spec.first_dense_layers, depth - first
+    moe = round(rest * spec.moe_layers / rest0) if rest0 and spec.moe_layers else 0
+    if spec.moe_layers and rest and not moe:
+        moe = 1  # a MoE model's proxy keeps at least one MoE layer
+    sliding = round(depth * spec.sliding_window_layers / L0) if spec.sliding_window_layers else 0
+    fields = spec.model_dump() | dict(
+        name=f"{spec.name} @ {depth} of {L0} layers",
+        layers=depth,
+        first_dense_layers=first,
+        moe_layers=moe,
+        sliding_window_layers=sliding,
+    )
+    return ModelSpec(**fields)
+
 
 def build_model(case: Case):
     row = case.row
     preset = (row.get("model_preset") or "").strip()
+    proxy = _int(row, "is_proxy_run") == 1
     if preset:
-        return load_model(preset)
+        spec = load_model(preset)
+        if proxy:
+            depth = _int(row, "layers")
+            if depth is None:
+                raise AutoparError("is_proxy_run=1 but layers (the depth actually run) is blank")
+            spec = at_depth(spec, depth)
+            case.assumptions.append(
+                f"proxy run: {preset} at {depth} of {load_model(preset).layers} layers "
+                f"({spec.first_dense_layers} dense prefix, {spec.moe_layers} MoE), full width and vocab"
+            )
+        return spec
     need = {"layers": "layers", "hidden": "hidden", "heads": "heads"}
     dims = {k: _int(row, c) for k, c in need.items()}
     missing = [k for k, v in dims.items() if v is None]
+    if len(missing) == len(dims):
+        raise AutoparError("no model_preset and no architecture columns (the model needs a preset)")
     if missing:
         raise AutoparError(f"architecture columns missing: {', '.join(missing)}")
+    if proxy:
+        case.assumptions.append(f"proxy run: the row's dimensions at the depth run ({dims['layers']} layers)")
     name = (row.get("model") or "").lower()
     source = (row.get("source_id") or "").lower()
     if source.startswith(MEGATRON_GPT_SOURCES):
         name = "gpt " + name
-    conv = None
-    for key, fields, note in FAMILY_CONVENTIONS:
-        if key in name:
-            conv = (fields, note)
-            break
+    conv = next((c for c in FAMILY_CONVENTIONS if any(k in name for k in c[0])), None)
     if conv is None:
         raise AutoparError(f"no preset and unknown family for dims-only model {row.get('model')!r}")
-    fields, note = conv
+    keys, fields, note, gpt_defaults = conv
     h = dims["hidden"]
     ffn = _int(row, "ffn_hidden")
     vocab = _int(row, "vocab")
     if ffn is None:
+        if not gpt_defaults:
+            raise AutoparError(f"dims-only {keys[0]}-family model without ffn_hidden (no 4h convention)")
         ffn = 4 * h
         case.assumptions.append("ffn_hidden=4*hidden (GPT convention)")
     if vocab is None:
+        if not gpt_defaults:
+            raise AutoparError(f"dims-only {keys[0]}-family model without vocab")
         vocab = 50257
         case.assumptions.append("vocab=50257 (GPT-2/3 tokenizer)")
     kv = _int(row, "kv_heads") or dims["heads"]
@@ -124,7 +233,21 @@ def build_model(case: Case):
         **fields,
     )
     ne = _int(row, "num_experts")
-    if ne:
+    noted = note_architecture(row)
+    if ne and keys[0] == "deepseek":
+        # DeepSeek MoE: the row's ffn_hidden is the dense-prefix width; routed / shared expert widths,
+        # the dense prefix and MLA ranks must be stated (the notes of the SimuMax rows do).
+        need_moe = ("moe_ffn_hidden", "moe_layers")
+        if any(k not in noted for k in need_moe):
+            raise AutoparError(
+                "dims-only DeepSeek MoE row without per-expert width / MoE layer count in the row or notes"
+            )
+        raw.update(num_experts=ne, moe_topk=_int(row, "moe_topk") or 1, **noted)
+        case.assumptions.append(
+            "architecture from normalization_notes: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(noted.items()))
+        )
+    elif ne:
         raw.update(
             num_experts=ne,
             moe_topk=_int(row, "moe_topk") or 1,
@@ -146,6 +269,13 @@ def layout_for(case: Case, num_devices: int, global_batch: int):
         case.assumptions.append("vpp=1 (not stated)")
     ep = _int(row, "ep") or 1
     etp = _int(row, "etp")
+    if etp is None and ep > 1:
+        if stack_of(row) in MEGATRON_STACKS:
+            etp = tp
+            case.assumptions.append("etp=tp (blank; Megatron default expert_tensor_parallel_size = tp)")
+        else:
+            etp = 1
+            case.assumptions.append(f"etp=1 (blank; {stack_of(row)} stack, autopar default)")
     dp = _int(row, "dp")
     mb = _int(row, "micro_batch")
     if mb is None:
@@ -196,8 +326,15 @@ def layout_for(case: Case, num_devices: int, global_batch: int):
 def normalize_precision(case: Case, prec: str) -> str:
     """The data format's precision vocabulary onto autopar's GEMM precisions (stated when mapped)."""
     if prec == "mxfp8":  # MX block-scaled FP8 runs on the same FP8 tensor-core rate
-        case.assumptions.append("mxfp8 costed as fp8 (same tensor-core rate; block scales neglected)")
+        note = "mxfp8 costed as fp8 (same tensor-core rate; block scales neglected)"
+        if note not in case.assumptions:
+            case.assumptions.append(note)
         return "fp8"
+    if prec == "nvfp4":
+        raise AutoparError(
+            "precision nvfp4: autopar.layout's training precisions (PRECISION_CODES: bf16, fp8, fp16, "
+            "fp32) have no fp4 entry yet, although the Blackwell profiles carry fp4 peaks"
+        )
     if prec not in ("bf16", "fp16", "fp8", "fp32"):
         raise AutoparError(f"precision {prec} is not modeled for training")
     return prec
@@ -244,6 +381,31 @@ def megatron_model_flops_per_token(model, s: int) -> float:
     return 12.0 * L * h * h * ((1 + g / a + s / h) * (q / h) + (F / h) * gamma + V / (2 * L * h))
 
 
+# Model-FLOP bases whose formula is Megatron's ``num_floating_point_operations`` (dense, no
+# recompute, non-causal attention, logits counted). Checked, not assumed: on the NeMo 24.07
+# pre-training rows of published_runs_dev.csv that print both tokens/s and model TFLOP/s, this
+# formula reproduces their ratio to 0.1% (tests/test_accuracy.py). Megatron-Core's table states
+# "MFU = tflops/989" on the same basis.
+MEGATRON_FLOP_STACKS = ("megatron-lm", "nemo")
+
+
+def model_flops_per_token(case: Case, model, seq: int) -> float:
+    """FLOPs per token on the row's stated model-FLOP basis; refuses bases it cannot reproduce."""
+    row = case.row
+    basis = (row.get("orig_tflops_basis") or "").strip().lower()
+    stack = stack_of(row)
+    if not basis.startswith("model"):
+        raise AutoparError(f"TFLOP/s basis {basis or 'blank'!r} has no FLOP formula here")
+    if stack not in MEGATRON_FLOP_STACKS:
+        raise AutoparError(f"model-FLOP basis of the {stack} stack is not reproduced here")
+    if model.is_moe or model.is_mla:
+        raise AutoparError("model-FLOP target of a MoE/MLA model: Megatron's dense formula does not apply")
+    case.assumptions.append(
+        f"target from model TFLOP/s on the {stack} basis (Megatron num_floating_point_operations)"
+    )
+    return megatron_model_flops_per_token(model, seq)
+
+
 def measured_target(case: Case, model, num_devices: int, global_batch: int, seq: int) -> None:
     row = case.row
     tps = _num(row, "tokens_per_s_per_device")
@@ -260,9 +422,15 @@ def measured_target(case: Case, model, num_devices: int, global_batch: int, seq:
         case.measured_tps = global_batch * seq / (t * num_devices)
         case.target_kind = "derived"
         return
-    mfu, peak = _num(row, "mfu"), _num(row, "mfu_peak_tflops") or 989.0
-    if mfu is not None:  # Megatron-Core table: MFU against the bf16 peak with Megatron's FLOP count
-        case.measured_tps = mfu * peak * 1e12 / megatron_model_flops_per_token(model, seq)
+    mtf = _num(row, "model_tflops_per_device")
+    mfu, peak = _num(row, "mfu"), _num(row, "mfu_peak_tflops")
+    if mtf is None and mfu is not None:
+        if peak is None:
+            raise AutoparError("mfu without mfu_peak_tflops: its denominator is not stated")
+        mtf = mfu * peak  # the README: mfu = model TFLOP/s / mfu_peak_tflops
+        case.assumptions.append(f"model TFLOP/s = mfu x {peak:g} (the stated MFU peak)")
+    if mtf is not None:
+        case.measured_tps = mtf * 1e12 / model_flops_per_token(case, model, seq)
         case.target_kind = "derived"
         return
     raise AutoparError("no throughput, step time, TFLOP/s or MFU target")
@@ -279,21 +447,31 @@ def run_case(case: Case, calibration=None) -> None:
         return
     lora = "lora" in (row.get("model") or "").lower() or "lora" in (row.get("orig_workload") or "").lower()
     try:
+        if (row.get("precision") or "").strip() == "nvfp4":
+            normalize_precision(case, "nvfp4")  # raises: named before any other gap of the row
         model = build_model(case)
         num_devices = _int(row, "num_devices")
         seq = _int(row, "seq_len")
         gb = _int(row, "global_batch")
         if not num_devices or not seq or not gb:
             raise AutoparError("num_devices, seq_len or global_batch missing")
-        dev = load_device((row.get("device") or "").strip())
+        dev = apply_power_cap(case, load_device((row.get("device") or "").strip()))
         measured_target(case, model, num_devices, gb, seq)
         lay = layout_for(case, num_devices, gb)
-        dpn = _int(row, "devices_per_node") or dev.scale_up.domain
+        dpn = min(_int(row, "devices_per_node") or dev.scale_up.domain, num_devices)
+        if num_devices % dpn:
+            # e.g. 256 GPUs on NVL72 racks: the job fills each rack's domain only partly; every
+            # model-parallel group then lives in the largest equal share of a rack that divides it.
+            full = dpn
+            dpn = next(d for d in range(dpn, 0, -1) if num_devices % d == 0)
+            case.assumptions.append(
+                f"devices_per_node={dpn}: {num_devices} devices do not fill whole {full}-device domains"
+            )
         job = Job.from_flat(
             model=model.name,
             device=dev.id,
             num_devices=num_devices,
-            devices_per_node=min(dpn, num_devices),
+            devices_per_node=dpn,
             seq_len=seq,
             global_batch=gb,
             lora=lora,
@@ -314,9 +492,32 @@ def run_case(case: Case, calibration=None) -> None:
             "predicted_memory_gib": float(res["memory_bytes"][0]) / 2**30,
             "fits": bool(res["fits"][0]),
             "predicted_mfu": float(res["mfu"][0]),
+            "predicted_avg_power_w": float(res["avg_power_w"][0]),
+            "power_limit_w": dev.power.tdp_w,
         }
     except AutoparError as exc:
         case.skipped = str(exc)
+
+
+def apply_power_cap(case: Case, dev):
+    """A row's ``power_cap_w``: the energy model draws at most the cap instead of the TDP.
+
+    Throughput is not derated: no published clock-vs-cap curve backs a derating for these devices
+    (hardware.md 2.2 lists the caps, not their speed cost), so the cap changes energy only.
+    """
+    cap = _num(case.row, "power_cap_w")
+    if cap is None or cap >= dev.power.tdp_w:
+        return dev
+    if cap <= dev.power.idle_w:
+        raise AutoparError(
+            f"power_cap_w={cap:g} is at or below the {dev.id} idle power {dev.power.idle_w:g} W"
+        )
+    power = dev.power.model_copy(update={"tdp_w": cap})
+    prov = dev.provenance | {"power.tdp_w": f"row power_cap_w={cap:g} W (profile TDP {dev.power.tdp_w:g} W)"}
+    case.assumptions.append(
+        f"power cap {cap:g} W: energy at the capped power; throughput not derated (no sourced derating)"
+    )
+    return dev.model_copy(update={"power": power, "provenance": prov})
 
 
 def run_microbench(case: Case, calibration=None) -> None:
@@ -459,16 +660,28 @@ def summarize(cases: list[Case], *, out=sys.stdout, worst: int = 10) -> dict[str
     }
 
 
+IDENTITY = ("source_id", "model", "model_family", "device", "num_devices", "seq_len", "precision")
+
+
+def identity(c: Case) -> dict[str, Any]:
+    """The columns a record is grouped by, plus the normalized stack and the proxy flag."""
+    d: dict[str, Any] = {k: (c.row.get(k) or "").strip() for k in IDENTITY}
+    d["stack"] = stack_of(c.row)
+    d["is_proxy_run"] = _int(c.row, "is_proxy_run") == 1
+    return d
+
+
 def records(cases: list[Case]) -> list[dict[str, Any]]:
     out = []
     for c in cases:
+        base = {"run_id": c.run_id, **identity(c)}
         if c.skipped or c.prediction is None:
-            out.append({"run_id": c.run_id, "skipped": c.skipped or "no target"})
+            out.append({**base, "skipped": c.skipped or "no target"})
             continue
         if c.target_kind == "microbench":
             out.append(
                 {
-                    "run_id": c.run_id,
+                    **base,
                     "target_kind": "microbench",
                     "layout": c.prediction["layout"],
                     "predicted_step_time_s": c.prediction["predicted_layer_time_s"],
@@ -479,13 +692,15 @@ def records(cases: list[Case]) -> list[dict[str, Any]]:
             continue
         out.append(
             {
-                "run_id": c.run_id,
+                **base,
                 "predicted_tokens_per_s_per_device": c.prediction["predicted_tokens_per_s_per_device"],
                 "measured_tokens_per_s_per_device": c.measured_tps,
                 "target_kind": c.target_kind,
                 "predicted_step_time_s": c.prediction["predicted_step_time_s"],
                 "predicted_memory_gib": c.prediction["predicted_memory_gib"],
                 "measured_memory_gib": _num(c.row, "memory_gib_per_device"),
+                "predicted_avg_power_w": c.prediction["predicted_avg_power_w"],
+                "power_limit_w": c.prediction["power_limit_w"],
                 "layout": c.prediction["layout"],
                 "assumptions": c.assumptions,
             }

@@ -1,6 +1,6 @@
 """Accuracy of autopar's training predictions against published runs.
 
-    python studies/published_runs.py --csv ../shared/data/published_runs_dev.csv [--json OUT]
+    python studies/published_runs.py [--csv studies/data/published_runs_dev.csv] [--json OUT]
 
 Predicts every training row of a published-runs CSV (columns documented in the data README) and
 prints the error of tokens/s per device (MAPE, median, worst rows) overall and by source, device
@@ -14,14 +14,14 @@ import json
 import sys
 from pathlib import Path
 
-from published import load_cases, records, run_case, summarize
+from published import DEV_CSV, load_cases, records, run_case, summarize
 
 from autopar.coefficients import load_calibration
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", required=True, type=Path)
+    ap.add_argument("--csv", type=Path, default=DEV_CSV, help="default: the shipped studies/data copy")
     ap.add_argument("--json", type=Path, default=None, help="write one record per row")
     ap.add_argument("--calibration", default=None, help="calibration YAML (default: the shipped one)")
     ap.add_argument("--worst", type=int, default=10, help="how many of the worst rows to list")

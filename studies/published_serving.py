@@ -1,6 +1,6 @@
 """Accuracy of autopar's serving model against published inference runs.
 
-    python studies/published_serving.py --csv ../shared/data/published_runs_dev.csv [--json OUT] [--fit]
+    python studies/published_serving.py [--csv studies/data/published_runs_dev.csv] [--json OUT] [--fit]
 
 Predicts every inference row of a published-runs CSV (columns documented in the data README:
 ``isl``, ``osl``, ``output_tokens_per_s``, ``tp``/``pp``/``ep``, ``device``, ``precision``, the model
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from published import DEV_CSV
 
 from autopar.coefficients import load_calibration
 from autopar.errors import AutoparError
@@ -247,7 +248,7 @@ def records(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", required=True, type=Path)
+    ap.add_argument("--csv", type=Path, default=DEV_CSV, help="default: the shipped studies/data copy")
     ap.add_argument("--json", type=Path, default=None, help="write one record per inference row")
     ap.add_argument("--calibration", default=None, help="calibration YAML (default: the shipped one)")
     ap.add_argument("--fit", action="store_true", help="refit the serving-specific coefficients first")

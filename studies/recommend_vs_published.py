@@ -1,6 +1,6 @@
 """What autopar recommends next to what practitioners ran, for every group of published training runs.
 
-    python studies/recommend_vs_published.py --csv ../shared/data/published_runs_dev.csv [--json OUT]
+    python studies/recommend_vs_published.py [--csv studies/data/published_runs_dev.csv] [--json OUT]
 
 Rows of the published-runs CSV are grouped by model x device x device count x global batch (and
 sequence length, which a job needs). For each group, ``recommend`` searches the default space at
@@ -25,6 +25,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from published import DEV_CSV
+
 
 def _key(c) -> tuple:
     r = c.row
@@ -39,7 +41,7 @@ def _key(c) -> tuple:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", required=True, type=Path)
+    ap.add_argument("--csv", type=Path, default=DEV_CSV, help="default: the shipped studies/data copy")
     ap.add_argument("--json", type=Path, default=None, help="write one record per group")
     ap.add_argument("--calibration", default=None)
     ap.add_argument("--space", default="default")

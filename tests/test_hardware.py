@@ -21,6 +21,7 @@ from autopar.hardware import (
 EXPECTED_IDS = {
     "a100-40gb",
     "a100-80gb",
+    "a100-pcie-80gb",
     "h100-sxm-80gb",
     "h100-sxm-96gb",
     "h800-sxm-80gb",
