@@ -18,24 +18,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autopar.errors import AutoparError, SearchSpaceError
+from autopar.layout import Layout
 
-LAYOUT_FIELDS = (
-    "tp",
-    "pp",
-    "vpp",
-    "dp",
-    "cp",
-    "ep",
-    "etp",
-    "zero",
-    "shard_group",
-    "sp",
-    "micro_batch",
-    "grad_accum",
-    "recompute",
-    "offload",
-    "precision",
-)
+# The layout columns of a sweep row: the Layout's own fields, in their declared order.
+LAYOUT_FIELDS = tuple(Layout.model_fields)
 COLUMNS = (
     "model",
     "device",
