@@ -51,7 +51,7 @@ MEMORY_HEADROOM_DESCRIPTION = (
     "fraction of device memory kept free when judging whether a layout fits: it fits when the "
     "predicted device footprint (allocator-reserved + CUDA context + NCCL buffers) is at most "
     f"(1 - headroom) x capacity (default {DEFAULT_MEMORY_HEADROOM}: the memory model's error on "
-    "measured runs is ~5 percent and the allocator's peak moves by a few percent between steps)"
+    "measured runs is up to ~5 percent per model and the allocator's peak moves by a few percent between steps)"
 )
 
 ModelRef = Annotated[
