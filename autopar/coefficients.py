@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autopar.errors import AutoparError
+from autopar.frameworks import FrameworkProfile
 from autopar.latency import Coefficients
 from autopar.memory import COMM_BUFFER_BYTES, FRAGMENTATION, FRAMEWORK_RESERVE_BYTES, GIB
 
@@ -153,10 +154,31 @@ def _memory_constants(value: Any) -> dict[str, float]:
     }
 
 
-def memory_constants(cal: Calibration | None = None) -> dict[str, float]:
-    """Keyword arguments of :func:`autopar.memory.memory_breakdown` from a calibration."""
+def memory_constants(
+    cal: Calibration | None = None, profile: FrameworkProfile | None = None
+) -> dict[str, float]:
+    """Keyword arguments of :func:`autopar.memory.memory_breakdown` from a calibration.
+
+    A value the calibration file sets wins (it measured its runtime, e.g. CPU/gloo); otherwise the
+    training stack's ``profile`` gives the reserve and the fragmentation (default: GLOBAL_DEFAULTS,
+    Megatron's).
+    """
     cal = cal or load_calibration()
-    return _memory_constants(cal.global_value)
+    own = (
+        {
+            "framework_reserve_gib": profile.framework_reserve_gib,
+            "fragmentation": profile.fragmentation,
+        }
+        if profile is not None
+        else {}
+    )
+
+    def value(key: str) -> float:
+        if key in cal.global_:
+            return float(cal.global_[key])
+        return float(own.get(key, GLOBAL_DEFAULTS[key]))
+
+    return _memory_constants(value)
 
 
 # The same without a calibration file (what every calibration that does not set them uses).

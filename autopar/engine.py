@@ -34,10 +34,21 @@ def stage_param_counts(model, lay: LayoutTable) -> dict[str, np.ndarray]:
     }
 
 
+def memory_limit_bytes(job: TrainingJob) -> float:
+    """The device footprint a layout may reach: capacity less the job's memory headroom."""
+    return job.device.memory_gb * 1e9 * (1.0 - job.memory_headroom)
+
+
 def evaluate(
     job: TrainingJob, lay: LayoutTable, *, calibration: Calibration | None = None, check_legal: bool = True
 ) -> dict[str, np.ndarray]:
-    """Arrays over layouts: ``legal``, ``fits``, memory and time breakdowns, metrics, energy."""
+    """Arrays over layouts: ``legal``, ``fits``, memory and time breakdowns, metrics, energy.
+
+    ``memory_bytes`` is the device footprint (allocator-reserved + CUDA context + NCCL buffers),
+    ``memory_allocated_bytes``/``memory_reserved_bytes`` the caching allocator's peak allocated and
+    reserved; a layout fits when the footprint is at most ``memory_limit_bytes``
+    (:func:`memory_limit_bytes`).
+    """
     model, dev = job.model, job.device
     cal = calibration or load_calibration()
     co, link_coeffs = coefficients_for(dev, cal)
@@ -49,7 +60,7 @@ def evaluate(
     else:
         legal = np.ones(n, dtype=bool)
 
-    mc = memory_constants(cal)
+    mc = memory_constants(cal, job.framework)
     mem = memory_breakdown(
         model,
         lay,
@@ -58,9 +69,11 @@ def evaluate(
         comm_buffer_bytes=mc["comm_buffer_bytes"],
         fragmentation=mc["fragmentation"],
         frozen_weights=job.frozen_weights,
+        profile=job.framework,
     )
     capacity = dev.memory_gb * 1e9
-    fits = mem["total"] <= capacity
+    limit = memory_limit_bytes(job)
+    fits = mem["total"] <= limit
 
     params = stage_param_counts(model, lay)
     t = step_time_breakdown(
@@ -95,7 +108,10 @@ def evaluate(
         "tokens_per_s_per_device": tps_dev,
         "mfu": mfu,
         "memory_bytes": mem["total"],
+        "memory_allocated_bytes": mem["allocated"],
+        "memory_reserved_bytes": mem["reserved"],
         "memory_capacity_bytes": np.full(n, capacity),
+        "memory_limit_bytes": np.full(n, limit),
         "memory_stage": mem["stage"],
         "comm_exposed_s": t["comm_exposed"],
         "comm_total_s": t["comm_total"],
@@ -133,7 +149,7 @@ def evaluate_stages(
     cal = calibration or load_calibration()
     co, link_coeffs = coefficients_for(dev, cal)
     links = C.Links.from_cluster(dev, job.devices_per_node, link_coeffs)
-    mc = memory_constants(cal)
+    mc = memory_constants(cal, job.framework)
     mem = stage_memory(
         model,
         lay,
@@ -145,6 +161,7 @@ def evaluate_stages(
         comm_buffer_bytes=mc["comm_buffer_bytes"],
         fragmentation=mc["fragmentation"],
         frozen_weights=job.frozen_weights,
+        profile=job.framework,
     )
     sl = stage_slot(
         model,
@@ -160,6 +177,8 @@ def evaluate_stages(
     nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe)
     out: dict[str, np.ndarray] = {f"mem_{k}": mem[k] for k in MEMORY_COMPONENTS}
     out["memory_bytes"] = mem["total"]
+    out["memory_allocated_bytes"] = mem["allocated"]
+    out["memory_reserved_bytes"] = mem["reserved"]
     out["slot_s"] = sum((sl[k] for k in SLOT_PARTS), np.zeros(len(lay)))
     for k in SLOT_PARTS:
         out[f"time_{k}"] = sl[k]

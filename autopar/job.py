@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from autopar.errors import AutoparError
+from autopar.frameworks import DEFAULT_MEMORY_HEADROOM, FrameworkProfile, framework_profile
 from autopar.hardware import DeviceProfile, load_cluster
 from autopar.model import ModelSpec, load_model
 
@@ -36,13 +37,21 @@ FRAMEWORK_EXPORT_FORMAT: dict[str, str] = {
     "deepspeed": "deepspeed",
     "megatron-deepspeed": "deepspeed",
 }
-# The only cost profile the models have today; every prediction is costed with it.
+# The only TIME profile the models have today; every step time is costed with it. Memory is per
+# stack (autopar.frameworks).
 COSTED_FRAMEWORK = "megatron"
 FRAMEWORK_DESCRIPTION = (
-    "training stack the job runs on; recorded in every JSON output and picks the default export "
-    "format (megatron->megatron, torchtitan->torchtitan, deepspeed and megatron-deepspeed->deepspeed, "
-    "fsdp->accelerate). Costs are always those of the Megatron-Core/Transformer-Engine profile: a "
-    "non-megatron stack's predictions say so as an assumption"
+    "training stack the job runs on; picks its memory profile (bytes per parameter of weights, "
+    "gradients and optimizer state, ZeRO sharding, allocator reserve: autopar.frameworks) and the "
+    "default export format (megatron->megatron, torchtitan->torchtitan, deepspeed and "
+    "megatron-deepspeed->deepspeed, fsdp->accelerate). Step time is always costed with the "
+    "Megatron-Core/Transformer-Engine profile: a non-megatron stack's predictions say so as an assumption"
+)
+MEMORY_HEADROOM_DESCRIPTION = (
+    "fraction of device memory kept free when judging whether a layout fits: it fits when the "
+    "predicted device footprint (allocator-reserved + CUDA context + NCCL buffers) is at most "
+    f"(1 - headroom) x capacity (default {DEFAULT_MEMORY_HEADROOM}: the memory model's error on "
+    "measured runs is up to ~5 percent per model and the allocator's peak moves by a few percent between steps)"
 )
 
 ModelRef = Annotated[
@@ -181,6 +190,9 @@ class Job(_Frozen):
     cluster: ClusterSpec
     workload: Workload
     framework: Framework = Field("megatron", description=FRAMEWORK_DESCRIPTION)
+    memory_headroom: float = Field(
+        DEFAULT_MEMORY_HEADROOM, ge=0, lt=1, description=MEMORY_HEADROOM_DESCRIPTION
+    )
     calibration: str | None = Field(None, description="calibration YAML (None: the shipped one)")
 
     # ---------------------------------------------------------------- flat keywords <-> the model
@@ -191,7 +203,7 @@ class Job(_Frozen):
         Validation errors become one-line :class:`AutoparError` naming the flag to fix.
         """
         kw = {k: v for k, v in kw.items() if v is not None}  # None: the field's default
-        top = {k: kw.pop(k) for k in ("model", "framework", "calibration") if k in kw}
+        top = {k: kw.pop(k) for k in ("model", "framework", "memory_headroom", "calibration") if k in kw}
         cluster = {k: kw.pop(k) for k in ClusterSpec.model_fields if k in kw}
         try:
             return cls(**top, cluster=ClusterSpec(**cluster), workload=WORKLOADS[kind](**kw))
@@ -202,7 +214,9 @@ class Job(_Frozen):
         """The flat keywords (field names) that :meth:`from_flat` takes back."""
         out: dict[str, Any] = {"model": self.model, **self.cluster.model_dump()}
         out.update((k, v) for k, v in self.workload.model_dump().items() if k != "kind")
-        out.update(framework=self.framework, calibration=self.calibration)
+        out.update(
+            framework=self.framework, memory_headroom=self.memory_headroom, calibration=self.calibration
+        )
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -222,9 +236,15 @@ class Job(_Frozen):
         if self.framework == COSTED_FRAMEWORK:
             return []
         return [
-            f"framework={self.framework}: costed with the Megatron-Core/Transformer-Engine profile "
-            "(no per-stack cost profile exists yet)"
+            f"framework={self.framework}: memory from the {self.framework} profile (autopar.frameworks); "
+            "step time costed with the Megatron-Core/Transformer-Engine profile (no per-stack time "
+            "profile exists yet)"
         ]
+
+    @property
+    def framework_profile(self) -> FrameworkProfile:
+        """The memory profile of this job's training stack."""
+        return framework_profile(self.framework)
 
     @property
     def export_format(self) -> str:
@@ -283,6 +303,15 @@ class TrainingJob:
     @property
     def global_batch(self) -> int:
         return self.job.training.global_batch
+
+    @property
+    def framework(self) -> FrameworkProfile:
+        """The training stack's memory profile (bytes per parameter, sharding, allocator)."""
+        return self.job.framework_profile
+
+    @property
+    def memory_headroom(self) -> float:
+        return self.job.memory_headroom
 
     @property
     def frozen_weights(self) -> bool:

@@ -1,8 +1,9 @@
 """Per-device memory of training layouts, vectorized over a :class:`LayoutTable`.
 
-Model state follows ZeRO (Rajbhandari et al. 2020, arXiv 1910.02054): 2-byte weights, 2-byte
-gradients and K = 12 bytes of fp32 Adam state (master weights, momentum, variance) per parameter,
-sharded by stage. Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Table 2),
+Model state follows the training stack's :class:`~autopar.frameworks.FrameworkProfile` (bytes per
+parameter of weights, main gradients and optimizer state, and the ZeRO stage that shards each;
+e.g. Megatron's fp32 main gradients, 6 + 12/d bytes with the distributed optimizer), sharded as in
+ZeRO (Rajbhandari et al. 2020, arXiv 1910.02054). Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Table 2),
 generalized to GQA, gated MLPs, MoE, MLA, FlashAttention, sequence and context parallelism and each
 recompute mode. The reported device is the most loaded pipeline stage (first or last).
 """
@@ -14,18 +15,17 @@ from typing import Any
 
 import numpy as np
 
+from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, LayoutTable
 
 GIB = float(1 << 30)
-WEIGHT_BYTES = 2.0  # bf16/fp16 working weights (FP8 recipes keep bf16 weights plus transient casts)
-GRAD_BYTES = 2.0
-OPTIM_BYTES = 12.0  # fp32 master + Adam m + v
 # Per process-group communication buffers (NCCL channels, ~0.35-0.4 GB per group: AIConfigurator,
-# REFERENCE Part D) and the allocator/framework reserve (CUDA context, cuBLAS/TE workspaces).
+# REFERENCE Part D), outside the caching allocator. The framework reserve (CUDA context, cuBLAS/TE
+# workspaces) and the allocator's fragmentation are the training stack's (autopar.frameworks);
+# these two are Megatron's, the defaults of a calibration that does not set them.
 COMM_BUFFER_BYTES = 0.4e9
-FRAMEWORK_RESERVE_BYTES = 2.0 * GIB
-# Caching-allocator fragmentation on activations (fraction); measured 5-15% in PyTorch traces.
-FRAGMENTATION = 0.10
+FRAMEWORK_RESERVE_BYTES = MEGATRON.framework_reserve_gib * GIB
+FRAGMENTATION = MEGATRON.fragmentation
 # Bytes per stored logit: bf16 logits plus the fp32 copy the cross-entropy keeps for backward.
 LOGIT_BYTES = 6.0
 # Pure fp32 training (no mixed precision; e.g. the CPU reference runs): 4-byte weights and
@@ -35,6 +35,16 @@ FP32_WEIGHT_BYTES, FP32_GRAD_BYTES, FP32_OPTIM_BYTES, FP32_LOGIT_BYTES = 4.0, 4.
 
 REC_NONE, REC_SELECTIVE, REC_FULL = (RECOMPUTE_CODES.index(x) for x in ("none", "selective", "full"))
 
+# What the caching allocator hands out (torch.cuda.max_memory_allocated); ``fragmentation`` is the
+# allocator's reserved memory above it; buffers and the reserve sit outside the allocator.
+ALLOCATED_COMPONENTS = (
+    "weights",
+    "gradients",
+    "optimizer",
+    "activations",
+    "embeddings_logits",
+    "zero3_buffers",
+)
 MEMORY_COMPONENTS = (
     "weights",
     "gradients",
@@ -42,6 +52,7 @@ MEMORY_COMPONENTS = (
     "activations",
     "embeddings_logits",
     "zero3_buffers",
+    "fragmentation",
     "comm_buffers",
     "framework_reserve",
 )
@@ -233,6 +244,7 @@ def stage_memory(
     comm_buffer_bytes: float = COMM_BUFFER_BYTES,
     fragmentation: float = FRAGMENTATION,
     frozen_weights: bool = False,
+    profile: FrameworkProfile = MEGATRON,
 ) -> dict[str, np.ndarray]:
     """Bytes per device of one pipeline stage per row, by component (sums to ``total``).
 
@@ -241,7 +253,10 @@ def stage_memory(
     in-flight micro-batches, the last stage the logits. :func:`memory_breakdown` is this function on
     the first and the last stage of a uniform pipeline; ``autopar.search.uneven`` calls it on every
     stage of an uneven one. The reserve, buffer and fragmentation defaults are CUDA/NCCL figures; a
-    calibration for another runtime (e.g. CPU/gloo validation runs) overrides them.
+    calibration for another runtime (e.g. CPU/gloo validation runs) overrides them. ``profile``
+    gives the bytes per parameter of mixed-precision training and the ZeRO stage that shards each
+    part (pure fp32 rows keep FP32_*). Also returns ``allocated`` (the caching allocator's peak:
+    the :data:`ALLOCATED_COMPONENTS`) and ``reserved`` (allocated + fragmentation).
     """
     dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
     tp = lay["tp"].astype(np.float64)
@@ -256,14 +271,19 @@ def stage_memory(
     zero = lay["zero"]
     offload = lay["offload"] > 0
     fp32 = lay["precision"] == PRECISION_CODES.index("fp32")
-    w_bytes = np.where(fp32, FP32_WEIGHT_BYTES, WEIGHT_BYTES)
-    g_bytes = np.where(fp32, FP32_GRAD_BYTES, GRAD_BYTES)
-    o_bytes = np.where(fp32, FP32_OPTIM_BYTES, OPTIM_BYTES)
+    w_bytes = np.where(fp32, FP32_WEIGHT_BYTES, profile.weight_bytes)
+    g_bytes = np.where(fp32, FP32_GRAD_BYTES, profile.grad_bytes)
+    o_bytes = np.where(fp32, FP32_OPTIM_BYTES, profile.optimizer_bytes)
     act_scale = np.where(fp32, 2.0, 1.0)  # activation_bytes_per_layer counts 16-bit elements
 
-    w = w_bytes * (np.where(zero >= 3, nonexp / shard, nonexp) + np.where(zero >= 3, exp / eshard, exp))
-    g = g_bytes * (np.where(zero >= 2, nonexp / shard, nonexp) + np.where(zero >= 2, exp / eshard, exp))
-    o = o_bytes * (np.where(zero >= 1, nonexp / shard, nonexp) + np.where(zero >= 1, exp / eshard, exp))
+    def sharded(from_stage: int) -> np.ndarray:
+        """Parameters per rank of a state sharded from ZeRO stage ``from_stage`` on."""
+        on = zero >= from_stage
+        return np.where(on, nonexp / shard, nonexp) + np.where(on, exp / eshard, exp)
+
+    w = w_bytes * sharded(profile.weight_shard_stage)
+    g = g_bytes * sharded(profile.grad_shard_stage)
+    o = o_bytes * sharded(profile.optimizer_shard_stage)
     o = np.where(offload, 0.0, o)
     if frozen_weights:  # LoRA-style: no gradients or optimizer state for the frozen base weights
         g, o = g * 0.0, o * 0.0
@@ -300,22 +320,30 @@ def stage_memory(
     emb = np.where(first, embed_out, 0.0) + np.where(last, logits, 0.0)
 
     max_layer = np.maximum(dense_p, moe_p + expert_p * (1 if model.is_moe else 0))
-    z3 = np.where(zero >= 3, 2.0 * max_layer * w_bytes + max_layer * g_bytes * 2, 0.0)
+    # ZeRO-3/FSDP gathers each layer (current + prefetched) in the 16-bit compute dtype and
+    # reduce-scatters its unsharded 16-bit gradient (2 bytes each; 4 in pure fp32).
+    unit = np.where(fp32, 4.0, 2.0)
+    z3 = np.where(zero >= 3, 2.0 * max_layer * unit + max_layer * unit * 2, 0.0)
 
     groups = dims.process_groups.astype(np.float64)
     out: dict[str, Any] = {
         "weights": w,
         "gradients": g,
         "optimizer": o,
-        "activations": act * (1 + fragmentation),
+        "activations": act,
         "embeddings_logits": emb,
         "zero3_buffers": z3,
+        # The caching allocator's reserved segments above allocated: activations are freed and
+        # re-allocated in varying sizes every micro-batch; model state sits in buffers allocated once.
+        "fragmentation": act * fragmentation,
         "comm_buffers": comm_buffer_bytes * groups,
         "framework_reserve": np.full(len(lay), float(framework_reserve_bytes)),
     }
     out["total"] = sum(out[k] for k in MEMORY_COMPONENTS)
+    out["allocated"] = sum(out[k] for k in ALLOCATED_COMPONENTS)
+    out["reserved"] = out["allocated"] + out["fragmentation"]
     # What differs between stages (the buffers and the reserve do not): decides the loaded stage.
-    out["stage_bytes"] = w + g + o + act * (1 + fragmentation) + emb + z3
+    out["stage_bytes"] = out["reserved"]
     out["state"] = w + g + o
     return out
 
@@ -331,6 +359,7 @@ def memory_breakdown(
     comm_buffer_bytes: float = COMM_BUFFER_BYTES,
     fragmentation: float = FRAGMENTATION,
     frozen_weights: bool = False,
+    profile: FrameworkProfile = MEGATRON,
 ) -> dict[str, np.ndarray]:
     """Bytes per device for the most loaded pipeline stage (first or last), by component.
 
@@ -346,12 +375,15 @@ def memory_breakdown(
         comm_buffer_bytes=comm_buffer_bytes,
         fragmentation=fragmentation,
         frozen_weights=frozen_weights,
+        profile=profile,
     )
     first = stage_memory(model, lay, stage=lay["pp"] * 0, n_dense=st.first_dense, n_moe=st.first_moe, **kw)
     last = stage_memory(model, lay, stage=lay["pp"] - 1, n_dense=st.last_dense, n_moe=st.last_moe, **kw)
     use_first = first["stage_bytes"] >= last["stage_bytes"]
     out = {k: np.where(use_first, first[k], last[k]) for k in MEMORY_COMPONENTS}
     out["total"] = sum((out[k] for k in MEMORY_COMPONENTS), np.zeros(len(lay)))
+    out["allocated"] = sum((out[k] for k in ALLOCATED_COMPONENTS), np.zeros(len(lay)))
+    out["reserved"] = out["allocated"] + out["fragmentation"]
     out["stage"] = np.where(use_first, 0, lay["pp"] - 1)
     # Model state (weights + gradients + optimizer) of each end stage, for invariants and reports.
     out["state_first"] = first["state"]

@@ -35,6 +35,9 @@ class Prediction:
     energy_j_per_step: float
     avg_power_w: float
     memory_stage: int
+    memory_allocated_gib: float = 0.0
+    memory_reserved_gib: float = 0.0
+    memory_limit_gib: float = 0.0
     coefficients: str = ""
     expected_error_p90: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -52,7 +55,10 @@ class Prediction:
             tokens_per_s_per_device=self.tokens_per_s_per_device,
             mfu=self.mfu,
             memory_gib_per_device=self.memory_gib_per_device,
+            memory_allocated_gib=self.memory_allocated_gib,
+            memory_reserved_gib=self.memory_reserved_gib,
             memory_capacity_gib=self.memory_capacity_gib,
+            memory_limit_gib=self.memory_limit_gib,
             memory_stage=self.memory_stage,
             fits=self.fits,
             reasons=[r.to_dict() for r in self.reasons],
@@ -86,18 +92,29 @@ def prediction_from_row(
     ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in job.device.peak_tflops)
     reasons = reasons_for_row(job.model, lay, ctx, i)
     mem_gib = float(res["memory_bytes"][i]) / GIB
+    alloc_gib = float(res["memory_allocated_bytes"][i]) / GIB
+    resv_gib = float(res["memory_reserved_bytes"][i]) / GIB
     cap_gib = float(res["memory_capacity_bytes"][i]) / GIB
-    if mem_gib > cap_gib:
+    limit_gib = float(res["memory_limit_bytes"][i]) / GIB
+    if mem_gib > limit_gib:
         parts = {k: float(res[f"mem_{k}"][i]) / GIB for k in MEMORY_COMPONENTS}
         top = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
         reasons.append(
             Reason(
                 "out_of_memory",
-                f"needs {mem_gib:.1f} GiB per device on pipeline stage {int(res['memory_stage'][i])}, "
-                f"the device has {cap_gib:.1f} GiB; largest parts: "
+                f"needs {mem_gib:.1f} GiB per device on pipeline stage {int(res['memory_stage'][i])} "
+                f"({alloc_gib:.1f} GiB allocated, {resv_gib:.1f} GiB reserved by the allocator, plus "
+                f"CUDA context and NCCL buffers); the limit is {limit_gib:.1f} GiB ({cap_gib:.1f} GiB "
+                f"capacity less {job.memory_headroom:.0%} headroom); largest parts: "
                 + ", ".join(f"{k} {v:.1f} GiB" for k, v in top),
-                {"memory_gib": round(mem_gib, 2), "capacity_gib": round(cap_gib, 2)},
-                "more tp/pp, a higher zero stage, recompute, or a smaller micro-batch",
+                {
+                    "memory_gib": round(mem_gib, 2),
+                    "allocated_gib": round(alloc_gib, 2),
+                    "reserved_gib": round(resv_gib, 2),
+                    "limit_gib": round(limit_gib, 2),
+                    "capacity_gib": round(cap_gib, 2),
+                },
+                "more tp/pp, a higher zero stage, recompute, a smaller micro-batch, or a lower --memory-headroom",
             )
         )
     return Prediction(
@@ -118,6 +135,9 @@ def prediction_from_row(
         energy_j_per_step=float(res["energy_j_per_step"][i]),
         avg_power_w=float(res["avg_power_w"][i]),
         memory_stage=int(res["memory_stage"][i]),
+        memory_allocated_gib=alloc_gib,
+        memory_reserved_gib=resv_gib,
+        memory_limit_gib=limit_gib,
         coefficients=coefficient_source(job.device.id, calibration),
         expected_error_p90=expected_error(job.device.id, calibration),
     )
@@ -161,13 +181,15 @@ def predict(
     global_batch: int | None = None,
     lora: bool | None = None,
     framework: str | None = None,
+    memory_headroom: float | None = None,
     calibration: str | None = None,
     **layout_kw: Any,
 ) -> Prediction:
     """Predict per-device memory and step time of one training layout.
 
     The job: ``job=Job(...)`` or the flat keywords (the ``autopar predict`` flag names: model,
-    device, num_devices, devices_per_node, seq_len, global_batch, lora, framework, calibration).
+    device, num_devices, devices_per_node, seq_len, global_batch, lora, framework, memory_headroom,
+    calibration).
     The layout: ``layout=Layout(...)`` or the layout keywords of :func:`resolve_layout` (tp, pp,
     vpp, dp, cp, ep, etp, zero, shard_group, sp, micro_batch, recompute, offload, precision;
     defaults: the :class:`Layout` field defaults, ``dp`` what is left of the world size, ``sp`` on
@@ -186,6 +208,7 @@ def predict(
         global_batch=global_batch,
         lora=lora,
         framework=framework,
+        memory_headroom=memory_headroom,
         calibration=calibration,
     )
     if layout is not None:

@@ -113,6 +113,48 @@ STACKS = (
 MEGATRON_STACKS = ("megatron-lm", "nemo")
 
 
+# ``orig_framework`` free text onto the training stacks of ``autopar.job.Framework`` (first matching
+# key wins; Megatron-DeepSpeed before both of its parts). Memory is costed per stack
+# (autopar.frameworks); rows naming none of them are costed as Megatron (stated).
+FRAMEWORKS = (
+    ("megatron-deepspeed", "megatron-deepspeed"),
+    ("deepspeed", "deepspeed"),
+    ("megatron", "megatron"),  # Megatron-LM, Megatron-Core, Megatron-Bridge
+    ("nemo", "megatron"),  # NeMo runs Megatron-Core
+    ("llm-foundry", "fsdp"),
+    ("composer", "fsdp"),
+    ("torchtitan", "torchtitan"),
+)
+
+
+def framework_of(case: Case) -> str:
+    """The ``Job.framework`` a row ran on, from ``orig_framework``; the mapping is an assumption."""
+    fw = (case.row.get("orig_framework") or "").strip()
+    name = next((n for key, n in FRAMEWORKS if key in fw.lower()), None)
+    if name is None:
+        case.assumptions.append(f"framework=megatron (orig_framework {fw or 'blank'!r} names no known stack)")
+        return "megatron"
+    case.assumptions.append(f"framework={name} (orig_framework {fw!r})")
+    return name
+
+
+def memory_basis(row: dict[str, str], reported: str) -> str:
+    """What a row's ``memory_gib_per_device`` measures: allocated or reserved memory.
+
+    The row's own words decide (``targets_derived``/``normalization_notes`` naming peak allocated or
+    reserved memory); otherwise the basis the stack's memory log reports (``reported``).
+    """
+    text = " ".join(
+        (row.get(k) or "") for k in ("targets_derived", "orig_memory_basis", "normalization_notes")
+    ).lower()
+    mem = text[text.find("memory_gib_per_device") :] if "memory_gib_per_device" in text else text
+    if "alloc" in mem:
+        return "allocated"
+    if "reserved" in mem:
+        return "reserved"
+    return reported
+
+
 def stack_of(row: dict[str, str]) -> str:
     fw = (row.get("orig_framework") or "").lower()
     return next((name for key, name in STACKS if key in fw), "other" if fw else "(blank)")
@@ -475,12 +517,14 @@ def run_case(case: Case, calibration=None) -> None:
             seq_len=seq,
             global_batch=gb,
             lora=lora,
+            framework=framework_of(case),
         ).resolve(model=model, device=dev)
         if lora:
             case.assumptions.append("LoRA: base weights frozen (no weight gradients or optimizer)")
         table = LayoutTable.from_layouts([lay])
         case.job, case.table = job, table
         res = evaluate(job, table, calibration=calibration)
+        basis = memory_basis(row, job.framework.reported_basis)
         ctx = Context(num_devices, seq, gb, "fp8" in dev.peak_tflops)
         illegal = reasons_for_row(model, table, ctx, 0)
         if illegal:
@@ -489,7 +533,10 @@ def run_case(case: Case, calibration=None) -> None:
             "layout": lay.short(),
             "predicted_tokens_per_s_per_device": float(res["tokens_per_s_per_device"][0]),
             "predicted_step_time_s": float(res["step_time_s"][0]),
-            "predicted_memory_gib": float(res["memory_bytes"][0]) / 2**30,
+            # On the basis the row measured (allocated or reserved), not the device footprint.
+            "memory_basis": basis,
+            "predicted_memory_gib": float(res[f"memory_{basis}_bytes"][0]) / 2**30,
+            "predicted_footprint_gib": float(res["memory_bytes"][0]) / 2**30,
             "fits": bool(res["fits"][0]),
             "predicted_mfu": float(res["mfu"][0]),
             "predicted_avg_power_w": float(res["avg_power_w"][0]),

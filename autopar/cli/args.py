@@ -165,7 +165,7 @@ def add_job_args(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
         add_field_args(
             p, model, fields, defaults=req, helps={f: " (required unless --from-json)" for f in req}
         )
-    add_field_args(p, Job, ("framework", "calibration"))
+    add_field_args(p, Job, ("framework", "memory_headroom", "calibration"))
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
@@ -181,7 +181,14 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
 
 def job_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     """The flat job keywords of the API (the field names) from parsed flags."""
-    names = (*JOB_TOP_FIELDS, *ClusterSpec.model_fields, *JOB_TRAINING_FIELDS, "framework", "calibration")
+    names = (
+        *JOB_TOP_FIELDS,
+        *ClusterSpec.model_fields,
+        *JOB_TRAINING_FIELDS,
+        "framework",
+        "memory_headroom",
+        "calibration",
+    )
     return {k: getattr(a, k) for k in names if hasattr(a, k)}
 
 

@@ -108,7 +108,7 @@ def register(sub) -> dict:
     p.add_argument(
         "--price-per-device-hour", type=positive_float, default=None, help="same price for every device"
     )
-    add_field_args(p, Job, ("calibration",))
+    add_field_args(p, Job, ("memory_headroom", "calibration"))
     p.add_argument("--out", default=None, help="write PREFIX.csv and PREFIX.svg")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return {"compare": cmd_compare}
@@ -136,6 +136,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         prices=prices,
         precision=a.precision,
         calibration=a.calibration,
+        memory_headroom=a.memory_headroom,
         serving_kwargs=dict(
             weight_precision=a.weight_precision,
             kv_precision=a.kv_precision,

@@ -61,7 +61,12 @@ def print_prediction(pred) -> None:
     summary.add_row("tokens/s per device", f"{pred.tokens_per_s_per_device:,.0f}")
     summary.add_row("MFU", f"{pred.mfu:.1%}")
     summary.add_row(
-        "memory per device", f"{pred.memory_gib_per_device:.1f} / {pred.memory_capacity_gib:.1f} GiB"
+        "memory per device",
+        f"{pred.memory_gib_per_device:.1f} / {pred.memory_capacity_gib:.1f} GiB "
+        f"(limit {pred.memory_limit_gib:.1f} GiB with headroom)",
+    )
+    summary.add_row(
+        "allocated / reserved", f"{pred.memory_allocated_gib:.1f} / {pred.memory_reserved_gib:.1f} GiB"
     )
     summary.add_row("fits", "yes" if pred.fits else "[red]no[/]")
     summary.add_row("exposed communication", f"{pred.exposed_comm_fraction:.1%} of step")

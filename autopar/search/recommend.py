@@ -386,6 +386,7 @@ def recommend(
     global_batch: int | None = None,
     lora: bool | None = None,
     framework: str | None = None,
+    memory_headroom: float | None = None,
     calibration: str | Calibration | None = None,
     top: int = 5,
     objective: str | Sequence[str] = "throughput",
@@ -425,6 +426,7 @@ def recommend(
         global_batch=global_batch,
         lora=lora,
         framework=framework,
+        memory_headroom=memory_headroom,
         calibration=cal_path,
     )
     return search_layouts(

@@ -124,7 +124,7 @@ def summarize_results(
         s.front_vals = np.zeros((0, len(obj.names)))
         miss = legal & ~fits
         if miss.any():
-            ratio = at(res["memory_bytes"] / res["memory_capacity_bytes"], miss)
+            ratio = at(res["memory_bytes"] / res["memory_limit_bytes"], miss)
             mid = cell_ids(miss)
             order = np.lexsort((mid, ratio))[:KEEP_CLOSEST]
             s.close_ids, s.close_ratio = mid[order], ratio[order]

@@ -345,6 +345,7 @@ class TrialScorer:
                         "step_time_s": float(res["step_time_s"][j]),
                         "memory_gib_per_device": float(res["memory_bytes"][j]) / GIB,
                         "memory_capacity_gib": float(res["memory_capacity_bytes"][j]) / GIB,
+                        "memory_limit_gib": float(res["memory_limit_bytes"][j]) / GIB,
                         "fits": bool(res["fits"][j]),
                         "energy_j_per_step": float(res["energy_j_per_step"][j]),
                     }
@@ -373,7 +374,8 @@ class TrialScorer:
             )
         )
         r["values"] = [r[TRAINING[n].metric] for n in ob.names]
-        r["constraint"] = r["memory_gib_per_device"] - r["memory_capacity_gib"]
+        # Over the limit (capacity less the job's memory headroom) is infeasible, as in predict.
+        r["constraint"] = r["memory_gib_per_device"] - r["memory_limit_gib"]
         return r
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from autopar.coefficients import Calibration, load_calibration
-from autopar.engine import evaluate_stages, evaluate_tail
+from autopar.engine import evaluate_stages, evaluate_tail, memory_limit_bytes
 from autopar.errors import SearchSpaceError
 from autopar.job import TrainingJob
 from autopar.layout import RECOMPUTE_CODES, Layout, LayoutTable
@@ -138,14 +138,15 @@ class UnevenScorer:
         m = base.grad_accum
         step = (m - 1) * float(sc.slot.max()) + float(sc.slot.sum()) + sc.tail
         mem = sc.memory
-        cap = self.job.device.memory_gb * 1e9
+        cap = memory_limit_bytes(self.job)  # capacity less the job's headroom
         tokens = self.job.tokens_per_step
         return {
             "step_time_s": step,
             "tokens_per_s_per_device": tokens / (step * self.job.num_devices),
             "memory_bytes": float(mem.max()),
             "memory_gib_per_device": float(mem.max()) / GIB,
-            "memory_capacity_gib": cap / GIB,
+            "memory_capacity_gib": self.job.device.memory_gb * 1e9 / GIB,
+            "memory_limit_gib": cap / GIB,
             "fits": bool(mem.max() <= cap),
             "stage_memory_gib": [float(x) / GIB for x in mem],
             "stage_slot_s": [float(x) for x in sc.slot],
@@ -178,7 +179,7 @@ def balanced_split(
     one = scorer.stage_costs(base, StagePlan((1,) * p, rec))
     two = scorer.stage_costs(base, StagePlan((2,) * p, rec))
     alpha, beta = two.memory - one.memory, 2 * one.memory - two.memory
-    cap = scorer.job.device.memory_gb * 1e9
+    cap = memory_limit_bytes(scorer.job)
     a = [float(x) for x in two.slot - one.slot]
     c = [float(x) for x in 2 * one.slot - two.slot]
     mem_max = [min(hi[i], math.floor((cap - beta[i]) / alpha[i])) for i in range(p)]

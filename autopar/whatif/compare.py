@@ -115,6 +115,7 @@ def _training_cell(
     metric: str,
     precision: str,
     calibration: str | None,
+    memory_headroom: float | None = None,
 ) -> dict[str, Any]:
     """Best training layout on ``device``: :func:`autopar.search.recommend` over its default space."""
     from autopar.hardware import load_device
@@ -133,6 +134,7 @@ def _training_cell(
             objective=_BY_METRIC[metric],
             overrides=(f"precision={prec}",),
             calibration=calibration,
+            memory_headroom=memory_headroom,
             price_per_device_hour=DEFAULT_PRICE_PER_DEVICE_HOUR if price is None else price,
             progress=False,
         )
@@ -168,13 +170,15 @@ def compare(
     prices: dict[str, float] | None = None,
     precision: str = "bf16",
     calibration: str | None = None,
+    memory_headroom: float | None = None,
     serving_kwargs: dict[str, Any] | None = None,
 ) -> CompareResult:
     """Best layout per device on every (model, seq_len, batch) cell and the winner of each cell.
 
     ``workload`` "serving": ``seq_lens`` are prompt lengths (isl), ``batches`` concurrencies (None:
     offline max throughput), ``osl`` the output length. "training": ``seq_lens`` are training
-    sequence lengths and ``batches`` global batches (sequences per step).
+    sequence lengths and ``batches`` global batches (sequences per step). ``memory_headroom``
+    (training): the fraction of device memory a layout must leave free (None: the Job default).
     """
     if workload not in ("serving", "training"):
         raise AutoparError(f"workload must be serving or training, got {workload!r}")
@@ -214,7 +218,16 @@ def compare(
                     else:
                         assert b is not None
                         c = _training_cell(
-                            m, d, num_devices, s, b, prices.get(d), metric, precision, calibration
+                            m,
+                            d,
+                            num_devices,
+                            s,
+                            b,
+                            prices.get(d),
+                            metric,
+                            precision,
+                            calibration,
+                            memory_headroom,
                         )
                     c.update(model=m, seq_len=s, batch=b, device=d)
                     cells.append(c)

@@ -1,0 +1,153 @@
+"""Training-stack profiles for MEMORY: what each stack keeps per parameter and how it is sharded.
+
+One :class:`FrameworkProfile` per stack named by :data:`autopar.job.Framework`. A profile holds
+only what :func:`autopar.memory.stage_memory` and the engine's feasibility test read: bytes per
+parameter of the persistent weights, of the main gradients and of the optimizer state, the lowest
+ZeRO stage (``Layout.zero``) that shards each of them over the data-parallel shard group, the
+caching allocator's reserve above allocated memory, the runtime reserve outside the allocator and
+the basis (allocated or reserved) the stack's own memory log reports. The step-time model is
+Megatron-Core's for every stack (see ``Job.assumptions``).
+
+Sources (mixed bf16/fp16 training with Adam; pure fp32 training keeps ``autopar.memory``'s FP32_*
+figures for every stack):
+
+* Megatron-LM / Megatron-Core: bf16 parameters, fp32 main gradients, fp32 master + Adam moments.
+  ``megatron/training/arguments.py``: "bfloat16 requires gradient accumulation and all-reduce to
+  be done in fp32" (``accumulate_allreduce_grads_in_fp32 = True`` for bf16). The distributed
+  optimizer (zero=1) "distribute[s] all 'non-overlapping' optimizer state ... [no] distribute model
+  gradients, [no] distribute model parameters"; bytes per parameter "float16 param, fp32 grads:
+  18 non-distributed, 6 + 12/d distributed" (Megatron-Core developer guide, distrib_optimizer,
+  docs/source/api-guide/dist_optimizer.md). zero=2/3 is Megatron-FSDP (``optim_grads``,
+  ``optim_grads_params``; see ``autopar.export.megatron``), which shards the fp32 main gradients
+  and then the parameters.
+* PyTorch FSDP (FSDP1 via accelerate/llm-foundry/Composer, FSDP2 ``fully_shard``) and torchtitan:
+  the sharded parameter stays in its original dtype (fp32) and is what the optimizer steps:
+  "FSDP ... keeps the high-precision sharded parameters in memory anyway ... does not require any
+  extra memory to keep a high-precision copy of the parameters for the optimizer step", "The
+  optimizer step uses the sharded parameter in the original dtype" (``MixedPrecisionPolicy``
+  docstring, torch/distributed/fsdp/_fully_shard/_fsdp_api.py). Gradients land on that sharded
+  fp32 parameter (torchtitan's default ``mixed_precision_reduce = "float32"``, ``mixed_precision_param
+  = "bfloat16"``: torchtitan/config/job_config.py). So 4 (fp32 sharded param) + 4 (fp32 sharded
+  grad) + 8 (Adam m, v) = 16/d bytes per parameter under full sharding -- the same total as the
+  ZeRO-3 (2 + 2 + 12)/d, split differently; the bf16 gathered copies are the transient
+  ``zero3_buffers``. FSDP shards parameters and gradients together (zero=2 is FSDP2's
+  ``reshard_after_forward=False``, zero=3 ``True``); zero=0 is DDP with autocast (fp32 params and
+  grads, 16 bytes unsharded).
+* DeepSpeed ZeRO (and Megatron-DeepSpeed, which uses DeepSpeed's ZeRO optimizer): bf16/fp16
+  parameters and gradients, fp32 master + Adam states, K = 12 (Rajbhandari et al. 2020, arXiv
+  1910.02054, Fig. 1: (2 + 2 + K)); stage 1 shards the optimizer states, stage 2 also the
+  gradients, stage 3 also the parameters. Under ZeRO the gradient dtype is the model dtype
+  (``deepspeed/runtime/engine.py`` ``_do_optimizer_sanity_check``: bf16 with fp32 gradient
+  accumulation takes the BF16_Optimizer only when asked for, ``grad_accum_dtype = fp32``).
+
+Allocator: the PyTorch caching allocator reserves whole segments; reserved minus allocated
+(fragmentation) comes from the activations, which are freed and re-allocated in varying sizes every
+micro-batch, while model state lives in a few large buffers allocated once. PyTorch traces show
+5-15% of the activations: 0.10 is kept. No measured reserved figure is in the published data to
+check it (SimuMax's *simulated* reserved/allocated for run sm-45 of
+``studies/data/published_runs_dev2.csv``, 68.75/64.63 GiB, would be ~0.33 of that stage's
+activations: a simulator's output, not a measurement, so not used). The runtime reserve outside the allocator
+(CUDA context, cuBLAS/cuDNN/TE workspaces, NCCL's own buffers are ``comm_buffers``) is ~2 GiB.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MemoryBasis = Literal["allocated", "reserved"]
+
+
+class FrameworkProfile(BaseModel):
+    """What one training stack keeps per parameter (mixed precision) and its allocator figures."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    weight_bytes: float = Field(
+        gt=0, description="persistent weights per parameter (bf16 working copy, or FSDP's fp32 shard)"
+    )
+    weight_shard_stage: int = Field(ge=1, le=3, description="lowest zero stage that shards the weights")
+    grad_bytes: float = Field(gt=0, description="main gradients per parameter")
+    grad_shard_stage: int = Field(ge=1, le=3, description="lowest zero stage that shards the gradients")
+    optimizer_bytes: float = Field(
+        gt=0, description="optimizer state per parameter (fp32 master if separate, Adam m and v)"
+    )
+    optimizer_shard_stage: int = Field(ge=1, le=3, description="lowest zero stage that shards the optimizer")
+    fragmentation: float = Field(
+        ge=0, description="caching-allocator reserved above allocated, as a fraction of the activations"
+    )
+    framework_reserve_gib: float = Field(
+        ge=0, description="CUDA context and workspaces outside the allocator"
+    )
+    reported_basis: MemoryBasis = Field(description="what the stack's own memory log reports")
+
+    def bytes_per_param(self, zero: int, shard: float) -> float:
+        """Model-state bytes per parameter at ZeRO stage ``zero`` over a shard group of ``shard``."""
+        total = 0.0
+        for b, stage in (
+            (self.weight_bytes, self.weight_shard_stage),
+            (self.grad_bytes, self.grad_shard_stage),
+            (self.optimizer_bytes, self.optimizer_shard_stage),
+        ):
+            total += b / shard if zero >= stage else b
+        return total
+
+
+_ALLOCATOR = dict(fragmentation=0.10, framework_reserve_gib=2.0)
+
+MEGATRON = FrameworkProfile(
+    name="megatron",
+    weight_bytes=2.0,  # bf16 params (param buffer)
+    weight_shard_stage=3,  # Megatron-FSDP optim_grads_params
+    grad_bytes=4.0,  # fp32 main_grad buffer (accumulate_allreduce_grads_in_fp32 for bf16)
+    grad_shard_stage=2,  # the distributed optimizer keeps the full buffer; Megatron-FSDP optim_grads shards it
+    optimizer_bytes=12.0,  # fp32 master + Adam m + v, sharded by the distributed optimizer
+    optimizer_shard_stage=1,
+    reported_basis="allocated",  # megatron/training/utils.py report_memory: "max allocated" per rank
+    **_ALLOCATOR,
+)
+_FSDP = dict(
+    weight_bytes=4.0,  # fp32 sharded parameter, stepped by the optimizer (no separate master)
+    weight_shard_stage=2,  # FSDP shards parameters and gradients together
+    grad_bytes=4.0,  # gradients on the fp32 sharded parameter
+    grad_shard_stage=2,
+    optimizer_bytes=8.0,  # Adam m + v in fp32
+    optimizer_shard_stage=1,
+    **_ALLOCATOR,
+)
+# torchtitan/components/metrics.py logs memory/max_reserved(GiB).
+TORCHTITAN = FrameworkProfile(name="torchtitan", reported_basis="reserved", **_FSDP)
+FSDP = FrameworkProfile(
+    name="fsdp", reported_basis="allocated", **_FSDP
+)  # Composer/accelerate memory monitors
+_DEEPSPEED = dict(
+    weight_bytes=2.0,
+    weight_shard_stage=3,
+    grad_bytes=2.0,  # model dtype under ZeRO
+    grad_shard_stage=2,
+    optimizer_bytes=12.0,
+    optimizer_shard_stage=1,
+    reported_basis="allocated",  # see_memory_usage: "MA" (allocated) / "Max_MA"
+    **_ALLOCATOR,
+)
+DEEPSPEED = FrameworkProfile(name="deepspeed", **_DEEPSPEED)
+MEGATRON_DEEPSPEED = FrameworkProfile(name="megatron-deepspeed", **_DEEPSPEED)
+
+PROFILES: dict[str, FrameworkProfile] = {
+    p.name: p for p in (MEGATRON, TORCHTITAN, FSDP, DEEPSPEED, MEGATRON_DEEPSPEED)
+}
+
+# Headroom kept free on every device when judging whether a layout fits (fraction of capacity).
+# 5%: the allocated-memory model under-predicts the measured Megatron runs by up to 4.6% per model
+# (DeepSeek-V2 proxy; 1.8% MAPE overall: README, "Measured"), the reserved (fragmentation) figure
+# has no measurement to check it against, and the allocator's peak moves by a few percent between
+# iterations (transient optimizer-step and NCCL buffers); planning at 100% of capacity leaves no
+# margin for any of them.
+DEFAULT_MEMORY_HEADROOM = 0.05
+
+
+def framework_profile(name: str) -> FrameworkProfile:
+    """The profile of a stack named by :data:`autopar.job.Framework`."""
+    return PROFILES[name]
