@@ -29,8 +29,8 @@ def stage_param_counts(model, lay: LayoutTable) -> dict[str, np.ndarray]:
     """Non-expert and routed-expert parameters per rank on the heaviest pipeline stage."""
     sp = stage_params(model, lay)
     return {
-        "nonexpert": np.maximum(sp["first_nonexp"], sp["last_nonexp"]),
-        "expert": np.maximum(sp["first_exp"], sp["last_exp"]),
+        "nonexpert": np.maximum(np.maximum(sp["first_nonexp"], sp["last_nonexp"]), sp["mid_nonexp"]),
+        "expert": np.maximum(np.maximum(sp["first_exp"], sp["last_exp"]), sp["mid_exp"]),
     }
 
 

@@ -1,6 +1,7 @@
 """Step time of training layouts, vectorized over a :class:`LayoutTable`.
 
-step = (m·v + (p-1)) slots of one pipeline chunk (Narayanan et al. 2021: bubble (p-1)/(v·m))
+step = m slots of the slowest stage + the other stages' slots / v as fill and drain
+     (:func:`pipeline_schedule`; uniform stages: Narayanan et al. 2021's bubble (p-1)/(v·m))
      + exposed PP send/recv + exposed data-parallel/ZeRO communication + optimizer step.
 One micro-batch on one stage = GEMMs (roofline with shape-dependent efficiency), attention
 (FlashAttention-class kernels at a calibrated fraction of peak), memory-bound elementwise work,
@@ -274,6 +275,24 @@ def stage_slot(
     return parts
 
 
+def pipeline_schedule(
+    m: np.ndarray, v: np.ndarray, slot_max: np.ndarray, slot_sum: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(steady state, bubble) seconds of a synchronous (interleaved) 1F1B step from per-stage slots.
+
+    ``slot_max``/``slot_sum``: the slowest stage's and the sum of all stages' time for one
+    micro-batch (all v chunks). The slowest stage paces the m micro-batches; fill and drain pass
+    once through every other stage, one 1/v chunk at a time: bubble = (sum - max) / v. For p equal
+    stages of time t this is (p-1)·t/v, Narayanan et al. 2021's (p-1)/(v·m) of the m·t steady state;
+    for v = 1 the step (m-1)·max + sum is DAPPLE's (Fan et al. 2021, PPoPP). The one schedule of the
+    uniform engine (:func:`step_time_breakdown`) and of the uneven-split scorer
+    (``autopar.search.uneven``).
+    """
+    m = np.asarray(m, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    return m * slot_max, (slot_sum - slot_max) / v
+
+
 def pipeline_p2p(model, lay: LayoutTable, *, seq_len: int, links: C.Links) -> np.ndarray:
     """Seconds of pipeline send/recv per step on the critical path (activations fwd, gradients bwd)."""
     tp = lay["tp"].astype(np.float64)
@@ -408,25 +427,39 @@ def step_time_breakdown(
     vpp = lay["vpp"].astype(np.float64)
     m = lay["grad_accum"].astype(np.float64)
     st = stage_shape(model, lay)
-    n_dense = np.maximum(st.first_dense, st.last_dense).astype(np.float64)
-    n_moe = np.maximum(st.first_moe, st.last_moe).astype(np.float64)
-    sl = stage_slot(
-        model,
-        lay,
-        seq_len=seq_len,
-        links=links,
-        co=co,
-        n_dense=n_dense,
-        n_moe=n_moe,
-        head=np.ones(len(lay), dtype=bool),
-        frozen_weights=frozen_weights,
-    )
-    chunk = vpp  # each pipeline rank runs its layers as v chunks; slot time is per chunk
-    # Warm-up and cool-down pass through the other p-1 stages: charge them the average stage
-    # (L/p layers, no LM head), while the steady state runs at the slowest stage's pace.
-    avg_layers = model.layers / pp
-    avg_stage = (sl["slot"] - sl["head_slot"]) * (avg_layers / np.maximum(sl["n_layers"], 1.0))
-    bubble = (pp - 1.0) / chunk * avg_stage
+    n = len(lay)
+
+    def slot(n_dense, n_moe, head):
+        return stage_slot(
+            model,
+            lay,
+            seq_len=seq_len,
+            links=links,
+            co=co,
+            n_dense=n_dense,
+            n_moe=n_moe,
+            head=np.broadcast_to(head, np.shape(n_dense)),
+            frozen_weights=frozen_weights,
+        )
+
+    # The first, one middle (all middle stages hold the same layers) and the last stage; with
+    # pp = 1 the first stage is the last and runs the LM head.
+    first = slot(st.first_dense, st.first_moe, pp == 1)
+    last = slot(st.last_dense, st.last_moe, np.ones(n, dtype=bool))
+    mid = slot(st.mid_dense, st.mid_moe, np.zeros(n, dtype=bool))
+    s_first = np.where(pp == 1, 0.0, first["slot"])
+    s_mid = np.where(st.has_mid, mid["slot"], 0.0)
+    s_last = last["slot"]
+    slot_max = np.maximum(np.maximum(s_first, s_last), s_mid)
+    slot_sum = s_first + s_last + np.maximum(pp - 2.0, 0.0) * s_mid
+    steady, bubble = pipeline_schedule(m, vpp, slot_max, slot_sum)
+    # The pacing stage's parts (the last stage on ties: it runs the LM head).
+    pace_first = (s_first > s_last) & (s_first >= s_mid)
+    pace_mid = ~pace_first & (s_mid > s_last)
+    sl = {
+        k: np.where(pace_first, first[k], np.where(pace_mid, mid[k], last[k]))
+        for k in (*SLOT_PARTS, "fwd", "bwd", "recompute", "tp_raw", "tp_exposed", "cp_raw")
+    }
     pp_comm = pipeline_p2p(model, lay, seq_len=seq_len, links=links)
     tail = data_parallel_tail(
         model,

@@ -27,6 +27,8 @@ COLUMNS: tuple[str, ...] = (
     "tp",
     "pp",
     "vpp",
+    "first_stage_layers",
+    "last_stage_layers",
     "dp",
     "cp",
     "ep",
@@ -40,6 +42,8 @@ COLUMNS: tuple[str, ...] = (
     "offload",
     "precision",
 )
+# Columns a LayoutTable may omit (older callers, hand-built tables): their value when absent.
+OPTIONAL_COLUMNS: dict[str, int] = {"first_stage_layers": 0, "last_stage_layers": 0}
 
 
 class ParallelDims:
@@ -85,9 +89,36 @@ class ParallelDims:
         tp, pp, cp, ep, dp = (self._a(k) for k in ("tp", "pp", "cp", "ep", "dp"))
         return (tp > 1).astype(np.int64) + (pp > 1) + (cp > 1) + (ep > 1) + (dp * cp > 1)
 
+    def stage_layers(self, model: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Transformer layers on the first stage, on each middle stage (the most loaded one) and on
+        the last stage.
+
+        Declared end counts (``first_stage_layers``/``last_stage_layers`` > 0) follow Megatron-Core's
+        ``get_num_layers_to_build`` (megatron/core/transformer/transformer_block.py, mcore 0.16):
+        the layers left after the declared ends are split evenly over the other stages. Undeclared
+        (0): the even split, the first ``L % pp`` stages taking one extra layer (as
+        ``search.uneven.even_split``), so the first and the middle stages take ``ceil(L/pp)``.
+        With pp = 1 the one stage holds every layer.
+        """
+        L = int(model.layers)
+        pp = self._a("pp")
+        f, last = self._a("first_stage_layers"), self._a("last_stage_layers")
+        declared = (f > 0) | (last > 0)
+        ends = (f > 0).astype(np.int64) + (last > 0)
+        rest = np.maximum(pp - ends, 1)
+        mid_declared = -(-np.maximum(L - f - last, 0) // rest)
+        q, rem = L // pp, L % pp
+        first = np.where(f > 0, f, np.where(declared, mid_declared, q + (rem > 0)))
+        mid = np.where(declared, mid_declared, q + (rem > 1))
+        lst = np.where(last > 0, last, np.where(declared, mid_declared, q + (rem > pp - 1)))
+        one = pp == 1
+        return np.where(one, L, first), np.where(one, L, mid), np.where(one, L, lst)
+
     def layers_per_stage(self, model: Any) -> np.ndarray:
-        """Transformer layers on the heaviest pipeline stage (ceil division)."""
-        return -(-int(model.layers) // self._a("pp"))
+        """Transformer layers on the heaviest pipeline stage."""
+        first, mid, last = self.stage_layers(model)
+        has_mid = self._a("pp") >= 3
+        return np.maximum(np.maximum(first, last), np.where(has_mid, mid, 0))
 
 
 def _scalar(v: np.ndarray) -> Any:
@@ -109,6 +140,18 @@ class Layout(BaseModel):
     tp: int = Field(1, ge=1, description="tensor-parallel size")
     pp: int = Field(1, ge=1, description="pipeline-parallel stages")
     vpp: int = Field(1, ge=1, description="virtual (interleaved) stages per pipeline rank")
+    first_stage_layers: int = Field(
+        0,
+        ge=0,
+        description="decoder layers on the first pipeline stage (0 = even split; Megatron "
+        "--decoder-first-pipeline-num-layers); the rest split evenly over the other stages",
+    )
+    last_stage_layers: int = Field(
+        0,
+        ge=0,
+        description="decoder layers on the last pipeline stage (0 = even split; Megatron "
+        "--decoder-last-pipeline-num-layers)",
+    )
     dp: int = Field(1, ge=1, description="data-parallel size (dense)")
     cp: int = Field(1, ge=1, description="context-parallel size (sequence sharded for attention)")
     ep: int = Field(1, ge=1, description="expert-parallel size (MoE); divides tp*cp*dp / etp")
@@ -178,6 +221,8 @@ class Layout(BaseModel):
         parts = [f"tp{self.tp}", f"pp{self.pp}"]
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
+        if self.first_stage_layers or self.last_stage_layers:
+            parts.append(f"ends{self.first_stage_layers or '-'}/{self.last_stage_layers or '-'}")
         parts.append(f"dp{self.dp}")
         if self.cp > 1:
             parts.append(f"cp{self.cp}")
@@ -235,6 +280,8 @@ def resolve_layout(
     tp: int | None = None,
     pp: int | None = None,
     vpp: int | None = None,
+    first_stage_layers: int | None = None,
+    last_stage_layers: int | None = None,
     dp: int | None = None,
     cp: int | None = None,
     ep: int | None = None,
@@ -335,6 +382,8 @@ def resolve_layout(
         tp=tp,
         pp=pp,
         vpp=vpp,
+        first_stage_layers=first_stage_layers or 0,
+        last_stage_layers=last_stage_layers or 0,
         dp=dp,
         cp=cp,
         ep=ep,
@@ -363,6 +412,8 @@ class LayoutTable:
         n = {len(np.atleast_1d(v)) for v in cols.values()}
         if len(n) != 1:
             raise ValueError(f"columns of unequal length: {n}")
+        rows = n.pop()
+        cols = {**{k: np.zeros(rows, dtype=np.int64) + v for k, v in OPTIONAL_COLUMNS.items()}, **cols}
         missing = set(COLUMNS) - set(cols)
         if missing:
             raise ValueError(f"missing layout columns: {sorted(missing)}")
@@ -405,6 +456,8 @@ class LayoutTable:
                     "tp",
                     "pp",
                     "vpp",
+                    "first_stage_layers",
+                    "last_stage_layers",
                     "dp",
                     "cp",
                     "ep",

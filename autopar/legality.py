@@ -30,6 +30,38 @@ class Context:
     fp8_supported: bool
 
 
+def stage_split_problems(model, L) -> tuple[np.ndarray, np.ndarray]:
+    """(bad declared split, bad interleaving) masks, per Megatron-Core's checks of uneven pipelines.
+
+    Megatron-Core (``TransformerConfig.__post_init__`` and ``get_num_layers_to_build``, mcore 0.16):
+    ``num_layers_in_first/last_pipeline_stage`` (``--decoder-first/last-pipeline-num-layers``) must
+    be > 0 and leave layers that split evenly over the middle stages (none when pp = 2 and both are
+    given). With interleaving, either every declared end count and the middle stages' count are
+    divisible by vpp, or the ends hold one layer less than a middle stage and the split is the
+    ``--account-for-embedding-in-pipeline-split``/``--account-for-loss-in-pipeline-split`` one
+    ((L + ends) divisible by pp, per-rank count divisible by vpp; the first/last model chunk builds
+    one layer less). Undeclared ends: the interleaved schedule needs L divisible by pp*vpp.
+    """
+    layers = int(model.layers)
+    pp, vpp = L["pp"], L["vpp"]
+    f, last = L["first_stage_layers"], L["last_stage_layers"]
+    declared = (f > 0) | (last > 0)
+    ends = (f > 0).astype(np.int64) + (last > 0)
+    rest = pp - ends
+    left = layers - f - last
+    mid = np.where(rest > 0, left // np.maximum(rest, 1), 0)
+    bad_split = declared & (
+        (pp < 2) | np.where(rest > 0, (left < rest) | (left % np.maximum(rest, 1) != 0), left != 0)
+    )
+    v = np.maximum(vpp, 1)
+    divisible = ((f % v) == 0) & ((last % v) == 0) & np.where(rest > 0, mid % v == 0, True)
+    account_for = (
+        (rest > 0) & ((f == 0) | (f == mid - 1)) & ((last == 0) | (last == mid - 1)) & (mid % v == 0)
+    )
+    bad_vpp = (vpp > 1) & np.where(declared, ~(divisible | account_for), layers % (pp * v) != 0)
+    return bad_split, bad_vpp
+
+
 def _rules() -> list[Rule]:
     def kv_heads(model) -> int:
         return model.heads if model.is_mla else model.kv_heads
@@ -64,8 +96,11 @@ def _rules() -> list[Rule]:
         ),
         Rule(
             "pp_layers",
-            "pp*vpp must not exceed the number of layers",
-            lambda m, L, c: L["pp"] * L["vpp"] > m.layers,
+            "pp*vpp must not exceed the number of layers (plus the declared end stages, whose "
+            "first/last model chunk may hold only the embedding/loss)",
+            lambda m, L, c: (
+                L["pp"] * L["vpp"] > m.layers + (L["first_stage_layers"] > 0) + (L["last_stage_layers"] > 0)
+            ),
             ("pp", "vpp"),
         ),
         Rule(
@@ -75,10 +110,20 @@ def _rules() -> list[Rule]:
             ("vpp", "pp"),
         ),
         Rule(
+            "stage_layers",
+            "first/last stage layers must be >= 1, need pp >= 2, and leave layers that split evenly "
+            "over the middle stages (Megatron --decoder-first/last-pipeline-num-layers)",
+            lambda m, L, c: stage_split_problems(m, L)[0],
+            ("pp", "first_stage_layers", "last_stage_layers"),
+        ),
+        Rule(
             "vpp_layers",
-            "the interleaved schedule needs layers divisible by pp*vpp (equal model chunks)",
-            lambda m, L, c: (L["vpp"] > 1) & (m.layers % (L["pp"] * L["vpp"]) != 0),
-            ("pp", "vpp"),
+            "the interleaved schedule needs equal model chunks: layers divisible by pp*vpp, or with "
+            "declared first/last stage layers, the middle stages' layers divisible by vpp and the end "
+            "stages' either divisible by vpp or one less than a middle stage (Megatron's "
+            "account-for-embedding/loss split)",
+            lambda m, L, c: stage_split_problems(m, L)[1],
+            ("pp", "vpp", "first_stage_layers", "last_stage_layers"),
         ),
         Rule(
             "vpp_microbatches",
@@ -180,6 +225,22 @@ def _allowed(code: str, model, lay: LayoutTable, ctx: Context, i: int):
         return divisors(model.num_experts) if model.num_experts else [1]
     if code == "cp_seq":
         return divisors(ctx.seq_len // 2)
+    if code in ("stage_layers", "vpp_layers"):
+        # Equal end counts that make the row legal with its pp and vpp (0: the even split).
+        from autopar.layout import LayoutTable
+
+        pp, vpp = int(lay["pp"][i]), int(lay["vpp"][i])
+        cand = np.arange(0, model.layers + 1)
+        trial = LayoutTable(
+            {
+                **{k: np.repeat(lay[k][i], len(cand)) for k in lay.cols},
+                "first_stage_layers": cand,
+                "last_stage_layers": cand,
+            }
+        )
+        split, inter = stage_split_problems(model, trial.cols)
+        ok = cand[~split & ~inter & ~((cand == 0) & (model.layers % max(pp, 1) != 0) & (vpp > 1))]
+        return {"first_stage_layers = last_stage_layers": [int(x) for x in ok]}
     if code == "world_size":
         return {"product": ctx.num_devices}
     if code == "batch":

@@ -60,31 +60,49 @@ MEMORY_COMPONENTS = (
 
 @dataclass(frozen=True)
 class StageShape:
-    """How many dense and MoE layers the first and the last pipeline stage hold (arrays)."""
+    """Dense and MoE layers of the first, a middle and the last pipeline stage (arrays).
+
+    ``mid_*`` is the middle stage that decides time (the one with the most MoE layers: the last
+    middle stage); ``mem_mid_*`` the one that decides memory (stage 1, the most micro-batches in
+    flight). Both are zero-layer rows where there is no middle stage (pp < 3; ``has_mid``).
+    """
 
     first_dense: np.ndarray
     first_moe: np.ndarray
     last_dense: np.ndarray
     last_moe: np.ndarray
     layers_per_stage: np.ndarray
+    mid_dense: np.ndarray
+    mid_moe: np.ndarray
+    mem_mid_dense: np.ndarray
+    mem_mid_moe: np.ndarray
+    has_mid: np.ndarray
+
+
+def _dense_moe(model, start: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, MoE) layers among the contiguous layers [start, start + n)."""
+    if model.moe_layers == 0:
+        return n, n * 0
+    if model.first_dense_layers or model.moe_layers == model.layers:
+        dense = np.clip(model.layers - model.moe_layers - start, 0, n)
+        return dense, n - dense
+    # interleaved MoE layers (e.g. every other layer): spread evenly
+    moe = np.rint(n * model.moe_layers / model.layers).astype(np.int64)
+    return n - moe, moe
 
 
 def stage_shape(model, lay: LayoutTable) -> StageShape:
-    """Layers per stage with ceil division (the slowest/heaviest stage decides)."""
-    lps = lay.dims.layers_per_stage(model)
-    if model.moe_layers == 0:
-        zero = np.zeros_like(lps)
-        return StageShape(lps, zero, lps, zero, lps)
-    if model.first_dense_layers or model.moe_layers == model.layers:
-        first_dense = np.minimum(model.first_dense_layers, lps)
-        first_moe = lps - first_dense
-        last_moe = np.minimum(model.moe_layers, lps)
-        last_dense = lps - last_moe
-    else:  # interleaved MoE layers (e.g. every other layer): spread evenly
-        first_moe = np.rint(lps * model.moe_layers / model.layers).astype(np.int64)
-        first_dense = lps - first_moe
-        last_moe, last_dense = first_moe, first_dense
-    return StageShape(first_dense, first_moe, last_dense, last_moe, lps)
+    """Layers of the first, middle and last stage (:meth:`ParallelDims.stage_layers`), dense and MoE."""
+    first, mid, last = lay.dims.stage_layers(model)
+    pp = np.asarray(lay["pp"], dtype=np.int64)
+    has_mid = pp >= 3
+    mid = np.where(has_mid, mid, 0)
+    fd, fm = _dense_moe(model, first * 0, first)
+    ld, lm = _dense_moe(model, model.layers - last, last)
+    md, mm = _dense_moe(model, model.layers - last - mid, mid)  # the last middle stage
+    qd, qm = _dense_moe(model, first, mid)  # stage 1
+    lps = np.maximum(np.maximum(first, last), mid)
+    return StageShape(fd, fm, ld, lm, lps, md, mm, qd, qm, has_mid)
 
 
 def layer_params_per_rank(model, lay: LayoutTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -129,15 +147,19 @@ def stage_params_at(
 
 
 def stage_params(model, lay: LayoutTable) -> dict[str, np.ndarray]:
-    """Parameters per rank on the first and the last pipeline stage, non-expert and routed-expert."""
+    """Parameters per rank on the first, a middle (the most loaded) and the last pipeline stage,
+    non-expert and routed-expert (the middle ones are 0 where pp < 3)."""
     st = stage_shape(model, lay)
     first_nonexp, first_exp = stage_params_at(model, lay, lay["pp"] * 0, st.first_dense, st.first_moe)
     last_nonexp, last_exp = stage_params_at(model, lay, lay["pp"] - 1, st.last_dense, st.last_moe)
+    mid_nonexp, mid_exp = stage_params_at(model, lay, lay["pp"] * 0 + 1, st.mid_dense, st.mid_moe)
     return {
         "first_nonexp": first_nonexp,
         "last_nonexp": last_nonexp,
+        "mid_nonexp": np.where(st.has_mid, mid_nonexp, 0.0),
         "first_exp": first_exp,
         "last_exp": last_exp,
+        "mid_exp": np.where(st.has_mid, mid_exp, 0.0),
     }
 
 
@@ -203,31 +225,36 @@ def activation_bytes_per_layer(
 
 
 def inflight_microbatches(lay: LayoutTable, num_microbatches: np.ndarray) -> np.ndarray:
-    """Micro-batches whose activations the first stage holds at the 1F1B peak (Narayanan et al. 2021).
+    """Micro-batches whose activations the first stage holds at the schedule's peak (in micro-batch
+    units of a whole stage): :func:`stage_inflight` of stage 0 with ``num_microbatches``."""
+    return _inflight(lay, lay["pp"] * 0, num_microbatches)
 
-    1F1B: min(p, m); interleaved 1F1B with v chunks multiplies by 1 + (p-1)/(p*v) (Megatron estimator).
-    """
+
+def _inflight(lay: LayoutTable, stage: np.ndarray, m_: np.ndarray) -> np.ndarray:
     p = lay["pp"].astype(np.float64)
     v = lay["vpp"].astype(np.float64)
-    m = num_microbatches.astype(np.float64)
-    base = np.minimum(p, m)
-    interleave = np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
-    return base * interleave
+    m = np.asarray(m_, dtype=np.float64)
+    i = np.asarray(stage, dtype=np.float64)
+    one_f_one_b = np.minimum(p - i, m)
+    # Interleaved 1F1B (Megatron-Core pipeline_parallel/schedules.py, get_pp_rank_microbatches,
+    # mcore 0.16, microbatch_group_size_per_vp_stage = p): rank i runs 2(p-i-1) + (v-1)p warm-up
+    # forwards of 1/v-size model chunks, then one more forward before each backward, so it holds
+    # p*v + p - 2i - 1 chunks (capped at all m*v chunks of the step). In stage units that is
+    # p + (p - 2i - 1)/v: stage 0 holds p + (p-1)/v = p(1 + (p-1)/(p*v)) (Narayanan et al. 2021,
+    # Sec. 2.2.2), and the last stage p - (p-1)/v, not 1: its chunk-0 forwards all run before the
+    # first backward (which starts from the last chunk).
+    interleaved = np.minimum(p * v + p - 2.0 * i - 1.0, m * v) / v
+    return np.where(v > 1, interleaved, one_f_one_b)
 
 
 def stage_inflight(lay: LayoutTable, stage: np.ndarray) -> np.ndarray:
-    """Micro-batches whose activations stage ``stage`` holds at the 1F1B peak: min(p - i, m).
+    """Micro-batches (in whole-stage units) whose activations stage ``stage`` holds at its peak.
 
-    Stage i has p - i forwards in flight before its first backward (Narayanan et al. 2021); the
-    interleaved factor of :func:`inflight_microbatches` applies to every stage but the last, which
-    runs each micro-batch's backward right after its forward.
+    1F1B: stage i has min(p - i, m) forwards in flight before its first backward (Narayanan et al.
+    2021, PipeDream-Flush); interleaved 1F1B: min(p*v + p - 2i - 1, m*v) chunks of 1/v of the
+    stage (Megatron-Core's warm-up count plus the steady state's extra forward).
     """
-    p = lay["pp"].astype(np.float64)
-    v = lay["vpp"].astype(np.float64)
-    m = lay["grad_accum"].astype(np.float64)
-    base = np.minimum(p - stage, m)
-    interleave = np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
-    return base * np.where(stage < p - 1, interleave, 1.0)
+    return _inflight(lay, stage, lay["grad_accum"])
 
 
 def stage_memory(
@@ -361,10 +388,11 @@ def memory_breakdown(
     frozen_weights: bool = False,
     profile: FrameworkProfile = MEGATRON,
 ) -> dict[str, np.ndarray]:
-    """Bytes per device for the most loaded pipeline stage (first or last), by component.
+    """Bytes per device for the most loaded pipeline stage, by component.
 
-    :func:`stage_memory` on the first and on the last stage of the uniform split of
-    :func:`stage_shape`; the heavier one is reported (``stage``).
+    :func:`stage_memory` on the first stage, on stage 1 (the middle stage with the most
+    micro-batches in flight, where pp >= 3) and on the last stage of the split of
+    :func:`stage_shape`; the heaviest is reported (``stage``).
     """
     st = stage_shape(model, lay)
     kw: dict[str, Any] = dict(
@@ -379,12 +407,17 @@ def memory_breakdown(
     )
     first = stage_memory(model, lay, stage=lay["pp"] * 0, n_dense=st.first_dense, n_moe=st.first_moe, **kw)
     last = stage_memory(model, lay, stage=lay["pp"] - 1, n_dense=st.last_dense, n_moe=st.last_moe, **kw)
-    use_first = first["stage_bytes"] >= last["stage_bytes"]
-    out = {k: np.where(use_first, first[k], last[k]) for k in MEMORY_COMPONENTS}
+    mid = stage_memory(
+        model, lay, stage=lay["pp"] * 0 + 1, n_dense=st.mem_mid_dense, n_moe=st.mem_mid_moe, **kw
+    )
+    mid_bytes = np.where(st.has_mid, mid["stage_bytes"], -np.inf)
+    use_first = first["stage_bytes"] >= np.maximum(last["stage_bytes"], mid_bytes)
+    use_mid = ~use_first & (mid_bytes > last["stage_bytes"])
+    out = {k: np.where(use_first, first[k], np.where(use_mid, mid[k], last[k])) for k in MEMORY_COMPONENTS}
     out["total"] = sum((out[k] for k in MEMORY_COMPONENTS), np.zeros(len(lay)))
     out["allocated"] = sum((out[k] for k in ALLOCATED_COMPONENTS), np.zeros(len(lay)))
     out["reserved"] = out["allocated"] + out["fragmentation"]
-    out["stage"] = np.where(use_first, 0, lay["pp"] - 1)
+    out["stage"] = np.where(use_first, 0, np.where(use_mid, 1, lay["pp"] - 1))
     # Model state (weights + gradients + optimizer) of each end stage, for invariants and reports.
     out["state_first"] = first["state"]
     out["state_last"] = last["state"]

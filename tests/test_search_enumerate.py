@@ -35,13 +35,21 @@ CASES = [
         128,
         ["precision=bf16,fp8", "cp.max=16", "ep.max=128", "pp.max=8", "micro_batch=1,4", "zero=0,1,3"],
     ),
+    (
+        "llama-3.1-8b",
+        "h100-sxm-80gb",
+        64,
+        8192,
+        64,
+        ["pipeline_ends=even,minus_one", "tp=1,2", "zero=1", "recompute=none", "offload=false"],
+    ),
 ]
 # Axes each generation stage binds: its rules see these, later axes at neutral values.
 BOUND = [
     ("tp", "pp", "cp", "dp"),
     ("ep", "etp"),
     ("micro_batch", "grad_accum"),
-    ("vpp",),
+    ("vpp", "first_stage_layers", "last_stage_layers"),
     ("sp",),
     ("zero", "shard_group", "offload"),
     ("precision",),
@@ -56,6 +64,8 @@ NEUTRAL = dict(
     micro_batch=1,
     grad_accum=1,
     vpp=1,
+    first_stage_layers=0,
+    last_stage_layers=0,
     sp=0,
     zero=0,
     shard_group=0,
@@ -75,11 +85,12 @@ def brute_force(job, space):
     for tp, pp, cp in itertools.product(av.tp, av.pp, av.cp):
         etps = sorted({1 if e == 1 else tp for e in av.etp}) if m.is_moe else [tp]
         sps = [int(tp > 1)] if av.sp == "auto" else {"on": [1], "off": [0], "both": [0, 1]}[av.sp]
-        for ep, etp, mb, vpp, sp, z, sg, off, rec, prec in itertools.product(
+        for ep, etp, mb, vpp, ends, sp, z, sg, off, rec, prec in itertools.product(
             av.ep,
             etps,
             av.micro_batch,
             av.vpp,
+            av.pipeline_ends,
             sps,
             av.zero,
             av.shard_group,
@@ -89,7 +100,10 @@ def brute_force(job, space):
         ):
             dp = N // (tp * pp * cp) if N % (tp * pp * cp) == 0 else 0
             ga = B // (mb * dp) if dp and B % (mb * dp) == 0 else 0
-            rows.append((tp, pp, vpp, dp, cp, ep, etp, z, sg, sp, mb, ga, rec, off, prec))
+            # minus_one: (L + 2)/pp - 1 layers on each end; a non-divisor pp gets an impossible count
+            e = (m.layers + 2) // pp - 1 if (m.layers + 2) % pp == 0 else m.layers + 1
+            f = e if ends == 1 else 0
+            rows.append((tp, pp, vpp, f, f, dp, cp, ep, etp, z, sg, sp, mb, ga, rec, off, prec))
     arr = np.array(rows)
     alive = np.ones(len(arr), bool)
     counts: Counter = Counter()

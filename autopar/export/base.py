@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autopar.errors import AutoparError
@@ -144,10 +145,19 @@ class Exporter(ABC):
     suffix: ClassVar[str]
     description: ClassVar[str]
     serving: ClassVar[bool] = False
+    # Whether the format can declare the first/last pipeline stage's layer counts (Megatron's
+    # --decoder-first/last-pipeline-num-layers); the others refuse such layouts.
+    stage_layers: ClassVar[bool] = False
 
     def render(self, layout: Layout, job: Job) -> str:
         """The launcher text for ``layout`` running ``job``; raises :class:`ExportError`."""
         check_layout_and_job(layout, job, self.name)
+        if not self.stage_layers and (layout.first_stage_layers or layout.last_stage_layers):
+            raise unsupported(
+                f"first/last pipeline stage layers ({layout.first_stage_layers}/{layout.last_stage_layers})",
+                self.name,
+                "export to megatron or megatron_bridge, or use the even split (0/0)",
+            )
         if self.serving:
             check_serving(layout, self.name)
         text = self._render(layout, job)
@@ -256,12 +266,78 @@ def check_layout_and_job(layout: Layout, job: Job, fmt: str) -> None:
             f"virtual pipeline stages (vpp={layout.vpp}) without pipeline parallelism ({fmt})",
             "vpp > 1 needs pp > 1",
         )
-    if job.num_layers is not None and job.num_layers % (layout.pp * layout.vpp):
+    declared = layout.first_stage_layers or layout.last_stage_layers
+    if declared and job.num_layers is not None:
+        from autopar.legality import stage_split_problems
+
+        cols = {
+            k: np.asarray([getattr(layout, k)])
+            for k in ("pp", "vpp", "first_stage_layers", "last_stage_layers")
+        }
+        bad_split, bad_vpp = stage_split_problems(_Layers(job.num_layers), cols)
+        if bad_split[0] or bad_vpp[0]:
+            raise ExportError(
+                f"first/last stage layers {layout.first_stage_layers}/{layout.last_stage_layers} do not "
+                f"split num_layers={job.num_layers} over pp={layout.pp}, vpp={layout.vpp} as Megatron "
+                f"requires ({fmt})",
+                "see `autopar predict` with these flags for the allowed values",
+            )
+    if not declared and job.num_layers is not None and job.num_layers % (layout.pp * layout.vpp):
         raise ExportError(
             f"num_layers={job.num_layers} is not divisible by pp*vpp = {layout.pp}*{layout.vpp} ({fmt})",
             "choose pp and vpp that split the layers evenly",
         )
     job.nnodes  # noqa: B018  (raises on a partial last node)
+
+
+class _Layers:
+    """The one model attribute the stage-split rule reads."""
+
+    def __init__(self, layers: int) -> None:
+        self.layers = layers
+
+
+def pipeline_split(layout: Layout, job: Job, fmt: str) -> tuple[str, int, int]:
+    """How Megatron spells the layout's first/last stage layers: ``("even", 0, 0)``,
+    ``("layers", first, last)`` (``--decoder-first/last-pipeline-num-layers``; Megatron-Core needs
+    them divisible by vpp) or ``("account_for", embedding, loss)`` (``--account-for-embedding/
+    loss-in-pipeline-split``: the end stage holds one layer less than a middle one; the only form
+    with interleaving when the ends are not divisible by vpp; Megatron-Core refuses to combine the
+    two forms, TransformerConfig.__post_init__, mcore 0.16)."""
+    f, last, v = layout.first_stage_layers, layout.last_stage_layers, layout.vpp
+    if not (f or last):
+        return "even", 0, 0
+    if f % v == 0 and last % v == 0:
+        return "layers", f, last
+    if job.num_layers is None:
+        raise ExportError(
+            f"first/last stage layers {f}/{last} with vpp={v} need num_layers to be written ({fmt})",
+            "pass the job with num_layers (export from predict/recommend --json)",
+        )
+    ends = (f > 0) + (last > 0)
+    mid = (job.num_layers - f - last) // (layout.pp - ends)
+    if all(x in (0, mid - 1) for x in (f, last)):
+        return "account_for", int(f > 0), int(last > 0)
+    raise unsupported(
+        f"first/last stage layers {f}/{last} with vpp={v}",
+        fmt,
+        "Megatron needs them divisible by vpp, or one layer less than a middle stage",
+    )
+
+
+def split_from_account_for(
+    embedding: bool, loss: bool, *, pp: int, num_layers: int | None, fmt: str
+) -> tuple[int, int]:
+    """(first, last) stage layers of Megatron's account-for-embedding/loss split."""
+    if not (embedding or loss):
+        return 0, 0
+    if num_layers is None:
+        raise ExportError(
+            f"--account-for-embedding/loss-in-pipeline-split needs num_layers ({fmt})",
+            "keep the autopar header, which carries num_layers",
+        )
+    per_rank = exact_div(num_layers + int(embedding) + int(loss), pp, "(num_layers + ends) / pp", fmt)
+    return (per_rank - 1 if embedding else 0), (per_rank - 1 if loss else 0)
 
 
 def check_sharding(layout: Layout, fmt: str) -> None:

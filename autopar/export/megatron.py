@@ -19,6 +19,11 @@ ZeRO mapping (decided here, documented in the module):
   --recompute-num-layers 1`` (every layer's input kept, everything else recomputed);
   ``selective`` -> ``--recompute-granularity selective`` (no method: Megatron rejects one).
 * ``fp8`` -> ``--bf16 --fp8-format hybrid`` (E4M3 forward, E5M2 backward, on a bf16 base).
+* first/last stage layers -> ``--decoder-first/last-pipeline-num-layers N`` (Megatron-LM
+  arguments.py; mcore ``num_layers_in_first/last_pipeline_stage``), or, with interleaving when
+  they are not divisible by vpp, ``--account-for-embedding-in-pipeline-split`` /
+  ``--account-for-loss-in-pipeline-split`` (the end stage one layer short of a middle stage: the
+  Llama 3 balance); Megatron-Core refuses to combine the two forms.
 * interleaving -> ``--num-virtual-stages-per-pipeline-rank`` (parse also reads
   ``--num-layers-per-virtual-pipeline-stage`` when the header carries ``num_layers``).
 
@@ -45,10 +50,12 @@ from autopar.export.base import (
     header_line,
     merge_job,
     parse_flags,
+    pipeline_split,
     read_header,
     register,
     shard_instances,
     shell_lines,
+    split_from_account_for,
     strip_comments,
     to_int,
     unsupported,
@@ -62,6 +69,8 @@ VALUE_FLAGS = (
     "--pipeline-model-parallel-size",
     "--num-virtual-stages-per-pipeline-rank",
     "--num-layers-per-virtual-pipeline-stage",
+    "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers",
     "--context-parallel-size",
     "--expert-model-parallel-size",
     "--expert-tensor-parallel-size",
@@ -78,6 +87,8 @@ VALUE_FLAGS = (
     "--fp8-format",
 )
 BOOL_FLAGS = (
+    "--account-for-embedding-in-pipeline-split",
+    "--account-for-loss-in-pipeline-split",
     "--sequence-parallel",
     "--use-distributed-optimizer",
     "--use-megatron-fsdp",
@@ -113,6 +124,17 @@ def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
     ]
     if layout.vpp > 1:
         a.append(flag("--num-virtual-stages-per-pipeline-rank", layout.vpp))
+    form, first, last = pipeline_split(layout, job, fmt)
+    if form == "layers":
+        if first:
+            a.append(flag("--decoder-first-pipeline-num-layers", first))
+        if last:
+            a.append(flag("--decoder-last-pipeline-num-layers", last))
+    elif form == "account_for":
+        if first:
+            a.append(flag("--account-for-embedding-in-pipeline-split"))
+        if last:
+            a.append(flag("--account-for-loss-in-pipeline-split"))
     a += [
         flag("--context-parallel-size", layout.cp),
         flag("--expert-model-parallel-size", layout.ep),
@@ -197,6 +219,18 @@ def layout_fields_from_megatron(
         )
     else:
         vpp = num("num_virtual_stages_per_pipeline_rank", 1)
+    emb, loss = (
+        bool(f.get("account_for_embedding_in_pipeline_split")),
+        bool(f.get("account_for_loss_in_pipeline_split")),
+    )
+    first, last = num("decoder_first_pipeline_num_layers", 0), num("decoder_last_pipeline_num_layers", 0)
+    if (emb or loss) and (first or last):
+        raise ExportError(
+            f"--decoder-first/last-pipeline-num-layers with --account-for-*-in-pipeline-split in the {fmt} text",
+            "Megatron-Core refuses to combine them; use one form",
+        )
+    if emb or loss:
+        first, last = split_from_account_for(emb, loss, pp=pp, num_layers=num_layers, fmt=fmt)
     dp = exact_div(num_devices, tp * pp * cp, "num_devices / (tp*pp*cp)", fmt)
     mb = num("micro_batch_size")
     gb = num("global_batch_size", mb * dp)
@@ -265,6 +299,8 @@ def layout_fields_from_megatron(
         tp=tp,
         pp=pp,
         vpp=vpp,
+        first_stage_layers=first,
+        last_stage_layers=last,
         dp=dp,
         cp=cp,
         ep=ep,
@@ -284,6 +320,7 @@ def layout_fields_from_megatron(
 class MegatronExporter(Exporter):
     name = FMT
     suffix = ".sh"
+    stage_layers = True
     description = (
         "Megatron-LM pretrain_gpt.py arguments (append to your torchrun ... pretrain_gpt.py command)"
     )

@@ -28,10 +28,12 @@ from autopar.export.base import (
     exact_div,
     header_line,
     merge_job,
+    pipeline_split,
     read_header,
     register,
     shard_instances,
     shell_lines,
+    split_from_account_for,
     strip_comments,
     to_int,
     unsupported,
@@ -45,6 +47,10 @@ KEYS = (
     "model.tensor_model_parallel_size",
     "model.pipeline_model_parallel_size",
     "model.virtual_pipeline_model_parallel_size",
+    "model.num_layers_in_first_pipeline_stage",
+    "model.num_layers_in_last_pipeline_stage",
+    "model.account_for_embedding_in_pipeline_split",
+    "model.account_for_loss_in_pipeline_split",
     "model.context_parallel_size",
     "model.expert_model_parallel_size",
     "model.expert_tensor_parallel_size",
@@ -79,6 +85,23 @@ def _v(x: Any) -> str:
     return str(x)
 
 
+def _split_overrides(layout: Layout, job: Job) -> dict[str, Any]:
+    """The first/last stage layers as Megatron-Core TransformerConfig fields (one form; see
+    :func:`autopar.export.base.pipeline_split`)."""
+    form, first, last = pipeline_split(layout, job, FMT)
+    if form == "layers":
+        return {
+            "model.num_layers_in_first_pipeline_stage": first or None,
+            "model.num_layers_in_last_pipeline_stage": last or None,
+        }
+    if form == "account_for":
+        return {
+            "model.account_for_embedding_in_pipeline_split": bool(first),
+            "model.account_for_loss_in_pipeline_split": bool(last),
+        }
+    return {}
+
+
 def bridge_overrides(layout: Layout, job: Job) -> dict[str, Any]:
     check_sharding(layout, FMT)
     if layout.precision == "fp32":
@@ -100,6 +123,7 @@ def bridge_overrides(layout: Layout, job: Job) -> dict[str, Any]:
         "model.tensor_model_parallel_size": layout.tp,
         "model.pipeline_model_parallel_size": layout.pp,
         "model.virtual_pipeline_model_parallel_size": layout.vpp if layout.vpp > 1 else None,
+        **_split_overrides(layout, job),
         "model.context_parallel_size": layout.cp,
         "model.expert_model_parallel_size": layout.ep,
         "model.expert_tensor_parallel_size": layout.etp,
@@ -145,6 +169,7 @@ def _scalar(raw: str, key: str) -> Any:
 @register
 class MegatronBridgeExporter(Exporter):
     name = FMT
+    stage_layers = True
     suffix = ".overrides"
     description = "Megatron Bridge recipe overrides (append to run_recipe.py --recipe <recipe>)"
 
@@ -237,11 +262,24 @@ class MegatronBridgeExporter(Exporter):
                 f"autopar reads {sorted(MIXED_PRECISION.values())}",
             )
         vpp = o.get("model.virtual_pipeline_model_parallel_size")
+        first = o.get("model.num_layers_in_first_pipeline_stage")
+        last = o.get("model.num_layers_in_last_pipeline_stage")
+        emb = bool(o.get("model.account_for_embedding_in_pipeline_split"))
+        loss = bool(o.get("model.account_for_loss_in_pipeline_split"))
+        if (emb or loss) and (first is not None or last is not None):
+            raise ExportError(
+                f"num_layers_in_first/last_pipeline_stage with account_for_*_in_pipeline_split ({FMT})",
+                "Megatron-Core refuses to combine them; use one form",
+            )
+        if emb or loss:
+            first, last = split_from_account_for(emb, loss, pp=pp, num_layers=job.num_layers, fmt=FMT)
         layout = build_layout(
             dict(
                 tp=tp,
                 pp=pp,
                 vpp=1 if vpp is None else to_int(vpp, "vpp", FMT),
+                first_stage_layers=0 if first is None else to_int(first, "first stage layers", FMT),
+                last_stage_layers=0 if last is None else to_int(last, "last stage layers", FMT),
                 dp=dp,
                 cp=cp,
                 ep=num("model.expert_model_parallel_size", 1),

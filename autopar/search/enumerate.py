@@ -25,7 +25,7 @@ import numpy as np
 from autopar.errors import SearchSpaceError
 from autopar.layout import COLUMNS, PRECISION_CODES, RECOMPUTE_CODES, LayoutTable
 from autopar.legality import RULES, Context
-from autopar.search.space import SearchSpace, axis_bases, int_candidates, product
+from autopar.search.space import PIPELINE_ENDS_CODES, SearchSpace, axis_bases, int_candidates, product
 
 _RULE = {r.code: r for r in RULES}
 
@@ -37,6 +37,11 @@ SPACE_RULES: dict[str, tuple[str, Callable[..., np.ndarray]]] = {
         "shard_group equal to dp*cp duplicates shard_group=0",
         lambda m, L, c: (L["shard_group"] > 0) & (L["shard_group"] == L["dp"] * L["cp"]),
     ),
+    # With pp = 2 "one layer less on each end" of (L+2)/2 is the even split under another name.
+    "ends_duplicate": (
+        "minus_one pipeline ends with pp < 3 duplicate the even split",
+        lambda m, L, c: ((L["first_stage_layers"] > 0) | (L["last_stage_layers"] > 0)) & (L["pp"] < 3),
+    ),
 }
 
 # Rule codes checked at each generation stage, in this order (a candidate is counted under the first).
@@ -44,12 +49,28 @@ STAGE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("tp*pp*cp", ("world_size", "tp_heads", "tp_kv_heads", "tp_hidden", "pp_layers", "cp_seq")),
     ("ep,etp", ("ep_dense", "ep_experts", "ep_ranks")),
     ("micro_batch", ("batch",)),
-    ("vpp", ("vpp_needs_pp", "pp_layers", "vpp_layers", "vpp_microbatches")),
+    (
+        "vpp",
+        ("vpp_needs_pp", "pp_layers", "stage_layers", "vpp_layers", "vpp_microbatches", "ends_duplicate"),
+    ),
     ("sp", ("sp_needs_tp",)),
     ("zero,shard_group,offload", ("shard_group", "offload_needs_zero", "duplicate")),
     ("precision", ("fp8_unsupported",)),
 )
-STRUCTURAL = ("tp", "pp", "cp", "dp", "ep", "etp", "micro_batch", "grad_accum", "vpp", "sp")
+STRUCTURAL = (
+    "tp",
+    "pp",
+    "cp",
+    "dp",
+    "ep",
+    "etp",
+    "micro_batch",
+    "grad_accum",
+    "vpp",
+    "first_stage_layers",
+    "last_stage_layers",
+    "sp",
+)
 GRID_NDIM = 6  # (1, structural row, recompute, zero, shard_group, offload); precision is one per call
 
 
@@ -76,6 +97,7 @@ class AxisValues:
     tp: list[int]
     pp: list[int]
     vpp: list[int]
+    pipeline_ends: list[int]
     cp: list[int]
     ep: list[int]
     etp: list[Any]
@@ -95,6 +117,11 @@ def axis_values(space: SearchSpace, job) -> AxisValues:
     )
     node = job.devices_per_node
     ints = {k: int_candidates(getattr(a, k), base=bases[k], node=node) for k in bases}
+    if "minus_one" in a.pipeline_ends:
+        # Megatron's account-for-embedding/loss split interleaves (L + 2)/pp layers per rank:
+        # offer the vpp values that divide L + 2 as well.
+        extra = int_candidates(a.vpp, base=job.model.layers + 2, node=node)
+        ints["vpp"] = sorted(set(ints["vpp"]) | set(extra))
     for k, v in ints.items():
         if not v:
             ax = getattr(a, k)
@@ -107,6 +134,7 @@ def axis_values(space: SearchSpace, job) -> AxisValues:
         tp=ints["tp"],
         pp=ints["pp"],
         vpp=ints["vpp"],
+        pipeline_ends=[PIPELINE_ENDS_CODES.index(x) for x in a.pipeline_ends],
         cp=ints["cp"],
         ep=ints["ep"],
         etp=list(a.etp),
@@ -265,7 +293,8 @@ def enumerate_space(job, space: SearchSpace, *, enforce_limit: bool = True) -> E
 
     V = len(av.zero) * len(av.shard_group) * len(av.offload) * len(av.recompute) * len(av.precision)
     n_sp = 2 if av.sp == "both" else 1
-    n_mb, n_vpp, n_ep = len(av.micro_batch), len(av.vpp), len(av.ep)
+    n_mb, n_ep = len(av.micro_batch), len(av.ep)
+    n_vpp = len(av.vpp) * len(av.pipeline_ends)  # interleaving x end-stage split, bound together
 
     def etp_count(tp: np.ndarray) -> np.ndarray:
         if not model.is_moe:
@@ -277,7 +306,16 @@ def enumerate_space(job, space: SearchSpace, *, enforce_limit: bool = True) -> E
     def neutral(rows: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         n = len(next(iter(rows.values())))
         base = {c: np.ones(n, dtype=np.int64) for c in COLUMNS}
-        for c in ("zero", "shard_group", "sp", "offload", "recompute", "precision"):
+        for c in (
+            "zero",
+            "shard_group",
+            "sp",
+            "offload",
+            "recompute",
+            "precision",
+            "first_stage_layers",
+            "last_stage_layers",
+        ):
             base[c] = np.zeros(n, dtype=np.int64)
         base.update(rows)
         return base
@@ -326,6 +364,14 @@ def enumerate_space(job, space: SearchSpace, *, enforce_limit: bool = True) -> E
 
     # Stage 4: virtual pipeline stages.
     rows = _expand(rows, "vpp", np.array(av.vpp, dtype=np.int64))
+    # End-stage split: "minus_one" = (L + 2)/pp - 1 layers on the first and the last stage (illegal
+    # values, where pp does not divide L + 2, are caught by the stage_layers rule).
+    rows = _expand(rows, "ends", np.array(av.pipeline_ends, dtype=np.int64))
+    pp_ = np.maximum(rows["pp"], 1)
+    minus_one = np.where((model.layers + 2) % pp_ == 0, (model.layers + 2) // pp_ - 1, model.layers + 1)
+    ends = np.where(rows.pop("ends") == 1, minus_one, 0)
+    rows["first_stage_layers"] = ends
+    rows["last_stage_layers"] = ends.copy()
     rows = apply(rows, STAGE_RULES[3][1], np.full(len(rows["tp"]), n_sp * V, dtype=np.int64))
 
     # Stage 5: sequence parallelism.

@@ -25,6 +25,11 @@ SCHEMA = "autopar.search_space/v1"
 
 Candidates = Literal["pow2", "divisors", "divisors+pow2", "all"]
 SpMode = Literal["auto", "on", "off", "both"]
+# Pipeline end stages: "even" (the even split) or "minus_one" (the first and the last stage hold one
+# layer less than a middle stage, for the embedding and the loss: Llama 3, Sec. 3.3.2; Megatron's
+# --account-for-embedding/loss-in-pipeline-split; needs (layers + 2) divisible by pp, pp >= 3).
+PipelineEnds = Literal["even", "minus_one"]
+PIPELINE_ENDS_CODES: tuple[str, ...] = ("even", "minus_one")
 
 # What "divisors" means for each integer axis: the job-level number its legal values divide.
 DIVISOR_BASE = {
@@ -41,6 +46,7 @@ ALL_AXES = (
     "tp",
     "pp",
     "vpp",
+    "pipeline_ends",
     "cp",
     "ep",
     "etp",
@@ -114,6 +120,7 @@ class Axes(BaseModel):
     tp: IntAxis = IntAxis(candidates="pow2", max="node")
     pp: IntAxis = IntAxis(candidates="divisors+pow2", max=64)
     vpp: IntAxis = IntAxis(candidates="divisors", max=8)
+    pipeline_ends: list[PipelineEnds] = Field(default_factory=lambda: ["even"])  # type: ignore[arg-type]
     cp: IntAxis = IntAxis(candidates="pow2", max=8)
     ep: IntAxis = IntAxis(candidates="divisors", max=64)
     etp: list[Literal[1, "tp"]] = Field(default_factory=lambda: [1, "tp"])  # type: ignore[arg-type]
@@ -125,7 +132,7 @@ class Axes(BaseModel):
     offload: list[bool] = Field(default_factory=lambda: [False, True])
     precision: list[Precision] = Field(default_factory=lambda: ["bf16"])  # type: ignore[arg-type]
 
-    @field_validator("etp", "zero", "recompute", "offload", "precision")
+    @field_validator("etp", "zero", "recompute", "offload", "precision", "pipeline_ends")
     @classmethod
     def _nonempty_unique(cls, v: list[Any]) -> list[Any]:
         if not v:

@@ -8,7 +8,8 @@ and logits on the last, ``min(p - i, m)`` micro-batches in flight on stage i, Na
 2021). Only the schedule is assembled here:
 
 * synchronous 1F1B step: ``(m - 1) * max_i slot_i + sum_i slot_i`` (DAPPLE, Fan et al. 2021,
-  PPoPP: the slowest stage paces the steady state, each stage appears once in fill and drain),
+  PPoPP: the slowest stage paces the steady state, each stage appears once in fill and drain;
+  :func:`autopar.latency.pipeline_schedule`, the engine's own schedule),
   plus the engine's send/recv time and data-parallel sync and optimizer step
   (:func:`autopar.engine.evaluate_tail`) for the most parameters on any stage, hidden behind the
   pacing stage's micro-batch;
@@ -29,6 +30,7 @@ from autopar.coefficients import Calibration, load_calibration
 from autopar.engine import evaluate_stages, evaluate_tail, memory_limit_bytes
 from autopar.errors import SearchSpaceError
 from autopar.job import TrainingJob
+from autopar.latency import pipeline_schedule
 from autopar.layout import RECOMPUTE_CODES, Layout, LayoutTable
 from autopar.memory import GIB
 
@@ -135,8 +137,10 @@ class UnevenScorer:
         if sum(plan.layers) != self.job.model.layers or min(plan.layers) < 1:
             raise ValueError(f"stage layers {plan.layers} must be >= 1 and sum to {self.job.model.layers}")
         sc = self.stage_costs(base, plan)
-        m = base.grad_accum
-        step = (m - 1) * float(sc.slot.max()) + float(sc.slot.sum()) + sc.tail
+        steady, bubble = pipeline_schedule(
+            np.asarray(base.grad_accum), np.asarray(base.vpp), sc.slot.max(), sc.slot.sum()
+        )
+        step = float(steady) + float(bubble) + sc.tail
         mem = sc.memory
         cap = memory_limit_bytes(self.job)  # capacity less the job's headroom
         tokens = self.job.tokens_per_step
