@@ -45,7 +45,7 @@ STAGE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ep,etp", ("ep_dense", "ep_experts", "ep_ranks")),
     ("micro_batch", ("batch",)),
     ("vpp", ("vpp_needs_pp", "pp_layers", "vpp_layers", "vpp_microbatches")),
-    ("sp", ("sp_needs_tp",)),
+    ("sp", ("sp_needs_tp", "moe_sp")),
     ("zero,shard_group,offload", ("shard_group", "offload_needs_zero", "duplicate")),
     ("precision", ("fp8_unsupported",)),
 )
