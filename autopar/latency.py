@@ -179,9 +179,10 @@ def stage_slot(
         shared = mlp_gemm(model.shared_expert_ffn, T, tp) if model.shared_expert_ffn else 0.0
         router = gt(T_r, model.num_experts, h)
         moe_mlp = expert + shared + router
-        # Memory-bound token shuffling: permutations/unpermutations and the router's top-k, fwd.
+        # Memory-bound token shuffling (permutations/unpermutations, router top-k), fwd; the
+        # backward moves the same bytes once (not the 2x of the elementwise ops' recomputed reads).
         moe_elem = (
-            moe.permutation_bytes(model, T, sp_div, etp, elem) + moe.router_bytes(model, T, sp_div)
+            moe.permutation_bytes(model, T, sp_div, ep, etp, elem) + moe.router_bytes(model, T, sp_div)
         ) / co.hbm_bw
     else:
         moe_mlp = np.zeros(n)
@@ -219,15 +220,16 @@ def stage_slot(
 
     gemm_f = n_dense * (attn_gemm + dense_mlp) + n_moe * (attn_gemm + moe_mlp)
     attn_tot_f = n_layers * attn_f
-    elem_tot_f = n_layers * elem_f + n_moe * moe_elem
+    elem_tot_f = n_layers * elem_f
+    perm_f = n_moe * moe_elem
     # LM head + loss on the last stage (vocab-parallel over tp).
     head_f = gt(T, model.vocab / tp, h) + T * model.vocab / tp * 4.0 * 2 / co.hbm_bw
     head_f = np.where(head, head_f, 0.0)
     gemm_f = gemm_f + head_f
 
-    fwd = gemm_f + attn_tot_f + elem_tot_f
+    fwd = gemm_f + attn_tot_f + elem_tot_f + perm_f
     wgrad = 0.0 if frozen_weights else 1.0  # weight-gradient GEMMs, as many FLOPs as the forward
-    bwd = (1.0 + wgrad) * gemm_f + 2.5 * attn_tot_f + 2.0 * elem_tot_f
+    bwd = (1.0 + wgrad) * gemm_f + 2.5 * attn_tot_f + 2.0 * elem_tot_f + perm_f
     recompute = np.select(
         [rec == REC_FULL, rec == REC_SELECTIVE],
         [fwd - head_f, attn_tot_f],
@@ -297,7 +299,7 @@ def stage_slot(
     parts = {
         "gemm": (2.0 + wgrad) * gemm_f,
         "attention": 3.5 * attn_tot_f,
-        "elementwise": 3.0 * elem_tot_f + overhead + contention_mb,
+        "elementwise": 3.0 * elem_tot_f + 2.0 * perm_f + overhead + contention_mb,
         "recompute": recompute,
         "tp_comm": tp_comm,
         "cp_comm": cp_comm,

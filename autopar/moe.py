@@ -100,17 +100,21 @@ def deepep_internode_share(model, ep, etp, devices_per_node: int) -> np.ndarray:
     return np.minimum(nodes * (1.0 - miss) / k, 1.0)
 
 
-def permutation_bytes(model, T, sp_div, etp, elem) -> np.ndarray:
+def permutation_bytes(model, T, sp_div, ep, etp, elem) -> np.ndarray:
     """HBM bytes of the forward permutations and unpermutations of one MoE layer per rank.
 
-    Permutation 1 and unpermutation 2 (the combine side) move the rank's ``T_r * k`` copies,
-    permutation 2 and unpermutation 1 the ``T_r * k * etp`` rows after the ETP all-gather; each
-    reads and writes a row of ``h`` (memory-bound gathers/scatters, fused or not).
+    Fused permutation 1 reads the rank's ``T_r`` tokens once and writes their ``T_r * k`` copies;
+    the fused unpermutation 2 (probability-weighted combine) reads the copies and writes ``T_r``
+    rows. With more than one local expert, permutation 2 and unpermutation 1 sort the
+    ``T_r * k * etp`` received rows by expert and back, each a read and a write. Rows are ``h``
+    wide; the backward moves the same bytes once more (the gradient of a gather is a scatter).
     """
     h = float(model.hidden)
-    local = routed_tokens(T, sp_div) * model.moe_topk
-    rows = 2.0 * local + 2.0 * local * np.asarray(etp, dtype=np.float64)
-    return 2.0 * rows * h * np.asarray(elem)
+    t_r = routed_tokens(T, sp_div)
+    copies = t_r * model.moe_topk
+    sort = np.where(model.num_experts / np.asarray(ep, dtype=np.float64) > 1, 1.0, 0.0)
+    rows = 2.0 * (t_r + copies) + sort * 4.0 * copies * np.asarray(etp, dtype=np.float64)
+    return rows * h * np.asarray(elem)
 
 
 def router_bytes(model, T, sp_div) -> np.ndarray:

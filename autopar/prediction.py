@@ -160,6 +160,8 @@ def predict(
     seq_len: int | None = None,
     global_batch: int | None = None,
     lora: bool | None = None,
+    moe_dispatcher: str | None = None,
+    moe_a2a_overlap: bool | None = None,
     framework: str | None = None,
     calibration: str | None = None,
     **layout_kw: Any,
@@ -167,7 +169,8 @@ def predict(
     """Predict per-device memory and step time of one training layout.
 
     The job: ``job=Job(...)`` or the flat keywords (the ``autopar predict`` flag names: model,
-    device, num_devices, devices_per_node, seq_len, global_batch, lora, framework, calibration).
+    device, num_devices, devices_per_node, seq_len, global_batch, lora, moe_dispatcher,
+    moe_a2a_overlap, framework, calibration).
     The layout: ``layout=Layout(...)`` or the layout keywords of :func:`resolve_layout` (tp, pp,
     vpp, dp, cp, ep, etp, zero, shard_group, sp, micro_batch, recompute, offload, precision;
     defaults: the :class:`Layout` field defaults, ``dp`` what is left of the world size, ``sp`` on
@@ -185,6 +188,8 @@ def predict(
         seq_len=seq_len,
         global_batch=global_batch,
         lora=lora,
+        moe_dispatcher=moe_dispatcher,
+        moe_a2a_overlap=moe_a2a_overlap,
         framework=framework,
         calibration=calibration,
     )

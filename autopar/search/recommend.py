@@ -385,6 +385,8 @@ def recommend(
     seq_len: int | None = None,
     global_batch: int | None = None,
     lora: bool | None = None,
+    moe_dispatcher: str | None = None,
+    moe_a2a_overlap: bool | None = None,
     framework: str | None = None,
     calibration: str | Calibration | None = None,
     top: int = 5,
@@ -424,6 +426,8 @@ def recommend(
         seq_len=seq_len,
         global_batch=global_batch,
         lora=lora,
+        moe_dispatcher=moe_dispatcher,
+        moe_a2a_overlap=moe_a2a_overlap,
         framework=framework,
         calibration=cal_path,
     )
