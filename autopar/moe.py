@@ -97,7 +97,7 @@ def deepep_internode_share(model, ep, etp, devices_per_node: int) -> np.ndarray:
     miss = np.ones_like(nodes)
     for i in range(k):
         miss = miss * np.maximum(E - per_node - i, 0.0) / (E - i)
-    return np.minimum(nodes * (1.0 - miss) / k, 1.0)
+    return np.where(nodes > 1, np.minimum(nodes * (1.0 - miss) / k, 1.0), 1.0)  # one node: nothing leaves
 
 
 def permutation_bytes(model, T, sp_div, ep, etp, elem) -> np.ndarray:
