@@ -106,12 +106,16 @@ def all_gather(links: Links, nbytes, n, stride) -> np.ndarray:
 reduce_scatter = all_gather
 
 
-def all_to_all(links: Links, nbytes, n, stride) -> np.ndarray:
-    """All-to-all where each rank sends ``nbytes`` in total, spread evenly over the n ranks."""
+def all_to_all(links: Links, nbytes, n, stride, inter_share=1.0) -> np.ndarray:
+    """All-to-all where each rank sends ``nbytes`` in total, spread evenly over the n ranks.
+
+    ``inter_share`` scales the bytes that leave the node (a dispatcher that de-duplicates copies
+    bound for one node, e.g. DeepEP, sends fewer).
+    """
     n = np.asarray(n, dtype=np.float64)
     g = ranks_per_node(n, stride, links.devices_per_node)
     intra = nbytes * (g - 1.0) / n / _intra_bw(links, g)
-    inter = nbytes * (n - g) / n / links.out_nic
+    inter = nbytes * (n - g) / n * inter_share / links.out_nic
     alpha = _tree_alpha(links, n, g < n) / 2.0  # pairwise exchanges run concurrently
     return np.where(n > 1, intra + inter + alpha, 0.0)
 

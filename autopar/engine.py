@@ -84,6 +84,7 @@ def evaluate(
         co=co,
         param_counts=params,
         frozen_weights=job.frozen_weights,
+        moe_options=job.moe_options,
     )
     step = t["step_time"]
     tokens = float(job.tokens_per_step)
@@ -173,6 +174,7 @@ def evaluate_stages(
         n_moe=n_moe,
         head=stage == lay["pp"] - 1,
         frozen_weights=job.frozen_weights,
+        moe_options=job.moe_options,
     )
     nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe)
     out: dict[str, np.ndarray] = {f"mem_{k}": mem[k] for k in MEMORY_COMPONENTS}

@@ -21,6 +21,7 @@ from autopar.errors import AutoparError
 from autopar.frameworks import DEFAULT_MEMORY_HEADROOM, FrameworkProfile, framework_profile
 from autopar.hardware import DeviceProfile, load_cluster
 from autopar.model import ModelSpec, load_model
+from autopar.moe import A2A_OVERLAP_DESCRIPTION, DISPATCHER_DESCRIPTION, Dispatcher, MoEOptions
 
 SCHEMA_VERSION = 1
 
@@ -97,6 +98,8 @@ class TrainingWorkload(_Frozen):
         description="LoRA/PEFT fine-tuning: base weights frozen (no weight gradients, sync or "
         "optimizer state; the adapters are neglected)",
     )
+    moe_dispatcher: Dispatcher = Field("alltoall", description=DISPATCHER_DESCRIPTION)
+    moe_a2a_overlap: bool = Field(False, description=A2A_OVERLAP_DESCRIPTION)
 
     @property
     def tokens_per_step(self) -> int:
@@ -317,6 +320,12 @@ class TrainingJob:
     def frozen_weights(self) -> bool:
         """LoRA-style fine-tuning: base weights frozen, adapters neglected."""
         return self.job.training.lora
+
+    @property
+    def moe_options(self) -> MoEOptions:
+        """How the MoE layers run: the token dispatcher and the EP all-to-all overlap."""
+        w = self.job.training
+        return MoEOptions(dispatcher=w.moe_dispatcher, a2a_overlap=w.moe_a2a_overlap)
 
     @property
     def tokens_per_step(self) -> int:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar import collectives as C
+from autopar import moe
 from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.memory import REC_FULL, REC_SELECTIVE, stage_shape
 
@@ -96,6 +97,7 @@ def stage_slot(
     n_moe: np.ndarray,
     head: np.ndarray,
     frozen_weights: bool = False,
+    moe_options: moe.MoEOptions | None = None,
 ) -> dict[str, np.ndarray]:
     """Seconds one micro-batch takes on one pipeline stage per row, by component (``SLOT_PARTS``).
 
@@ -106,8 +108,10 @@ def stage_slot(
     communication for the exposed-communication report. :func:`step_time_breakdown` calls it on the
     heaviest stage of a uniform pipeline, ``autopar.search.uneven`` on every stage of an uneven one.
     ``frozen_weights`` (LoRA-style fine-tuning): backward runs only the input-gradient GEMMs.
+    ``moe_options``: the token dispatcher and the EP all-to-all overlap (:class:`autopar.moe.MoEOptions`).
     """
     n = len(lay)
+    opts = moe_options or moe.MoEOptions()
     tp = lay["tp"].astype(np.float64)
     cp = lay["cp"].astype(np.float64)
     ep = lay["ep"].astype(np.float64)
@@ -165,16 +169,25 @@ def stage_slot(
         return gt(M, up_mult * F / width_div, h) + gt(M, h, F / width_div)
 
     dense_mlp = mlp_gemm(model.ffn_hidden, T, tp) if model.ffn_hidden else np.zeros(n)
+    sp_div = lay.dims.sp_divisor.astype(np.float64)
     if model.is_moe:
-        # Tokens per local expert: each rank receives its tokens' top-k copies (balanced routing).
-        tok_per_expert = T * model.moe_topk * ep / model.num_experts * (tp / etp)
-        local_experts = model.num_experts / ep
-        expert = local_experts * mlp_gemm(model.moe_ffn_hidden, tok_per_expert, etp) / (tp / etp)
+        # Grouped GEMM = one GEMM per local expert with M = its tokens (autopar.moe): small per-expert
+        # M pays the same tile/wave quantization as any small GEMM. Router and shared experts run on
+        # the rank's sequence-parallel share of the tokens.
+        T_r = moe.routed_tokens(T, sp_div)
+        tok_e = moe.tokens_per_expert(model, T, sp_div, ep, etp)
+        expert = (model.num_experts / ep) * mlp_gemm(model.moe_ffn_hidden, tok_e, etp)
         shared = mlp_gemm(model.shared_expert_ffn, T, tp) if model.shared_expert_ffn else 0.0
-        router = gt(T, model.num_experts, h)
+        router = gt(T_r, model.num_experts, h)
         moe_mlp = expert + shared + router
+        # Memory-bound token shuffling (permutations/unpermutations, router top-k), fwd; the
+        # backward moves the same bytes once (not the 2x of the elementwise ops' recomputed reads).
+        moe_elem = (
+            moe.permutation_bytes(model, T, sp_div, ep, etp, elem) + moe.router_bytes(model, T, sp_div)
+        ) / co.hbm_bw
     else:
         moe_mlp = np.zeros(n)
+        moe_elem = np.zeros(n)
 
     # ---- attention core (FlashAttention): fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd ----------------
     window = model.sliding_window or 0
@@ -192,7 +205,6 @@ def stage_slot(
         attn_f = attn_fwd(s_kv_full)
 
     # ---- memory-bound elementwise work per layer (bytes moved, fwd) ------------------------------
-    sp_div = lay.dims.sp_divisor.astype(np.float64)
     act_f = model.ffn_hidden if model.ffn_hidden else model.moe_ffn_hidden * model.moe_topk
     per_tok = (
         2 * 2 * h / sp_div  # two norms: read + write
@@ -210,14 +222,15 @@ def stage_slot(
     gemm_f = n_dense * (attn_gemm + dense_mlp) + n_moe * (attn_gemm + moe_mlp)
     attn_tot_f = n_layers * attn_f
     elem_tot_f = n_layers * elem_f
+    perm_f = n_moe * moe_elem
     # LM head + loss on the last stage (vocab-parallel over tp).
     head_f = gt(T, model.vocab / tp, h) + T * model.vocab / tp * 4.0 * 2 / co.hbm_bw
     head_f = np.where(head, head_f, 0.0)
     gemm_f = gemm_f + head_f
 
-    fwd = gemm_f + attn_tot_f + elem_tot_f
+    fwd = gemm_f + attn_tot_f + elem_tot_f + perm_f
     wgrad = 0.0 if frozen_weights else 1.0  # weight-gradient GEMMs, as many FLOPs as the forward
-    bwd = (1.0 + wgrad) * gemm_f + 2.5 * attn_tot_f + 2.0 * elem_tot_f
+    bwd = (1.0 + wgrad) * gemm_f + 2.5 * attn_tot_f + 2.0 * elem_tot_f + perm_f
     recompute = np.select(
         [rec == REC_FULL, rec == REC_SELECTIVE],
         [fwd - head_f, attn_tot_f],
@@ -230,8 +243,17 @@ def stage_slot(
     tp_one = C.all_reduce(links, tp_bytes, tp, np.ones(n)) + np.where(
         tp > 1, co.tp_collective_overhead_s, 0.0
     )
-    n_tp_coll = 4.0 + np.where(rec == REC_FULL, 2.0, 0.0)
-    tp_raw = n_layers * n_tp_coll * tp_one
+    per_layer = 4.0 + np.where(rec == REC_FULL, 2.0, 0.0)
+    # A MoE layer has no TP all-gather/reduce-scatter around its routed experts (the dispatcher
+    # routes the sequence-parallel share): attention keeps its two, shared experts add two. The
+    # expert-TP group instead all-gathers the received copies before the expert GEMMs and
+    # reduce-scatters after (fwd AG+RS, bwd RS+AG; recomputed forward adds one more AG+RS).
+    moe_tp_coll = per_layer * (0.5 + (0.5 if model.shared_expert_ffn else 0.0))
+    tp_raw = (n_dense * per_layer + n_moe * moe_tp_coll) * tp_one
+    if model.is_moe:
+        etp_bytes = moe.expert_rows_per_rank(model, T, sp_div, etp) * h * elem
+        etp_one = C.all_gather(links, etp_bytes, etp, np.ones(n))
+        tp_raw = tp_raw + n_moe * per_layer * etp_one
     # Stacks that pipeline TP collectives with the neighbouring GEMMs (userbuffers/TE comm overlap,
     # async TP) hide a fraction; the hidden part still contends for SMs and HBM.
     tp_comm = tp_raw * (1.0 - co.tp_overlap) + co.overlap_contention * co.tp_overlap * tp_raw
@@ -243,11 +265,33 @@ def stage_slot(
     cp_comm = np.maximum(cp_raw - (attn_tot_f * 3.5), 0.0)
     cp_hidden = cp_raw - cp_comm
     # ---- EP all-to-all: dispatch + combine, fwd and bwd, per MoE layer ----------------------------
+    # Over the EP group (ep ranks placed etp apart, Megatron's expert order etp, ep, edp), each
+    # rank sends its T/sp * k copies of h (16-bit; fp32 when training in fp32). DeepEP crosses the
+    # network once per destination node. With the EP-overlap schedule the all-to-all of one
+    # micro-batch hides behind the other direction's compute of its partner micro-batch.
     if model.is_moe:
-        a2a_bytes = T / sp_div * model.moe_topk * h * elem
-        ep_comm = n_moe * 4.0 * C.all_to_all(links, a2a_bytes, ep, etp)
+        a2a_bytes = moe.dispatch_bytes(model, T, sp_div, elem)
+        share = (
+            moe.deepep_internode_share(model, ep, etp, links.devices_per_node)
+            if opts.dispatcher == "deepep"
+            else 1.0
+        )
+        a2a_one = C.all_to_all(links, a2a_bytes, ep, etp, inter_share=share)
+        n_a2a = 4.0 + np.where(rec == REC_FULL, 2.0, 0.0)  # recomputed forward dispatches again
+        ep_raw = n_moe * n_a2a * a2a_one
+        if opts.a2a_overlap:
+            # fwd all-to-all behind the partner's backward compute and vice versa; only micro-batches
+            # of the 1F1B steady state have a partner (Megatron refuses it with full recompute).
+            fwd_a2a = n_moe * 2.0 * a2a_one
+            bwd_a2a = ep_raw - fwd_a2a
+            can = (rec != REC_FULL) * moe.paired_fraction(lay["pp"], lay["grad_accum"])
+            ep_hidden = can * (np.minimum(fwd_a2a, bwd) + np.minimum(bwd_a2a, fwd))
+        else:
+            ep_hidden = np.zeros(n)
     else:
-        ep_comm = np.zeros(n)
+        ep_raw = np.zeros(n)
+        ep_hidden = np.zeros(n)
+    ep_comm = ep_raw - ep_hidden + co.overlap_contention * ep_hidden
 
     slot = fwd + bwd + recompute + overhead + tp_comm + cp_comm + ep_comm  # one micro-batch, whole stage
     contention_mb = co.overlap_contention * cp_hidden
@@ -256,7 +300,7 @@ def stage_slot(
     parts = {
         "gemm": (2.0 + wgrad) * gemm_f,
         "attention": 3.5 * attn_tot_f,
-        "elementwise": 3.0 * elem_tot_f + overhead + contention_mb,
+        "elementwise": 3.0 * elem_tot_f + 2.0 * perm_f + overhead + contention_mb,
         "recompute": recompute,
         "tp_comm": tp_comm,
         "cp_comm": cp_comm,
@@ -271,6 +315,8 @@ def stage_slot(
         tp_raw=tp_raw,
         tp_exposed=tp_raw * (1.0 - co.tp_overlap),
         cp_raw=cp_raw,
+        ep_raw=ep_raw,
+        ep_exposed=ep_raw - ep_hidden,
     )
     return parts
 
@@ -414,11 +460,13 @@ def step_time_breakdown(
     co: Coefficients,
     param_counts: dict[str, np.ndarray],
     frozen_weights: bool = False,
+    moe_options: moe.MoEOptions | None = None,
 ) -> dict[str, np.ndarray]:
     """Seconds per optimizer step by component, plus ``step_time`` and communication totals.
 
-    The steady state runs at the pace of the heaviest stage: :func:`stage_slot` with the larger of
-    the first and the last stage's dense and MoE layer counts plus the LM head. ``frozen_weights``
+    :func:`stage_slot` scores the first, one middle and the last stage (the LM head on the last);
+    :func:`pipeline_schedule` turns their slots into the steady state (paced by the slowest stage)
+    and the bubble. ``frozen_weights``
     (LoRA-style fine-tuning): the base weights get no gradients, so backward runs only the
     input-gradient GEMMs (1x forward instead of 2x), and no gradient reduction or optimizer step
     happens for them (adapters are a fraction of a percent and are neglected).
@@ -440,6 +488,7 @@ def step_time_breakdown(
             n_moe=n_moe,
             head=np.broadcast_to(head, np.shape(n_dense)),
             frozen_weights=frozen_weights,
+            moe_options=moe_options,
         )
 
     # The first, one middle (all middle stages hold the same layers) and the last stage; with
@@ -458,7 +507,17 @@ def step_time_breakdown(
     pace_mid = ~pace_first & (s_mid > s_last)
     sl = {
         k: np.where(pace_first, first[k], np.where(pace_mid, mid[k], last[k]))
-        for k in (*SLOT_PARTS, "fwd", "bwd", "recompute", "tp_raw", "tp_exposed", "cp_raw")
+        for k in (
+            *SLOT_PARTS,
+            "fwd",
+            "bwd",
+            "recompute",
+            "tp_raw",
+            "tp_exposed",
+            "cp_raw",
+            "ep_raw",
+            "ep_exposed",
+        )
     }
     pp_comm = pipeline_p2p(model, lay, seq_len=seq_len, links=links)
     tail = data_parallel_tail(
@@ -481,12 +540,12 @@ def step_time_breakdown(
     out["optimizer"] = tail["optimizer"]
     out["step_time"] = sum(out[k] for k in TIME_COMPONENTS)
     total_comm = (
-        m * (sl["tp_raw"] + sl["cp_raw"] + sl["ep_comm"])
+        m * (sl["tp_raw"] + sl["cp_raw"] + sl["ep_raw"])
         + pp_comm
         + m * tail["dp_per_mb"]
         + tail["dp_per_step"]
     )
-    exposed_comm = m * (sl["tp_exposed"] + sl["cp_comm"] + sl["ep_comm"]) + pp_comm + tail["dp_exposed"]
+    exposed_comm = m * (sl["tp_exposed"] + sl["cp_comm"] + sl["ep_exposed"]) + pp_comm + tail["dp_exposed"]
     out["comm_total"] = total_comm
     out["comm_exposed"] = exposed_comm
     out["compute_busy"] = m * (sl["fwd"] + sl["bwd"] + sl["recompute"])

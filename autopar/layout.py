@@ -75,8 +75,10 @@ class ParallelDims:
 
     @property
     def expert_shard(self) -> np.ndarray:
-        """Ranks sharding the expert state: the shard group, capped by the expert-DP group."""
-        return np.minimum(self.shard_size.astype(np.float64), self.expert_dp)
+        """Ranks sharding the expert state: Megatron's distributed optimizer shards it over the whole
+        expert-DP group (tp*cp*dp/(ep*etp) ranks); an HSDP shard group caps it."""
+        sg = self._a("shard_group").astype(np.float64)
+        return np.where(sg > 0, np.minimum(sg, self.expert_dp), self.expert_dp)
 
     @property
     def sp_divisor(self) -> np.ndarray:
@@ -155,7 +157,12 @@ class Layout(BaseModel):
     dp: int = Field(1, ge=1, description="data-parallel size (dense)")
     cp: int = Field(1, ge=1, description="context-parallel size (sequence sharded for attention)")
     ep: int = Field(1, ge=1, description="expert-parallel size (MoE); divides tp*cp*dp / etp")
-    etp: int = Field(1, ge=1, description="expert tensor-parallel size; 1 or tp in practice")
+    etp: int = Field(
+        1,
+        ge=1,
+        description="expert tensor-parallel size (Megatron-Core's expert_tensor_parallel_size; "
+        "left blank it is tp, as in ModelParallelConfig)",
+    )
     zero: ZeroStage = Field(
         1,
         description="ZeRO stage: 0 DDP, 1 optimizer sharding (Megatron's distributed optimizer), "
@@ -264,11 +271,11 @@ def divisors(n: int) -> list[int]:
 
 
 # Keywords of resolve_layout (and of predict()); None = the Layout field's default, except the
-# derived ones: dp (what is left of the world size), etp (tp when ep == 1, else 1), sp (tp > 1).
+# derived ones: dp (what is left of the world size), etp (tp, Megatron-Core's default), sp (tp > 1).
 LAYOUT_ARGS: tuple[str, ...] = tuple(c for c in COLUMNS if c != "grad_accum")
 DERIVED_DEFAULTS: dict[str, str] = {
     "dp": "num_devices/(tp*pp*cp)",
-    "etp": "tp when ep == 1, else 1",
+    "etp": "tp (Megatron-Core's expert_tensor_parallel_size default)",
     "sp": "on when tp > 1",
 }
 
@@ -387,7 +394,7 @@ def resolve_layout(
         dp=dp,
         cp=cp,
         ep=ep,
-        etp=tp if etp is None and ep == 1 else (etp or 1),
+        etp=tp if etp is None else etp,
         zero=zero,  # type: ignore[arg-type]
         shard_group=shard_group or 0,
         sp=(tp > 1) if sp is None else bool(sp),

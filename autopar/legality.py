@@ -156,6 +156,13 @@ def _rules() -> list[Rule]:
             ("ep",),
         ),
         Rule(
+            "moe_sp",
+            "a MoE model with tp > 1 needs sequence parallelism (Megatron-Core's MoELayer raises "
+            "without it in training)",
+            lambda m, L, c: bool(m.is_moe) & (L["tp"] > 1) & (L["sp"] == 0),
+            ("tp", "sp"),
+        ),
+        Rule(
             "ep_ranks",
             "ep*etp must divide tp*cp*dp (experts are carved out of the same ranks)",
             lambda m, L, c: ParallelDims(L).expert_dp % 1 != 0,

@@ -17,6 +17,7 @@ import numpy as np
 
 from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, LayoutTable
+from autopar.moe import routed_activation_elems
 
 GIB = float(1 << 30)
 # Per process-group communication buffers (NCCL channels, ~0.35-0.4 GB per group: AIConfigurator,
@@ -176,6 +177,7 @@ def activation_bytes_per_layer(
     flash_attention: bool = True,
     dropout: bool = False,
     ep: np.ndarray | None = None,
+    etp: np.ndarray | None = None,
 ) -> np.ndarray:
     """Activation bytes one transformer layer keeps for backward, per rank, for one micro-batch.
 
@@ -206,11 +208,10 @@ def activation_bytes_per_layer(
     else:
         core = 5.0 * model.heads * s * sb / t
     if moe:
-        k = model.moe_topk
-        f_e = model.moe_ffn_hidden
         mult = 6.0 if model.gated_mlp else 4.0
-        # Routed copies arrive balanced: each rank handles (local tokens)*k copies of h and F_e.
-        routed = sb / sp_div * k * (2.0 * h + mult * f_e)
+        # Routed copies arrive balanced: T/sp * k * etp rows per rank after the ETP all-gather.
+        e_tp = t if etp is None else np.asarray(etp, dtype=np.float64)
+        routed = 2.0 * routed_activation_elems(model, sb, sp_div, e_tp)
         shared = mult * sb * model.shared_expert_ffn / t
         mlp = routed + shared
     else:
@@ -324,6 +325,7 @@ def stage_memory(
         recompute=lay["recompute"],
         flash_attention=flash_attention,
         dropout=dropout,
+        etp=lay["etp"],
     )
     act_dense = activation_bytes_per_layer(model, moe=False, **common) * act_scale
     act_moe = (

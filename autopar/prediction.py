@@ -180,6 +180,8 @@ def predict(
     seq_len: int | None = None,
     global_batch: int | None = None,
     lora: bool | None = None,
+    moe_dispatcher: str | None = None,
+    moe_a2a_overlap: bool | None = None,
     framework: str | None = None,
     memory_headroom: float | None = None,
     calibration: str | None = None,
@@ -188,8 +190,8 @@ def predict(
     """Predict per-device memory and step time of one training layout.
 
     The job: ``job=Job(...)`` or the flat keywords (the ``autopar predict`` flag names: model,
-    device, num_devices, devices_per_node, seq_len, global_batch, lora, framework, memory_headroom,
-    calibration).
+    device, num_devices, devices_per_node, seq_len, global_batch, lora, moe_dispatcher,
+    moe_a2a_overlap, framework, memory_headroom, calibration).
     The layout: ``layout=Layout(...)`` or the layout keywords of :func:`resolve_layout` (tp, pp,
     vpp, dp, cp, ep, etp, zero, shard_group, sp, micro_batch, recompute, offload, precision;
     defaults: the :class:`Layout` field defaults, ``dp`` what is left of the world size, ``sp`` on
@@ -207,6 +209,8 @@ def predict(
         seq_len=seq_len,
         global_batch=global_batch,
         lora=lora,
+        moe_dispatcher=moe_dispatcher,
+        moe_a2a_overlap=moe_a2a_overlap,
         framework=framework,
         memory_headroom=memory_headroom,
         calibration=calibration,

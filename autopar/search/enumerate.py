@@ -53,7 +53,7 @@ STAGE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
         "vpp",
         ("vpp_needs_pp", "pp_layers", "stage_layers", "vpp_layers", "vpp_microbatches", "ends_duplicate"),
     ),
-    ("sp", ("sp_needs_tp",)),
+    ("sp", ("sp_needs_tp", "moe_sp")),
     ("zero,shard_group,offload", ("shard_group", "offload_needs_zero", "duplicate")),
     ("precision", ("fp8_unsupported",)),
 )

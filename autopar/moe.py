@@ -1,0 +1,148 @@
+"""Routing arithmetic of a Megatron-Core MoE layer, vectorized over layouts.
+
+How Megatron-Core runs one MoE layer (``megatron/core/transformer/moe/token_dispatcher.py``,
+``MoEAlltoAllTokenDispatcher``; MCore 0.16):
+
+1. With tp > 1 MoE runs sequence parallel: each rank holds and routes ``T/tp`` of the micro-batch's
+   ``T = micro_batch * seq_len / cp`` tokens (``T`` without SP). The router is a ``T_r x E x h`` GEMM.
+2. Permutation 1 copies each routed token once per chosen expert (``T_r * k`` rows of ``h``), and
+   the all-to-all over the EP group (``ep`` ranks, placed ``etp`` apart: the expert rank order is
+   etp, ep, edp) sends every copy to the rank holding its expert.
+3. With expert-TP (``etp`` > 1, MCore default ``etp = tp``: ``ModelParallelConfig.__post_init__``)
+   the received copies are all-gathered in the ETP group; each rank runs its ``E/ep`` local experts
+   at width ``F/etp`` over all ``etp`` ranks' copies, then reduce-scatters the output.
+4. Permutation 2 sorts the copies by local expert; after the expert MLP the two unpermutations
+   and the combine all-to-all run the same path backwards.
+
+Balanced routing (the published MoE runs are force-balanced), so every local expert sees
+
+    tokens_per_expert = (T / sp) * k * ep * etp / E
+
+(``ep`` ranks of an EP group each send ``T_r * k`` copies spread over ``E`` experts: ``T_r*k*ep/E``
+per expert and EP group; the ETP all-gather adds the copies of the other ``etp - 1`` EP groups that
+hold the same experts). Summed over the ``E/ep`` local experts at width ``F/etp`` this is exactly
+``T*k/tp`` tokens' worth of expert FLOPs per rank: the ``tp*cp*dp`` ranks of a stage share the expert
+work evenly whatever ``ep`` and ``etp`` are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from autopar.collectives import ranks_per_node
+
+Dispatcher = Literal["alltoall", "deepep"]
+DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
+DISPATCHER_DESCRIPTION = (
+    "MoE token dispatcher: alltoall (Megatron --moe-token-dispatcher-type alltoall, the MoE recipes' "
+    "choice) or deepep (flex dispatcher with DeepEP: a token crosses the network once per destination "
+    "node, then fans out over NVLink)"
+)
+A2A_OVERLAP_DESCRIPTION = (
+    "hide each micro-batch's EP all-to-all behind another micro-batch's compute (Megatron "
+    "--overlap-moe-expert-parallel-comm, MCore >= 0.13; not with full recompute)"
+)
+
+
+@dataclass(frozen=True)
+class MoEOptions:
+    """How the framework runs the MoE layers of a job (dispatcher and all-to-all overlap)."""
+
+    dispatcher: Dispatcher = "alltoall"
+    a2a_overlap: bool = False
+
+
+def routed_tokens(T, sp_div) -> np.ndarray:
+    """Tokens one rank routes per micro-batch: its sequence-parallel share ``T / sp``."""
+    return np.asarray(T, dtype=np.float64) / np.asarray(sp_div, dtype=np.float64)
+
+
+def tokens_per_expert(model, T, sp_div, ep, etp) -> np.ndarray:
+    """Rows of each local expert's GEMMs per rank, balanced routing: ``(T/sp) * k * ep * etp / E``."""
+    ep = np.asarray(ep, dtype=np.float64)
+    etp = np.asarray(etp, dtype=np.float64)
+    return routed_tokens(T, sp_div) * model.moe_topk * ep * etp / model.num_experts
+
+
+def expert_rows_per_rank(model, T, sp_div, etp) -> np.ndarray:
+    """Rows of all local experts together per rank (after the ETP all-gather): ``(T/sp) * k * etp``."""
+    return routed_tokens(T, sp_div) * model.moe_topk * np.asarray(etp, dtype=np.float64)
+
+
+def dispatch_bytes(model, T, sp_div, elem) -> np.ndarray:
+    """Bytes one rank sends in one dispatch (and receives back in one combine): ``(T/sp) * k * h * elem``."""
+    return routed_tokens(T, sp_div) * model.moe_topk * float(model.hidden) * np.asarray(elem)
+
+
+def deepep_internode_share(model, ep, etp, devices_per_node: int) -> np.ndarray:
+    """Inter-node bytes of DeepEP's dispatch relative to the all-to-all's, balanced uniform routing.
+
+    The EP group spans ``N = ep / g`` nodes (``g`` of its ranks per node), each holding ``E/N``
+    experts. A token whose ``k`` experts are drawn without replacement misses a given node with
+    probability ``C(E - E/N, k) / C(E, k)``, so it reaches ``N * (1 - that)`` distinct nodes on average
+    while the all-to-all sends ``k`` copies; the remote share is (N-1)/N of both. DeepEP sends one
+    copy per node over RDMA and fans out over NVLink (DeepSeek-V3 report, Sec. 3.2.2), so the
+    network carries ``N * (1 - miss) / k`` of the all-to-all's inter-node bytes. Node-limited
+    routing (DeepSeek-V3's M = 4 nodes per token) would lower it further and is not modeled.
+    """
+    ep = np.asarray(ep, dtype=np.float64)
+    g = ranks_per_node(ep, etp, devices_per_node)
+    nodes = np.maximum(ep / g, 1.0)
+    E = float(model.num_experts)
+    k = int(model.moe_topk)
+    per_node = E / nodes
+    miss = np.ones_like(nodes)
+    for i in range(k):
+        miss = miss * np.maximum(E - per_node - i, 0.0) / (E - i)
+    return np.where(nodes > 1, np.minimum(nodes * (1.0 - miss) / k, 1.0), 1.0)  # one node: nothing leaves
+
+
+def permutation_bytes(model, T, sp_div, ep, etp, elem) -> np.ndarray:
+    """HBM bytes of the forward permutations and unpermutations of one MoE layer per rank.
+
+    Fused permutation 1 reads the rank's ``T_r`` tokens once and writes their ``T_r * k`` copies;
+    the fused unpermutation 2 (probability-weighted combine) reads the copies and writes ``T_r``
+    rows. With more than one local expert, permutation 2 and unpermutation 1 sort the
+    ``T_r * k * etp`` received rows by expert and back, each a read and a write. Rows are ``h``
+    wide; the backward moves the same bytes once more (the gradient of a gather is a scatter).
+    """
+    h = float(model.hidden)
+    t_r = routed_tokens(T, sp_div)
+    copies = t_r * model.moe_topk
+    sort = np.where(model.num_experts / np.asarray(ep, dtype=np.float64) > 1, 1.0, 0.0)
+    rows = 2.0 * (t_r + copies) + sort * 4.0 * copies * np.asarray(etp, dtype=np.float64)
+    return rows * h * np.asarray(elem)
+
+
+def router_bytes(model, T, sp_div) -> np.ndarray:
+    """HBM bytes of the router's softmax/sigmoid, top-k and aux-loss over fp32 logits per rank, fwd."""
+    return routed_tokens(T, sp_div) * model.num_experts * 4.0 * 3.0  # write, read for top-k, read for loss
+
+
+def routed_activation_elems(model, sb_local, sp_div, etp) -> np.ndarray:
+    """Activation elements the routed experts keep for backward per rank (16-bit each).
+
+    Per rank the grouped GEMMs see ``T_r * k * etp`` rows: the fc1 input (``h``, saved after the
+    ETP all-gather), the fc1 output (``2F`` gated / ``F``) and the fc2 input (``F``), both sharded
+    by etp (Korthikanti et al. 2022's MLP terms applied to the routed copies).
+    """
+    etp = np.asarray(etp, dtype=np.float64)
+    rows = expert_rows_per_rank(model, sb_local, sp_div, etp)
+    f_e = float(model.moe_ffn_hidden)
+    inter = (3.0 if model.gated_mlp else 2.0) * f_e / etp
+    return rows * (float(model.hidden) + inter)
+
+
+def paired_fraction(pp, grad_accum) -> np.ndarray:
+    """Share of micro-batches whose forward runs merged with another micro-batch's backward.
+
+    Megatron's EP-overlap schedule merges the forward of one micro-batch with the backward of an
+    earlier one in the 1F1B steady state; the ``min(p, m)`` warm-up forwards of the first stage (one
+    without pipelining) and as many cool-down backwards have no partner.
+    """
+    p = np.asarray(pp, dtype=np.float64)
+    m = np.asarray(grad_accum, dtype=np.float64)
+    return np.maximum(m - np.minimum(p, m), 0.0) / np.maximum(m, 1.0)

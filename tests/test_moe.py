@@ -1,0 +1,134 @@
+"""Routing arithmetic of autopar.moe against hand derivations, and MoE plausibility checks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from autopar import moe, predict
+from autopar.errors import LayoutError
+from autopar.layout import resolve_layout
+from autopar.model import load_model
+
+DSV3 = dict(
+    model="deepseek-v3",
+    device="h800-sxm-80gb",
+    num_devices=2048,
+    seq_len=4096,
+    global_batch=15360,
+    tp=1,
+    pp=16,
+    ep=64,
+    zero=1,
+)
+
+
+class _M:  # a MoE shape small enough to count by hand
+    hidden = 1024
+    num_experts = 64
+    moe_topk = 4
+    moe_ffn_hidden = 512
+    gated_mlp = True
+
+
+# (tp, etp, ep, sp, tokens per local expert GEMM per rank), T = 4096 tokens per micro-batch per rank.
+# Derivation: each rank routes its SP share T/sp (sp = tp with SP, 1 without) and makes k copies;
+# an EP group of ep ranks spreads ep*(T/sp)*k copies over E experts, so each expert gets
+# ep*(T/sp)*k/E from its EP group, and the ETP all-gather adds the copies of the etp EP groups that
+# hold the same experts: (T/sp) * k * ep * etp / E.
+GOLDEN = [
+    (1, 1, 1, 1, 4096 * 4 * 1 * 1 / 64),  # 256: no parallelism, k/E of the tokens
+    (1, 1, 8, 1, 4096 * 4 * 8 / 64),  # 2048: 8 ranks' copies meet on 8 experts per rank
+    (2, 2, 8, 2, 2048 * 4 * 8 * 2 / 64),  # 2048: SP halves the routed tokens, ETP gathers 2 back
+    (2, 1, 8, 2, 2048 * 4 * 8 / 64),  # 1024: etp=1, each TP rank's SP share stays its own
+    (4, 1, 16, 4, 1024 * 4 * 16 / 64),  # 1024
+    (4, 4, 4, 4, 1024 * 4 * 4 * 4 / 64),  # 1024
+    (2, 2, 1, 1, 4096 * 4 * 1 * 2 / 64),  # 512: without SP every TP rank routes all T (redundant)
+]
+
+
+@pytest.mark.parametrize(("tp", "etp", "ep", "sp", "want"), GOLDEN)
+def test_tokens_per_expert_by_hand(tp, etp, ep, sp, want) -> None:
+    got = moe.tokens_per_expert(_M, 4096.0, sp, ep, etp)
+    assert float(got) == pytest.approx(want)
+    # Expert FLOPs per rank: E/ep local experts x rows x width F/etp = (T/sp)*k*F tokens' worth,
+    # i.e. with SP the tp*cp*dp ranks of a stage split the routed work evenly whatever ep, etp are.
+    work = _M.num_experts / ep * float(got) * _M.moe_ffn_hidden / etp
+    assert work == pytest.approx(4096 / sp * _M.moe_topk * _M.moe_ffn_hidden)
+
+
+def test_dispatch_and_permutation_bytes_by_hand() -> None:
+    # tp=2 with SP: 2048 routed tokens x k=4 copies x h=1024 x 2 bytes per dispatch.
+    assert float(moe.dispatch_bytes(_M, 4096.0, 2, 2.0)) == 2048 * 4 * 1024 * 2
+    # Fused permute (read 2048, write 8192 rows) + combine (read 8192, write 2048) = 2*(2048+8192),
+    # plus the sort by local expert and back on 8192*etp rows (read+write each): 4*8192*2.
+    rows = 2 * (2048 + 8192) + 4 * 8192 * 2
+    assert float(moe.permutation_bytes(_M, 4096.0, 2, 8, 2, 2.0)) == rows * 1024 * 2
+    # One local expert (ep = E): no sort.
+    assert float(moe.permutation_bytes(_M, 4096.0, 2, 64, 2, 2.0)) == 2 * (2048 + 8192) * 1024 * 2
+
+
+def test_deepep_internode_share_by_hand() -> None:
+    # DeepSeek-V3 shape: 256 experts, top-8, EP64 over 8 nodes of 8 GPUs -> 32 experts per node.
+    m = load_model("deepseek-v3")
+    miss = math.comb(256 - 32, 8) / math.comb(256, 8)
+    want = 8 * (1 - miss) / 8
+    assert float(moe.deepep_internode_share(m, 64, 1, 8)) == pytest.approx(want)
+    assert 0.6 < want < 0.7  # a token reaches ~5.3 of 8 nodes with 8 copies
+    # One node: nothing leaves it; the share is defined as 1 (no de-duplication to claim).
+    assert float(moe.deepep_internode_share(m, 8, 1, 8)) == pytest.approx(1.0)
+
+
+def test_paired_fraction() -> None:
+    assert float(moe.paired_fraction(1, 8)) == pytest.approx(7 / 8)
+    assert float(moe.paired_fraction(16, 120)) == pytest.approx(104 / 120)
+    assert float(moe.paired_fraction(4, 4)) == 0.0
+
+
+def test_etp_defaults_to_tp_as_megatron_core() -> None:
+    # ModelParallelConfig: expert_tensor_parallel_size None -> tensor_model_parallel_size, with EP too.
+    lay = resolve_layout(num_devices=16, global_batch=16, tp=2, ep=4)
+    assert lay.etp == 2 and lay.expert_dp == 2
+    assert resolve_layout(num_devices=16, global_batch=16, tp=2, ep=8, etp=1).etp == 1
+
+
+def test_moe_with_tp_needs_sp() -> None:
+    with pytest.raises(LayoutError, match="sequence parallelism"):
+        predict(
+            model="mixtral-8x7b", device="h100-sxm-80gb", num_devices=8, seq_len=4096,
+            global_batch=8, tp=2, ep=4, sp=False,
+        )  # fmt: skip
+
+
+def test_expert_state_sharded_over_whole_expert_dp_group() -> None:
+    # tp=4, ep=2, etp=1 on 16 ranks: expert-DP = 4*1*4/(2*1) = 8 > dp*cp = 4 (Megatron shards the
+    # distributed optimizer's expert state over the expert-DP group, not the dense DP group).
+    lay = resolve_layout(num_devices=16, global_batch=16, tp=4, ep=2, etp=1)
+    assert lay.expert_dp == 8 and lay.expert_shard == 8
+
+
+def test_deepseek_v3_overlap_and_deepep_shrink_the_all_to_all() -> None:
+    base = predict(**DSV3)
+    over = predict(**DSV3, moe_a2a_overlap=True)
+    deep = predict(**DSV3, moe_a2a_overlap=True, moe_dispatcher="deepep")
+    ep0, ep1, ep2 = (p.time_breakdown["ep_comm"] for p in (base, over, deep))
+    assert ep2 < ep1 < ep0
+    # Hidden all-to-all is bounded by the compute it hides behind: the step never drops below
+    # the compute alone, and the exposed communication shrinks with overlap.
+    for p in (over, deep):
+        compute = sum(p.time_breakdown[k] for k in ("gemm", "attention", "elementwise"))
+        assert p.step_time_s > compute
+    assert over.exposed_comm_fraction < base.exposed_comm_fraction
+    # Balanced EP64 over 8 nodes: 7/8 of the copies leave the node, so all-to-all dominates the
+    # communication without overlap; with DeepEP + overlap it is below the no-overlap share.
+    share = [p.time_breakdown["ep_comm"] / p.step_time_s for p in (base, deep)]
+    assert share[1] < share[0]
+
+
+def test_overlap_changes_nothing_for_dense_models() -> None:
+    kw = dict(model="llama-3.1-8b", device="h100-sxm-80gb", num_devices=8, seq_len=4096, global_batch=32)
+    a, b = predict(**kw), predict(**kw, moe_a2a_overlap=True, moe_dispatcher="deepep")
+    assert a.step_time_s == b.step_time_s
+    assert np.isclose(a.time_breakdown["ep_comm"], 0.0)
