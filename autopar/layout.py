@@ -456,30 +456,13 @@ class LayoutTable:
 
     def row(self, i: int) -> Layout:
         c = {k: int(v[i]) for k, v in self.cols.items()}
-        return Layout(
-            **{
-                k: c[k]
-                for k in (
-                    "tp",
-                    "pp",
-                    "vpp",
-                    "first_stage_layers",
-                    "last_stage_layers",
-                    "dp",
-                    "cp",
-                    "ep",
-                    "etp",
-                    "zero",
-                    "shard_group",
-                    "micro_batch",
-                    "grad_accum",
-                )
-            },
-            sp=bool(c["sp"]),
-            offload=bool(c["offload"]),
-            recompute=RECOMPUTE_CODES[c["recompute"]],  # type: ignore[arg-type]
-            precision=PRECISION_CODES[c["precision"]],  # type: ignore[arg-type]
-        )
+        coded = {
+            "sp": bool(c["sp"]),
+            "offload": bool(c["offload"]),
+            "recompute": RECOMPUTE_CODES[c["recompute"]],
+            "precision": PRECISION_CODES[c["precision"]],
+        }
+        return Layout(**{**c, **coded})
 
     def rows(self) -> list[Layout]:
         return [self.row(i) for i in range(len(self))]

@@ -756,37 +756,7 @@ def serve(
     from autopar.prediction import job_from_api
 
     spec = model if isinstance(model, ModelSpec) else None
-    if job is None:
-        # the workload's own validation messages (one line, naming the field)
-        make_workload(
-            **{
-                k: v
-                for k, v in dict(
-                    isl=isl,
-                    osl=osl,
-                    concurrency=concurrency,
-                    request_rate=request_rate,
-                    offline=offline,
-                    weight_precision=weight_precision,
-                    kv_precision=kv_precision,
-                    ttft_ms=ttft_ms,
-                    tpot_ms=tpot_ms,
-                    goodput=goodput,
-                    max_batch=max_batch,
-                    max_num_tokens=max_num_tokens,
-                    chunked_prefill=chunked_prefill,
-                    kv_cache_fraction=kv_cache_fraction,
-                ).items()
-                if v is not None
-            }
-        )
-    decl = job_from_api(
-        job,
-        "serving",
-        model=spec.name if spec else model,
-        device=device,
-        num_devices=num_devices,
-        devices_per_node=devices_per_node,
+    workload_kw = dict(
         isl=isl,
         osl=osl,
         concurrency=concurrency,
@@ -801,6 +771,18 @@ def serve(
         max_num_tokens=max_num_tokens,
         chunked_prefill=chunked_prefill,
         kv_cache_fraction=kv_cache_fraction,
+    )
+    if job is None:
+        # the workload's own validation messages (one line, naming the field)
+        make_workload(**{k: v for k, v in workload_kw.items() if v is not None})
+    decl = job_from_api(
+        job,
+        "serving",
+        model=spec.name if spec else model,
+        device=device,
+        num_devices=num_devices,
+        devices_per_node=devices_per_node,
+        **workload_kw,
         calibration=calibration,
     )
     workload = decl.workload
