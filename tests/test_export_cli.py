@@ -97,3 +97,17 @@ def test_recommend_export_writes_the_winner(tmp_path: Path) -> None:
         "recommend", *JOB, "--set", "zero=1", "--export", "torchtitan", "--out", str(tmp_path / "x.toml")
     )
     assert r.returncode == 2 and "torchtitan" in r.stderr and not (tmp_path / "x.toml").exists()
+
+
+def test_recommend_export_defaults_to_the_frameworks_launcher(tmp_path: Path) -> None:
+    out = tmp_path / "plan.toml"
+    r = _cli("recommend", *JOB, "--framework", "torchtitan", "--export", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "autopar-export" in text and "[parallelism]" in text  # torchtitan's TOML
+
+
+def test_recommend_refuses_an_unknown_format_before_searching(tmp_path: Path) -> None:
+    r = _cli("recommend", *JOB, "--export", "bogus", cwd=tmp_path)
+    assert r.returncode == 2 and "unknown export format 'bogus'" in r.stderr and "megatron" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir()) and not r.stdout

@@ -75,9 +75,13 @@ def register(sub: Any) -> dict[str, Any]:
     p.add_argument("--json", action="store_true", help="machine-readable output (no progress bar)")
     p.add_argument(
         "--export",
+        nargs="?",
+        const="",
         default=None,
         metavar="FMT",
-        help="also render the winner for a launcher (see `autopar export --list-formats`)",
+        help="also render the winner for a launcher (see `autopar export --list-formats`); without a "
+        "value, the format of --framework (megatron->megatron, torchtitan->torchtitan, "
+        "deepspeed->deepspeed, fsdp->accelerate)",
     )
     p.add_argument(
         "--out",
@@ -99,9 +103,20 @@ def cmd_recommend(a: argparse.Namespace) -> int:
     from autopar.errors import AutoparError
     from autopar.search.recommend import recommend
 
+    if a.export == "":  # --export without a value: the training stack's own launcher
+        from autopar.job import FRAMEWORK_EXPORT_FORMAT
+
+        a.export = FRAMEWORK_EXPORT_FORMAT[a.framework or "megatron"]
+    if a.export is not None:  # a bad format is refused before the search runs
+        from autopar.export import EXPORTERS
+
+        if a.export not in EXPORTERS:
+            raise AutoparError(
+                f"unknown export format {a.export!r}", f"use one of: {', '.join(sorted(EXPORTERS))}"
+            )
     if a.export and a.json and a.out is None:
         raise AutoparError("--export with --json needs --out PATH", "stdout carries the JSON")
-    if a.out is not None and not a.export:
+    if a.out is not None and a.export is None:
         raise AutoparError("--out is for the launcher file of --export", "add --export FMT")
 
     started = _maybe_start_ray(a.ray)
