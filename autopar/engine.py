@@ -85,6 +85,7 @@ def evaluate(
         param_counts=params,
         frozen_weights=job.frozen_weights,
         moe_options=job.moe_options,
+        profile=job.framework,
     )
     step = t["step_time"]
     tokens = float(job.tokens_per_step)
@@ -175,6 +176,7 @@ def evaluate_stages(
         head=stage == lay["pp"] - 1,
         frozen_weights=job.frozen_weights,
         moe_options=job.moe_options,
+        profile=job.framework,
     )
     nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe)
     out: dict[str, np.ndarray] = {f"mem_{k}": mem[k] for k in MEMORY_COMPONENTS}

@@ -1,12 +1,17 @@
-"""Training-stack profiles for MEMORY: what each stack keeps per parameter and how it is sharded.
+"""Training-stack profiles: what each stack keeps per parameter (MEMORY) and how its layers run (TIME).
 
-One :class:`FrameworkProfile` per stack named by :data:`autopar.job.Framework`. A profile holds
-only what :func:`autopar.memory.stage_memory` and the engine's feasibility test read: bytes per
-parameter of the persistent weights, of the main gradients and of the optimizer state, the lowest
-ZeRO stage (``Layout.zero``) that shards each of them over the data-parallel shard group, the
-caching allocator's reserve above allocated memory, the runtime reserve outside the allocator and
-the basis (allocated or reserved) the stack's own memory log reports. The step-time model is
-Megatron-Core's for every stack (see ``Job.assumptions``).
+One :class:`FrameworkProfile` per stack named by :data:`autopar.job.Framework`. MEMORY, read by
+:func:`autopar.memory.stage_memory` and the engine's feasibility test: bytes per parameter of the
+persistent weights, of the main gradients and of the optimizer state, the lowest ZeRO stage
+(``Layout.zero``) that shards each of them over the data-parallel shard group, the caching
+allocator's reserve above allocated memory, the runtime reserve outside the allocator and the
+basis (allocated or reserved) the stack's own memory log reports. TIME, read by
+:func:`autopar.latency.stage_slot`: the attention kernel (FlashAttention-class or the unfused
+softmax/dropout core, which also sets the activation memory's attention term), the kernels one
+layer launches per micro-batch and the host time per launch (the host floor), and whether TP
+communication overlaps the GEMMs. Everything else of the step-time model (GEMM and attention
+efficiencies, elementwise traffic, collectives, pipeline schedule) is Megatron-Core's for every
+stack (see ``Job.assumptions``).
 
 Sources (mixed bf16/fp16 training with Adam; pure fp32 training keeps ``autopar.memory``'s FP32_*
 figures for every stack):
@@ -48,6 +53,40 @@ check it (SimuMax's *simulated* reserved/allocated for run sm-45 of
 ``studies/data/published_runs_dev2.csv``, 68.75/64.63 GiB, would be ~0.33 of that stage's
 activations: a simulator's output, not a measurement, so not used). The runtime reserve outside the allocator
 (CUDA context, cuBLAS/cuDNN/TE workspaces, NCCL's own buffers are ``comm_buffers``) is ~2 GiB.
+
+Time settings (sources):
+
+* Attention kernel. Megatron-Core runs Transformer-Engine's fused/flash ``DotProductAttention``;
+  torchtitan ``F.scaled_dot_product_attention`` (flash backend); llm-foundry's MPT FlashAttention
+  (``attn_impl: flash``/``triton``). Megatron-DeepSpeed (bigscience-workshop, 2022) and the Megatron
+  GPT model DeepSpeed ran with in 2021 have no FlashAttention: ``CoreAttention`` computes the whole
+  s x s score matrix with ``baddbmm``, masks it, softmaxes it, applies attention dropout and
+  multiplies by V with ``bmm`` ("unfused"), storing the 5as^2b bytes of Korthikanti et al. 2022
+  Table 2. (Generic ``deepspeed`` rows are costed the same: the published ZeRO-3 runs are that
+  Megatron GPT model, Narayanan et al. 2021 Sec. 5.2.)
+* Host floor. An eager PyTorch stack launches every kernel from the host: ~5-25 us of CPU work per
+  op (Python, autograd, ATen dispatcher, ``cudaLaunchKernel`` ~1-3 us on CUDA 12; "From PyTorch op
+  to kernel launch", jiahuanglin.xyz gpu_kernel_serving lesson 18), 10 us is taken. The launch is
+  asynchronous, so it costs nothing while the GPU is busier than the host; a layer cannot run
+  faster than its launches (``autopar.latency.stage_slot``). CUDA graphs would lower it; none of
+  these profiles captures graphs by default (Megatron's ``--enable-cuda-graph``, torchtitan's
+  compile modes are opt-in). Kernels per layer per micro-batch (tp = 1, forward counted from the
+  layer's code, backward 2x the forward: data- and weight-gradient GEMMs, one backward kernel per
+  elementwise op; full recompute relaunches the forward):
+  Megatron-Core/TE 12 forward (LayerNormLinear = norm + GEMM, 2 fused RoPE, attention, projection,
+  bias-dropout-add, LayerNormMLP = norm + fc1 + SwiGLU + fc2, bias-dropout-add) -> 36, main-grad
+  accumulation fused into the wgrad GEMM (``gradient_accumulation_fusion``);
+  Megatron-DeepSpeed 15 forward (layernorm, QKV GEMM, baddbmm, masked_fill, softmax, dropout, bmm,
+  permute-copy, projection, bias-dropout-add, layernorm, fc1, bias-GeLU, fc2, bias-dropout-add)
+  -> 45, plus one gradient copy per parameter tensor (12) into ZeRO's reduction bucket -> 57;
+  llm-foundry MPT 13 forward (layernorm, Wqkv, q/k/v rearrange copy, flash attention, out_proj,
+  residual dropout, add, layernorm, up, GeLU, down, residual dropout, add) -> 39; torchtitan Llama 33 forward
+  (two eager RMSNorms of 6 kernels, wq/wk/wv, RoPE as complex multiply of q and k, 6, three
+  transposes, SDPA, wo, add, w1, w3, SiLU, mul, w2, add) -> 99.
+* TP communication overlap. Megatron-Core/TE pipelines the TP all-gather/reduce-scatter with the
+  neighbouring GEMMs (``--tp-comm-overlap``, userbuffers), the calibrated ``tp_overlap`` fraction
+  is hidden; Megatron-DeepSpeed's ``RowParallelLinear`` all-reduces synchronously after the GEMM
+  (no overlap), and torchtitan's async TP is opt-in (``enable_async_tensor_parallel``), FSDP has no TP.
 """
 
 from __future__ import annotations
@@ -57,6 +96,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MemoryBasis = Literal["allocated", "reserved"]
+AttentionKernel = Literal["flash", "unfused"]
 
 
 class FrameworkProfile(BaseModel):
@@ -82,6 +122,19 @@ class FrameworkProfile(BaseModel):
         ge=0, description="CUDA context and workspaces outside the allocator"
     )
     reported_basis: MemoryBasis = Field(description="what the stack's own memory log reports")
+    attention: AttentionKernel = Field(
+        description="flash: FlashAttention-class fused kernel; unfused: s x s scores materialized "
+        "(baddbmm, masked fill, softmax, dropout, bmm)"
+    )
+    kernels_per_layer: int = Field(
+        ge=0, description="kernels one transformer layer launches per micro-batch, forward + backward"
+    )
+    launch_latency_us: float = Field(ge=0, description="host time per kernel launch (eager PyTorch)")
+    tp_comm_overlap: bool = Field(description="TP collectives pipelined with the GEMMs (TE comm overlap)")
+
+    @property
+    def flash_attention(self) -> bool:
+        return self.attention == "flash"
 
     def bytes_per_param(self, zero: int, shard: float) -> float:
         """Model-state bytes per parameter at ZeRO stage ``zero`` over a shard group of ``shard``."""
@@ -96,6 +149,7 @@ class FrameworkProfile(BaseModel):
 
 
 _ALLOCATOR = dict(fragmentation=0.10, framework_reserve_gib=2.0)
+_EAGER_LAUNCH_US = 10.0  # host work per eager PyTorch op (module docstring)
 
 MEGATRON = FrameworkProfile(
     name="megatron",
@@ -106,6 +160,10 @@ MEGATRON = FrameworkProfile(
     optimizer_bytes=12.0,  # fp32 master + Adam m + v, sharded by the distributed optimizer
     optimizer_shard_stage=1,
     reported_basis="allocated",  # megatron/training/utils.py report_memory: "max allocated" per rank
+    attention="flash",
+    kernels_per_layer=36,
+    launch_latency_us=_EAGER_LAUNCH_US,
+    tp_comm_overlap=True,
     **_ALLOCATOR,
 )
 _FSDP = dict(
@@ -115,12 +173,15 @@ _FSDP = dict(
     grad_shard_stage=2,
     optimizer_bytes=8.0,  # Adam m + v in fp32
     optimizer_shard_stage=1,
+    attention="flash",
+    launch_latency_us=_EAGER_LAUNCH_US,
+    tp_comm_overlap=False,
     **_ALLOCATOR,
 )
 # torchtitan/components/metrics.py logs memory/max_reserved(GiB).
-TORCHTITAN = FrameworkProfile(name="torchtitan", reported_basis="reserved", **_FSDP)
+TORCHTITAN = FrameworkProfile(name="torchtitan", reported_basis="reserved", kernels_per_layer=99, **_FSDP)
 FSDP = FrameworkProfile(
-    name="fsdp", reported_basis="allocated", **_FSDP
+    name="fsdp", reported_basis="allocated", kernels_per_layer=39, **_FSDP
 )  # Composer/accelerate memory monitors
 _DEEPSPEED = dict(
     weight_bytes=2.0,
@@ -130,6 +191,10 @@ _DEEPSPEED = dict(
     optimizer_bytes=12.0,
     optimizer_shard_stage=1,
     reported_basis="allocated",  # see_memory_usage: "MA" (allocated) / "Max_MA"
+    attention="unfused",
+    kernels_per_layer=57,
+    launch_latency_us=_EAGER_LAUNCH_US,
+    tp_comm_overlap=False,
     **_ALLOCATOR,
 )
 DEEPSPEED = FrameworkProfile(name="deepspeed", **_DEEPSPEED)

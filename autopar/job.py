@@ -38,15 +38,17 @@ FRAMEWORK_EXPORT_FORMAT: dict[str, str] = {
     "deepspeed": "deepspeed",
     "megatron-deepspeed": "deepspeed",
 }
-# The only TIME profile the models have today; every step time is costed with it. Memory is per
-# stack (autopar.frameworks).
+# The stack whose step-time model every stack shares beyond its own time settings (attention
+# kernel, host floor, TP overlap: autopar.frameworks); memory is wholly per stack.
 COSTED_FRAMEWORK = "megatron"
 FRAMEWORK_DESCRIPTION = (
-    "training stack the job runs on; picks its memory profile (bytes per parameter of weights, "
-    "gradients and optimizer state, ZeRO sharding, allocator reserve: autopar.frameworks) and the "
-    "default export format (megatron->megatron, torchtitan->torchtitan, deepspeed and "
-    "megatron-deepspeed->deepspeed, fsdp->accelerate). Step time is always costed with the "
-    "Megatron-Core/Transformer-Engine profile: a non-megatron stack's predictions say so as an assumption"
+    "training stack the job runs on; picks its profile (autopar.frameworks): memory (bytes per "
+    "parameter of weights, gradients and optimizer state, ZeRO sharding, allocator reserve), the "
+    "stack's time settings (flash or unfused attention, kernels launched per layer as a host floor, "
+    "TP communication overlap) and the default export format (megatron->megatron, "
+    "torchtitan->torchtitan, deepspeed and megatron-deepspeed->deepspeed, fsdp->accelerate). The rest "
+    "of the step time (GEMM and attention efficiencies, collectives, pipeline schedule) is the "
+    "calibrated Megatron-Core/Transformer-Engine model: a non-megatron stack's predictions say so as an assumption"
 )
 MEMORY_HEADROOM_DESCRIPTION = (
     "fraction of device memory kept free when judging whether a layout fits: it fits when the "
@@ -238,15 +240,19 @@ class Job(_Frozen):
         """What the prediction assumes about this job beyond its fields."""
         if self.framework == COSTED_FRAMEWORK:
             return []
+        p = self.framework_profile
         return [
-            f"framework={self.framework}: memory from the {self.framework} profile (autopar.frameworks); "
-            "step time costed with the Megatron-Core/Transformer-Engine profile (no per-stack time "
-            "profile exists yet)"
+            f"framework={self.framework}: memory and the stack's time settings from the "
+            f"{self.framework} profile (autopar.frameworks: {p.attention} attention, "
+            f"{p.kernels_per_layer} kernels per layer per micro-batch x {p.launch_latency_us:g} us host "
+            f"floor, TP comm overlap {'on' if p.tp_comm_overlap else 'off'}); GEMM and attention "
+            "efficiencies, elementwise traffic, collectives and the pipeline schedule still costed with "
+            "the calibrated Megatron-Core/Transformer-Engine model"
         ]
 
     @property
     def framework_profile(self) -> FrameworkProfile:
-        """The memory profile of this job's training stack."""
+        """The profile (memory and time settings) of this job's training stack."""
         return framework_profile(self.framework)
 
     @property
@@ -309,7 +315,7 @@ class TrainingJob:
 
     @property
     def framework(self) -> FrameworkProfile:
-        """The training stack's memory profile (bytes per parameter, sharding, allocator)."""
+        """The training stack's profile (memory per parameter, sharding, allocator; time settings)."""
         return self.job.framework_profile
 
     @property

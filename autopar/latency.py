@@ -4,10 +4,12 @@ step = m slots of the slowest stage + the other stages' slots / v as fill and dr
      (:func:`pipeline_schedule`; uniform stages: Narayanan et al. 2021's bubble (p-1)/(v·m))
      + exposed PP send/recv + exposed data-parallel/ZeRO communication + optimizer step.
 One micro-batch on one stage = GEMMs (roofline with shape-dependent efficiency), attention
-(FlashAttention-class kernels at a calibrated fraction of peak), memory-bound elementwise work,
-recomputation, and the exposed part of TP/SP, CP and EP communication. Communication that overlaps
-compute still slows it by ``overlap_contention`` of its duration (collective kernels share SMs and
-HBM). Every term is a numpy array over layouts; breakdowns sum to ``step_time``.
+(FlashAttention-class kernels at a calibrated fraction of peak, or the unfused s x s softmax core
+of the stack's profile), memory-bound elementwise work, recomputation, and the exposed part of
+TP/SP, CP and EP communication, never less than the host's kernel launches (the stack's host
+floor). Communication that overlaps compute still slows it by ``overlap_contention`` of its
+duration (collective kernels share SMs and HBM). Every term is a numpy array over layouts;
+breakdowns sum to ``step_time``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from autopar import collectives as C
 from autopar import moe
+from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.memory import REC_FULL, REC_SELECTIVE, stage_shape
 
@@ -98,6 +101,7 @@ def stage_slot(
     head: np.ndarray,
     frozen_weights: bool = False,
     moe_options: moe.MoEOptions | None = None,
+    profile: FrameworkProfile = MEGATRON,
 ) -> dict[str, np.ndarray]:
     """Seconds one micro-batch takes on one pipeline stage per row, by component (``SLOT_PARTS``).
 
@@ -109,6 +113,8 @@ def stage_slot(
     heaviest stage of a uniform pipeline, ``autopar.search.uneven`` on every stage of an uneven one.
     ``frozen_weights`` (LoRA-style fine-tuning): backward runs only the input-gradient GEMMs.
     ``moe_options``: the token dispatcher and the EP all-to-all overlap (:class:`autopar.moe.MoEOptions`).
+    ``profile``: the training stack's attention kernel, host floor and TP overlap
+    (:class:`autopar.frameworks.FrameworkProfile`).
     """
     n = len(lay)
     opts = moe_options or moe.MoEOptions()
@@ -189,7 +195,7 @@ def stage_slot(
         moe_mlp = np.zeros(n)
         moe_elem = np.zeros(n)
 
-    # ---- attention core (FlashAttention): fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd ----------------
+    # ---- attention core ---------------------------------------------------------------------------
     window = model.sliding_window or 0
     s_kv_full = float(seq_len)
 
@@ -198,11 +204,29 @@ def stage_slot(
         eff = co.attention_eff * s_kv / (s_kv + co.gemm_half_dim)
         return fl / (attn_peak * eff)
 
-    if window and model.sliding_window_layers:
+    if not profile.flash_attention:
+        # Unfused core (Megatron-DeepSpeed CoreAttention): per (micro-batch, head) the full s x s_kv
+        # score matrix, causal mask and any sliding window applied by masking, not skipped:
+        # QK^T and PV as batched GEMMs (bf16/fp32 rate; their operand traffic includes writing and
+        # reading the scores), then memory-bound passes over the s·s_kv scores: masked fill and
+        # softmax read + write one score each, dropout reads one and writes one plus a 1-byte mask.
+        # Backward: dgrad of both operands of each GEMM and one backward pass per elementwise op
+        # reading its saved tensor and the incoming gradient: 2x the forward.
+        bh = mb * a / tp
+        geff_attn = np.where(is_fp32, co.gemm_eff.get("fp32", co.gemm_eff["bf16"]), co.gemm_eff["bf16"])
+        scores = gemm_time(co, attn_peak, geff_attn, s_loc, s_kv_full, model.qk_head_dim, elem)
+        context = gemm_time(co, attn_peak, geff_attn, s_loc, model.v_dim, s_kv_full, elem)
+        passes = bh * s_loc * s_kv_full * (6.0 * elem + 1.0) / co.hbm_bw
+        attn_f = bh * (scores + context) + passes
+        attn_bwd_mult = 2.0
+    elif window and model.sliding_window_layers:
+        # FlashAttention: fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd.
         frac_sw = model.sliding_window_layers / model.layers
         attn_f = (1 - frac_sw) * attn_fwd(s_kv_full) + frac_sw * attn_fwd(min(window, s_kv_full))
+        attn_bwd_mult = 2.5
     else:
         attn_f = attn_fwd(s_kv_full)
+        attn_bwd_mult = 2.5
 
     # ---- memory-bound elementwise work per layer (bytes moved, fwd) ------------------------------
     act_f = model.ffn_hidden if model.ffn_hidden else model.moe_ffn_hidden * model.moe_topk
@@ -230,7 +254,7 @@ def stage_slot(
 
     fwd = gemm_f + attn_tot_f + elem_tot_f + perm_f
     wgrad = 0.0 if frozen_weights else 1.0  # weight-gradient GEMMs, as many FLOPs as the forward
-    bwd = (1.0 + wgrad) * gemm_f + 2.5 * attn_tot_f + 2.0 * elem_tot_f + perm_f
+    bwd = (1.0 + wgrad) * gemm_f + attn_bwd_mult * attn_tot_f + 2.0 * elem_tot_f + perm_f
     recompute = np.select(
         [rec == REC_FULL, rec == REC_SELECTIVE],
         [fwd - head_f, attn_tot_f],
@@ -255,14 +279,16 @@ def stage_slot(
         etp_one = C.all_gather(links, etp_bytes, etp, np.ones(n))
         tp_raw = tp_raw + n_moe * per_layer * etp_one
     # Stacks that pipeline TP collectives with the neighbouring GEMMs (userbuffers/TE comm overlap,
-    # async TP) hide a fraction; the hidden part still contends for SMs and HBM.
-    tp_comm = tp_raw * (1.0 - co.tp_overlap) + co.overlap_contention * co.tp_overlap * tp_raw
+    # async TP) hide a fraction; the hidden part still contends for SMs and HBM. Stacks that
+    # all-reduce synchronously after the GEMM (profile.tp_comm_overlap False) hide none.
+    tp_ov = co.tp_overlap if profile.tp_comm_overlap else 0.0
+    tp_comm = tp_raw * (1.0 - tp_ov) + co.overlap_contention * tp_ov * tp_raw
     # ---- CP ring attention: (c-1) KV chunks per layer fwd, 2x bwd; hidden behind attention -------
     kv_elems = (model.kv_lora_rank + model.qk_rope_head_dim) if model.is_mla else 2 * g * model.head_dim
     cp_chunk = mb * s_loc * kv_elems * elem / np.where(model.is_mla, 1.0, tp)
     bw_cp, _ = C.bus_bandwidth(links, cp, tp)
     cp_raw = np.where(cp > 1, 3.0 * (cp - 1.0) * cp_chunk / bw_cp, 0.0) * n_layers
-    cp_comm = np.maximum(cp_raw - (attn_tot_f * 3.5), 0.0)
+    cp_comm = np.maximum(cp_raw - (attn_tot_f * (1.0 + attn_bwd_mult)), 0.0)
     cp_hidden = cp_raw - cp_comm
     # ---- EP all-to-all: dispatch + combine, fwd and bwd, per MoE layer ----------------------------
     # Over the EP group (ep ranks placed etp apart, Megatron's expert order etp, ep, edp), each
@@ -296,11 +322,19 @@ def stage_slot(
     slot = fwd + bwd + recompute + overhead + tp_comm + cp_comm + ep_comm  # one micro-batch, whole stage
     contention_mb = co.overlap_contention * cp_hidden
     slot = slot + contention_mb
+    # Host floor: the host enqueues every kernel (asynchronously, so its time hides while the GPU
+    # is busier); a stage cannot run a micro-batch faster than its layers' launches. Full
+    # recompute relaunches the forward, a third of the forward + backward kernels.
+    launches = profile.kernels_per_layer * n_layers * np.where(rec == REC_FULL, 4.0 / 3.0, 1.0)
+    host_wait = np.maximum(launches * profile.launch_latency_us * 1e-6 - slot, 0.0)
+    slot = slot + host_wait
     head_slot = (2.0 + wgrad) * head_f
     parts = {
         "gemm": (2.0 + wgrad) * gemm_f,
-        "attention": 3.5 * attn_tot_f,
-        "elementwise": 3.0 * elem_tot_f + 2.0 * perm_f + overhead + contention_mb,
+        "attention": (1.0 + attn_bwd_mult) * attn_tot_f,
+        # Launch/sync costs (the calibrated per-layer overhead and the host floor's wait) with the
+        # memory-bound work: neither is a FLOP.
+        "elementwise": 3.0 * elem_tot_f + 2.0 * perm_f + overhead + contention_mb + host_wait,
         "recompute": recompute,
         "tp_comm": tp_comm,
         "cp_comm": cp_comm,
@@ -313,7 +347,7 @@ def stage_slot(
         bwd=bwd,
         n_layers=n_layers,
         tp_raw=tp_raw,
-        tp_exposed=tp_raw * (1.0 - co.tp_overlap),
+        tp_exposed=tp_raw * (1.0 - tp_ov),
         cp_raw=cp_raw,
         ep_raw=ep_raw,
         ep_exposed=ep_raw - ep_hidden,
@@ -461,6 +495,7 @@ def step_time_breakdown(
     param_counts: dict[str, np.ndarray],
     frozen_weights: bool = False,
     moe_options: moe.MoEOptions | None = None,
+    profile: FrameworkProfile = MEGATRON,
 ) -> dict[str, np.ndarray]:
     """Seconds per optimizer step by component, plus ``step_time`` and communication totals.
 
@@ -489,6 +524,7 @@ def step_time_breakdown(
             head=np.broadcast_to(head, np.shape(n_dense)),
             frozen_weights=frozen_weights,
             moe_options=moe_options,
+            profile=profile,
         )
 
     # The first, one middle (all middle stages hold the same layers) and the last stage; with

@@ -266,7 +266,6 @@ def stage_memory(
     stage: np.ndarray,
     n_dense: np.ndarray,
     n_moe: np.ndarray,
-    flash_attention: bool = True,
     dropout: bool = False,
     framework_reserve_bytes: float = FRAMEWORK_RESERVE_BYTES,
     comm_buffer_bytes: float = COMM_BUFFER_BYTES,
@@ -283,7 +282,8 @@ def stage_memory(
     stage of an uneven one. The reserve, buffer and fragmentation defaults are CUDA/NCCL figures; a
     calibration for another runtime (e.g. CPU/gloo validation runs) overrides them. ``profile``
     gives the bytes per parameter of mixed-precision training and the ZeRO stage that shards each
-    part (pure fp32 rows keep FP32_*). Also returns ``allocated`` (the caching allocator's peak:
+    part (pure fp32 rows keep FP32_*) and its attention kernel (an unfused core keeps Korthikanti's
+    5as^2b score tensors: :func:`activation_bytes_per_layer`). Also returns ``allocated`` (the caching allocator's peak:
     the :data:`ALLOCATED_COMPONENTS`) and ``reserved`` (allocated + fragmentation).
     """
     dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
@@ -323,7 +323,7 @@ def stage_memory(
         cp=lay["cp"],
         sp=lay["sp"],
         recompute=lay["recompute"],
-        flash_attention=flash_attention,
+        flash_attention=profile.flash_attention,
         dropout=dropout,
         etp=lay["etp"],
     )
@@ -382,7 +382,6 @@ def memory_breakdown(
     lay: LayoutTable,
     *,
     seq_len: int,
-    flash_attention: bool = True,
     dropout: bool = False,
     framework_reserve_bytes: float = FRAMEWORK_RESERVE_BYTES,
     comm_buffer_bytes: float = COMM_BUFFER_BYTES,
@@ -399,7 +398,6 @@ def memory_breakdown(
     st = stage_shape(model, lay)
     kw: dict[str, Any] = dict(
         seq_len=seq_len,
-        flash_attention=flash_attention,
         dropout=dropout,
         framework_reserve_bytes=framework_reserve_bytes,
         comm_buffer_bytes=comm_buffer_bytes,

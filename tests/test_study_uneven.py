@@ -112,10 +112,11 @@ def test_per_stage_recompute_beats_uniform_when_memory_bound() -> None:
     assert sum(plan.layers) == 126 and list(plan.recompute) == sorted(plan.recompute, reverse=True)
     s = sc.score(base, plan)
     assert s["fits"] and s["tokens_per_s_per_device"] == value
-    # the stages with full recompute hold fewer layers than the ones without
+    # the stages with full recompute hold fewer layers than the ones with less (DeepSpeed's unfused
+    # attention keeps 5as^2b per layer without recompute, so the lighter stages are selective)
     full = [n for n, r in zip(plan.layers, plan.recompute, strict=True) if r == 2]
-    none = [n for n, r in zip(plan.layers, plan.recompute, strict=True) if r == 0]
-    assert full and none and max(full) <= min(none)
+    lighter = [n for n, r in zip(plan.layers, plan.recompute, strict=True) if r < 2]
+    assert full and lighter and max(full) <= min(lighter)
     assert balanced_split(sc, base, (0,) * 8, 8) is None  # no recompute anywhere cannot fit
 
 

@@ -1,0 +1,162 @@
+"""Golden tests of the per-stack TIME settings (autopar.frameworks -> autopar.latency.stage_slot):
+the unfused attention core (time and activation memory), the host floor and the TP overlap."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autopar import collectives as C
+from autopar import predict
+from autopar.frameworks import DEEPSPEED, MEGATRON, PROFILES, TORCHTITAN
+from autopar.latency import Coefficients, stage_slot
+from autopar.layout import Layout, LayoutTable
+from autopar.memory import memory_breakdown
+from autopar.model import load_model
+
+# Round coefficients so that every golden below is a hand computation.
+CO = Coefficients(
+    peak_flops={"bf16": 100e12, "fp32": 50e12},
+    gemm_eff={"bf16": 0.5},
+    gemm_half_dim=64.0,
+    attention_eff=0.4,
+    hbm_bw=1e12,
+    overlap_contention=0.5,
+    tp_overlap=0.8,
+    kernel_overhead_s=0.0,
+)
+
+
+def _model(h: int, layers: int, heads: int, d: int = 64):
+    return load_model(
+        dict(
+            name=f"gpt-{h}",
+            hidden=h,
+            layers=layers,
+            heads=heads,
+            kv_heads=heads,
+            head_dim=d,
+            ffn_hidden=4 * h,
+            vocab=1024,
+            gated_mlp=False,
+            norm="layernorm",
+        )
+    )
+
+
+def _slot(model, profile, *, seq: int, tp: int = 1):
+    lay = LayoutTable.from_layouts([Layout(tp=tp, micro_batch=1)])
+    n = np.array([float(model.layers)])
+    return stage_slot(
+        model,
+        lay,
+        seq_len=seq,
+        links=_links(),
+        co=CO,
+        n_dense=n,
+        n_moe=np.zeros(1),
+        head=np.zeros(1, dtype=bool),
+        profile=profile,
+    )
+
+
+def _links() -> C.Links:
+    from autopar.coefficients import coefficients_for
+    from autopar.hardware import load_device
+
+    dev = load_device("h100-sxm-80gb")
+    _, lc = coefficients_for(dev)
+    return C.Links.from_cluster(dev, 8, lc)
+
+
+def _gemm(M: float, N: float, K: float, hd: float = 64.0) -> float:
+    """CO's roofline by hand: 2MNK at 0.5 x 100 TFLOP/s x the tile factor, or 2(MK+KN+MN) bytes at 1 TB/s."""
+    shape = (1 + 3 * hd / 16384) / (1 + hd / M + hd / N + hd / K)
+    return max(2 * M * N * K / (100e12 * 0.5 * shape), 2 * (M * K + K * N + M * N) / 1e12)
+
+
+def test_unfused_attention_time_is_the_hand_computation() -> None:
+    # h=1024, 16 heads of 64, s=2048, mb=1, tp=1, two layers, bf16.
+    s, a, d, L = 2048, 16, 64, 2
+    model = _model(1024, L, a, d)
+    got = _slot(model, DEEPSPEED, seq=s)["attention"][0]
+    # Per head: QK^T (s x s, K=d) and PV (s x d, K=s) batched GEMMs, then masked fill (r+w 2 B each),
+    # softmax (r+w) and dropout (r+w + 1-byte mask): 13 B per score at 1 TB/s.
+    per_head = _gemm(s, s, d) + _gemm(s, d, s) + s * s * 13 / 1e12
+    fwd = a * per_head
+    assert got == pytest.approx(L * 3.0 * fwd, rel=1e-12)  # fwd + 2x bwd
+    # FlashAttention on the same shape: causal 2·s²·(d+d)/2 per head at 0.4 x peak x s/(s+64), bwd 2.5x.
+    flash = a * 2 * s * s * (d + d) * 0.5 / (100e12 * 0.4 * s / (s + 64.0))
+    assert _slot(model, MEGATRON, seq=s)["attention"][0] == pytest.approx(L * 3.5 * flash, rel=1e-12)
+    assert got > 3 * L * 3.5 * flash  # memory-bound over s² scores: several times the flash core
+
+
+def test_unfused_attention_memory_adds_korthikanti_5as2b() -> None:
+    s, a, b = 2048, 16, 2
+    model = _model(1024, 4, a)
+    lay = LayoutTable.from_layouts([Layout(micro_batch=b)])
+    flash = memory_breakdown(model, lay, seq_len=s, profile=MEGATRON)["activations"][0]
+    unfused = memory_breakdown(model, lay, seq_len=s, profile=DEEPSPEED)["activations"][0]
+    # Per layer: 5·a·s²·b bytes (softmax output, dropout mask, dropout output) instead of flash's
+    # fp32 log-sum-exp 4·s·b·a; 4 layers, one micro-batch in flight (pp=1).
+    assert unfused - flash == pytest.approx(4 * (5 * a * s * s * b - 4 * s * b * a))
+
+
+def test_host_floor_binds_for_a_tiny_layer_only() -> None:
+    tiny = _model(256, 4, 4)
+    sl = _slot(tiny, TORCHTITAN, seq=128)
+    floor = 4 * TORCHTITAN.kernels_per_layer * TORCHTITAN.launch_latency_us * 1e-6
+    assert sl["slot"][0] == pytest.approx(floor, rel=1e-12)  # 4 layers x 99 launches x 10 us
+    no_floor = TORCHTITAN.model_copy(update={"launch_latency_us": 0.0})
+    assert _slot(tiny, no_floor, seq=128)["slot"][0] < 0.2 * floor  # the GPU work alone is far less
+    big = _model(4096, 4, 32, 128)
+    assert _slot(big, TORCHTITAN, seq=4096)["slot"][0] == _slot(big, no_floor, seq=4096)["slot"][0]
+    # Full recompute relaunches the forward third of the kernels.
+    lay = LayoutTable.from_layouts([Layout(micro_batch=1, recompute="full")])
+    full = stage_slot(
+        tiny,
+        lay,
+        seq_len=128,
+        links=_links(),
+        co=CO,
+        n_dense=np.array([4.0]),
+        n_moe=np.zeros(1),
+        head=np.zeros(1, dtype=bool),
+        profile=TORCHTITAN,
+    )
+    assert full["slot"][0] == pytest.approx(floor * 4 / 3, rel=1e-12)
+
+
+def test_tp_overlap_only_where_the_stack_overlaps() -> None:
+    model = _model(4096, 2, 32, 128)
+    meg = _slot(model, MEGATRON, seq=4096, tp=2)
+    sync = _slot(model, MEGATRON.model_copy(update={"tp_comm_overlap": False}), seq=4096, tp=2)
+    raw = meg["tp_raw"][0]
+    assert raw > 0 and sync["tp_raw"][0] == raw
+    assert sync["tp_comm"][0] == pytest.approx(raw)  # all exposed
+    assert meg["tp_comm"][0] == pytest.approx(raw * (1 - 0.8) + 0.5 * 0.8 * raw)
+    assert sync["tp_exposed"][0] == pytest.approx(raw) and meg["tp_exposed"][0] == pytest.approx(0.2 * raw)
+
+
+KW = dict(device="h100-sxm-80gb", num_devices=8, seq_len=2048, global_batch=8, tp=1, dp=8, zero=1)
+
+
+def test_stack_moves_small_model_not_large_gemm_bound_one() -> None:
+    small = _model(256, 4, 4)
+    t_meg = predict(model=small, **{**KW, "seq_len": 128}, framework="megatron").step_time_s
+    t_tt = predict(model=small, **{**KW, "seq_len": 128}, framework="torchtitan").step_time_s
+    assert t_tt > 1.5 * t_meg  # 99 vs 36 launches per layer bind the tiny layers
+    # Llama-3.1-8B at s=2048: every layer is milliseconds of GEMMs, neither floor binds, tp=1 has no
+    # TP overlap to differ, both run flash attention: the same step time (memory differs).
+    big_meg = predict(model="llama-3.1-8b", **KW, framework="megatron")
+    big_tt = predict(model="llama-3.1-8b", **KW, framework="torchtitan")
+    assert big_meg.step_time_s == big_tt.step_time_s
+    assert big_meg.memory_breakdown != big_tt.memory_breakdown
+
+
+def test_every_profile_states_its_time_settings() -> None:
+    for p in PROFILES.values():
+        assert p.attention in ("flash", "unfused") and p.kernels_per_layer > 0 and p.launch_latency_us > 0
+    assert MEGATRON.flash_attention and MEGATRON.tp_comm_overlap
+    assert not PROFILES["megatron-deepspeed"].flash_attention
+    assert not PROFILES["megatron-deepspeed"].tp_comm_overlap
