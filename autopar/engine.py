@@ -55,7 +55,7 @@ def evaluate(
     links = C.Links.from_cluster(dev, job.devices_per_node, link_coeffs)
     n = len(lay)
     if check_legal:
-        ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in dev.peak_tflops)
+        ctx = Context.for_job(job)
         legal, _ = legality_mask(model, lay, ctx)
     else:
         legal = np.ones(n, dtype=bool)

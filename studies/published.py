@@ -525,7 +525,7 @@ def run_case(case: Case, calibration=None) -> None:
         case.job, case.table = job, table
         res = evaluate(job, table, calibration=calibration)
         basis = memory_basis(row, job.framework.reported_basis)
-        ctx = Context(num_devices, seq, gb, "fp8" in dev.peak_tflops)
+        ctx = Context(num_devices, seq, gb, tuple(sorted(dev.peak_tflops)), dev.id)
         illegal = reasons_for_row(model, table, ctx, 0)
         if illegal:
             case.assumptions.append("layout breaks rule(s): " + ", ".join(r.code for r in illegal))
