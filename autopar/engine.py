@@ -23,6 +23,7 @@ from autopar.latency import (
 from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.legality import Context, legality_mask
 from autopar.memory import MEMORY_COMPONENTS, memory_breakdown, stage_memory, stage_params, stage_params_at
+from autopar.precision import PEAK_KEY
 
 
 def stage_param_counts(model, lay: LayoutTable) -> dict[str, np.ndarray]:
@@ -55,7 +56,7 @@ def evaluate(
     links = C.Links.from_cluster(dev, job.devices_per_node, link_coeffs)
     n = len(lay)
     if check_legal:
-        ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in dev.peak_tflops)
+        ctx = Context.for_job(job)
         legal, _ = legality_mask(model, lay, ctx)
     else:
         legal = np.ones(n, dtype=bool)
@@ -93,7 +94,7 @@ def evaluate(
     model_flops = model.flops_per_token(job.seq_len, attention=True, causal=False) * tokens
     # MFU against the dense peak of the layout's GEMM precision (PaLM App. B convention: attention
     # FLOPs counted without causal halving; the logits GEMM included).
-    peak = np.array([co.peak(p) for p in PRECISION_CODES])[lay["precision"]]
+    peak = np.array([co.peak(PEAK_KEY[p]) for p in PRECISION_CODES])[lay["precision"]]
     mfu = model_flops / (step * job.num_devices * peak)
     energy = energy_per_step(
         dev,

@@ -20,6 +20,7 @@ import numpy as np
 
 from autopar import collectives as C
 from autopar import moe
+from autopar import precision as P
 from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.memory import REC_FULL, REC_SELECTIVE, stage_shape
@@ -128,16 +129,19 @@ def stage_slot(
     h = float(model.hidden)
 
     # Per-precision GEMM peak and efficiency (attention and elementwise stay bf16: FP8 recipes
-    # only run GEMMs in FP8, data README caveat 2).
+    # only run GEMMs in FP8, data README caveat 2; the block-scaled keys: autopar.precision).
     peak = np.empty(n)
     geff = np.empty(n)
+    quant_bpe = np.zeros(n)  # block-scaling bytes per quantized GEMM-input element
     for code, name in enumerate(PRECISION_CODES):
         sel = prec_code == code
         if sel.any():
-            peak[sel] = co.peak(name)
-            geff[sel] = co.gemm_eff.get(name, co.gemm_eff["bf16"])
+            peak[sel] = co.peak(P.PEAK_KEY[name])
+            geff[sel] = co.gemm_eff.get(P.EFFICIENCY_KEY[name], co.gemm_eff["bf16"])
+            quant_bpe[sel] = P.QUANT_BYTES_PER_ELEMENT.get(name, 0.0)
     bf16_peak = co.peak("bf16")
     is_fp8 = prec_code == PRECISION_CODES.index("fp8")
+    is_low = np.isin(prec_code, [PRECISION_CODES.index(p) for p in P.LOW_PRECISION])
     # Bytes per activation/gradient element: 16-bit, except fp32 training, whose activations,
     # gradients and communication are fp32 and whose attention runs at the fp32 rate.
     is_fp32 = prec_code == PRECISION_CODES.index("fp32")
@@ -153,47 +157,67 @@ def stage_slot(
     def gt(M, N, K):  # noqa: E306
         return gemm_time(co, peak, geff, M, N, K, elem)
 
-    if model.is_mla:
-        qd = model.heads * model.qk_head_dim
-        attn_gemm = (
-            (
-                (gt(T, model.q_lora_rank, h) + gt(T, qd / tp, model.q_lora_rank))
-                if model.q_lora_rank
-                else gt(T, qd / tp, h)
-            )
-            + gt(T, model.kv_lora_rank + model.qk_rope_head_dim, h)
-            + gt(T, a * (model.qk_nope_head_dim + model.v_dim) / tp, model.kv_lora_rank)
-            + gt(T, h, a * model.v_dim / tp)
-        )
-    else:
-        attn_gemm = gt(T, (a * model.head_dim + 2 * g * model.head_dim) / tp, h) + gt(
-            T, h, a * model.head_dim / tp
-        )
+    n_mb = lay["grad_accum"].astype(np.float64)
+
+    def scale_fwd(M, N, K):  # noqa: E306
+        return P.scaling_bytes(quant_bpe, M, N, K, n_mb)[0]
+
+    def scale_bwd(M, N, K):  # noqa: E306
+        return P.scaling_bytes(quant_bpe, M, N, K, n_mb)[1]
+
     up_mult = 2.0 if model.gated_mlp else 1.0
-
-    def mlp_gemm(F, M, width_div):
-        return gt(M, up_mult * F / width_div, h) + gt(M, h, F / width_div)
-
-    dense_mlp = mlp_gemm(model.ffn_hidden, T, tp) if model.ffn_hidden else np.zeros(n)
     sp_div = lay.dims.sp_divisor.astype(np.float64)
     if model.is_moe:
-        # Grouped GEMM = one GEMM per local expert with M = its tokens (autopar.moe): small per-expert
-        # M pays the same tile/wave quantization as any small GEMM. Router and shared experts run on
-        # the rank's sequence-parallel share of the tokens.
         T_r = moe.routed_tokens(T, sp_div)
         tok_e = moe.tokens_per_expert(model, T, sp_div, ep, etp)
-        expert = (model.num_experts / ep) * mlp_gemm(model.moe_ffn_hidden, tok_e, etp)
-        shared = mlp_gemm(model.shared_expert_ffn, T, tp) if model.shared_expert_ffn else 0.0
-        router = gt(T_r, model.num_experts, h)
-        moe_mlp = expert + shared + router
+
+    def layer_gemms(f):  # noqa: E306
+        """(attention, dense MLP, MoE MLP) of one layer: ``f(M, N, K)`` summed over its linear GEMMs."""
+        if model.is_mla:
+            qd = model.heads * model.qk_head_dim
+            attn = (
+                (
+                    (f(T, model.q_lora_rank, h) + f(T, qd / tp, model.q_lora_rank))
+                    if model.q_lora_rank
+                    else f(T, qd / tp, h)
+                )
+                + f(T, model.kv_lora_rank + model.qk_rope_head_dim, h)
+                + f(T, a * (model.qk_nope_head_dim + model.v_dim) / tp, model.kv_lora_rank)
+                + f(T, h, a * model.v_dim / tp)
+            )
+        else:
+            attn = f(T, (a * model.head_dim + 2 * g * model.head_dim) / tp, h) + f(
+                T, h, a * model.head_dim / tp
+            )
+
+        def mlp(F, M, width_div):
+            return f(M, up_mult * F / width_div, h) + f(M, h, F / width_div)
+
+        dense = mlp(model.ffn_hidden, T, tp) if model.ffn_hidden else np.zeros(n)
+        if not model.is_moe:
+            return attn, dense, np.zeros(n)
+        # Grouped GEMM = one GEMM per local expert with M = its tokens (autopar.moe): small per-expert
+        # M pays the same tile/wave quantization as any small GEMM. Shared experts run on the rank's
+        # sequence-parallel share of the tokens.
+        expert = (model.num_experts / ep) * mlp(model.moe_ffn_hidden, tok_e, etp)
+        shared = mlp(model.shared_expert_ffn, T, tp) if model.shared_expert_ffn else 0.0
+        return attn, dense, expert + shared
+
+    attn_gemm, dense_mlp, moe_mlp = layer_gemms(gt)
+    if model.is_moe:
+        # The router GEMM (not a TE module: never block-scaled) on the sequence-parallel share.
+        moe_mlp = moe_mlp + gt(T_r, model.num_experts, h)
         # Memory-bound token shuffling (permutations/unpermutations, router top-k), fwd; the
         # backward moves the same bytes once (not the 2x of the elementwise ops' recomputed reads).
         moe_elem = (
             moe.permutation_bytes(model, T, sp_div, ep, etp, elem) + moe.router_bytes(model, T, sp_div)
         ) / co.hbm_bw
     else:
-        moe_mlp = np.zeros(n)
         moe_elem = np.zeros(n)
+    # Block scaling (mxfp8/nvfp4): quantize/dequantize + amax/scale passes over every linear GEMM's
+    # inputs, memory-bound; forward X and W, backward dY (autopar.precision.scaling_bytes).
+    sa_f, sd_f, sm_f = layer_gemms(scale_fwd)
+    sa_b, sd_b, sm_b = layer_gemms(scale_bwd)
 
     # ---- attention core ---------------------------------------------------------------------------
     window = model.sliding_window or 0
@@ -247,14 +271,21 @@ def stage_slot(
     attn_tot_f = n_layers * attn_f
     elem_tot_f = n_layers * elem_f
     perm_f = n_moe * moe_elem
-    # LM head + loss on the last stage (vocab-parallel over tp).
-    head_f = gt(T, model.vocab / tp, h) + T * model.vocab / tp * 4.0 * 2 / co.hbm_bw
+    quant_f = (n_dense * (sa_f + sd_f) + n_moe * (sa_f + sm_f)) / co.hbm_bw
+    quant_b = (n_dense * (sa_b + sd_b) + n_moe * (sa_b + sm_b)) / co.hbm_bw
+    # LM head + loss on the last stage (vocab-parallel over tp). Megatron's output layer is a
+    # tensor_parallel.ColumnParallelLinear, not a TE module, so it runs in bf16 under every FP8/FP4
+    # recipe (the NVFP4 paper keeps the output head in bf16 too).
+    head_peak = np.where(is_low, bf16_peak, peak)
+    head_eff = np.where(is_low, co.gemm_eff["bf16"], geff)
+    head_f = gemm_time(co, head_peak, head_eff, T, model.vocab / tp, h, elem)
+    head_f = head_f + T * model.vocab / tp * 4.0 * 2 / co.hbm_bw
     head_f = np.where(head, head_f, 0.0)
     gemm_f = gemm_f + head_f
 
-    fwd = gemm_f + attn_tot_f + elem_tot_f + perm_f
+    fwd = gemm_f + attn_tot_f + elem_tot_f + perm_f + quant_f
     wgrad = 0.0 if frozen_weights else 1.0  # weight-gradient GEMMs, as many FLOPs as the forward
-    bwd = (1.0 + wgrad) * gemm_f + attn_bwd_mult * attn_tot_f + 2.0 * elem_tot_f + perm_f
+    bwd = (1.0 + wgrad) * gemm_f + attn_bwd_mult * attn_tot_f + 2.0 * elem_tot_f + perm_f + quant_b
     recompute = np.select(
         [rec == REC_FULL, rec == REC_SELECTIVE],
         [fwd - head_f, attn_tot_f],
@@ -334,7 +365,13 @@ def stage_slot(
         "attention": (1.0 + attn_bwd_mult) * attn_tot_f,
         # Launch/sync costs (the calibrated per-layer overhead and the host floor's wait) with the
         # memory-bound work: neither is a FLOP.
-        "elementwise": 3.0 * elem_tot_f + 2.0 * perm_f + overhead + contention_mb + host_wait,
+        "elementwise": 3.0 * elem_tot_f
+        + 2.0 * perm_f
+        + quant_f
+        + quant_b
+        + overhead
+        + contention_mb
+        + host_wait,
         "recompute": recompute,
         "tp_comm": tp_comm,
         "cp_comm": cp_comm,

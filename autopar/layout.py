@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from autopar.errors import LayoutError
 
 Recompute = Literal["none", "selective", "full"]
-Precision = Literal["bf16", "fp8", "fp16", "fp32"]
+# Appended values keep the integer codes of the earlier ones (saved tables, studies). What each
+# means physically: autopar.precision.
+Precision = Literal["bf16", "fp8", "fp16", "fp32", "mxfp8", "nvfp4"]
 ZeroStage = Literal[0, 1, 2, 3]
 RECOMPUTE_CODES: tuple[str, ...] = get_args(Recompute)
 PRECISION_CODES: tuple[str, ...] = get_args(Precision)
@@ -381,7 +383,7 @@ def resolve_layout(
     if precision not in PRECISION_CODES:
         raise LayoutError(
             f"precision={precision!r} is not one of {', '.join(PRECISION_CODES)}",
-            "use bf16, fp8, fp16 or fp32",
+            f"use one of {', '.join(PRECISION_CODES)}",
         )
     if zero not in (0, 1, 2, 3):
         raise LayoutError(f"zero={zero} is not a ZeRO stage", "use 0, 1, 2 or 3")

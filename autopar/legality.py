@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar.layout import PRECISION_CODES, LayoutTable, ParallelDims, Reason
+from autopar.precision import REQUIRES
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,8 @@ class Rule:
     message: str
     violated: Callable[..., np.ndarray]  # (model, lay, ctx) -> bool mask of violating rows
     values: tuple[str, ...] = ()
+    # (lay, ctx, row) -> the row's own sentence, when the fixed message cannot name the culprit
+    explain: Callable[..., str] | None = None
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,32 @@ class Context:
     num_devices: int
     seq_len: int
     global_batch: int
-    fp8_supported: bool
+    # The device's tensor-core precisions (``DeviceProfile.peak_tflops`` keys) and its name.
+    device_peaks: tuple[str, ...] = ("bf16", "fp16", "fp32", "fp8", "fp4")
+    device: str = "the device"
+
+    @classmethod
+    def for_job(cls, job) -> Context:
+        """The context of a :class:`autopar.job.TrainingJob`."""
+        dev = job.device
+        return cls(job.num_devices, job.seq_len, job.global_batch, tuple(sorted(dev.peak_tflops)), dev.id)
+
+
+def unsupported_precisions(peaks) -> list[str]:
+    """Layout precisions whose GEMMs need a tensor-core peak the device lacks (``precision.REQUIRES``)."""
+    return [p for p in PRECISION_CODES if any(k not in peaks for k in REQUIRES.get(p, ()))]
+
+
+def _precision_unsupported(m, L, c: Context) -> np.ndarray:
+    bad = [PRECISION_CODES.index(p) for p in unsupported_precisions(c.device_peaks)]
+    return np.isin(L["precision"], bad)
+
+
+def _precision_reason(lay, c: Context, i: int) -> str:
+    p = PRECISION_CODES[int(lay["precision"][i])]
+    need = " and ".join(REQUIRES[p])
+    has = ", ".join(sorted(c.device_peaks))
+    return f"precision {p} needs {need} tensor cores; {c.device} has {has} peaks only"
 
 
 def stage_split_problems(model, L) -> tuple[np.ndarray, np.ndarray]:
@@ -184,10 +212,11 @@ def _rules() -> list[Rule]:
             ("offload", "zero"),
         ),
         Rule(
-            "fp8_unsupported",
-            "the device has no FP8 tensor cores",
-            lambda m, L, c: (L["precision"] == PRECISION_CODES.index("fp8")) & (not c.fp8_supported),
+            "precision_unsupported",
+            "the device has no tensor cores for the layout's precision",
+            _precision_unsupported,
             ("precision",),
+            _precision_reason,
         ),
     ]
 
@@ -214,7 +243,8 @@ def reasons_for_row(model, lay: LayoutTable, ctx: Context, i: int) -> list[Reaso
         v = np.broadcast_to(np.asarray(rule.violated(model, lay, ctx), dtype=bool), (len(lay),))
         if v[i]:
             values = {k: int(lay[k][i]) for k in rule.values}
-            out.append(Reason(rule.code, rule.message, values, _allowed(rule.code, model, lay, ctx, i)))
+            message = rule.explain(lay, ctx, i) if rule.explain else rule.message
+            out.append(Reason(rule.code, message, values, _allowed(rule.code, model, lay, ctx, i)))
     return out
 
 

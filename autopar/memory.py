@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from autopar import precision as P
 from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, LayoutTable
 from autopar.moe import routed_activation_elems
@@ -309,7 +310,12 @@ def stage_memory(
         on = zero >= from_stage
         return np.where(on, nonexp / shard, nonexp) + np.where(on, exp / eshard, exp)
 
-    w = w_bytes * sharded(profile.weight_shard_stage)
+    # TE's low-precision weight copy (mxfp8/nvfp4, autopar.precision.WEIGHT_COPY_BYTES) lives as
+    # long as the weights it is made from: sharded where they are (ZeRO-3 gathers per layer).
+    copy_bytes = np.zeros(len(lay))
+    for name, b in P.WEIGHT_COPY_BYTES.items():
+        copy_bytes[lay["precision"] == PRECISION_CODES.index(name)] = b
+    w = (w_bytes + copy_bytes) * sharded(profile.weight_shard_stage)
     g = g_bytes * sharded(profile.grad_shard_stage)
     o = o_bytes * sharded(profile.optimizer_shard_stage)
     o = np.where(offload, 0.0, o)

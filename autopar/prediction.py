@@ -89,7 +89,7 @@ def prediction_from_row(
     """
     from autopar.coefficients import coefficient_source, expected_error
 
-    ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in job.device.peak_tflops)
+    ctx = Context.for_job(job)
     reasons = reasons_for_row(job.model, lay, ctx, i)
     mem_gib = float(res["memory_bytes"][i]) / GIB
     alloc_gib = float(res["memory_allocated_bytes"][i]) / GIB

@@ -24,7 +24,7 @@ from autopar.engine import evaluate
 from autopar.errors import AutoparError
 from autopar.hardware import load_device
 from autopar.job import Job, TrainingJob
-from autopar.layout import LayoutTable, resolve_layout
+from autopar.layout import PRECISION_CODES, LayoutTable, resolve_layout
 from autopar.legality import Context, reasons_for_row
 from autopar.model import ModelSpec, load_model
 
@@ -367,17 +367,7 @@ def layout_for(case: Case, num_devices: int, global_batch: int):
 
 def normalize_precision(case: Case, prec: str) -> str:
     """The data format's precision vocabulary onto autopar's GEMM precisions (stated when mapped)."""
-    if prec == "mxfp8":  # MX block-scaled FP8 runs on the same FP8 tensor-core rate
-        note = "mxfp8 costed as fp8 (same tensor-core rate; block scales neglected)"
-        if note not in case.assumptions:
-            case.assumptions.append(note)
-        return "fp8"
-    if prec == "nvfp4":
-        raise AutoparError(
-            "precision nvfp4: autopar.layout's training precisions (PRECISION_CODES: bf16, fp8, fp16, "
-            "fp32) have no fp4 entry yet, although the Blackwell profiles carry fp4 peaks"
-        )
-    if prec not in ("bf16", "fp16", "fp8", "fp32"):
+    if prec not in PRECISION_CODES:
         raise AutoparError(f"precision {prec} is not modeled for training")
     return prec
 
@@ -489,8 +479,6 @@ def run_case(case: Case, calibration=None) -> None:
         return
     lora = "lora" in (row.get("model") or "").lower() or "lora" in (row.get("orig_workload") or "").lower()
     try:
-        if (row.get("precision") or "").strip() == "nvfp4":
-            normalize_precision(case, "nvfp4")  # raises: named before any other gap of the row
         model = build_model(case)
         num_devices = _int(row, "num_devices")
         seq = _int(row, "seq_len")
@@ -525,7 +513,7 @@ def run_case(case: Case, calibration=None) -> None:
         case.job, case.table = job, table
         res = evaluate(job, table, calibration=calibration)
         basis = memory_basis(row, job.framework.reported_basis)
-        ctx = Context(num_devices, seq, gb, "fp8" in dev.peak_tflops)
+        ctx = Context(num_devices, seq, gb, tuple(sorted(dev.peak_tflops)), dev.id)
         illegal = reasons_for_row(model, table, ctx, 0)
         if illegal:
             case.assumptions.append("layout breaks rule(s): " + ", ".join(r.code for r in illegal))

@@ -115,12 +115,16 @@ def test_mfu_without_a_stated_peak_is_refused():
     assert c.prediction is None and "mfu_peak_tflops" in (c.skipped or "")
 
 
-def test_blank_etp_is_megatron_default_and_nvfp4_is_skipped_with_the_reason():
-    c = _run(DEV2["373"])  # Megatron-Bridge DeepSeek-V3, ep=32, etp blank
+def test_blank_etp_is_megatron_default_and_block_scaled_rows_are_predicted():
+    c = _run(DEV2["373"])  # Megatron-Bridge DeepSeek-V3, ep=32, etp blank, mxfp8
     assert "etp=tp (blank; Megatron default expert_tensor_parallel_size = tp)" in c.assumptions
-    assert any(a.startswith("mxfp8 costed as fp8") for a in c.assumptions)
-    n = _run(DEV2["386"])
-    assert n.prediction is None and "nvfp4" in (n.skipped or "") and "PRECISION_CODES" in (n.skipped or "")
+    assert not any("costed as fp8" in a for a in c.assumptions) and c.prediction
+    fp4 = _run({**DEV2["373"], "precision": "nvfp4"})  # the same run at the fp4 peak
+    assert fp4.prediction
+    key = "predicted_tokens_per_s_per_device"
+    assert fp4.prediction[key] > c.prediction[key]
+    n = _run(DEV2["386"])  # Nemotron 3 Super, nvfp4: a hybrid model without a preset
+    assert n.prediction is None and "preset" in (n.skipped or "")
 
 
 def test_power_cap_changes_energy_not_throughput():
@@ -171,4 +175,4 @@ def test_accuracy_smoke(tmp_path: Path):
     assert d["tables"]["memory"]["summary"]["n"] == 4
     (rank,) = d["tables"]["ranking"]  # the three Llama-3-70B proxy layouts
     assert rank["rows"] == 3 and -1 <= rank["spearman"] <= 1
-    assert "nvfp4" in next(x["skipped"] for x in d["records"] if x["run_id"] == "386")
+    assert "preset" in next(x["skipped"] for x in d["records"] if x["run_id"] == "386")  # nvfp4 is modeled

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from autopar.errors import AutoparError
 from autopar.export import EXPORTERS, Exporter, ExportError, Job, export, layout_and_job_from_json, parse
 from autopar.job import Job as CoreJob
-from autopar.layout import Layout, resolve_layout
+from autopar.layout import PRECISION_CODES, Layout, resolve_layout
 
 
 def J(
@@ -104,6 +104,16 @@ CASES: dict[str, tuple[Layout, Job]] = {
         J(8, 16, layers=None),
     ),
     "serve_pcp": (Layout(zero=0, tp=2, cp=2, etp=2, micro_batch=8), J(4, 8, layers=None)),
+    "mxfp8_tp": (
+        Layout(tp=2, dp=4, etp=2, sp=True, zero=1, micro_batch=1, grad_accum=2, precision="mxfp8"),
+        J(8, 8),
+    ),
+    "nvfp4_pp": (
+        Layout(tp=2, pp=2, dp=2, etp=2, sp=True, zero=1, micro_batch=1, grad_accum=4, precision="nvfp4"),
+        J(8, 8),
+    ),
+    "mxfp8_zero2": (Layout(dp=8, zero=2, micro_batch=1, grad_accum=1, precision="mxfp8"), J(8, 8)),
+    "serve_nvfp4": (Layout(zero=0, tp=8, etp=8, micro_batch=64, precision="nvfp4"), J(8, 64, layers=None)),
 }
 
 # Which cases each format must express (the rest may or may not; the conformance test checks both ways).
@@ -127,6 +137,10 @@ EXPRESSIBLE: dict[str, set[str]] = {
         "serve_sglang_ep",
         "serve_fp8_pp",
         "serve_pcp",
+        "mxfp8_tp",
+        "nvfp4_pp",
+        "mxfp8_zero2",
+        "serve_nvfp4",
     },
     "megatron_bridge": {
         "ddp",
@@ -146,6 +160,10 @@ EXPRESSIBLE: dict[str, set[str]] = {
         "serve_sglang_ep",
         "serve_fp8_pp",
         "serve_pcp",
+        "mxfp8_tp",
+        "nvfp4_pp",
+        "mxfp8_zero2",
+        "serve_nvfp4",
     },
     "deepspeed": {"ddp", "single", "zero1", "zero1_offload", "zero2", "autotp", "serve_tp", "serve_vllm_ep"},
     "torchtitan": {"ddp", "single", "zero2", "fsdp_full_ac", "hsdp", "titan_3d", "titan_vpp4", "cp_ep"},
@@ -190,6 +208,11 @@ REFUSED = [
     ("sglang", "serve_vllm_ep", "expert parallel ep=8, etp=1 with tp=4 cannot be expressed in sglang"),
     ("sglang", "serve_pcp", "context parallel (cp=2) cannot be expressed in sglang"),
     ("sglang", "megatron_3d", "cannot be expressed in sglang"),
+    ("deepspeed", "mxfp8_zero2", "mxfp8 precision cannot be expressed in deepspeed"),
+    ("torchtitan", "mxfp8_zero2", "mxfp8 precision cannot be expressed in torchtitan"),
+    ("accelerate", "mxfp8_zero2", "mxfp8 precision cannot be expressed in accelerate"),
+    ("vllm", "serve_nvfp4", "nvfp4 training precision cannot be expressed in vllm"),
+    ("sglang", "serve_nvfp4", "nvfp4 training precision cannot be expressed in sglang"),
 ]
 
 # The launcher keys each format may emit: a frozen public surface (torchtitan's test_no_new_cli_options idea).
@@ -220,6 +243,9 @@ KEYS: dict[str, set[str]] = {
         "--bf16",
         "--fp16",
         "--fp8-format",
+        "--fp8-recipe",
+        "--fp4-format",
+        "--fp4-recipe",
     },
     "vllm": {
         "--tensor-parallel-size",
@@ -339,7 +365,7 @@ def _layouts() -> st.SearchStrategy[tuple[Layout, Job]]:
             grad_accum=draw(st.sampled_from([1, 2, 4])),
             recompute=draw(st.sampled_from(["none", "selective", "full"])),
             offload=zero > 0 and draw(st.booleans()),
-            precision=draw(st.sampled_from(["bf16", "fp16", "fp8", "fp32"])),
+            precision=draw(st.sampled_from(PRECISION_CODES)),
         )
         job = J(
             layout.num_devices,

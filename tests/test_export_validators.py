@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import shlex
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,11 @@ TRAINING_ONLY = {
     "num_virtual_stages_per_pipeline_rank",
     "ckpt_format",
 }
-RENAMED = {"fp8_format": "fp8", "no_gradient_accumulation_fusion": "gradient_accumulation_fusion"}
+RENAMED = {
+    "fp8_format": "fp8",
+    "fp4_format": "fp4",
+    "no_gradient_accumulation_fusion": "gradient_accumulation_fusion",
+}
 
 
 def _megatron_flags(text: str) -> dict[str, Any]:
@@ -156,7 +161,15 @@ def test_megatron_flags_build_megatron_core_configs(
         import megatron.core.optimizer.optimizer_config as occ
 
         monkeypatch.setattr(occ, "is_te_min_version", lambda *a, **k: True)
-    OptimizerConfig(**oc)
+    with warnings.catch_warnings():
+        # mcore advises --fp8-param-gather with mxfp8 because the bf16 weights then carry TE's MXFP8
+        # copy next to them; autopar exports the plain recipe and costs that copy
+        # (autopar.precision.WEIGHT_COPY_BYTES), so the advice is expected here.
+        if layout.precision == "mxfp8":
+            warnings.filterwarnings(
+                "ignore", message="mxfp8 without using reuse_grad_buf", category=UserWarning
+            )
+        OptimizerConfig(**oc)
 
 
 # ---------------------------------------------------------------------------------------------

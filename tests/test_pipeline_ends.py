@@ -70,7 +70,7 @@ def test_stage_layer_legality(pp, vpp, first, last, codes) -> None:
         last_stage_layers=last,
     )
     t = LayoutTable.from_layouts([lay])
-    ctx = Context(job.num_devices, job.seq_len, job.global_batch, True)
+    ctx = Context.for_job(job)
     legal, bad = legality_mask(job.model, t, ctx)
     assert set(bad) == codes
     assert bool(legal[0]) == (not codes)
@@ -116,7 +116,7 @@ def test_minus_one_axis_enumerates_only_legal_layouts() -> None:
     job = _job(gb=2048)
     space = load_space("default", ["pipeline_ends=even,minus_one", "pp=16", "tp=8", "cp=1"])
     en = enumerate_space(job, space)
-    ctx = Context(job.num_devices, job.seq_len, job.global_batch, True)
+    ctx = Context.for_job(job)
     seen = set()
     for _, t in en.iter_tables():
         legal, _ = legality_mask(job.model, t, ctx)

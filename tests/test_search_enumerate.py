@@ -79,7 +79,7 @@ def brute_force(job, space):
     """The full candidate product, first broken rule of each candidate (Python loops, no cleverness)."""
     av = axis_values(space, job)
     m = job.model
-    ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in job.device.peak_tflops)
+    ctx = Context.for_job(job)
     N, B = job.num_devices, job.global_batch
     rows = []
     for tp, pp, cp in itertools.product(av.tp, av.pp, av.cp):
@@ -144,7 +144,7 @@ def test_enumeration_equals_brute_force(model, device, n, seq, gb, sets) -> None
 def test_every_enumerated_layout_is_legal(model, device, n, seq, gb, sets) -> None:
     job = _job(model, device, n, seq, gb)
     en = enumerate_space(job, load_space("default", sets))
-    ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in job.device.peak_tflops)
+    ctx = Context.for_job(job)
     for _, table in en.iter_tables(200_000):
         legal, bad = legality_mask(job.model, table, ctx)
         assert legal.all(), {k: int(v.sum()) for k, v in bad.items()}
@@ -243,7 +243,7 @@ def test_enumeration_invariants(model, n, gb, seq, sets) -> None:
     cols = en.decode(ids)
     rows = np.stack([cols[c] for c in COLUMNS], axis=1)
     assert len(np.unique(rows, axis=0)) == len(rows)
-    ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in job.device.peak_tflops)
+    ctx = Context.for_job(job)
     legal, _ = legality_mask(job.model, LayoutTable(cols), ctx)
     assert legal.all()
 

@@ -157,7 +157,7 @@ def test_every_proposal_is_repaired_to_a_legal_layout(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, sampler="random", seed_top_k=0, job=job, space="moe")
     run_study(cfg, n_trials=40)
     j = training_job(devices_per_node=None, **job)
-    ctx = Context(32, 4096, 64, True)
+    ctx = Context.for_job(j)
     study = _load(tmp_path)
     lays = [Layout(**json.loads(t.user_attrs["key"])) for t in study.get_trials()]
     legal, bad = legality_mask(j.model, LayoutTable.from_layouts(lays), ctx)

@@ -115,6 +115,8 @@ def distributed_type(layout: Layout) -> str:
 
 def accelerate_config(layout: Layout, job: Job) -> dict[str, Any]:
     check_sharding(layout, FMT)
+    if layout.precision not in MIXED:
+        raise unsupported(f"{layout.precision} precision", FMT, f"mixed_precision takes {', '.join(MIXED)}")
     kind = distributed_type(layout)
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",

@@ -79,7 +79,11 @@ def ds_config(layout: Layout, job: Job) -> dict[str, Any]:
             f"shard_group={layout.shard_group} (HSDP)",
             "MiCS was removed from DeepSpeed",
         ),
-        (layout.precision == "fp8", "fp8 precision", "ds_config has no fp8 switch"),
+        (
+            layout.precision in ("fp8", "mxfp8", "nvfp4"),
+            f"{layout.precision} precision",
+            "ds_config has no fp8/fp4 switch",
+        ),
         (
             layout.ep > 1 and layout.etp != 1,
             f"expert tensor parallel (etp={layout.etp}) with ep={layout.ep}",

@@ -19,6 +19,9 @@ ZeRO mapping (decided here, documented in the module):
   --recompute-num-layers 1`` (every layer's input kept, everything else recomputed);
   ``selective`` -> ``--recompute-granularity selective`` (no method: Megatron rejects one).
 * ``fp8`` -> ``--bf16 --fp8-format hybrid`` (E4M3 forward, E5M2 backward, on a bf16 base).
+* ``mxfp8`` -> ``--bf16 --fp8-format e4m3 --fp8-recipe mxfp8``; ``nvfp4`` -> ``--bf16 --fp4-format
+  e2m1 --fp4-recipe nvfp4`` (mcore ``TransformerConfig.fp8_recipe`` / ``fp4`` / ``fp4_recipe``; the
+  recipes of Megatron-Bridge's ``bf16_with_mxfp8_mixed`` / ``bf16_with_nvfp4_mixed``).
 * first/last stage layers -> ``--decoder-first/last-pipeline-num-layers N`` (Megatron-LM
   arguments.py; mcore ``num_layers_in_first/last_pipeline_stage``), or, with interleaving when
   they are not divisible by vpp, ``--account-for-embedding-in-pipeline-split`` /
@@ -85,6 +88,9 @@ VALUE_FLAGS = (
     "--num-distributed-optimizer-instances",
     "--optimizer-offload-fraction",
     "--fp8-format",
+    "--fp8-recipe",
+    "--fp4-format",
+    "--fp4-recipe",
 )
 BOOL_FLAGS = (
     "--account-for-embedding-in-pipeline-split",
@@ -178,6 +184,10 @@ def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
         a.append(flag("--fp16"))
     elif layout.precision == "fp8":
         a += [flag("--bf16"), flag("--fp8-format", "hybrid")]
+    elif layout.precision == "mxfp8":
+        a += [flag("--bf16"), flag("--fp8-format", "e4m3"), flag("--fp8-recipe", "mxfp8")]
+    elif layout.precision == "nvfp4":
+        a += [flag("--bf16"), flag("--fp4-format", "e2m1"), flag("--fp4-recipe", "nvfp4")]
     return a
 
 
@@ -281,15 +291,32 @@ def layout_fields_from_megatron(
             "autopar models offloading the whole optimizer",
         )
 
-    fp8 = f.get("fp8_format")
+    fp8, fp4 = f.get("fp8_format"), f.get("fp4_format")
+    reader = "autopar (reading " + fmt + ")"
+    if (fp8 is not None or fp4 is not None) and not f.get("bf16"):
+        raise unsupported("fp8/fp4 on a non-bf16 base", reader)
+    if fp8 is not None and fp4 is not None:
+        raise ExportError(f"both --fp8-format and --fp4-format in the {fmt} text")
     if fp8 is not None:
-        if fp8 != "hybrid":
+        # Megatron-Core's fp8_recipe defaults to 'delayed' (per-tensor scaling, as 'tensorwise').
+        recipe = f.get("fp8_recipe", "delayed")
+        if fp8 == "hybrid" and recipe in ("delayed", "tensorwise"):
+            precision = "fp8"
+        elif fp8 == "e4m3" and recipe == "mxfp8":
+            precision = "mxfp8"
+        else:
             raise unsupported(
-                f"fp8 format {fp8!r}", "autopar (reading " + fmt + ")", "autopar's fp8 is 'hybrid'"
+                f"fp8 format {fp8!r} with recipe {recipe!r}",
+                reader,
+                "autopar's fp8 is 'hybrid' per-tensor scaling and its mxfp8 is 'e4m3' with recipe mxfp8",
             )
-        if not f.get("bf16"):
-            raise unsupported("fp8 on a non-bf16 base", "autopar (reading " + fmt + ")")
-        precision = "fp8"
+    elif fp4 is not None:
+        recipe = f.get("fp4_recipe", "nvfp4")  # Megatron-Core's default fp4_recipe
+        if fp4 != "e2m1" or recipe != "nvfp4":
+            raise unsupported(
+                f"fp4 format {fp4!r} with recipe {recipe!r}", reader, "autopar's nvfp4 is e2m1/nvfp4"
+            )
+        precision = "nvfp4"
     elif f.get("bf16") and f.get("fp16"):
         raise ExportError(f"both --bf16 and --fp16 in the {fmt} text")
     else:

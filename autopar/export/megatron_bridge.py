@@ -41,7 +41,15 @@ from autopar.export.base import (
 from autopar.layout import Layout
 
 FMT = "megatron_bridge"
-MIXED_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed"}
+# Bridge's registered recipe names (megatron/bridge/training/mixed_precision.py): mxfp8 = fp8 e4m3
+# with fp8_recipe mxfp8, nvfp4 = fp4 e2m1 with fp4_recipe nvfp4, both on a bf16 base.
+MIXED_PRECISION = {
+    "bf16": "bf16_mixed",
+    "fp16": "fp16_mixed",
+    "fp8": "bf16_with_fp8_delayed_scaling_mixed",
+    "mxfp8": "bf16_with_mxfp8_mixed",
+    "nvfp4": "bf16_with_nvfp4_mixed",
+}
 FSDP_STRATEGY = {0: "no_shard", 1: "no_shard", 2: "optim_grads", 3: "optim_grads_params"}
 KEYS = (
     "model.tensor_model_parallel_size",
@@ -105,7 +113,9 @@ def _split_overrides(layout: Layout, job: Job) -> dict[str, Any]:
 def bridge_overrides(layout: Layout, job: Job) -> dict[str, Any]:
     check_sharding(layout, FMT)
     if layout.precision == "fp32":
-        raise unsupported("fp32 precision", FMT, "Bridge's mixed_precision takes bf16/fp16/fp8 recipe names")
+        raise unsupported(
+            "fp32 precision", FMT, "Bridge's mixed_precision takes bf16/fp16/fp8/mxfp8/nvfp4 recipe names"
+        )
     if layout.vpp > 1 and layout.pp < 2:
         raise unsupported(
             f"interleaved pipeline (vpp={layout.vpp}) with pp={layout.pp}", FMT, "needs pp >= 2"

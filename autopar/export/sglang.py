@@ -66,6 +66,11 @@ class SglangExporter(Exporter):
             (layout.cp > 1, f"context parallel (cp={layout.cp})", "SGLang's DCP reuses TP ranks"),
             (layout.vpp > 1, f"virtual pipeline stages (vpp={layout.vpp})", None),
             (layout.sp, "sequence parallel (sp=True)", "SGLang has no Megatron-style sequence parallelism"),
+            (
+                layout.precision not in DTYPE,
+                f"{layout.precision} training precision",
+                "a block-scaled training recipe, not a serving dtype/quantization",
+            ),
         ):
             if cond:
                 raise unsupported(feature, FMT, hint)

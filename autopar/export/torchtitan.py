@@ -136,6 +136,11 @@ def sections(layout: Layout, job: Job) -> dict[str, dict[str, Any]]:
         )
     if layout.precision == "fp16":
         raise unsupported("fp16 precision", FMT, "torchtitan trains in bf16 or fp32")
+    if layout.precision in ("mxfp8", "nvfp4"):
+        # torchtitan's MX path is torchao's converter, not Transformer Engine's recipe costed here.
+        raise unsupported(
+            f"{layout.precision} precision", FMT, "autopar writes torchtitan's tensorwise fp8 only"
+        )
     if layout.tp > 1 and not layout.sp:
         raise unsupported(
             f"tensor parallel (tp={layout.tp}) without sequence parallel",

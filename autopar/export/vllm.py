@@ -70,6 +70,11 @@ class VllmExporter(Exporter):
             (layout.vpp > 1, f"virtual pipeline stages (vpp={layout.vpp})", None),
             (layout.sp, "sequence parallel (sp=True)", "vLLM has no Megatron-style sequence parallelism"),
             (
+                layout.precision not in DTYPE,
+                f"{layout.precision} training precision",
+                "a block-scaled training recipe, not a serving dtype/quantization",
+            ),
+            (
                 layout.cp > 1 and layout.dp > 1,
                 f"context parallel (cp={layout.cp}) with data parallel (dp={layout.dp})",
                 "vLLM does not combine prefill context parallel with DP",

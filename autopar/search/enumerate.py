@@ -55,7 +55,7 @@ STAGE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("sp", ("sp_needs_tp", "moe_sp")),
     ("zero,shard_group,offload", ("shard_group", "offload_needs_zero", "duplicate")),
-    ("precision", ("fp8_unsupported",)),
+    ("precision", ("precision_unsupported",)),
 )
 STRUCTURAL = (
     "tp",
@@ -287,7 +287,7 @@ def enumerate_space(job, space: SearchSpace, *, enforce_limit: bool = True) -> E
         )
     model = job.model
     av = axis_values(space, job)
-    ctx = Context(job.num_devices, job.seq_len, job.global_batch, "fp8" in job.device.peak_tflops)
+    ctx = Context.for_job(job)
     N, B = job.num_devices, job.global_batch
     excluded: dict[str, int] = {}
 
@@ -408,12 +408,12 @@ def enumerate_space(job, space: SearchSpace, *, enforce_limit: bool = True) -> E
             excluded[code] = excluded.get(code, 0) + int(bad.sum()) * weight
             vmask &= ~bad
 
-    # Stage 7: precision (FP8 needs FP8 tensor cores).
+    # Stage 7: precision (fp8/mxfp8/nvfp4 need the device's tensor cores for them).
     prec = np.array(av.precision, dtype=np.int64)
     pcols = neutral({"precision": prec})
-    bad_p = _violated("fp8_unsupported", model, pcols, ctx) & np.ones(len(prec), dtype=bool)
+    bad_p = _violated("precision_unsupported", model, pcols, ctx) & np.ones(len(prec), dtype=bool)
     if bad_p.any():
-        excluded["fp8_unsupported"] = int(vmask.sum()) * len(av.recompute) * int(bad_p.sum())
+        excluded["precision_unsupported"] = int(vmask.sum()) * len(av.recompute) * int(bad_p.sum())
     prec = prec[~bad_p]
 
     en = Enumeration(
