@@ -136,17 +136,6 @@ class FrameworkProfile(BaseModel):
     def flash_attention(self) -> bool:
         return self.attention == "flash"
 
-    def bytes_per_param(self, zero: int, shard: float) -> float:
-        """Model-state bytes per parameter at ZeRO stage ``zero`` over a shard group of ``shard``."""
-        total = 0.0
-        for b, stage in (
-            (self.weight_bytes, self.weight_shard_stage),
-            (self.grad_bytes, self.grad_shard_stage),
-            (self.optimizer_bytes, self.optimizer_shard_stage),
-        ):
-            total += b / shard if zero >= stage else b
-        return total
-
 
 _ALLOCATOR = dict(fragmentation=0.10, framework_reserve_gib=2.0)
 _EAGER_LAUNCH_US = 10.0  # host work per eager PyTorch op (module docstring)

@@ -226,12 +226,6 @@ def activation_bytes_per_layer(
     )
 
 
-def inflight_microbatches(lay: LayoutTable, num_microbatches: np.ndarray) -> np.ndarray:
-    """Micro-batches whose activations the first stage holds at the schedule's peak (in micro-batch
-    units of a whole stage): :func:`stage_inflight` of stage 0 with ``num_microbatches``."""
-    return _inflight(lay, lay["pp"] * 0, num_microbatches)
-
-
 def _inflight(lay: LayoutTable, stage: np.ndarray, m_: np.ndarray) -> np.ndarray:
     p = lay["pp"].astype(np.float64)
     v = lay["vpp"].astype(np.float64)

@@ -35,7 +35,6 @@ import numpy as np
 from autopar.collectives import ranks_per_node
 
 Dispatcher = Literal["alltoall", "deepep"]
-DISPATCHERS: tuple[str, ...] = ("alltoall", "deepep")
 DISPATCHER_DESCRIPTION = (
     "MoE token dispatcher: alltoall (Megatron --moe-token-dispatcher-type alltoall, the MoE recipes' "
     "choice) or deepep (flex dispatcher with DeepEP: a token crosses the network once per destination "

@@ -221,10 +221,6 @@ class Objectives:
     def primary(self) -> str:
         return self.names[0]
 
-    @property
-    def selected(self) -> list[Objective]:
-        return [TRAINING[n] for n in self.names]
-
     def prices(self, tokens_per_step: float) -> Prices:
         return Prices(float(tokens_per_step), self.price_per_device_hour, self.price_per_kwh)
 
