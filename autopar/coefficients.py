@@ -211,6 +211,7 @@ def coefficients_for(device, calibration: Calibration | None = None) -> tuple[Co
         tp_overlap=cal.global_value("tp_overlap"),
         kernel_overhead_s=cal.global_value("kernel_overhead_us") * 1e-6,
         tp_collective_overhead_s=cal.global_value("tp_collective_overhead_us") * 1e-6,
+        fused_attention_speedup=eff.fused_attention_speedup,
     )
     links = {
         "scale_up_bus": dc.scale_up_bus if dc.scale_up_bus is not None else eff.scale_up_bus,

@@ -56,7 +56,14 @@ activations: a simulator's output, not a measurement, so not used). The runtime 
 
 Time settings (sources):
 
-* Attention kernel. Megatron-Core runs Transformer-Engine's fused/flash ``DotProductAttention``;
+* Attention kernel. Megatron-Core runs Transformer-Engine's ``DotProductAttention`` ("te"): TE's
+  backend selection gives cuDNN's fused attention (FusedAttention, F16_arbitrary_seqlen) preference
+  over FlashAttention on sm90 and newer ("Disabling FlashAttention to give FusedAttention
+  preference on Hopper+ for performance reasons", ``get_attention_backend`` in
+  transformer_engine/pytorch/attention/dot_product_attention/utils.py) and runs FlashAttention-2
+  below sm90. The device's ``efficiency.fused_attention_speedup`` is that kernel's speed over
+  FlashAttention-2 (the H100 figure: Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, Figs. 5
+  and 6, head dim 128: cuDNN / FlashAttention-2 = 1.6 forward (causal, 1k-16k) and backward);
   torchtitan ``F.scaled_dot_product_attention`` (flash backend); llm-foundry's MPT FlashAttention
   (``attn_impl: flash``/``triton``). Megatron-DeepSpeed (bigscience-workshop, 2022) and the Megatron
   GPT model DeepSpeed ran with in 2021 have no FlashAttention: ``CoreAttention`` computes the whole
@@ -96,7 +103,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 MemoryBasis = Literal["allocated", "reserved"]
-AttentionKernel = Literal["flash", "unfused"]
+AttentionKernel = Literal["flash", "te", "unfused"]
 
 
 class FrameworkProfile(BaseModel):
@@ -123,8 +130,9 @@ class FrameworkProfile(BaseModel):
     )
     reported_basis: MemoryBasis = Field(description="what the stack's own memory log reports")
     attention: AttentionKernel = Field(
-        description="flash: FlashAttention-class fused kernel; unfused: s x s scores materialized "
-        "(baddbmm, masked fill, softmax, dropout, bmm)"
+        description="flash: FlashAttention-2-class fused kernel; te: Transformer Engine's "
+        "DotProductAttention (cuDNN fused attention on sm90+, FlashAttention-2 below); unfused: s x s "
+        "scores materialized (baddbmm, masked fill, softmax, dropout, bmm)"
     )
     kernels_per_layer: int = Field(
         ge=0, description="kernels one transformer layer launches per micro-batch, forward + backward"
@@ -134,7 +142,7 @@ class FrameworkProfile(BaseModel):
 
     @property
     def flash_attention(self) -> bool:
-        return self.attention == "flash"
+        return self.attention != "unfused"
 
 
 _ALLOCATOR = dict(fragmentation=0.10, framework_reserve_gib=2.0)
@@ -149,7 +157,7 @@ MEGATRON = FrameworkProfile(
     optimizer_bytes=12.0,  # fp32 master + Adam m + v, sharded by the distributed optimizer
     optimizer_shard_stage=1,
     reported_basis="allocated",  # megatron/training/utils.py report_memory: "max allocated" per rank
-    attention="flash",
+    attention="te",
     kernels_per_layer=36,
     launch_latency_us=_EAGER_LAUNCH_US,
     tp_comm_overlap=True,

@@ -56,6 +56,7 @@ DEFAULT_PROVENANCE: dict[str, str] = {
     "efficiency.gemm_half_dim": "autopar default, estimate: half of max GEMM efficiency at min dim 1024 (H100-class)",
     "efficiency.hbm": "autopar default: 0.8 x peak HBM, as AIConfigurator's empirical mode [S20]",
     "efficiency.attention": "autopar default, estimate: FlashAttention-class kernels at ~60% of dense bf16 peak",
+    "efficiency.fused_attention_speedup": "autopar default: 1 (Transformer Engine runs FlashAttention below sm90)",
 }
 
 _DEVICES_PACKAGE = "autopar.cost_models"
@@ -122,6 +123,12 @@ class Efficiency(_Frozen):
     )
     scale_out_bus: float = Field(gt=0, le=1, description="achieved fraction of the NIC rate across nodes")
     attention: float = Field(0.6, gt=0, le=1, description="achieved fraction of dense bf16 peak, attention")
+    fused_attention_speedup: float = Field(
+        1.0,
+        ge=1,
+        description="speed of cuDNN fused attention, which Transformer Engine selects on sm90+, over the "
+        "FlashAttention-2 kernel that 'attention' (and its calibration) describes",
+    )
 
     @field_validator("gemm")
     @classmethod

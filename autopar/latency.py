@@ -52,7 +52,7 @@ class Coefficients:
     peak_flops: dict[str, float]  # FLOP/s dense per precision
     gemm_eff: dict[str, float]  # achieved fraction of peak for large GEMMs
     gemm_half_dim: float  # GEMM dimension at which efficiency halves (tile/wave effects)
-    attention_eff: float  # FlashAttention-class achieved fraction of bf16 peak
+    attention_eff: float  # FlashAttention-2-class achieved fraction of bf16 peak
     hbm_bw: float  # achieved HBM bytes/s for memory-bound kernels
     overlap_contention: float  # compute slowdown per second of overlapped communication
     tp_overlap: float  # fraction of TP/SP communication hidden behind GEMMs (comm overlap)
@@ -62,6 +62,9 @@ class Coefficients:
     # Fixed software cost of each TP/SP collective on top of the link alpha (framework dispatch and
     # launch): ~0 for Megatron/NCCL, large for DTensor on gloo (measured by autopar calibrate).
     tp_collective_overhead_s: float = 0.0
+    # cuDNN fused attention over FlashAttention-2 on this device (``Efficiency.fused_attention_speedup``):
+    # what a stack whose attention kernel is Transformer Engine's (profile.attention "te") gains.
+    fused_attention_speedup: float = 1.0
 
     def peak(self, precision: str) -> float:
         return self.peak_flops.get(precision) or self.peak_flops["bf16"]
@@ -223,9 +226,13 @@ def stage_slot(
     window = model.sliding_window or 0
     s_kv_full = float(seq_len)
 
+    # Transformer Engine's attention runs cuDNN's fused kernel where the device has one faster than
+    # FlashAttention-2 (sm90+; autopar.frameworks, "Attention kernel"); attention_eff is FA2's.
+    attn_speed = co.fused_attention_speedup if profile.attention == "te" else 1.0
+
     def attn_fwd(s_kv):  # noqa: E306
         fl = 2.0 * mb * s_loc * s_kv * (a / tp) * (model.qk_head_dim + model.v_dim) * 0.5
-        eff = co.attention_eff * s_kv / (s_kv + co.gemm_half_dim)
+        eff = co.attention_eff * attn_speed * s_kv / (s_kv + co.gemm_half_dim)
         return fl / (attn_peak * eff)
 
     if not profile.flash_attention:
