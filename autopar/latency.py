@@ -26,6 +26,10 @@ from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.memory import REC_FULL, REC_SELECTIVE, stage_shape
 
 ACT_BYTES = 2.0
+# Attention kernel speed without a causal mask over with one (the off-diagonal steps of ring CP):
+# Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608) Fig. 5, H100 head dim 128, forward at 16k:
+# cuDNN 595 vs 539 TFLOP/s, FlashAttention-2 370 vs 335 (1.10 both).
+NONCAUSAL_ATTENTION_SPEEDUP = 1.10
 FP32_BYTES = 4.0  # fp32 training (e.g. the CPU reference runs): activations, gradients and wire bytes
 
 TIME_COMPONENTS = (
@@ -230,10 +234,18 @@ def stage_slot(
     # FlashAttention-2 (sm90+; autopar.frameworks, "Attention kernel"); attention_eff is FA2's.
     attn_speed = co.fused_attention_speedup if profile.attention == "te" else 1.0
 
-    def attn_fwd(s_kv):  # noqa: E306
+    # Under load-balanced ring CP only the first of the c steps (the rank's own KV) is a causal
+    # kernel; the c-1 others attend one half-chunk to the other without a mask (TE
+    # AttnFuncWithCPAndKVP2P: step i <= rank all of Q on the first half of KV, else the second half
+    # of Q on all of KV), each s_loc·s_loc/2 of the rank's s_loc·s/2 work. An unmasked kernel has no
+    # diagonal tiles to mask and no uneven work per CTA: Shah et al. 2024 (arXiv 2407.08608) Fig. 5,
+    # H100 head dim 128 at 16k, forward non-causal / causal = 595/539 (cuDNN) and 370/335 (FA2), 1.10.
+    ring = np.where(cp > 1, 1.0 / cp + (1.0 - 1.0 / cp) / NONCAUSAL_ATTENTION_SPEEDUP, 1.0)
+
+    def attn_fwd(s_kv, cp_ring=True):  # noqa: E306
         fl = 2.0 * mb * s_loc * s_kv * (a / tp) * (model.qk_head_dim + model.v_dim) * 0.5
         eff = co.attention_eff * attn_speed * s_kv / (s_kv + co.gemm_half_dim)
-        return fl / (attn_peak * eff)
+        return fl / (attn_peak * eff) * (ring if cp_ring else 1.0)
 
     if not profile.flash_attention:
         # Unfused core (Megatron-DeepSpeed CoreAttention): per (micro-batch, head) the full s x s_kv
@@ -253,7 +265,7 @@ def stage_slot(
     elif window and model.sliding_window_layers:
         # FlashAttention: fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd.
         frac_sw = model.sliding_window_layers / model.layers
-        attn_f = (1 - frac_sw) * attn_fwd(s_kv_full) + frac_sw * attn_fwd(min(window, s_kv_full))
+        attn_f = (1 - frac_sw) * attn_fwd(s_kv_full) + frac_sw * attn_fwd(min(window, s_kv_full), False)
         attn_bwd_mult = 2.5
     else:
         attn_f = attn_fwd(s_kv_full)
@@ -322,12 +334,24 @@ def stage_slot(
     tp_ov = co.tp_overlap if profile.tp_comm_overlap else 0.0
     tp_comm = tp_raw * (1.0 - tp_ov) + co.overlap_contention * tp_ov * tp_raw
     # ---- CP ring attention: (c-1) KV chunks per layer fwd, 2x bwd; hidden behind attention -------
+    # Megatron-Core/TE ring attention (cp_comm_type "p2p", AttnFuncWithCPAndKVP2P): each of the c-1
+    # steps sends the rank's KV to the next rank while the attention of the chunk in hand runs; the
+    # backward passes KV and dKV. Causal load balancing (rank i holds chunks i and 2c-1-i) gives every
+    # rank s_loc·s/2 of the causal work, the FLOPs of attn_fwd.
     kv_elems = (model.kv_lora_rank + model.qk_rope_head_dim) if model.is_mla else 2 * g * model.head_dim
     cp_chunk = mb * s_loc * kv_elems * elem / np.where(model.is_mla, 1.0, tp)
     bw_cp, _ = C.bus_bandwidth(links, cp, tp)
-    cp_raw = np.where(cp > 1, 3.0 * (cp - 1.0) * cp_chunk / bw_cp, 0.0) * n_layers
+    cp_bytes = np.where(cp > 1, 3.0 * (cp - 1.0) * cp_chunk, 0.0) * n_layers
+    cp_raw = cp_bytes / bw_cp
     cp_comm = np.maximum(cp_raw - (attn_tot_f * (1.0 + attn_bwd_mult)), 0.0)
-    cp_hidden = cp_raw - cp_comm
+    cp_hidden_frac = np.divide(cp_raw - cp_comm, cp_raw, out=np.zeros(n), where=cp_raw > 0)
+    # What the hidden ring costs the attention it overlaps: the exchange is an NCCL send/recv pair
+    # ("Point-to-point communications of KV and dKV", flash_attn_p2p_communicate, TE
+    # dot_product_attention/context_parallel.py): a copy with no reduction, on a couple of channels
+    # (CTAs) of the GPU's SMs. Its interference is the HBM traffic of reading every chunk it sends and
+    # writing every chunk it receives, not the calibrated overlap_contention, which prices the
+    # reducing, many-channel TP/DP/EP collectives (no CP row informed that fit).
+    cp_contention = 2.0 * cp_bytes * cp_hidden_frac / co.hbm_bw
     # ---- EP all-to-all: dispatch + combine, fwd and bwd, per MoE layer ----------------------------
     # Over the EP group (ep ranks placed etp apart, Megatron's expert order etp, ep, edp), each
     # rank sends its T/sp * k copies of h (16-bit; fp32 when training in fp32). DeepEP crosses the
@@ -358,7 +382,7 @@ def stage_slot(
     ep_comm = ep_raw - ep_hidden + co.overlap_contention * ep_hidden
 
     slot = fwd + bwd + recompute + overhead + tp_comm + cp_comm + ep_comm  # one micro-batch, whole stage
-    contention_mb = co.overlap_contention * cp_hidden
+    contention_mb = cp_contention
     slot = slot + contention_mb
     # Host floor: the host enqueues every kernel (asynchronously, so its time hides while the GPU
     # is busier); a stage cannot run a micro-batch faster than its layers' launches. Full

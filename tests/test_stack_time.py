@@ -3,6 +3,8 @@ the unfused attention core (time and activation memory), the host floor and the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -44,7 +46,7 @@ def _model(h: int, layers: int, heads: int, d: int = 64):
     )
 
 
-def _slot(model, profile, *, seq: int, tp: int = 1):
+def _slot(model, profile, *, seq: int, tp: int = 1, co: Coefficients = CO):
     lay = LayoutTable.from_layouts([Layout(tp=tp, micro_batch=1)])
     n = np.array([float(model.layers)])
     return stage_slot(
@@ -52,7 +54,7 @@ def _slot(model, profile, *, seq: int, tp: int = 1):
         lay,
         seq_len=seq,
         links=_links(),
-        co=CO,
+        co=co,
         n_dense=n,
         n_moe=np.zeros(1),
         head=np.zeros(1, dtype=bool),
@@ -147,16 +149,99 @@ def test_stack_moves_small_model_not_large_gemm_bound_one() -> None:
     t_tt = predict(model=small, **{**KW, "seq_len": 128}, framework="torchtitan").step_time_s
     assert t_tt > 1.5 * t_meg  # 99 vs 36 launches per layer bind the tiny layers
     # Llama-3.1-8B at s=2048: every layer is milliseconds of GEMMs, neither floor binds, tp=1 has no
-    # TP overlap to differ, both run flash attention: the same step time (memory differs).
-    big_meg = predict(model="llama-3.1-8b", **KW, framework="megatron")
-    big_tt = predict(model="llama-3.1-8b", **KW, framework="torchtitan")
+    # TP overlap to differ, and on A100 both run FlashAttention-2 (TE picks cuDNN only on sm90+):
+    # the same step time (memory differs). On H100 Megatron's cuDNN attention makes it faster.
+    a100 = {**KW, "device": "a100-80gb"}
+    big_meg = predict(model="llama-3.1-8b", **a100, framework="megatron")
+    big_tt = predict(model="llama-3.1-8b", **a100, framework="torchtitan")
     assert big_meg.step_time_s == big_tt.step_time_s
     assert big_meg.memory_breakdown != big_tt.memory_breakdown
+    h100_meg = predict(model="llama-3.1-8b", **KW, framework="megatron").step_time_s
+    assert h100_meg < predict(model="llama-3.1-8b", **KW, framework="torchtitan").step_time_s
 
 
 def test_every_profile_states_its_time_settings() -> None:
     for p in PROFILES.values():
-        assert p.attention in ("flash", "unfused") and p.kernels_per_layer > 0 and p.launch_latency_us > 0
-    assert MEGATRON.flash_attention and MEGATRON.tp_comm_overlap
+        assert (
+            p.attention in ("flash", "te", "unfused") and p.kernels_per_layer > 0 and p.launch_latency_us > 0
+        )
+    assert MEGATRON.attention == "te" and MEGATRON.flash_attention and MEGATRON.tp_comm_overlap
     assert not PROFILES["megatron-deepspeed"].flash_attention
     assert not PROFILES["megatron-deepspeed"].tp_comm_overlap
+
+
+def test_te_attention_runs_cudnn_where_the_device_has_it() -> None:
+    # Transformer Engine (Megatron) runs cuDNN fused attention on sm90+, at the device's
+    # fused_attention_speedup over the FlashAttention-2 rate attention_eff describes; torchtitan's
+    # SDPA flash backend does not get it.
+    s, a, d, L = 4096, 32, 128, 2
+    model = _model(4096, L, a, d)
+    flash = L * 3.5 * a * 2 * s * s * (d + d) * 0.5 / (100e12 * 0.4 * s / (s + 64.0))
+    co = replace(CO, fused_attention_speedup=1.6)
+    meg = _slot(model, MEGATRON, seq=s, co=co)["attention"][0]
+    assert meg == pytest.approx(flash / 1.6, rel=1e-12)
+    assert _slot(model, TORCHTITAN, seq=s, co=co)["attention"][0] == pytest.approx(flash, rel=1e-12)
+    # The shipped devices: 1.6 on Hopper (FA3 paper's cuDNN / FA2 ratio), 1 on Ampere.
+    from autopar.coefficients import coefficients_for
+    from autopar.hardware import load_device
+
+    assert coefficients_for(load_device("h100-sxm-80gb"))[0].fused_attention_speedup == 1.6
+    assert coefficients_for(load_device("a100-80gb"))[0].fused_attention_speedup == 1.0
+
+
+def test_ring_cp_step_by_hand() -> None:
+    # cp=4 inside one 8-GPU NVLink node, tp=1, s=32768: each rank holds s/4 queries (chunks i and
+    # 7-i). Attention: the rank's causal share s_loc·s/2 per head, its first ring step causal, the
+    # other three unmasked (1.10x faster). Ring: 3 x (c-1) KV chunks of s_loc·2·g·d bf16 per layer
+    # (KV fwd, KV + dKV bwd) at the NVLink bus rate, hidden behind that attention; the hidden
+    # transfer costs the compute its HBM traffic (read to send, write on receipt), 2 x bytes / HBM.
+    s, c, a, d, L = 32768, 4, 16, 64, 2
+    model = _model(1024, L, a, d)
+    links = _links()
+    lay = LayoutTable.from_layouts([Layout(cp=c, micro_batch=1)])
+    sl = stage_slot(
+        model,
+        lay,
+        seq_len=s,
+        links=links,
+        co=CO,
+        n_dense=np.array([float(L)]),
+        n_moe=np.zeros(1),
+        head=np.zeros(1, dtype=bool),
+        profile=MEGATRON,
+    )
+    s_loc = s / c
+    causal = a * 2 * s_loc * s * (d + d) * 0.5 / (100e12 * 0.4 * s / (s + 64.0))
+    attn = L * 3.5 * causal * (1 / c + (1 - 1 / c) / 1.10)
+    assert sl["attention"][0] == pytest.approx(attn, rel=1e-12)
+    ring_bytes = L * 3 * (c - 1) * s_loc * 2 * a * d * 2.0
+    assert sl["cp_raw"][0] == pytest.approx(ring_bytes / links.up_agg, rel=1e-12)
+    assert sl["cp_raw"][0] < attn and sl["cp_comm"][0] == 0.0  # fully hidden
+    # Same tokens per rank without CP (seq s/4, cp=1): the same elementwise work, no ring.
+    lay1 = LayoutTable.from_layouts([Layout(cp=1, micro_batch=1)])
+    base = stage_slot(
+        model,
+        lay1,
+        seq_len=int(s_loc),
+        links=links,
+        co=CO,
+        n_dense=np.array([float(L)]),
+        n_moe=np.zeros(1),
+        head=np.zeros(1, dtype=bool),
+        profile=MEGATRON,
+    )
+    contention = sl["elementwise"][0] - base["elementwise"][0]
+    assert contention == pytest.approx(2 * ring_bytes / 1e12, rel=1e-9)
+    # Not the collectives' calibrated overlap_contention x hidden time: that coefficient plays no part.
+    other = stage_slot(
+        model,
+        lay,
+        seq_len=s,
+        links=links,
+        co=replace(CO, overlap_contention=0.9),
+        n_dense=np.array([float(L)]),
+        n_moe=np.zeros(1),
+        head=np.zeros(1, dtype=bool),
+        profile=MEGATRON,
+    )
+    assert other["slot"][0] == sl["slot"][0]
