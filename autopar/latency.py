@@ -344,14 +344,14 @@ def stage_slot(
     cp_bytes = np.where(cp > 1, 3.0 * (cp - 1.0) * cp_chunk, 0.0) * n_layers
     cp_raw = cp_bytes / bw_cp
     cp_comm = np.maximum(cp_raw - (attn_tot_f * (1.0 + attn_bwd_mult)), 0.0)
-    cp_hidden_frac = np.divide(cp_raw - cp_comm, cp_raw, out=np.zeros(n), where=cp_raw > 0)
     # What the hidden ring costs the attention it overlaps: the exchange is an NCCL send/recv pair
     # ("Point-to-point communications of KV and dKV", flash_attn_p2p_communicate, TE
     # dot_product_attention/context_parallel.py): a copy with no reduction, on a couple of channels
     # (CTAs) of the GPU's SMs. Its interference is the HBM traffic of reading every chunk it sends and
     # writing every chunk it receives, not the calibrated overlap_contention, which prices the
     # reducing, many-channel TP/DP/EP collectives (no CP row informed that fit).
-    cp_contention = 2.0 * cp_bytes * cp_hidden_frac / co.hbm_bw
+    # Bytes of the hidden part: its seconds at the ring's bus rate.
+    cp_contention = 2.0 * (cp_raw - cp_comm) * bw_cp / co.hbm_bw
     # ---- EP all-to-all: dispatch + combine, fwd and bwd, per MoE layer ----------------------------
     # Over the EP group (ep ranks placed etp apart, Megatron's expert order etp, ep, edp), each
     # rank sends its T/sp * k copies of h (16-bit; fp32 when training in fp32). DeepEP crosses the
