@@ -379,6 +379,11 @@ def stage_memory(
     # reduce-scatters its unsharded 16-bit gradient (2 bytes each; 4 in pure fp32).
     unit = np.where(fp32, 4.0, 2.0)
     z3 = np.where(zero >= 3, 2.0 * max_layer * unit + max_layer * unit * 2, 0.0)
+    if profile.weight_shard_stage == 2:
+        # FSDP's ZeRO-2 (reshard_after_forward=False): the 16-bit parameters gathered in the
+        # forward stay unsharded until their backward, so at the peak (the last forward, the first
+        # backward) every layer of the stage is unsharded beside its sharded fp32 copy.
+        z3 = z3 + np.where(zero == 2, unit * (nonexp + exp), 0.0)
 
     groups = dims.process_groups.astype(np.float64)
     out: dict[str, Any] = {
