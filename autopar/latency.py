@@ -23,7 +23,7 @@ from autopar import moe
 from autopar import precision as P
 from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, LayoutTable
-from autopar.memory import REC_FULL, REC_SELECTIVE, stage_shape
+from autopar.memory import REC_FULL, REC_NONE, REC_NORM_ACT, REC_NORM_ACT_MLP, stage_shape
 
 ACT_BYTES = 2.0
 # Attention kernel speed without a causal mask over with one (the off-diagonal steps of ring CP):
@@ -305,10 +305,42 @@ def stage_slot(
     fwd = gemm_f + attn_tot_f + elem_tot_f + perm_f + quant_f
     wgrad = 0.0 if frozen_weights else 1.0  # weight-gradient GEMMs, as many FLOPs as the forward
     bwd = (1.0 + wgrad) * gemm_f + attn_bwd_mult * attn_tot_f + 2.0 * elem_tot_f + perm_f + quant_b
-    recompute = np.select(
-        [rec == REC_FULL, rec == REC_SELECTIVE],
-        [fwd - head_f, attn_tot_f],
-        default=0.0,
+    # Selective modes recompute in backward what they dropped (memory.activation_bytes_per_layer):
+    # the attention core; + norm_act: the two norms, the routed experts' activation and MLA's
+    # up-projection GEMMs (+ RoPE); + norm_act_mlp: the dense MLP's and shared experts' forward.
+    drop_norm = (rec == REC_NORM_ACT) | (rec == REC_NORM_ACT_MLP)
+    drop_mlp = rec == REC_NORM_ACT_MLP
+    norm_rec = T * elem * (2 * 2 * h / sp_div) / co.hbm_bw
+    if model.is_mla:
+        up_rec = gt(T, model.heads * model.qk_head_dim / tp, model.q_lora_rank or h) + gt(
+            T, a * (model.qk_nope_head_dim + model.v_dim) / tp, model.kv_lora_rank
+        )
+        up_rec = up_rec + T * elem * 2 * (a + g) * model.qk_head_dim / tp / co.hbm_bw
+    else:
+        up_rec = np.zeros(n)
+    act_mult = 3.0 if model.gated_mlp else 2.0
+    moe_act_rec = (
+        T * elem * act_mult * model.moe_ffn_hidden * model.moe_topk / tp / co.hbm_bw
+        if model.is_moe
+        else np.zeros(n)
+    )
+    dense_act = T * elem * act_mult * model.ffn_hidden / tp / co.hbm_bw if model.ffn_hidden else 0.0
+    shared_f = (
+        gt(T, up_mult * model.shared_expert_ffn / tp, h)
+        + gt(T, h, model.shared_expert_ffn / tp)
+        + T * elem * act_mult * model.shared_expert_ffn / tp / co.hbm_bw
+        if model.is_moe and model.shared_expert_ffn
+        else np.zeros(n)
+    )
+    na_layer = norm_rec + up_rec
+    na_rec = n_layers * na_layer + n_moe * moe_act_rec
+    mlp_rec = n_dense * (dense_mlp + dense_act) + n_moe * shared_f
+    recompute = np.where(
+        rec == REC_FULL,
+        fwd - head_f,
+        np.where(rec != REC_NONE, attn_tot_f, 0.0)
+        + np.where(drop_norm, na_rec, 0.0)
+        + np.where(drop_mlp, mlp_rec, 0.0),
     )
     overhead = co.kernel_overhead_s * n_layers
 
@@ -317,7 +349,9 @@ def stage_slot(
     tp_one = C.all_reduce(links, tp_bytes, tp, np.ones(n)) + np.where(
         tp > 1, co.tp_collective_overhead_s, 0.0
     )
-    per_layer = 4.0 + np.where(rec == REC_FULL, 2.0, 0.0)
+    # Recomputed forwards repeat their TP collectives: the whole layer's two (full) or the dense
+    # MLP's one all-reduce (AG + RS under SP) when norm_act_mlp recomputes the MLP.
+    per_layer = 4.0 + np.where(rec == REC_FULL, 2.0, np.where(drop_mlp, 1.0, 0.0))
     # A MoE layer has no TP all-gather/reduce-scatter around its routed experts (the dispatcher
     # routes the sequence-parallel share): attention keeps its two, shared experts add two. The
     # expert-TP group instead all-gathers the received copies before the expert GEMMs and
@@ -327,7 +361,8 @@ def stage_slot(
     if model.is_moe:
         etp_bytes = moe.expert_rows_per_rank(model, T, sp_div, etp) * h * elem
         etp_one = C.all_gather(links, etp_bytes, etp, np.ones(n))
-        tp_raw = tp_raw + n_moe * per_layer * etp_one
+        routed_colls = 4.0 + np.where(rec == REC_FULL, 2.0, 0.0)  # routed experts: never partly recomputed
+        tp_raw = tp_raw + n_moe * routed_colls * etp_one
     # Stacks that pipeline TP collectives with the neighbouring GEMMs (userbuffers/TE comm overlap,
     # async TP) hide a fraction; the hidden part still contends for SMs and HBM. Stacks that
     # all-reduce synchronously after the GEMM (profile.tp_comm_overlap False) hide none.

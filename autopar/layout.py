@@ -16,12 +16,34 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from autopar.errors import LayoutError
 
-Recompute = Literal["none", "selective", "full"]
+# Appended values keep the integer codes of the earlier ones. ``selective`` is Megatron's default
+# ``--recompute-modules core_attn``; ``norm_act`` adds the output-discarding modules (layernorm,
+# moe_act, mla_up_proj: norm outputs, the routed experts' activation output and MLA's up-projected
+# Q/K/V are dropped and recomputed from tensors kept anyway); ``norm_act_mlp`` adds the dense MLP
+# and the shared experts (normal checkpointing: their intermediates recomputed from the MLP input).
+# Megatron-Core transformer_config.py ``recompute_modules`` (mcore 0.13+).
+Recompute = Literal["none", "selective", "full", "norm_act", "norm_act_mlp"]
 # Appended values keep the integer codes of the earlier ones (saved tables, studies). What each
 # means physically: autopar.precision.
 Precision = Literal["bf16", "fp8", "fp16", "fp32", "mxfp8", "nvfp4"]
 ZeroStage = Literal[0, 1, 2, 3]
 RECOMPUTE_CODES: tuple[str, ...] = get_args(Recompute)
+# Lightest to heaviest (activation memory kept, most to least): the order of monotone per-stage
+# assignments and of "the heaviest mode of a plan".
+RECOMPUTE_ORDER: tuple[str, ...] = ("none", "selective", "norm_act", "norm_act_mlp", "full")
+# Megatron-Core --recompute-modules of each selective mode (the model decides which apply).
+RECOMPUTE_MODULES: dict[str, tuple[str, ...]] = {
+    "selective": ("core_attn",),
+    "norm_act": ("core_attn", "layernorm", "moe_act", "mla_up_proj"),
+    "norm_act_mlp": ("core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "shared_experts"),
+}
+
+
+def recompute_weight(code: int) -> int:
+    """Position of recompute code ``code`` in :data:`RECOMPUTE_ORDER` (heavier = larger)."""
+    return RECOMPUTE_ORDER.index(RECOMPUTE_CODES[code])
+
+
 PRECISION_CODES: tuple[str, ...] = get_args(Precision)
 
 # Columns of a LayoutTable, in order; integer-coded so that whole candidate sets are numpy arrays.
@@ -175,7 +197,9 @@ class Layout(BaseModel):
     micro_batch: int = Field(1, ge=1, description="sequences per micro-batch per rank")
     grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step per rank")
     recompute: Recompute = Field(
-        "none", description="activation recomputation: none, selective (attention core), full"
+        "none",
+        description="activation recomputation: none, selective (attention core), norm_act (+ norms, "
+        "MoE activation, MLA up-projections), norm_act_mlp (+ dense MLP, shared experts), full",
     )
     offload: bool = Field(False, description="optimizer state and step on the host (CPU)")
     precision: Precision = Field("bf16", description="GEMM precision")
@@ -245,7 +269,11 @@ class Layout(BaseModel):
         if self.sp:
             parts.append("sp")
         parts.append(f"mb{self.micro_batch}x{self.grad_accum}")
-        parts.append({"none": "norc", "selective": "sel", "full": "full"}[self.recompute])
+        parts.append(
+            {"none": "norc", "selective": "sel", "full": "full", "norm_act": "na", "norm_act_mlp": "namlp"}[
+                self.recompute
+            ]
+        )
         if self.offload:
             parts.append("offload")
         parts.append(self.precision)
@@ -378,7 +406,7 @@ def resolve_layout(
     if recompute not in RECOMPUTE_CODES:
         raise LayoutError(
             f"recompute={recompute!r} is not one of {', '.join(RECOMPUTE_CODES)}",
-            "use none, selective or full",
+            f"use one of {', '.join(RECOMPUTE_CODES)}",
         )
     if precision not in PRECISION_CODES:
         raise LayoutError(

@@ -35,7 +35,9 @@ LOGIT_BYTES = 6.0
 # logits plus the fp32 log-probabilities the cross-entropy keeps.
 FP32_WEIGHT_BYTES, FP32_GRAD_BYTES, FP32_OPTIM_BYTES, FP32_LOGIT_BYTES = 4.0, 4.0, 8.0, 8.0
 
-REC_NONE, REC_SELECTIVE, REC_FULL = (RECOMPUTE_CODES.index(x) for x in ("none", "selective", "full"))
+REC_NONE, REC_SELECTIVE, REC_FULL, REC_NORM_ACT, REC_NORM_ACT_MLP = (
+    RECOMPUTE_CODES.index(x) for x in ("none", "selective", "full", "norm_act", "norm_act_mlp")
+)
 
 # What the caching allocator hands out (torch.cuda.max_memory_allocated); ``fragmentation`` is the
 # allocator's reserved memory above it; buffers and the reserve sit outside the allocator.
@@ -179,6 +181,7 @@ def activation_bytes_per_layer(
     dropout: bool = False,
     ep: np.ndarray | None = None,
     etp: np.ndarray | None = None,
+    low_precision: np.ndarray | None = None,
 ) -> np.ndarray:
     """Activation bytes one transformer layer keeps for backward, per rank, for one micro-batch.
 
@@ -188,6 +191,18 @@ def activation_bytes_per_layer(
     a*dq + 2*g*dk), attention output 2sb*a*dv, the MLP's intermediate tensors (GELU: 4sbF;
     gated: 6sbF), and without FlashAttention the 5*a*s^2*b softmax/dropout term.
     With F = 4h, MHA, dropout and no flash this is exactly s*b*h*(10 + 24/t + 5as/(ht)).
+
+    ``low_precision`` rows (fp8/mxfp8/nvfp4 GEMMs through Transformer Engine) keep the inputs of
+    their linear GEMMs in the quantized 8-bit form the weight-gradient GEMM reads (TE's Linear,
+    LayerNormLinear and GroupedLinear save the cast input, not the 16-bit one; DeepSeek-V3 report
+    Sec. 3.3.3 caches them in FP8 likewise): QKV/MLP/expert inputs and the fc2 input at 1 byte. The
+    attention output stays 16-bit for the attention backward, plus the output projection's 8-bit
+    copy. Norm inputs (the residual stream) and the fc1 outputs the activation's backward reads stay
+    16-bit. The recompute modes drop (Megatron-Core ``recompute_modules``): ``selective`` the
+    attention core; ``norm_act`` also the two norm outputs (the QKV and MLP inputs), MLA's
+    up-projected Q/K/V (the compressed latents stay) and the routed experts' activation output;
+    ``norm_act_mlp`` also the dense MLP's and the shared experts' intermediates; ``full`` keeps the
+    layer input only.
     """
     s = np.asarray(seq_len, dtype=np.float64) / cp
     b = micro_batch.astype(np.float64)
@@ -195,35 +210,45 @@ def activation_bytes_per_layer(
     sb = s * b
     h = float(model.hidden)
     sp_div = np.where(sp > 0, t, 1.0)
-    replicated = sb * h * (8.0 + (2.0 if dropout else 0.0)) / sp_div
+    # Bytes per element of a saved GEMM input, relative to 16-bit (1 byte = 0.5).
+    gi = np.where(low_precision, 0.5, 1.0) if low_precision is not None else np.ones_like(t)
+    rec = np.asarray(recompute)
+    drop_core = rec != REC_NONE
+    drop_norm = (rec == REC_NORM_ACT) | (rec == REC_NORM_ACT_MLP)
+    drop_mlp = rec == REC_NORM_ACT_MLP
+    mult = 4.0 if model.gated_mlp else 2.0  # fc1 output(s) the activation's backward reads
+    norm_in = sb * h * (4.0 + (2.0 if dropout else 0.0)) / sp_div
+    # MoE layers: the pre-MLP norm output also feeds the 16-bit router GEMM.
+    gemm_in = 2.0 * sb * h / sp_div * (gi + (1.0 if moe else gi))
     if model.is_mla:
         q_elems = model.heads * model.qk_head_dim
         kv_elems = model.heads * (model.qk_head_dim + model.v_dim)  # up-projected K and V
         latent = model.kv_lora_rank + model.qk_rope_head_dim + model.q_lora_rank  # compressed inputs
-        qkv = 2.0 * sb * (q_elems + kv_elems) / t + 2.0 * sb * latent / sp_div
+        up = 2.0 * sb * (q_elems + kv_elems) / t
+        qkv = np.where(drop_norm, 0.0, up) + 2.0 * sb * latent / sp_div * gi
     else:
         qkv = 2.0 * sb * (model.heads * model.head_dim + 2 * model.kv_heads * model.head_dim) / t
-    attn_out = 2.0 * sb * model.heads * model.v_dim / t
+    attn_out = 2.0 * sb * model.heads * model.v_dim / t * (1.0 + np.where(gi < 1.0, 0.5, 0.0))
     if flash_attention:
         core = 4.0 * sb * model.heads / t  # fp32 log-sum-exp per row
     else:
         core = 5.0 * model.heads * s * sb / t
+
+    def mlp_terms(F):
+        return (mult + 2.0 * gi) * sb * F / t
+
     if moe:
-        mult = 6.0 if model.gated_mlp else 4.0
         # Routed copies arrive balanced: T/sp * k * etp rows per rank after the ETP all-gather.
         e_tp = t if etp is None else np.asarray(etp, dtype=np.float64)
-        routed = 2.0 * routed_activation_elems(model, sb, sp_div, e_tp)
-        shared = mult * sb * model.shared_expert_ffn / t
+        rows, fc1_in, fc1_out, act_out = routed_activation_elems(model, sb, sp_div, e_tp, parts=True)
+        routed = 2.0 * (rows * fc1_in * gi + rows * fc1_out + np.where(drop_norm, 0.0, rows * act_out * gi))
+        shared = np.where(drop_mlp, 0.0, mlp_terms(model.shared_expert_ffn))
         mlp = routed + shared
     else:
-        mult = 6.0 if model.gated_mlp else 4.0
-        mlp = mult * sb * model.ffn_hidden / t
-    full = replicated + qkv + attn_out + core + mlp
-    selective = full - core
+        mlp = np.where(drop_mlp, 0.0, mlp_terms(model.ffn_hidden))
+    full = norm_in + np.where(drop_norm, 0.0, gemm_in) + qkv + attn_out + np.where(drop_core, 0.0, core) + mlp
     checkpoint_only = 2.0 * sb * h / sp_div  # full recompute keeps the layer input only
-    return np.select(
-        [recompute == REC_FULL, recompute == REC_SELECTIVE], [checkpoint_only, selective], default=full
-    )
+    return np.where(rec == REC_FULL, checkpoint_only, full)
 
 
 def _inflight(lay: LayoutTable, stage: np.ndarray, m_: np.ndarray) -> np.ndarray:
@@ -326,6 +351,7 @@ def stage_memory(
         flash_attention=profile.flash_attention,
         dropout=dropout,
         etp=lay["etp"],
+        low_precision=np.isin(lay["precision"], [PRECISION_CODES.index(p) for p in P.LOW_PRECISION]),
     )
     act_dense = activation_bytes_per_layer(model, moe=False, **common) * act_scale
     act_moe = (
@@ -353,6 +379,11 @@ def stage_memory(
     # reduce-scatters its unsharded 16-bit gradient (2 bytes each; 4 in pure fp32).
     unit = np.where(fp32, 4.0, 2.0)
     z3 = np.where(zero >= 3, 2.0 * max_layer * unit + max_layer * unit * 2, 0.0)
+    if profile.weight_shard_stage == 2:
+        # FSDP's ZeRO-2 (reshard_after_forward=False): the 16-bit parameters gathered in the
+        # forward stay unsharded until their backward, so at the peak (the last forward, the first
+        # backward) every layer of the stage is unsharded beside its sharded fp32 copy.
+        z3 = z3 + np.where(zero == 2, unit * (nonexp + exp), 0.0)
 
     groups = dims.process_groups.astype(np.float64)
     out: dict[str, Any] = {

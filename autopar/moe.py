@@ -28,7 +28,7 @@ work evenly whatever ``ep`` and ``etp`` are.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -121,18 +121,22 @@ def router_bytes(model, T, sp_div) -> np.ndarray:
     return routed_tokens(T, sp_div) * model.num_experts * 4.0 * 3.0  # write, read for top-k, read for loss
 
 
-def routed_activation_elems(model, sb_local, sp_div, etp) -> np.ndarray:
+def routed_activation_elems(model, sb_local, sp_div, etp, parts: bool = False) -> Any:
     """Activation elements the routed experts keep for backward per rank (16-bit each).
 
     Per rank the grouped GEMMs see ``T_r * k * etp`` rows: the fc1 input (``h``, saved after the
     ETP all-gather), the fc1 output (``2F`` gated / ``F``) and the fc2 input (``F``), both sharded
-    by etp (Korthikanti et al. 2022's MLP terms applied to the routed copies).
+    by etp (Korthikanti et al. 2022's MLP terms applied to the routed copies). ``parts``: return
+    (rows, fc1 input, fc1 output, fc2 input) elements per row instead of the total.
     """
     etp = np.asarray(etp, dtype=np.float64)
     rows = expert_rows_per_rank(model, sb_local, sp_div, etp)
     f_e = float(model.moe_ffn_hidden)
-    inter = (3.0 if model.gated_mlp else 2.0) * f_e / etp
-    return rows * (float(model.hidden) + inter)
+    fc1_out = (2.0 if model.gated_mlp else 1.0) * f_e / etp
+    act_out = f_e / etp
+    if parts:
+        return rows, float(model.hidden), fc1_out, act_out
+    return rows * (float(model.hidden) + fc1_out + act_out)
 
 
 def paired_fraction(pp, grad_accum) -> np.ndarray:

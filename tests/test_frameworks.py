@@ -49,6 +49,31 @@ def test_bytes_per_param_per_stack_and_zero_stage(stack: str, zero: int) -> None
     assert state == pytest.approx(GOLDEN[stack, zero] * spec.total_params, rel=1e-6)
 
 
+@pytest.mark.parametrize("stack", ["fsdp", "torchtitan"])
+def test_fsdp_zero2_keeps_the_gathered_16bit_params_through_backward(stack: str) -> None:
+    """reshard_after_forward=False: every layer's bf16 parameters stay gathered (2 bytes each) from
+    its forward to its backward, on top of the 16/d sharded state; ZeRO-3 holds two layers."""
+    spec = load_model("llama-3.1-8b")
+    z2, z3 = (
+        memory_breakdown(
+            spec,
+            LayoutTable.from_layouts([Layout(dp=D, zero=z, grad_accum=1)]),
+            seq_len=4096,
+            profile=PROFILES[stack],
+        )
+        for z in (2, 3)
+    )
+    assert z2["zero3_buffers"][0] == pytest.approx(2.0 * spec.total_params, rel=1e-6)
+    assert z3["zero3_buffers"][0] < 0.2 * z2["zero3_buffers"][0]
+    meg = memory_breakdown(
+        spec,
+        LayoutTable.from_layouts([Layout(dp=D, zero=2, grad_accum=1)]),
+        seq_len=4096,
+        profile=PROFILES["megatron"],
+    )
+    assert meg["zero3_buffers"][0] == 0.0  # Megatron-FSDP optim_grads keeps its bf16 weights as weights
+
+
 def test_megatron_keeps_fp32_grads_unsharded_by_the_distributed_optimizer() -> None:
     spec = load_model("llama-3.1-8b")
     lay = LayoutTable.from_layouts([Layout(dp=8, zero=1, grad_accum=1)])

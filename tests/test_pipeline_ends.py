@@ -187,3 +187,47 @@ def test_megatron_refuses_mixed_forms_in_text() -> None:
             text.replace("--decoder-last-pipeline-num-layers 7", "--account-for-loss-in-pipeline-split"),
             "megatron",
         )
+
+
+@pytest.mark.parametrize(
+    ("seq", "gb", "cp"),
+    [(8192, 2048, 1), (131072, 128, 16)],  # Llama 3 paper, Table 4: TP8 PP16, CP1 DP128 / CP16 DP8
+)
+def test_llama3_405b_paper_degrees_have_a_fitting_plan(seq, gb, cp) -> None:
+    """With the paper's degrees pinned, recommend finds settings (recompute, ZeRO, ends) that fit
+    in 80 GB with the headroom kept; the exact paper layout without recompute does not (16
+    micro-batches of 8 layers in flight on stage 1: README, "Production layouts")."""
+    from autopar.search.recommend import recommend
+
+    res = recommend(
+        model="llama-3.1-405b",
+        device="h100-sxm-80gb",
+        num_devices=16384,
+        seq_len=seq,
+        global_batch=gb,
+        overrides=["tp=8", "pp=16", f"cp={cp}", "pipeline_ends=even,minus_one"],
+        top=1,
+        progress=False,
+    )
+    best = res.results[0]
+    assert best.fits and best.memory_gib_per_device <= 0.95 * best.memory_capacity_gib
+    assert (best.layout.tp, best.layout.pp, best.layout.cp) == (8, 16, cp)
+
+
+def test_deepseek_v3_report_layout_fits() -> None:
+    """DeepSeek-V3 report: PP16 EP64 ZeRO-1 on 2,048 H800, FP8 GEMMs with FP8-cached linear inputs and
+    RMSNorm / MLA up-projection / SwiGLU recompute (recompute=norm_act)."""
+    job = training_job(
+        model="deepseek-v3",
+        device="h800-sxm-80gb",
+        num_devices=2048,
+        devices_per_node=None,
+        seq_len=4096,
+        global_batch=15360,
+    )
+    base = dict(num_devices=2048, global_batch=15360, tp=1, pp=16, ep=64, zero=1, precision="fp8")
+    fits = {
+        rec: bool(evaluate(job, LayoutTable.from_layouts([resolve_layout(**base, recompute=rec)]))["fits"][0])
+        for rec in ("selective", "norm_act")
+    }
+    assert fits == {"selective": False, "norm_act": True}

@@ -20,7 +20,7 @@ import re
 import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -37,6 +37,81 @@ _HEADER_RE = re.compile(r"^#\s*" + HEADER_TAG + r":\s*(\{.*\})\s*$", re.MULTILIN
 
 class ExportError(AutoparError):
     """A layout (or job) that a launcher format cannot express, or text that does not parse back."""
+
+
+ModelFeature = Literal["moe", "mla", "dense_mlp", "shared_experts"]
+# Recompute module -> the model feature it needs (Megatron-Core's TransformerConfig refuses
+# ``moe_act`` without MoE grouped GEMMs and ``mla_up_proj`` without MLA); core_attn and layernorm
+# apply to every model.
+_MODULE_NEEDS: dict[str, str] = {
+    "moe_act": "moe",
+    "mla_up_proj": "mla",
+    "mlp": "dense_mlp",
+    "shared_experts": "shared_experts",
+}
+
+
+def model_features(model_ref: Any) -> tuple[ModelFeature, ...]:
+    """The :data:`ModelFeature` s of a model (preset id, config path or loaded spec)."""
+    from autopar.model import load_model
+
+    m = load_model(model_ref)
+    out: list[ModelFeature] = []
+    if m.is_moe:
+        out.append("moe")
+    if m.is_mla:
+        out.append("mla")
+    if m.layers - (m.moe_layers if m.is_moe else 0) > 0:
+        out.append("dense_mlp")
+    if m.is_moe and m.shared_expert_ffn:
+        out.append("shared_experts")
+    return tuple(out)
+
+
+def recompute_modules(mode: str, job: Job, fmt: str) -> list[str]:
+    """Megatron-Core ``recompute_modules`` of a selective ``mode`` that apply to ``job``'s model."""
+    from autopar.errors import AutoparError
+    from autopar.layout import RECOMPUTE_MODULES
+
+    try:
+        features = model_features(job.model)
+    except AutoparError as e:
+        raise ExportError(
+            f"recompute={mode} needs the model to pick Megatron recompute modules ({fmt}): {e}",
+            "pass a preset id or a readable config.json as the model",
+        ) from None
+    return [m for m in RECOMPUTE_MODULES[mode] if m not in _MODULE_NEEDS or _MODULE_NEEDS[m] in features]
+
+
+def recompute_mode(modules: list[str], fmt: str) -> str:
+    """The autopar recompute mode of a Megatron ``recompute_modules`` list (inverse of the above)."""
+    from autopar.layout import RECOMPUTE_MODULES
+
+    got = set(modules)
+    for mode in ("selective", "norm_act", "norm_act_mlp"):
+        full = set(RECOMPUTE_MODULES[mode])
+        # A model without MoE/MLA/dense layers leaves those modules out: the generic ones decide.
+        if got <= full and got >= {"core_attn", *(["layernorm"] if mode != "selective" else [])}:
+            if mode == "norm_act" and got & {"mlp", "shared_experts"}:
+                continue
+            if mode == "norm_act_mlp" and not got & {"mlp", "shared_experts"}:
+                continue
+            return mode
+    raise unsupported(
+        f"recompute modules {sorted(got)}",
+        "autopar (reading " + fmt + ")",
+        "autopar models core_attn; + layernorm, moe_act, mla_up_proj; + mlp, shared_experts",
+    )
+
+
+def refuse_module_recompute(layout: Any, fmt: str) -> None:
+    """Targets without Megatron's per-module recompute cannot express norm_act / norm_act_mlp."""
+    if layout.recompute in ("norm_act", "norm_act_mlp"):
+        raise unsupported(
+            f"recompute={layout.recompute} (Megatron-Core recompute modules)",
+            fmt,
+            "use recompute none, selective or full, or export to megatron / megatron_bridge",
+        )
 
 
 def unsupported(feature: str, fmt: str, hint: str | None = None) -> ExportError:
@@ -148,6 +223,9 @@ class Exporter(ABC):
     # Whether the format can declare the first/last pipeline stage's layer counts (Megatron's
     # --decoder-first/last-pipeline-num-layers); the others refuse such layouts.
     stage_layers: ClassVar[bool] = False
+    # Whether the format can name Megatron-Core's recompute modules (recompute norm_act /
+    # norm_act_mlp); the others refuse such layouts rather than write a different recompute.
+    module_recompute: ClassVar[bool] = False
 
     def render(self, layout: Layout, job: Job) -> str:
         """The launcher text for ``layout`` running ``job``; raises :class:`ExportError`."""
@@ -158,6 +236,8 @@ class Exporter(ABC):
                 self.name,
                 "export to megatron or megatron_bridge, or use the even split (0/0)",
             )
+        if not self.module_recompute and not self.serving:
+            refuse_module_recompute(layout, self.name)
         if self.serving:
             check_serving(layout, self.name)
         text = self._render(layout, job)
@@ -505,10 +585,18 @@ def flag(name: str, value: Any = None) -> str:
 
 
 def parse_flags(
-    tokens: list[str], value_flags: Iterable[str], bool_flags: Iterable[str], fmt: str
+    tokens: list[str],
+    value_flags: Iterable[str],
+    bool_flags: Iterable[str],
+    fmt: str,
+    list_flags: Iterable[str] = (),
 ) -> dict[str, Any]:
-    """``--flag value`` / ``--flag`` tokens into a dict; unknown or repeated flags are errors."""
-    value_flags, bool_flags = set(value_flags), set(bool_flags)
+    """``--flag value`` / ``--flag`` tokens into a dict; unknown or repeated flags are errors.
+
+    ``list_flags`` take every following token up to the next ``--flag`` (argparse ``nargs='*'``),
+    as a space-joined string.
+    """
+    value_flags, bool_flags, list_flags = set(value_flags), set(bool_flags), set(list_flags)
     out: dict[str, Any] = {}
     i = 0
     while i < len(tokens):
@@ -516,7 +604,13 @@ def parse_flags(
         name, eq, inline = tok.partition("=")
         if name in out:
             raise ExportError(f"{name} given twice in the {fmt} text")
-        if name in bool_flags and not eq:
+        if name in list_flags and not eq:
+            j = i + 1
+            while j < len(tokens) and not tokens[j].startswith("--"):
+                j += 1
+            out[name] = " ".join(tokens[i + 1 : j])
+            i = j
+        elif name in bool_flags and not eq:
             out[name] = True
             i += 1
         elif name in value_flags:
@@ -531,7 +625,7 @@ def parse_flags(
         else:
             raise ExportError(
                 f"unknown argument {tok!r} in the {fmt} text",
-                f"autopar reads only {', '.join(sorted(value_flags | bool_flags))}",
+                f"autopar reads only {', '.join(sorted(value_flags | bool_flags | list_flags))}",
             )
     return out
 

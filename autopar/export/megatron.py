@@ -17,7 +17,10 @@ ZeRO mapping (decided here, documented in the module):
   optimizer requires the distributed optimizer, so ``offload`` needs ``zero >= 1``).
 * ``recompute=full`` -> ``--recompute-granularity full --recompute-method uniform
   --recompute-num-layers 1`` (every layer's input kept, everything else recomputed);
-  ``selective`` -> ``--recompute-granularity selective`` (no method: Megatron rejects one).
+  ``selective`` -> ``--recompute-granularity selective`` (no method: Megatron rejects one);
+  ``norm_act``/``norm_act_mlp`` -> the same plus ``--recompute-modules`` with the modules of
+  ``autopar.layout.RECOMPUTE_MODULES`` that apply to the model (moe_act only with MoE,
+  mla_up_proj only with MLA: Megatron-Core refuses them otherwise).
 * ``fp8`` -> ``--bf16 --fp8-format hybrid`` (E4M3 forward, E5M2 backward, on a bf16 base).
 * ``mxfp8`` -> ``--bf16 --fp8-format e4m3 --fp8-recipe mxfp8``; ``nvfp4`` -> ``--bf16 --fp4-format
   e2m1 --fp4-recipe nvfp4`` (mcore ``TransformerConfig.fp8_recipe`` / ``fp4`` / ``fp4_recipe``; the
@@ -55,6 +58,8 @@ from autopar.export.base import (
     parse_flags,
     pipeline_split,
     read_header,
+    recompute_mode,
+    recompute_modules,
     register,
     shard_instances,
     shell_lines,
@@ -155,6 +160,9 @@ def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
     ]
     if layout.recompute == "selective":
         a.append(flag("--recompute-granularity", "selective"))
+    elif layout.recompute in ("norm_act", "norm_act_mlp"):
+        a.append(flag("--recompute-granularity", "selective"))
+        a.append(" ".join(["--recompute-modules", *recompute_modules(layout.recompute, job, FMT)]))
     elif layout.recompute == "full":
         a += [
             flag("--recompute-granularity", "full"),
@@ -256,7 +264,8 @@ def layout_fields_from_megatron(
     elif gran == "selective":
         if "recompute_method" in f:
             raise ExportError(f"selective recompute takes no --recompute-method ({fmt})")
-        recompute = "selective"
+        mods = f.get("recompute_modules")
+        recompute = "selective" if mods is None else recompute_mode(str(mods).split(), fmt)
     elif gran == "full":
         if f.get("recompute_method") != "uniform" or num("recompute_num_layers", 0) != 1:
             raise unsupported(
@@ -348,6 +357,7 @@ class MegatronExporter(Exporter):
     name = FMT
     suffix = ".sh"
     stage_layers = True
+    module_recompute = True
     description = (
         "Megatron-LM pretrain_gpt.py arguments (append to your torchrun ... pretrain_gpt.py command)"
     )
@@ -365,7 +375,13 @@ class MegatronExporter(Exporter):
     def _parse(self, text: str) -> tuple[Layout, Job]:
         header = read_header(text, FMT)
         assert header is not None
-        flags = parse_flags(shlex.split(strip_comments(text)), VALUE_FLAGS, BOOL_FLAGS, FMT)
+        flags = parse_flags(
+            shlex.split(strip_comments(text)),
+            VALUE_FLAGS,
+            BOOL_FLAGS,
+            FMT,
+            list_flags=("--recompute-modules",),
+        )
         f = {k[2:].replace("-", "_"): v for k, v in flags.items()}
         if f.pop("no_gradient_accumulation_fusion", False) and not f.get("use_megatron_fsdp"):
             raise ExportError(f"--no-gradient-accumulation-fusion outside Megatron-FSDP in the {FMT} text")

@@ -30,6 +30,8 @@ from autopar.export.base import (
     merge_job,
     pipeline_split,
     read_header,
+    recompute_mode,
+    recompute_modules,
     register,
     shard_instances,
     shell_lines,
@@ -66,6 +68,7 @@ KEYS = (
     "model.recompute_granularity",
     "model.recompute_method",
     "model.recompute_num_layers",
+    "model.recompute_modules",
     "model.seq_length",
     "dataset.seq_length",
     "train.micro_batch_size",
@@ -138,7 +141,13 @@ def bridge_overrides(layout: Layout, job: Job) -> dict[str, Any]:
         "model.expert_model_parallel_size": layout.ep,
         "model.expert_tensor_parallel_size": layout.etp,
         "model.sequence_parallel": layout.sp,
-        "model.recompute_granularity": None if layout.recompute == "none" else layout.recompute,
+        "model.recompute_granularity": {"none": None, "full": "full"}.get(layout.recompute, "selective"),
+        # Hydra list syntax, as Bridge's own perf scripts pass it: [mla_up_proj,layernorm].
+        "model.recompute_modules": (
+            "[" + ",".join(recompute_modules(layout.recompute, job, FMT)) + "]"
+            if layout.recompute in ("norm_act", "norm_act_mlp")
+            else None
+        ),
         "model.recompute_method": "uniform" if layout.recompute == "full" else None,
         "model.recompute_num_layers": 1 if layout.recompute == "full" else None,
         "model.seq_length": job.seq_len,
@@ -180,6 +189,7 @@ def _scalar(raw: str, key: str) -> Any:
 class MegatronBridgeExporter(Exporter):
     name = FMT
     stage_layers = True
+    module_recompute = True
     suffix = ".overrides"
     description = "Megatron Bridge recipe overrides (append to run_recipe.py --recipe <recipe>)"
 
@@ -253,6 +263,11 @@ class MegatronBridgeExporter(Exporter):
         recompute = "none" if gran is None else gran
         if recompute not in ("none", "selective", "full"):
             raise ExportError(f"model.recompute_granularity={gran!r} in the {FMT} text")
+        mods = o.get("model.recompute_modules")
+        if mods is not None:
+            if recompute != "selective":
+                raise ExportError(f"model.recompute_modules without selective granularity in the {FMT} text")
+            recompute = recompute_mode(str(mods).strip("[]").replace(",", " ").split(), FMT)
         want_method = ("uniform", 1) if recompute == "full" else (None, None)
         got_method = (o.get("model.recompute_method"), o.get("model.recompute_num_layers"))
         if got_method[1] is not None:

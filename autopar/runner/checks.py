@@ -84,6 +84,12 @@ def check_layout(layout: Layout, cfg: RunnerModelConfig, *, seq_len: int, global
         )
     if layout.cp > 1 and layout.shard_group:
         raise RunError("HSDP together with context parallelism is not implemented", "use shard_group=0")
+    if layout.recompute not in ("none", "selective", "full"):
+        raise RunError(
+            f"recompute={layout.recompute} (Megatron-Core recompute modules) is not implemented by the "
+            "reference runner",
+            "validate with recompute none, selective or full",
+        )
 
 
 def check_device_support(layout: Layout, device_type: str) -> None:

@@ -33,7 +33,14 @@ from autopar.coefficients import Calibration, load_calibration
 from autopar.engine import evaluate
 from autopar.errors import AutoparError, SearchSpaceError
 from autopar.job import SCHEMA_VERSION, Job, TrainingJob
-from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, Layout, LayoutTable
+from autopar.layout import (
+    PRECISION_CODES,
+    RECOMPUTE_CODES,
+    RECOMPUTE_ORDER,
+    Layout,
+    LayoutTable,
+    recompute_weight,
+)
 from autopar.memory import GIB
 from autopar.objectives import DEFAULT_PRICE_PER_DEVICE_HOUR, TRAINING, Objectives, cost_per_mtok, pareto_mask
 from autopar.search.enumerate import Enumeration, enumerate_space
@@ -169,8 +176,8 @@ class TrialSpace:
         self.monotone = (
             per_stage_rec and self.uneven is not None and self.uneven.recompute_pattern == "monotone"
         )
-        # heaviest mode first (full, selective, none): the order of a monotone assignment
-        self.modes_heavy_first = sorted(rec_names, key=lambda r: -RECOMPUTE_CODES.index(r))
+        # heaviest mode first (full, ..., selective, none): the order of a monotone assignment
+        self.modes_heavy_first = sorted(rec_names, key=lambda r: -RECOMPUTE_ORDER.index(r))
         self.pp_max = int(S["pp"].max())
         self.choices["precision"] = [PRECISION_CODES[int(p)] for p in en.precision]
         self._coords = np.stack(
@@ -209,7 +216,8 @@ class TrialSpace:
             layers, fixed = _repair_split(base, shifts, k)
             plan = StagePlan(tuple(layers), tuple(RECOMPUTE_CODES.index(r) for r in recs))
             repaired = repaired or fixed
-            layout = layout.model_copy(update={"recompute": RECOMPUTE_CODES[max(plan.recompute)]})
+            heaviest = max(plan.recompute, key=recompute_weight)
+            layout = layout.model_copy(update={"recompute": RECOMPUTE_CODES[heaviest]})
         return Candidate(layout, plan, repaired)
 
     def _stage_recompute(self, trial: Any, p: int) -> list[str]:

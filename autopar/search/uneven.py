@@ -21,6 +21,7 @@ For an even split this is the engine's memory and step time (tests/test_study_un
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ from autopar.engine import evaluate_stages, evaluate_tail, memory_limit_bytes
 from autopar.errors import SearchSpaceError
 from autopar.job import TrainingJob
 from autopar.latency import pipeline_schedule
-from autopar.layout import RECOMPUTE_CODES, Layout, LayoutTable
+from autopar.layout import RECOMPUTE_CODES, Layout, LayoutTable, recompute_weight
 from autopar.memory import GIB
 
 
@@ -215,18 +216,27 @@ def balanced_split(
 def best_monotone_split(
     scorer: UnevenScorer, base: Layout, modes: list[int], max_shift: int
 ) -> tuple[float, StagePlan] | None:
-    """:func:`balanced_split` over every monotone recompute assignment (heavier modes first)."""
-    heavy = sorted(set(modes), reverse=True)
+    """:func:`balanced_split` over every monotone recompute assignment (heavier modes first).
+
+    A monotone assignment is a count of stages per mode (heaviest on the first stages, which hold
+    the most micro-batches in flight): the compositions of p into len(modes) parts, O(p^(k-1)).
+    """
+    heavy = sorted(set(modes), key=recompute_weight, reverse=True)
     p = base.pp
     best: tuple[float, StagePlan] | None = None
-    counts: list[tuple[int, ...]] = [()] if len(heavy) == 1 else [(a,) for a in range(p + 1)]
-    if len(heavy) == 3:
-        counts = [(a, b) for a in range(p + 1) for b in range(p + 1 - a)]
-    for cnt in counts:
+
+    def counts(k: int, left: int) -> Iterator[tuple[int, ...]]:
+        if k == 1:
+            yield (left,)
+            return
+        for a in range(left + 1):
+            for rest in counts(k - 1, left - a):
+                yield (a, *rest)
+
+    for cnt in counts(len(heavy), p):
         rec: list[int] = []
-        for mode, n in zip(heavy, cnt, strict=False):
+        for mode, n in zip(heavy, cnt, strict=True):
             rec += [mode] * n
-        rec += [heavy[-1]] * (p - len(rec))
         got = balanced_split(scorer, base, tuple(rec), max_shift)
         if got is not None and (best is None or got[0] > best[0]):
             best = got
