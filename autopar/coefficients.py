@@ -8,6 +8,7 @@ local microbenchmarks and ``--calibration FILE`` selects one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -119,13 +120,91 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
     return _load(str(Path(path).resolve()))
 
 
-def expected_error(device_id: str, cal: Calibration | None = None) -> float | None:
-    """90th-percentile relative error of the fit on this device (or its same-silicon twin), if any."""
-    cal = cal or load_calibration()
+def expected_error_path() -> Path:
+    """The shipped out-of-sample error table (written by ``studies/accuracy.py --write-expected-error``)."""
+    return Path(str(resources.files("autopar.cost_models") / "calibration" / "expected_error.yaml"))
+
+
+@lru_cache(maxsize=4)
+def _expected_error_table(path: str) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        return {}
+    return yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
+
+
+@dataclass(frozen=True)
+class ExpectedError:
+    """The 90th percentile of |relative error| of tokens/s that a prediction quotes, and its basis.
+
+    ``basis`` is ``out_of_sample`` (the leave-one-source-out refits of the shipped fit: each run's
+    error under coefficients fitted without its source) or ``in_sample`` (a calibration's own fit
+    residuals, a lower bound); ``group`` names the runs the figure comes from (``device ID``,
+    ``device ID (same silicon)``, ``stack NAME`` or ``all``) and ``rows`` how many there were.
+    """
+
+    p90: float
+    basis: str
+    group: str
+    rows: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"basis": self.basis, "group": self.group, "rows": self.rows}
+
+    def describe(self) -> str:
+        runs = "held-out runs" if self.basis == "out_of_sample" else "fitted runs"
+        kind = "out-of-sample" if self.basis == "out_of_sample" else "in-sample"
+        return f"within ±{self.p90:.0%} on 90% of {runs} ({kind}, {self.group}, {self.rows} runs)"
+
+
+def lookup_expected_error(
+    table: dict[str, Any], device_id: str, stack: str | None = None, twin: str | None = None
+) -> ExpectedError | None:
+    """The out-of-sample figure of ``table`` for a prediction on ``device_id`` with ``stack``.
+
+    The most specific group that was measured answers: the device, its same-silicon ``twin`` (whose
+    coefficients it uses), the training stack, then all held-out runs. A group is in the table
+    only if it had enough runs (``provenance.min_group_rows``).
+    """
+    groups = table.get("groups") or {}
+    devices, stacks = groups.get("device") or {}, groups.get("stack") or {}
+    candidates = [
+        (devices.get(device_id), f"device {device_id}"),
+        (devices.get(twin) if twin else None, f"device {twin} (same silicon)"),
+        (stacks.get(stack) if stack else None, f"stack {stack}"),
+        (groups.get("all"), "all"),
+    ]
+    for entry, name in candidates:
+        if entry:
+            return ExpectedError(float(entry["p90_ape"]), "out_of_sample", name, int(entry["rows"]))
+    return None
+
+
+def expected_error(
+    device_id: str, cal: Calibration | None = None, stack: str | None = None
+) -> ExpectedError | None:
+    """The error a prediction on ``device_id`` (training ``stack``) should expect, and its basis.
+
+    Under the shipped calibration: the out-of-sample table (:func:`expected_error_path`). Under
+    any other calibration that table does not describe it, so its own in-sample fit residuals on
+    this device (or its same-silicon twin) answer, if it records any.
+    """
+    shipped = load_calibration()
+    cal = cal or shipped
+    twin = cal.transfer.same_silicon.get(device_id)
+    if cal == shipped:
+        found = lookup_expected_error(
+            _expected_error_table(str(expected_error_path())), device_id, stack, twin
+        )
+        if found is not None:
+            return found
     res = cal.provenance.get("residuals") or {}
-    key = device_id if device_id in res else cal.transfer.same_silicon.get(device_id)
+    key = device_id if device_id in res else twin
     entry = res.get(key) if key else None
-    return float(entry["p90_ape"]) if entry else None
+    if not isinstance(entry, dict) or "p90_ape" not in entry:
+        return None
+    group = f"device {key}" + ("" if key == device_id else " (same silicon)")
+    return ExpectedError(float(entry["p90_ape"]), "in_sample", group, int(entry.get("rows", 0)))
 
 
 def coefficient_source(device_id: str, cal: Calibration | None = None) -> str:

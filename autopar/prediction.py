@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from autopar.coefficients import ExpectedError
 from autopar.engine import evaluate
 from autopar.errors import AutoparError, LayoutError
 from autopar.job import SCHEMA_VERSION, Job, TrainingJob
@@ -39,8 +40,13 @@ class Prediction:
     memory_reserved_gib: float = 0.0
     memory_limit_gib: float = 0.0
     coefficients: str = ""
-    expected_error_p90: float | None = None
+    # the 90th-percentile |error| of tokens/s this prediction should expect, and where it comes from
+    expected_error: ExpectedError | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def expected_error_p90(self) -> float | None:
+        return self.expected_error.p90 if self.expected_error else None
 
     @property
     def assumptions(self) -> list[str]:
@@ -71,6 +77,7 @@ class Prediction:
             memory_breakdown=self.memory_breakdown,
             coefficients=self.coefficients,
             expected_error_p90=self.expected_error_p90,
+            expected_error_basis=self.expected_error.to_dict() if self.expected_error else None,
             assumptions=self.assumptions,
         )
         return d
@@ -139,7 +146,7 @@ def prediction_from_row(
         memory_reserved_gib=resv_gib,
         memory_limit_gib=limit_gib,
         coefficients=coefficient_source(job.device.id, calibration),
-        expected_error_p90=expected_error(job.device.id, calibration),
+        expected_error=expected_error(job.device.id, calibration, job.framework.name),
     )
 
 

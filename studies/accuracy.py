@@ -1,6 +1,7 @@
 """Accuracy of autopar's training predictions on the published runs, with leave-one-source-out.
 
     python studies/accuracy.py [--csv A.csv --csv B.csv] [--json OUT] [--no-loso] [--max-nfev N]
+        [--workers N] [--write-expected-error PATH]
 
 By default both shipped CSVs (``studies/data/published_runs_dev.csv`` and ``..._dev2.csv``) are
 read. For training rows it prints:
@@ -12,10 +13,14 @@ read. For training rows it prints:
   >= 3 predicted rows, Spearman's rho between predicted and measured tokens/s and whether the
   predicted best layout is the measured best (top-1);
 * memory: predicted against measured allocated memory where a row has ``memory_gib_per_device``;
-* leave-one-source-out (unless ``--no-loso``): for every source with >= 10 fit rows (predicted rows
-  with a target), the calibration is refitted without it (``fit_published.fit_cases``) and the
-  source's out-of-sample MAPE is printed next to its in-sample MAPE (a fit on every row) and its
-  MAPE under the shipped calibration. The fits run in two processes.
+* leave-one-source-out (unless ``--no-loso``): the calibration is fitted on every fit row
+  (predicted training rows with a target, run with ``fit_published.BASE``) and refitted once
+  without each source with >= 10 fit rows (``fit_published.fit_cases``, in ``--workers``
+  processes); per held-out source it prints the rows, the in-sample MAPE and bias (the fit on every
+  row), the out-of-sample MAPE and bias (the fit without the source), the verdict against the 15%
+  line, the fit's seconds and whether it converged; then the p90 of |out-of-sample error| per
+  device, per stack and overall, which ``--write-expected-error PATH`` writes as the table that
+  predictions quote (the shipped one: ``cost_models/calibration/expected_error.yaml``).
 
 All error figures use the shipped calibration (``cost_models/calibration/default.yaml``) unless
 ``--calibration`` names another. ``--json OUT`` writes every record and every table.
@@ -33,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fit_published import BASE, fit_cases, holdout_mape, usable
+import yaml
+from fit_published import BASE, fit_cases, samples, usable
 from published import (
     DEV2_CSV,
     DEV_CSV,
@@ -47,11 +53,15 @@ from published import (
     stack_of,
 )
 
+from autopar.calibration.fit import DEFAULT_MAX_NFEV, file_digest, now_iso, residuals
 from autopar.coefficients import load_calibration
 
 TARGETS = ("tokens_per_s_per_device", "step_time_s", "hw_tflops_per_device", "model_tflops_per_device", "mfu")
 GROUP_KEYS = ("source_id", "device", "model_family", "precision", "stack")
 LOSO_MIN_ROWS = 10
+LOSO_LINE = 0.15  # the acceptance line of the out-of-sample MAPE per held-out source
+EXPECTED_ERROR_MIN_ROWS = 10  # a group quotes its own p90 only with at least this many held-out rows
+SHIPPED_TABLE = "cost_models/calibration/expected_error.yaml"
 RANK_MIN_ROWS = 3
 
 
@@ -190,7 +200,12 @@ def memory_table(training: list[Case]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------- LOSO
+def source_of(c: Case) -> str:
+    return c.row.get("source_id") or ""
+
+
 def _fit_rows(paths: list[str]) -> list[Case]:
+    """The fit rows of the CSVs (predicted training rows with a target), run with BASE."""
     cases = load_all([Path(p) for p in paths])
     for c in cases:
         if is_training(c):
@@ -198,62 +213,195 @@ def _fit_rows(paths: list[str]) -> list[Case]:
     return usable([c for c in cases if is_training(c)])
 
 
-def _loso_worker(job: tuple[list[str], str | None, int]) -> dict[str, Any]:
-    """One fit without ``holdout`` (None: on every row); the MAPE of every source under it."""
-    paths, holdout, max_nfev = job
-    rows = _fit_rows(paths)
-    train = [c for c in rows if c.row.get("source_id") != holdout]
+def loso_sources(rows: list[Case], min_rows: int = LOSO_MIN_ROWS) -> list[str]:
+    counts: dict[str, int] = defaultdict(int)
+    for c in rows:
+        counts[source_of(c)] += 1
+    return sorted(s for s, k in counts.items() if k >= min_rows)
+
+
+def refit(rows: list[Case], holdout: str | None, max_nfev: int) -> dict[str, Any]:
+    """One fit without the rows of ``holdout`` (None: on every row) and the signed relative error
+    of tokens/s of every row under it (``errors[i]`` for ``rows[i]``: out-of-sample for the
+    held-out source's rows, in-sample for the others)."""
+    train = [c for c in rows if source_of(c) != holdout]
     t0 = time.perf_counter()
     res = fit_cases(train, max_nfev=max_nfev)
-    by_src: dict[str, list[Case]] = defaultdict(list)
-    for c in rows:
-        by_src[c.row.get("source_id") or ""].append(c)
+    seconds = time.perf_counter() - t0
+    errors = np.expm1(residuals(samples(rows), res.calibration))
     return {
         "holdout": holdout,
         "train_rows": len(train),
         "train_mape": float(res.mape),
-        "seconds": time.perf_counter() - t0,
-        "source_mape": {s: holdout_mape(cs, res.calibration) for s, cs in by_src.items()},
+        "converged": res.converged,
+        "convergence": res.convergence(),
+        "seconds": seconds,
+        "errors": errors.tolist(),
     }
 
 
-def loso(paths: list[Path], training: list[Case], max_nfev: int, workers: int) -> list[dict[str, Any]]:
-    counts: dict[str, int] = defaultdict(int)
-    for c in _fit_rows([str(p) for p in paths]):
-        counts[c.row.get("source_id") or ""] += 1
-    sources = sorted(s for s, k in counts.items() if k >= LOSO_MIN_ROWS)
-    jobs = [([str(p) for p in paths], s, max_nfev) for s in [None, *sources]]
+def _refit_worker(job: tuple[list[str], str | None, int]) -> dict[str, Any]:
+    paths, holdout, max_nfev = job
+    return refit(_fit_rows(paths), holdout, max_nfev)
+
+
+def loso_refits(
+    rows: list[Case],
+    sources: list[str],
+    max_nfev: int,
+    workers: int = 1,
+    paths: list[Path] | None = None,
+) -> list[dict[str, Any]]:
+    """The fit on every row, then one per held-out source (in that order).
+
+    With ``workers`` > 1 the fits run in a process pool; each worker reloads ``paths`` (the CSVs
+    ``rows`` came from, in the same order) rather than unpickling the cases.
+    """
+    holdouts: list[str | None] = [None, *sources]
+    if workers <= 1 or paths is None:
+        return [refit(rows, h, max_nfev) for h in holdouts]
+    jobs = [([str(p) for p in paths], h, max_nfev) for h in holdouts]
     with ProcessPoolExecutor(max_workers=workers) as ex:
-        results = list(ex.map(_loso_worker, jobs))
-    full = results[0]
-    shipped = {}
-    for s in sources:
-        cs = [c for c in training if predicted(c) and c.row.get("source_id") == s]
-        shipped[s] = error_stats(cs)["mape"]
-    out = []
-    for r in results[1:]:
-        s = r["holdout"]
+        return list(ex.map(_refit_worker, jobs))
+
+
+def _stats(e: np.ndarray) -> tuple[float, float]:
+    return float(np.abs(e).mean()), float(e.mean())
+
+
+def loso_table(rows: list[Case], fits: list[dict[str, Any]], line: float = LOSO_LINE) -> list[dict[str, Any]]:
+    """Per held-out source: rows, in-sample (the fit on every row) and out-of-sample (the fit
+    without the source) MAPE and bias, and the verdict against ``line``."""
+    full, out = fits[0], []
+    src = np.array([source_of(c) for c in rows])
+    for r in fits[1:]:
+        m = src == r["holdout"]
+        ins, ins_bias = _stats(np.asarray(full["errors"])[m])
+        oos, oos_bias = _stats(np.asarray(r["errors"])[m])
         out.append(
             {
-                "source_id": s,
-                "rows": counts[s],
-                "in_sample_mape": full["source_mape"][s],
-                "out_of_sample_mape": r["source_mape"][s],
-                "shipped_calibration_mape": shipped[s],
+                "source_id": r["holdout"],
+                "rows": int(m.sum()),
+                "in_sample_mape": ins,
+                "in_sample_bias": ins_bias,
+                "out_of_sample_mape": oos,
+                "out_of_sample_bias": oos_bias,
+                "passes": oos <= line,
                 "fit_rows": r["train_rows"],
                 "fit_train_mape": r["train_mape"],
                 "fit_seconds": r["seconds"],
+                "fit_converged": r["converged"],
+                "fit_convergence": r["convergence"],
             }
         )
-    out.append(
-        {
-            "source_id": "(all, in-sample fit)",
-            "rows": full["train_rows"],
-            "in_sample_mape": full["train_mape"],
-            "fit_seconds": full["seconds"],
-        }
-    )
     return out
+
+
+def out_of_sample_errors(rows: list[Case], fits: list[dict[str, Any]]) -> list[tuple[Case, float]]:
+    """Every held-out row with its error under the fit that left its source out."""
+    out = []
+    for r in fits[1:]:
+        out += [(c, e) for c, e in zip(rows, r["errors"], strict=True) if source_of(c) == r["holdout"]]
+    return out
+
+
+def _group(errs: list[float]) -> dict[str, Any]:
+    a = np.abs(np.asarray(errs))
+    return {
+        "rows": len(a),
+        "p90_ape": round(float(np.percentile(a, 90)), 4),
+        "median_ape": round(float(np.median(a)), 4),
+        "bias": round(float(np.mean(errs)), 4),
+    }
+
+
+def expected_error_groups(
+    held: list[tuple[Case, float]], min_rows: int = EXPECTED_ERROR_MIN_ROWS
+) -> dict[str, Any]:
+    """The out-of-sample |error| percentiles by the keys a prediction knows: its device, its
+    training stack (the job's framework), and all held-out rows; groups with fewer than
+    ``min_rows`` rows are left out (a lookup falls through to the next, wider group)."""
+    by: dict[str, dict[str, list[float]]] = {"device": defaultdict(list), "stack": defaultdict(list)}
+    for c, e in held:
+        by["device"][c.job.device.id].append(e)  # type: ignore[union-attr]
+        by["stack"][c.job.framework.name].append(e)  # type: ignore[union-attr]
+    out: dict[str, Any] = {
+        kind: {k: _group(v) for k, v in sorted(g.items()) if len(v) >= min_rows} for kind, g in by.items()
+    }
+    out["all"] = _group([e for _, e in held]) if held else None
+    return out
+
+
+def write_expected_error(
+    path: Path, held: list[tuple[Case, float]], provenance: dict[str, Any], min_rows: int
+) -> dict[str, Any]:
+    """Write the out-of-sample table that ``autopar.coefficients.expected_error`` reads."""
+    data = {
+        "schema": "autopar.expected_error/v1",
+        "provenance": {**provenance, "min_group_rows": min_rows},
+        "groups": expected_error_groups(held, min_rows),
+    }
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)
+    return data
+
+
+def base_fingerprint(rows: list[Case], sources: list[str]) -> float:
+    """MAPE of the held-out sources' rows under BASE (the uncalibrated device profiles every refit
+    starts from): it moves with any change of the model, the device profiles or the data, so
+    ``tests/test_fit.py`` can tell when the shipped table is stale."""
+    return round(error_stats([c for c in rows if source_of(c) in sources])["mape"], 6)
+
+
+def expected_error_provenance(
+    paths: list[Path], rows: list[Case], fits: list[dict[str, Any]], max_nfev: int
+) -> dict[str, Any]:
+    sources = [str(f["holdout"]) for f in fits[1:]]
+    return {
+        "method": "p90 of |out-of-sample relative error| of tokens/s per device: each held-out row "
+        "predicted under fit_published.fit_cases refitted without its source (BASE calibration)",
+        "command": f"python studies/accuracy.py --write-expected-error {SHIPPED_TABLE}",
+        "data": {p.name: file_digest(p) for p in paths},
+        "fit_rows": len(rows),
+        "held_out_sources": {s: int(sum(source_of(c) == s for c in rows)) for s in sources},
+        "loso_min_rows": LOSO_MIN_ROWS,
+        "max_nfev": max_nfev,
+        "fits_converged": f"{sum(f['converged'] for f in fits[1:])}/{len(fits) - 1}",
+        "base_mape_on_held_out_rows": base_fingerprint(rows, sources),
+        "date": now_iso(),
+    }
+
+
+def print_loso(
+    table: list[dict[str, Any]], fits: list[dict[str, Any]], seconds: float, max_nfev: int
+) -> None:
+    full = fits[0]
+    print(
+        f"== leave-one-source-out (sources with >= {LOSO_MIN_ROWS} fit rows; max_nfev={max_nfev}; "
+        f"{seconds:.0f} s) =="
+    )
+    print(
+        f"  fit on all {full['train_rows']} rows: train MAPE {full['train_mape']:.1%}, "
+        f"{full['seconds']:.0f} s, {full['convergence']}"
+    )
+    print(
+        f"  {'held-out source':<36} {'rows':>5} {'in-sample':>9} {'bias':>7} {'held out':>9} {'bias':>7} "
+        f"{'verdict':>12} {'shipped':>8} {'fit s':>6}  fit"
+    )
+    for r in table:
+        verdict = f"<= {LOSO_LINE:.0%} ok" if r["passes"] else f"> {LOSO_LINE:.0%} FAIL"
+        print(
+            f"  {r['source_id'][:36]:<36} {r['rows']:>5} {r['in_sample_mape']:9.1%} {r['in_sample_bias']:+7.1%} "
+            f"{r['out_of_sample_mape']:9.1%} {r['out_of_sample_bias']:+7.1%} {verdict:>12} "
+            f"{_pct(r.get('shipped_calibration_mape', float('nan'))):>8} "
+            f"{r['fit_seconds']:6.0f}  {'converged' if r['fit_converged'] else 'max_nfev'}"
+        )
+    ok = sum(r["passes"] for r in table)
+    print(
+        f"  {ok}/{len(table)} held-out sources within {LOSO_LINE:.0%} out of sample "
+        "(shipped: the source's MAPE under the shipped calibration, fitted on dev only)"
+    )
 
 
 # ---------------------------------------------------------------------------------------- print
@@ -269,9 +417,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write every record and table")
     ap.add_argument("--calibration", default=None, help="calibration YAML (default: the shipped one)")
     ap.add_argument("--no-loso", action="store_true", help="skip the leave-one-source-out refits (fast)")
-    ap.add_argument("--max-nfev", type=int, default=60, help="function evaluations per LOSO fit")
+    ap.add_argument(
+        "--max-nfev", type=int, default=DEFAULT_MAX_NFEV, help="residual evaluations per LOSO fit"
+    )
     ap.add_argument("--workers", type=int, default=2, help="processes for the LOSO fits")
+    ap.add_argument(
+        "--write-expected-error",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write the out-of-sample expected-error table (shipped: " + str(SHIPPED_TABLE) + ")",
+    )
     a = ap.parse_args(argv)
+    if a.write_expected_error and a.no_loso:
+        print(
+            "error: --write-expected-error needs the leave-one-source-out refits (drop --no-loso)",
+            file=sys.stderr,
+        )
+        return 2
     paths = a.csv or [DEV_CSV, DEV2_CSV]
     for p in paths:
         if not p.is_file():
@@ -360,21 +523,39 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {len(ids):>3} x {reason[:150]}: runs {', '.join(ids[:8])}{' ...' if len(ids) > 8 else ''}")
     if not a.no_loso:
         t1 = time.perf_counter()
-        lo = loso(paths, training, a.max_nfev, a.workers)
-        tables["loso"] = lo
+        rows = _fit_rows([str(p) for p in paths])
+        sources = loso_sources(rows)
+        fits = loso_refits(rows, sources, a.max_nfev, a.workers, paths)
+        table = loso_table(rows, fits)
+        for r in table:
+            cs = [c for c in training if predicted(c) and source_of(c) == r["source_id"]]
+            r["shipped_calibration_mape"] = error_stats(cs)["mape"]
+        tables["loso"] = {
+            "sources": table,
+            "fits": [{k: v for k, v in f.items() if k != "errors"} for f in fits],
+        }
+        print_loso(table, fits, time.perf_counter() - t1, a.max_nfev)
+        held = out_of_sample_errors(rows, fits)
+        groups = expected_error_groups(held)
+        tables["expected_error"] = groups
         print(
-            f"== leave-one-source-out (sources with >= {LOSO_MIN_ROWS} fit rows; max_nfev={a.max_nfev}; "
-            f"{time.perf_counter() - t1:.0f} s) =="
+            f"== expected error: p90 of |out-of-sample error| of the {len(held)} held-out rows "
+            f"(groups with >= {EXPECTED_ERROR_MIN_ROWS} rows) =="
         )
-        print(f"  {'source':<36} {'rows':>5} {'in-sample':>9} {'held out':>9} {'shipped':>8}")
-        for r in lo:
-            if "out_of_sample_mape" in r:
+        for kind in ("device", "stack"):
+            for k, g in groups[kind].items():
                 print(
-                    f"  {r['source_id']:<36} {r['rows']:>5} {r['in_sample_mape']:9.1%} "
-                    f"{r['out_of_sample_mape']:9.1%} {r['shipped_calibration_mape']:8.1%}"
+                    f"  {kind} {k:<30} rows {g['rows']:>4}  p90 {g['p90_ape']:6.1%}  median {g['median_ape']:6.1%}"
                 )
-            else:
-                print(f"  {r['source_id']:<36} {r['rows']:>5} {r['in_sample_mape']:9.1%}")
+        if groups["all"]:
+            g = groups["all"]
+            print(
+                f"  all {'':<33} rows {g['rows']:>4}  p90 {g['p90_ape']:6.1%}  median {g['median_ape']:6.1%}"
+            )
+        if a.write_expected_error:
+            prov = expected_error_provenance(paths, rows, fits, a.max_nfev)
+            write_expected_error(a.write_expected_error, held, prov, EXPECTED_ERROR_MIN_ROWS)
+            print(f"wrote {a.write_expected_error}")
     print(f"(done in {time.perf_counter() - t0:.0f} s)")
     if a.json:
         recs = records(cases)

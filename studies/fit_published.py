@@ -19,7 +19,16 @@ from pathlib import Path
 import numpy as np
 from published import DEV_CSV, load_cases, run_case
 
-from autopar.calibration.fit import FitResult, Sample, file_digest, fit, now_iso, residuals, write_calibration
+from autopar.calibration.fit import (
+    DEFAULT_MAX_NFEV,
+    FitResult,
+    Sample,
+    file_digest,
+    fit,
+    now_iso,
+    residuals,
+    write_calibration,
+)
 from autopar.coefficients import Calibration, default_calibration_path
 
 # Devices built on the same compute die as a device in the data (NVIDIA: H200, H800 and H100 96GB
@@ -61,7 +70,7 @@ def usable(cases, *, measured_only: bool = False) -> list:
     ]
 
 
-def fit_cases(cases, *, max_nfev: int = 60, provenance: dict | None = None) -> FitResult:
+def fit_cases(cases, *, max_nfev: int = DEFAULT_MAX_NFEV, provenance: dict | None = None) -> FitResult:
     """The coefficient fit on already-run cases (run them with :data:`BASE` as calibration)."""
     return fit(samples(cases), BASE, max_nfev=max_nfev, provenance=provenance)
 
@@ -75,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", type=Path, default=DEV_CSV, help="default: the shipped studies/data copy")
     ap.add_argument("--out", type=Path, default=None, help="write the calibration here")
     ap.add_argument("--holdout-source", default=None)
-    ap.add_argument("--max-nfev", type=int, default=60)
+    ap.add_argument("--max-nfev", type=int, default=DEFAULT_MAX_NFEV)
     ap.add_argument("--measured-only", action="store_true", help="ignore derived (TFLOP/s, MFU) targets")
     a = ap.parse_args(argv)
     if not a.csv.is_file():
@@ -103,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"fitted {len(res.names)} coefficients on {len(train)} rows in {dt:.1f} s; train MAPE {res.mape:.1%}"
     )
+    print(f"  {res.convergence()}")
     for n, v in zip(res.names, res.values, strict=True):
         print(f"  {n:<40} {v:10.4f}")
     if test:

@@ -19,9 +19,11 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
-from autopar.coefficients import GLOBAL_DEFAULTS, Calibration, DeviceCoefficients
-from autopar.engine import evaluate
+from autopar import collectives as C
+from autopar.coefficients import GLOBAL_DEFAULTS, Calibration, DeviceCoefficients, coefficients_for
+from autopar.engine import stage_param_counts
 from autopar.job import TrainingJob
+from autopar.latency import step_time_breakdown
 from autopar.layout import LayoutTable
 
 # (name, lower, upper) per device; gemm_<precision> entries only where that precision was measured.
@@ -35,6 +37,14 @@ GLOBAL_PARAMS = (
 # A fitted GEMM efficiency may not exceed the device's measured max-achievable matmul rate (MAMF,
 # its profile value) by more than this factor: end-to-end training cannot beat the microbenchmark.
 MAMF_SLACK = 1.05
+# Relative forward-difference step of the Jacobian (what the fit has always used as diff_step).
+DIFF_STEP = 1e-3
+DEFAULT_MAX_NFEV = 60
+# Stop when a step improves the soft-L1 cost by less than this fraction (scipy's ftol). On the
+# published runs the cost flattens within ~12 steps (the fit on all 319 rows of dev + dev2: 6.16 ->
+# 2.8642 at step 11, then 2.8634 after 25 more steps, <= 0.01% each, while parameters drift
+# along flat directions); scipy's default 1e-8 would run those to max_nfev.
+FTOL = 1e-4
 
 
 @dataclass
@@ -55,6 +65,19 @@ class FitResult:
     residuals: np.ndarray
     names: list[str]
     values: np.ndarray
+    status: int = 0  # scipy least_squares: 0 = stopped at max_nfev, > 0 converged (see ``message``)
+    message: str = ""
+    nfev: int = 0
+    njev: int = 0
+
+    @property
+    def converged(self) -> bool:
+        return self.status > 0
+
+    def convergence(self) -> str:
+        """One line: converged or stopped at the evaluation limit, and after how many evaluations."""
+        how = "converged" if self.converged else "NOT converged (stopped at max_nfev)"
+        return f"{how} after {self.nfev} residual / {self.njev} Jacobian evaluations: {self.message}"
 
     @property
     def mape(self) -> float:
@@ -156,45 +179,178 @@ def transfer_ratios(cal: Calibration, samples: Sequence[Sample]) -> dict[str, fl
     }
 
 
-def residuals(samples: Sequence[Sample], cal: Calibration) -> np.ndarray:
-    out = np.empty(len(samples))
-    for i, s in enumerate(samples):
-        res = evaluate(s.job, s.table, calibration=cal, check_legal=False)
-        out[i] = np.log(res["tokens_per_s_per_device"][0] / s.measured_tokens_per_s_per_device)
-    return out
+class FitRows:
+    """The samples of a fit, prepared once for many residual evaluations.
+
+    A residual needs only the step time (memory, energy and legality do not depend on the fitted
+    coefficients), so this calls :func:`autopar.latency.step_time_breakdown` directly, with the
+    engine's own wiring (:func:`autopar.engine.evaluate`: ``coefficients_for``, ``Links.from_cluster``,
+    ``stage_param_counts``; ``tests/test_fit.py`` checks it against ``evaluate`` row by row). Rows
+    whose step-time inputs are equal (model, device, node size, sequence, LoRA, MoE options, stack:
+    the device count and global batch enter only through the layout's dp and grad_accum columns)
+    are stacked into one :class:`LayoutTable` and scored in one call; their parameter counts, which
+    no coefficient changes, are computed once.
+    """
+
+    def __init__(self, samples: Sequence[Sample]):
+        self.samples = list(samples)
+        keyed: dict[tuple, list[int]] = {}
+        for i, s in enumerate(self.samples):
+            j = s.job
+            key = (
+                j.model.model_dump_json(),
+                j.device.model_dump_json(),
+                j.devices_per_node,
+                j.seq_len,
+                j.frozen_weights,
+                repr(j.moe_options),
+                repr(j.framework),
+            )
+            keyed.setdefault(key, []).append(i)
+        self.groups: list[_Group] = []
+        for idx in keyed.values():
+            job = self.samples[idx[0]].job
+            table = LayoutTable.concat([self.samples[i].table for i in idx])
+            ss = [self.samples[i] for i in idx]
+            self.groups.append(
+                _Group(
+                    job=job,
+                    table=table,
+                    rows=np.array(idx),
+                    params=stage_param_counts(job.model, table),
+                    tokens=np.array([float(s.job.tokens_per_step) for s in ss]),
+                    num_devices=np.array([s.job.num_devices for s in ss]),
+                    measured=np.array([s.measured_tokens_per_s_per_device for s in ss]),
+                )
+            )
+        self.device_of_group = [g.job.device.id for g in self.groups]
+
+    def groups_of_device(self, device_id: str) -> list[int]:
+        return [k for k, d in enumerate(self.device_of_group) if d == device_id]
+
+    def __call__(self, cal: Calibration, groups: Sequence[int] | None = None) -> np.ndarray:
+        """log(predicted / measured) tokens/s per device of every sample (NaN outside ``groups``)."""
+        out = np.full(len(self.samples), np.nan)
+        coeffs: dict[tuple[str, int], tuple] = {}
+        for k in range(len(self.groups)) if groups is None else groups:
+            g = self.groups[k]
+            job = g.job
+            key = (job.device.id, job.devices_per_node)
+            if key not in coeffs:
+                co, link_coeffs = coefficients_for(job.device, cal)
+                coeffs[key] = (co, C.Links.from_cluster(job.device, job.devices_per_node, link_coeffs))
+            co, links = coeffs[key]
+            step = step_time_breakdown(
+                job.model,
+                g.table,
+                seq_len=job.seq_len,
+                links=links,
+                co=co,
+                param_counts=g.params,
+                frozen_weights=job.frozen_weights,
+                moe_options=job.moe_options,
+                profile=job.framework,
+            )["step_time"]
+            tps = g.tokens / (step * g.num_devices)  # as engine.evaluate's tokens_per_s_per_device
+            out[g.rows] = np.log(tps / g.measured)
+        return out
+
+
+@dataclass
+class _Group:
+    job: TrainingJob
+    table: LayoutTable
+    rows: np.ndarray
+    params: dict[str, np.ndarray]
+    tokens: np.ndarray
+    num_devices: np.ndarray
+    measured: np.ndarray
+
+
+def residuals(samples: Sequence[Sample] | FitRows, cal: Calibration) -> np.ndarray:
+    """log(predicted / measured) tokens/s per device of every sample under ``cal``."""
+    rows = samples if isinstance(samples, FitRows) else FitRows(samples)
+    return rows(cal)
+
+
+def fd_steps(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, rel_step: float) -> np.ndarray:
+    """Forward-difference steps, chosen as scipy's ``approx_derivative('2-point', rel_step=...)``
+    chooses them (relative to x, sqrt(eps)·max(1, |x|) where that is zero, flipped or shortened
+    to stay inside the bounds), so the sparse Jacobian below is the one ``least_squares`` would form.
+    """
+    sign = (x >= 0).astype(float) * 2 - 1
+    h = rel_step * sign * np.abs(x)
+    h = np.where((x + h) - x == 0, np.finfo(float).eps ** 0.5 * sign * np.maximum(1.0, np.abs(x)), h)
+    lower, upper = x - lo, hi - x
+    violated = (x + h < lo) | (x + h > hi)
+    fitting = np.abs(h) <= np.maximum(lower, upper)
+    h = np.where(violated & fitting, -h, h)
+    h = np.where(~fitting & (upper >= lower), upper, h)
+    return np.where(~fitting & (upper < lower), -lower, h)
 
 
 def fit(
     samples: Sequence[Sample],
     base: Calibration | None = None,
     *,
-    max_nfev: int = 60,
+    max_nfev: int = DEFAULT_MAX_NFEV,
+    ftol: float = FTOL,
     provenance: dict[str, Any] | None = None,
 ) -> FitResult:
-    """Least-squares fit of the coefficients to ``samples``; returns a new Calibration."""
+    """Least-squares fit of the coefficients to ``samples``; returns a new Calibration.
+
+    The Jacobian is a forward difference like scipy's default, but a device's coefficient moves
+    only the rows of that device, so its column is evaluated on those rows alone (the other
+    entries are exactly zero); the global coefficients move every row. ``max_nfev`` counts the
+    evaluations of the residual vector, not of the Jacobian (scipy's convention).
+    """
     base = base or Calibration()
     names, x0, lo, hi = _parameter_space(samples, base)
-
+    rows = FitRows(samples)
     w = group_weights(samples)
+    every = list(range(len(rows.groups)))
+    # the groups of rows each coefficient moves
+    moved = [every if n.startswith("global.") else rows.groups_of_device(n.split(".", 1)[0]) for n in names]
+    member = [
+        np.isin(np.arange(len(samples)), np.concatenate([rows.groups[k].rows for k in g])) for g in moved
+    ]
+    last: dict[str, np.ndarray] = {}
 
     def f(x: np.ndarray) -> np.ndarray:
-        return w * residuals(samples, calibration_from_vector(names, x, base))
+        r = w * rows(calibration_from_vector(names, x, base))
+        last["x"], last["f"] = x.copy(), r
+        return r
+
+    def jac(x: np.ndarray) -> np.ndarray:
+        f0 = last["f"] if "x" in last and np.array_equal(last["x"], x) else f(x)
+        h = fd_steps(x, lo, hi, DIFF_STEP)
+        # built transposed and returned as its (Fortran-ordered) view, as scipy does: the trust
+        # region's linear algebra then sums in the same order and the fit takes the same path.
+        jt = np.zeros((len(x), len(samples)))
+        for j in range(len(x)):
+            x1 = x.copy()
+            x1[j] = x[j] + h[j]
+            dx = x1[j] - x[j]
+            r1 = w * rows(calibration_from_vector(names, x1, base), moved[j])
+            jt[j, member[j]] = (r1[member[j]] - f0[member[j]]) / dx
+        return jt.T
 
     sol = least_squares(
         f,
         x0,
+        jac=jac,
         bounds=(lo, hi),
         loss="soft_l1",
         f_scale=0.1,
         max_nfev=max_nfev,
+        ftol=ftol,
         x_scale=np.maximum(np.abs(x0), 1e-3),
-        diff_step=1e-3,
     )
     cal = calibration_from_vector(names, sol.x, base, provenance)
     cal = cal.model_copy(update={"transfer": cal.transfer.model_copy(update=transfer_ratios(cal, samples))})
-    r = residuals(samples, cal)
+    r = rows(cal)
     cal.provenance["residuals"] = residual_summary(samples, r)
-    return FitResult(cal, r, names, sol.x)
+    return FitResult(cal, r, names, sol.x, int(sol.status), str(sol.message), int(sol.nfev), int(sol.njev))
 
 
 def residual_summary(samples: Sequence[Sample], r: np.ndarray) -> dict[str, dict[str, float]]:
@@ -250,6 +406,8 @@ __all__ = [
     "Sample",
     "FitResult",
     "fit",
+    "FitRows",
+    "fd_steps",
     "residuals",
     "calibration_from_vector",
     "write_calibration",

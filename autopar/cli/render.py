@@ -72,8 +72,8 @@ def print_prediction(pred) -> None:
     summary.add_row("exposed communication", f"{pred.exposed_comm_fraction:.1%} of step")
     if pred.coefficients:
         summary.add_row("coefficients", pred.coefficients)
-    if pred.expected_error_p90 is not None:
-        summary.add_row("expected error", f"within ±{pred.expected_error_p90:.0%} on 90% of fitted runs")
+    if pred.expected_error is not None:
+        summary.add_row("expected error", pred.expected_error.describe())
     summary.add_row(
         "energy per step", f"{pred.energy_j_per_step / 1e3:,.1f} kJ (avg {pred.avg_power_w:.0f} W/device)"
     )

@@ -1,0 +1,227 @@
+"""The coefficient fit (autopar/calibration/fit.py), its leave-one-source-out refits in
+studies/accuracy.py, and the out-of-sample expected error that predictions quote."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from scipy.optimize import least_squares
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "studies"))
+
+import accuracy  # noqa: E402
+from fit_published import BASE, samples  # noqa: E402
+from published import DEV2_CSV, DEV_CSV  # noqa: E402
+
+import autopar  # noqa: E402
+from autopar.calibration import fit as F  # noqa: E402
+from autopar.coefficients import (  # noqa: E402
+    _expected_error_table,
+    expected_error,
+    expected_error_path,
+    load_calibration,
+    lookup_expected_error,
+)
+from autopar.engine import evaluate  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """Every fit row of both shipped CSVs (run with BASE, as the fits are)."""
+    return accuracy._fit_rows([str(DEV_CSV), str(DEV2_CSV)])
+
+
+def _engine_residuals(ss, cal) -> np.ndarray:
+    return np.array(
+        [
+            np.log(
+                evaluate(s.job, s.table, calibration=cal, check_legal=False)["tokens_per_s_per_device"][0]
+                / s.measured_tokens_per_s_per_device
+            )
+            for s in ss
+        ]
+    )
+
+
+def _subset(rows, per_device: int) -> list:
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for c in rows:
+        if seen[c.job.device.id] < per_device:
+            seen[c.job.device.id] += 1
+            out.append(c)
+    return out
+
+
+def test_stacked_residuals_equal_the_engine_row_by_row(rows):
+    # FitRows stacks rows with equal step-time inputs into one table and calls the step-time model
+    # directly: every row must still get exactly what engine.evaluate predicts for it alone.
+    ss = samples(rows)
+    fr = F.FitRows(ss)
+    assert len(fr.groups) < len(ss)  # some rows really are stacked
+    for cal in (load_calibration(), BASE):
+        np.testing.assert_allclose(fr(cal), _engine_residuals(ss, cal), rtol=0, atol=1e-12)
+    # a subset of groups leaves the other rows unset
+    part = fr(BASE, fr.groups_of_device("a100-40gb"))
+    on = np.array([s.job.device.id == "a100-40gb" for s in ss])
+    assert np.isfinite(part[on]).all() and np.isnan(part[~on]).all()
+
+
+def test_sparse_jacobian_fit_takes_scipy_dense_finite_difference_path(rows):
+    # The per-device columns evaluated on their own device's rows only, the same forward steps:
+    # the same iterates as least_squares with its own dense '2-point' Jacobian over engine calls.
+    sub = samples(_subset(rows, 3))
+    names, x0, lo, hi = F._parameter_space(sub, BASE)
+    w = F.group_weights(sub)
+
+    def f(x):
+        return w * _engine_residuals(sub, F.calibration_from_vector(names, x, BASE))
+
+    ref = least_squares(
+        f,
+        x0,
+        bounds=(lo, hi),
+        loss="soft_l1",
+        f_scale=0.1,
+        max_nfev=3,
+        ftol=F.FTOL,
+        x_scale=np.maximum(np.abs(x0), 1e-3),
+        diff_step=F.DIFF_STEP,
+    )
+    res = F.fit(sub, BASE, max_nfev=3)
+    np.testing.assert_allclose(res.values, ref.x, rtol=1e-9, atol=0)
+    assert res.nfev == ref.nfev and res.status == ref.status
+    assert not res.converged and "NOT converged" in res.convergence()
+
+
+def test_fd_steps_follow_scipy_at_the_bounds():
+    lo, hi = np.array([0.0, 0.0, 0.0, 8.0]), np.array([1.0, 1.0, 1e-4, 2048.0])
+    x = np.array([0.5, 1.0, 0.0, 2048.0])
+    h = F.fd_steps(x, lo, hi, 1e-3)
+    assert h[0] == pytest.approx(5e-4)
+    assert h[1] == pytest.approx(-1e-3)  # at the upper bound: backwards
+    assert h[2] == pytest.approx(np.finfo(float).eps ** 0.5)  # x = 0: sqrt(eps), inside the bound
+    assert h[3] == pytest.approx(-2.048)
+
+
+TABLE = {
+    "groups": {
+        "device": {
+            "a100-80gb": {"rows": 40, "p90_ape": 0.12},
+            "h100-sxm-80gb": {"rows": 30, "p90_ape": 0.2},
+        },
+        "stack": {"megatron": {"rows": 25, "p90_ape": 0.3}},
+        "all": {"rows": 100, "p90_ape": 0.25},
+    }
+}
+
+
+def test_lookup_falls_back_device_twin_stack_all():
+    e = lookup_expected_error(TABLE, "a100-80gb", "fsdp")
+    assert (e.p90, e.basis, e.group, e.rows) == (0.12, "out_of_sample", "device a100-80gb", 40)
+    e = lookup_expected_error(TABLE, "h200-sxm-141gb", "megatron", twin="h100-sxm-80gb")
+    assert (e.p90, e.group) == (0.2, "device h100-sxm-80gb (same silicon)")
+    e = lookup_expected_error(TABLE, "mi300x", "megatron")
+    assert (e.p90, e.group, e.rows) == (0.3, "stack megatron", 25)
+    e = lookup_expected_error(TABLE, "mi300x", "deepspeed")
+    assert (e.p90, e.group, e.rows) == (0.25, "all", 100)
+    assert lookup_expected_error({}, "a100-80gb", "fsdp") is None
+    assert "out-of-sample, device a100-80gb, 40 runs" in lookup_expected_error(TABLE, "a100-80gb").describe()
+
+
+def test_other_calibrations_quote_their_own_in_sample_residuals():
+    shipped = load_calibration()
+    own = shipped.model_copy(
+        update={"provenance": {"residuals": {"h100-sxm-80gb": {"rows": 7, "p90_ape": 0.05}}}}
+    )
+    e = expected_error("h200-sxm-141gb", own, "megatron")
+    assert (e.p90, e.basis, e.group, e.rows) == (0.05, "in_sample", "device h100-sxm-80gb (same silicon)", 7)
+    assert "fitted runs (in-sample" in e.describe()
+    assert expected_error("a100-80gb", own.model_copy(update={"provenance": {}})) is None
+
+
+def _tiny(rows):
+    """A tiny synthetic case set: 12 real rows relabelled into three sources of four."""
+    picked = [c for c in rows if c.job.device.id in ("a100-40gb", "h100-sxm-80gb")][::9][:12]
+    assert len(picked) == 12
+    return [replace(c, row={**c.row, "source_id": f"synthetic-{i % 3}"}) for i, c in enumerate(picked)]
+
+
+def test_written_table_equals_the_studys_out_of_sample_errors(rows, tmp_path: Path):
+    tiny = _tiny(rows)
+    sources = accuracy.loso_sources(tiny, min_rows=4)
+    assert sources == ["synthetic-0", "synthetic-1", "synthetic-2"]
+    fits = accuracy.loso_refits(tiny, sources, max_nfev=2)
+    # each held-out row's error is its prediction under the fit that never saw its source
+    for f in fits[1:]:
+        held = [c for c in tiny if c.row["source_id"] == f["holdout"]]
+        assert f["train_rows"] == len(tiny) - len(held)
+    held = accuracy.out_of_sample_errors(tiny, fits)
+    assert len(held) == 12
+    path = tmp_path / "ee.yaml"
+    accuracy.write_expected_error(path, held, {"command": "test"}, min_rows=5)
+    table = _expected_error_table(str(path))
+    # independent of the study's grouping code: the p90 by device and over all rows
+    by_dev: dict[str, list[float]] = defaultdict(list)
+    for c, e in held:
+        by_dev[c.job.device.id].append(abs(e))
+    for dev, errs in by_dev.items():
+        got = lookup_expected_error(table, dev, "megatron")
+        if len(errs) >= 5:
+            assert got.group == f"device {dev}" and got.rows == len(errs)
+            assert got.p90 == pytest.approx(np.percentile(errs, 90), abs=5e-5)
+    every = [abs(e) for _, e in held]
+    got = lookup_expected_error(table, "mi300x", "no-such-stack")
+    assert got.group == "all" and got.rows == 12
+    assert got.p90 == pytest.approx(np.percentile(every, 90), abs=5e-5)
+    # the in-sample column of the LOSO table comes from the fit on every row
+    t = accuracy.loso_table(tiny, fits)
+    src = np.array([c.row["source_id"] for c in tiny])
+    m = src == "synthetic-1"
+    r = next(x for x in t if x["source_id"] == "synthetic-1")
+    assert r["in_sample_mape"] == pytest.approx(np.abs(np.asarray(fits[0]["errors"])[m]).mean())
+    assert r["out_of_sample_mape"] == pytest.approx(np.abs(np.asarray(fits[2]["errors"])[m]).mean())
+
+
+def test_shipped_table_is_current(rows):
+    """The shipped table was computed from the current model, device profiles and data; if this
+    fails, regenerate it: python studies/accuracy.py --write-expected-error
+    cost_models/calibration/expected_error.yaml"""
+    t = yaml.safe_load(expected_error_path().read_text())
+    prov = t["provenance"]
+    assert prov["data"] == {p.name: F.file_digest(p) for p in (DEV_CSV, DEV2_CSV)}
+    sources = accuracy.loso_sources(rows)
+    assert sorted(prov["held_out_sources"]) == sources
+    assert prov["base_mape_on_held_out_rows"] == pytest.approx(
+        accuracy.base_fingerprint(rows, sources), abs=1e-6
+    ), "the model moved: regenerate the table (" + prov["command"] + ")"
+    assert t["groups"]["all"]["rows"] == sum(prov["held_out_sources"].values())
+    for kind in ("device", "stack"):
+        assert all(g["rows"] >= prov["min_group_rows"] for g in t["groups"][kind].values())
+
+
+def test_prediction_json_carries_the_basis():
+    p = autopar.predict(
+        model="llama-3.1-8b", device="h100-sxm-80gb", num_devices=8, seq_len=4096, global_batch=64, tp=2
+    )
+    d = json.loads(json.dumps(p.to_dict()))
+    shipped = _expected_error_table(str(expected_error_path()))
+    entry = shipped["groups"]["device"]["h100-sxm-80gb"]
+    assert d["expected_error_p90"] == entry["p90_ape"]
+    assert d["expected_error_basis"] == {
+        "basis": "out_of_sample",
+        "group": "device h100-sxm-80gb",
+        "rows": entry["rows"],
+    }
+    h200 = autopar.predict(
+        model="llama-3.1-8b", device="h200-sxm-141gb", num_devices=8, seq_len=4096, global_batch=64
+    ).to_dict()
+    assert h200["expected_error_basis"]["group"] == "device h100-sxm-80gb (same silicon)"
