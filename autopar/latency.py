@@ -311,8 +311,11 @@ def stage_slot(
         tp_raw = tp_raw + n_moe * per_layer * etp_one
     # Stacks that pipeline TP collectives with the neighbouring GEMMs (userbuffers/TE comm overlap,
     # async TP) hide a fraction; the hidden part still contends for SMs and HBM. Stacks that
-    # all-reduce synchronously after the GEMM (profile.tp_comm_overlap False) hide none.
-    tp_ov = co.tp_overlap if profile.tp_comm_overlap else 0.0
+    # all-reduce synchronously after the GEMM (profile.tp_comm_overlap False) hide none. TE's
+    # userbuffers need the devices to map each other's memory: "Userbuffers relies on CUDA
+    # Multicast handles that are only supported over NVLink" (NVIDIA/TransformerEngine #1071;
+    # its IPC fallback needs GPU peer-to-peer), so a PCIe node (links.peer_memory False) has none.
+    tp_ov = co.tp_overlap if profile.tp_comm_overlap and links.peer_memory else 0.0
     tp_comm = tp_raw * (1.0 - tp_ov) + co.overlap_contention * tp_ov * tp_raw
     # ---- CP ring attention: (c-1) KV chunks per layer fwd, 2x bwd; hidden behind attention -------
     kv_elems = (model.kv_lora_rank + model.qk_rope_head_dim) if model.is_mla else 2 * g * model.head_dim
@@ -425,7 +428,7 @@ def pipeline_p2p(model, lay: LayoutTable, *, seq_len: int, links: C.Links) -> np
     sp_div = lay.dims.sp_divisor.astype(np.float64)
     pp_bytes = T * h * elem / sp_div
     pp_inter = (tp * cp * dp) >= links.devices_per_node
-    pp_one = C.p2p(links, pp_bytes, pp_inter)
+    pp_one = C.p2p(links, pp_bytes, pp_inter, stride=tp * cp * dp, span=pp)
     pp_comm = np.where(pp > 1, 2.0 * pp_one * (m * vpp + pp - 1.0), 0.0)
 
     return pp_comm
