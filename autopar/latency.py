@@ -317,6 +317,23 @@ def stage_slot(
     # its IPC fallback needs GPU peer-to-peer), so a PCIe node (links.peer_memory False) has none.
     tp_ov = co.tp_overlap if profile.tp_comm_overlap and links.peer_memory else 0.0
     tp_comm = tp_raw * (1.0 - tp_ov) + co.overlap_contention * tp_ov * tp_raw
+    if profile.tp_comm_overlap and not links.peer_memory:
+        # Without userbuffers, TE's column-parallel modules (LayerNormLinear QKV, LayerNormMLP fc1)
+        # keep their sequence-parallel input sharded and all-gather it again in backward for the
+        # weight gradient, asynchronously behind the data-gradient GEMM (TE linear/layernorm_linear
+        # backward: gather_along_first_dim(..., async_op=True) before the dgrad GEMM); the part the
+        # dgrad GEMM does not cover is exposed. With userbuffers this gather is the bulk-dgrad
+        # overlap, inside the calibrated tp_overlap.
+        ag_one = C.all_gather(links, tp_bytes, tp, np.ones(n))
+        sp_on = lay.dims.sp_divisor > 1
+        dgrad_qkv = gt(T, h, (a * model.qk_head_dim + 2 * g * model.qk_head_dim) / tp)
+        dgrad_fc1 = gt(T, h, up_mult * model.ffn_hidden / tp) if model.ffn_hidden else np.zeros(n)
+        regather = n_dense * (
+            np.maximum(ag_one - dgrad_qkv, 0.0) + np.maximum(ag_one - dgrad_fc1, 0.0)
+        ) + n_moe * np.maximum(ag_one - dgrad_qkv, 0.0)
+        regather = np.where(sp_on, regather, 0.0)
+        tp_raw = tp_raw + regather
+        tp_comm = tp_comm + regather
     # ---- CP ring attention: (c-1) KV chunks per layer fwd, 2x bwd; hidden behind attention -------
     kv_elems = (model.kv_lora_rank + model.qk_rope_head_dim) if model.is_mla else 2 * g * model.head_dim
     cp_chunk = mb * s_loc * kv_elems * elem / np.where(model.is_mla, 1.0, tp)

@@ -109,3 +109,48 @@ def test_no_tp_comm_overlap_without_peer_memory() -> None:
     pcie, sxm = out["a100-pcie-80gb"], out["a100-80gb"]
     assert pcie["tp_comm"][0] == pytest.approx(pcie["tp_raw"][0])
     assert sxm["tp_comm"][0] == pytest.approx(sxm["tp_raw"][0] * (0.2 + 0.5 * 0.8))
+
+
+def test_sp_regather_in_backward_is_exposed_beyond_the_dgrad_gemm() -> None:
+    # Without userbuffers TE all-gathers the sharded input of QKV and fc1 again in backward, behind
+    # their dgrad GEMMs: the extra exposed time is max(AG - dgrad, 0) for each.
+    co = Coefficients(
+        peak_flops={"bf16": 100e12},
+        gemm_eff={"bf16": 0.5},
+        gemm_half_dim=64.0,
+        attention_eff=0.4,
+        hbm_bw=1e12,
+        overlap_contention=0.5,
+        tp_overlap=0.8,
+        kernel_overhead_s=0.0,
+    )
+    model = load_model("llama-3.1-8b")
+    links = _links()
+
+    def slot(sp: bool):
+        lay = LayoutTable.from_layouts([Layout(tp=8, micro_batch=1, sp=sp)])
+        return stage_slot(
+            model,
+            lay,
+            seq_len=4096,
+            links=links,
+            co=co,
+            n_dense=np.array([1.0]),
+            n_moe=np.zeros(1),
+            head=np.zeros(1, dtype=bool),
+            profile=MEGATRON,
+        )
+
+    T, h = 4096.0, 4096.0
+    ag = 7 / 8 * T * h * 2 / LINK + 7 * LAT
+
+    def gemm(M, N, K):  # CO's roofline by hand (as tests/test_stack_time.py)
+        shape = (1 + 3 * 64 / 16384) / (1 + 64 / M + 64 / N + 64 / K)
+        return max(2 * M * N * K / (100e12 * 0.5 * shape), 2 * (M * K + K * N + M * N) / 1e12)
+
+    dq = gemm(T, h, (32 * 128 + 2 * 8 * 128) / 8)
+    dfc1 = gemm(T, h, 2 * 14336 / 8)
+    with_sp, without = slot(True), slot(False)
+    four_ar = 4 * (2 * 7 / 8 * T * h * 2 / LINK + 2 * 3 * LAT)
+    assert without["tp_comm"][0] == pytest.approx(four_ar)
+    assert with_sp["tp_comm"][0] == pytest.approx(four_ar + max(ag - dq, 0) + max(ag - dfc1, 0))
