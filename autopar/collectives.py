@@ -6,6 +6,15 @@ scale-up domain. Ring costs follow Thakur et al. 2005 and nccl-tests' PERFORMANC
 moves 2(n-1)/n·M per rank, all-gather and reduce-scatter (n-1)/n·M. Across nodes NCCL runs one
 ring per NIC, so a group with ``g`` ranks per node drives ``g`` NICs: bus bandwidth g·NIC
 (measured busbw ≈ node NIC aggregate, nccl-tests #119).
+
+PCIe nodes whose GPUs sit behind separate host bridges (``ScaleUp.host_islands``, e.g. two CPU
+sockets of four GPUs each): a group inside one island runs at the per-device PCIe rate; a group
+spanning islands sends its ring (or its all-to-all share) over the inter-island link, which every
+group of the same kind shares, since all of them run the same collective at the same time. With
+``k`` such groups touching an island the ring's bus bandwidth is at most link / k. This is what
+the nccl-tests fits of the 8x A100 PCIe node of the SimuMax rows show (``a100-pcie-80gb.yaml``):
+2- and 4-GPU groups ~20.7 GB/s, one 8-GPU group ~12.5, two strided 4-GPU groups ~7.3 each and four
+strided 2-GPU groups ~4 each, i.e. a ~14 GB/s link shared by the crossing rings.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ class Links:
     lat_up: float
     lat_out: float
     devices_per_node: int
+    island: int = 0  # devices per host island of a PCIe node (0: no islands)
+    island_bw: float = 0.0  # achieved bytes/s per direction between islands, shared
+    peer_memory: bool = True  # devices map each other's memory (TE userbuffers comm overlap)
 
     @classmethod
     def from_cluster(
@@ -37,6 +49,7 @@ class Links:
         su, so = device.scale_up, device.scale_out
         up_eff = lc.get("scale_up_bus", eff.scale_up_bus)
         out_eff = lc.get("scale_out_bus", eff.scale_out_bus)
+        hi = su.host_islands
         return cls(
             up_agg=su.agg_gbps * 1e9 * up_eff,
             up_peer=su.per_peer_gbps * 1e9 * up_eff,
@@ -45,6 +58,9 @@ class Links:
             lat_up=lc.get("scale_up_latency_us", su.latency_us) * 1e-6,
             lat_out=lc.get("scale_out_latency_us", so.latency_us) * 1e-6,
             devices_per_node=int(devices_per_node),
+            island=su.domain // hi.count if hi is not None else 0,
+            island_bw=hi.link_gbps * 1e9 if hi is not None else 0.0,
+            peer_memory=bool(su.peer_memory),
         )
 
 
@@ -57,12 +73,30 @@ def ranks_per_node(n: np.ndarray, stride: np.ndarray, devices_per_node: int) -> 
     return np.minimum(n, per_node)
 
 
-def _intra_bw(links: Links, g: np.ndarray) -> np.ndarray:
-    """Bus bandwidth of a collective among g ranks of one scale-up domain."""
+def island_members(links: Links, g: np.ndarray, stride: np.ndarray | float) -> np.ndarray:
+    """Members of a group (g per node, ``stride`` apart) inside one host island (g: no islands)."""
+    g = np.asarray(g, dtype=np.float64)
+    if not links.island:
+        return g
+    stride = np.asarray(stride, dtype=np.float64)
+    return np.minimum(g, np.maximum(np.floor(links.island / stride), 1.0))
+
+
+def _intra_bw(links: Links, g: np.ndarray, stride: np.ndarray | float = 1.0) -> np.ndarray:
+    """Bus bandwidth of a collective among g ranks of one scale-up domain, ``stride`` apart."""
+    g = np.asarray(g, dtype=np.float64)
     if links.up_switched:
-        return np.full_like(g, links.up_agg, dtype=np.float64)
-    # Full mesh (xGMI, Gaudi RoCE): each rank reaches g-1 peers at the per-peer rate.
-    return np.minimum(links.up_agg, links.up_peer * np.maximum(g - 1.0, 1.0))
+        bw = np.full_like(g, links.up_agg, dtype=np.float64)
+    else:
+        # Full mesh (xGMI, Gaudi RoCE): each rank reaches g-1 peers at the per-peer rate.
+        bw = np.minimum(links.up_agg, links.up_peer * np.maximum(g - 1.0, 1.0))
+    if not links.island:
+        return bw
+    # A ring spanning islands crosses each island's link once per direction; the island / g_isl
+    # groups touching an island (all running the same collective) share that link.
+    g_isl = island_members(links, g, stride)
+    sharing = min(links.island, links.devices_per_node) / g_isl
+    return np.where(g > g_isl, np.minimum(bw, links.island_bw / sharing), bw)
 
 
 def bus_bandwidth(links: Links, n: np.ndarray, stride: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -70,7 +104,7 @@ def bus_bandwidth(links: Links, n: np.ndarray, stride: np.ndarray) -> tuple[np.n
     n = np.asarray(n, dtype=np.float64)
     g = ranks_per_node(n, stride, links.devices_per_node)
     inter = g < n
-    intra_bw = _intra_bw(links, g)
+    intra_bw = _intra_bw(links, g, stride)
     inter_bw = np.minimum(g * links.out_nic, np.where(g > 1, intra_bw, np.inf))
     return np.where(inter, inter_bw, intra_bw), inter
 
@@ -115,12 +149,29 @@ def all_to_all(links: Links, nbytes, n, stride, inter_share=1.0) -> np.ndarray:
     n = np.asarray(n, dtype=np.float64)
     g = ranks_per_node(n, stride, links.devices_per_node)
     intra = nbytes * (g - 1.0) / n / _intra_bw(links, g)
+    if links.island:
+        # The share bound for the other islands leaves every rank of an island over one link.
+        g_isl = island_members(links, g, stride)
+        ranks = min(links.island, links.devices_per_node)
+        cross = ranks * nbytes * (g - g_isl) / n / links.island_bw
+        intra = np.maximum(intra, cross)
     inter = nbytes * (n - g) / n * inter_share / links.out_nic
     alpha = _tree_alpha(links, n, g < n) / 2.0  # pairwise exchanges run concurrently
     return np.where(n > 1, intra + inter + alpha, 0.0)
 
 
-def p2p(links: Links, nbytes, inter) -> np.ndarray:
+def p2p(links: Links, nbytes, inter, stride=1.0, span=1.0) -> np.ndarray:
+    """Point-to-point send of ``nbytes``; ``inter``: it crosses nodes.
+
+    Pipeline sends pair ranks ``stride`` apart over a group ``span`` ranks long; inside a node
+    with host islands, the hops of a group longer than an island cross the island link, which the
+    min(stride, island) pairs sending at once share.
+    """
     bw = np.where(inter, links.out_nic, links.up_peer)
+    if links.island:
+        stride = np.asarray(stride, dtype=np.float64)
+        cross = np.asarray(span, dtype=np.float64) * stride > links.island
+        shared = links.island_bw / np.minimum(stride, float(links.island))
+        bw = np.where(~np.asarray(inter) & cross, np.minimum(bw, shared), bw)
     lat = np.where(inter, links.lat_out, links.lat_up)
     return nbytes / bw + lat

@@ -31,6 +31,7 @@ from autopar.errors import DeviceError
 
 __all__ = [
     "PRECISIONS",
+    "HostIslands",
     "ScaleUp",
     "ScaleOut",
     "Power",
@@ -67,8 +68,25 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class HostIslands(_Frozen):
+    """A PCIe node whose devices hang off separate host bridges (CPU sockets / root complexes).
+
+    Devices of one island talk over their own PCIe links (through a PCIe switch or the root
+    complex) at the scale-up rate; traffic between islands crosses the host's socket interconnect
+    (UPI / xGMI, or NCCL's host-memory path where GPU peer-to-peer is off across sockets), whose
+    bandwidth every collective spanning islands shares (:mod:`autopar.collectives`).
+    """
+
+    count: int = Field(ge=2, description="islands the scale-up domain splits into evenly")
+    link_gbps: float = Field(
+        gt=0,
+        description="achieved GB/s per direction between islands, shared by all traffic crossing "
+        "(a measured bus bandwidth: the scale-up bus efficiency is not applied again)",
+    )
+
+
 class ScaleUp(_Frozen):
-    """The fast domain: NVLink/NVSwitch, AMD xGMI, Gaudi on-board RoCE, TPU ICI."""
+    """The fast domain: NVLink/NVSwitch, AMD xGMI, Gaudi on-board RoCE, TPU ICI, or a PCIe node."""
 
     fabric: str = Field(description="e.g. nvlink4, xgmi, roce-200gbe, ici")
     domain: int = Field(ge=1, description="devices per scale-up domain (8 for HGX, 72 for NVL72)")
@@ -79,9 +97,21 @@ class ScaleUp(_Frozen):
     switched: bool = Field(description="a switch gives every pair the full per-device rate")
     nvls: bool = Field(False, description="NVSwitch in-network reduction (NVLS/SHARP)")
     latency_us: float = Field(gt=0, description="per-hop / per-collective-step launch + link latency")
+    peer_memory: bool = Field(
+        True,
+        description="devices map each other's memory over the fabric (NVLink, xGMI): what "
+        "Transformer Engine's userbuffers comm+GEMM overlap needs; False on PCIe-only nodes",
+    )
+    host_islands: HostIslands | None = Field(
+        None, description="PCIe node split over host bridges/sockets (None: one uniform domain)"
+    )
 
     @model_validator(mode="after")
     def _peer_le_agg(self) -> ScaleUp:
+        if self.host_islands is not None and self.domain % self.host_islands.count:
+            raise ValueError(
+                f"host_islands.count ({self.host_islands.count}) must divide domain ({self.domain})"
+            )
         if self.per_peer_gbps > self.agg_gbps * (1 + 1e-9):
             raise ValueError(
                 f"per_peer_gbps ({self.per_peer_gbps}) exceeds agg_gbps ({self.agg_gbps}); "

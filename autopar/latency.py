@@ -365,9 +365,29 @@ def stage_slot(
         tp_raw = tp_raw + n_moe * routed_colls * etp_one
     # Stacks that pipeline TP collectives with the neighbouring GEMMs (userbuffers/TE comm overlap,
     # async TP) hide a fraction; the hidden part still contends for SMs and HBM. Stacks that
-    # all-reduce synchronously after the GEMM (profile.tp_comm_overlap False) hide none.
-    tp_ov = co.tp_overlap if profile.tp_comm_overlap else 0.0
+    # all-reduce synchronously after the GEMM (profile.tp_comm_overlap False) hide none. TE's
+    # userbuffers need the devices to map each other's memory: "Userbuffers relies on CUDA
+    # Multicast handles that are only supported over NVLink" (NVIDIA/TransformerEngine #1071;
+    # its IPC fallback needs GPU peer-to-peer), so a PCIe node (links.peer_memory False) has none.
+    tp_ov = co.tp_overlap if profile.tp_comm_overlap and links.peer_memory else 0.0
     tp_comm = tp_raw * (1.0 - tp_ov) + co.overlap_contention * tp_ov * tp_raw
+    if profile.tp_comm_overlap and not links.peer_memory:
+        # Without userbuffers, TE's column-parallel modules (LayerNormLinear QKV, LayerNormMLP fc1)
+        # keep their sequence-parallel input sharded and all-gather it again in backward for the
+        # weight gradient, asynchronously behind the data-gradient GEMM (TE linear/layernorm_linear
+        # backward: gather_along_first_dim(..., async_op=True) before the dgrad GEMM); the part the
+        # dgrad GEMM does not cover is exposed. With userbuffers this gather is the bulk-dgrad
+        # overlap, inside the calibrated tp_overlap.
+        ag_one = C.all_gather(links, tp_bytes, tp, np.ones(n))
+        sp_on = lay.dims.sp_divisor > 1
+        dgrad_qkv = gt(T, h, (a * model.qk_head_dim + 2 * g * model.qk_head_dim) / tp)
+        dgrad_fc1 = gt(T, h, up_mult * model.ffn_hidden / tp) if model.ffn_hidden else np.zeros(n)
+        regather = n_dense * (
+            np.maximum(ag_one - dgrad_qkv, 0.0) + np.maximum(ag_one - dgrad_fc1, 0.0)
+        ) + n_moe * np.maximum(ag_one - dgrad_qkv, 0.0)
+        regather = np.where(sp_on, regather, 0.0)
+        tp_raw = tp_raw + regather
+        tp_comm = tp_comm + regather
     # ---- CP ring attention: (c-1) KV chunks per layer fwd, 2x bwd; hidden behind attention -------
     # Megatron-Core/TE ring attention (cp_comm_type "p2p", AttnFuncWithCPAndKVP2P): each of the c-1
     # steps sends the rank's KV to the next rank while the attention of the chunk in hand runs; the
@@ -491,7 +511,7 @@ def pipeline_p2p(model, lay: LayoutTable, *, seq_len: int, links: C.Links) -> np
     sp_div = lay.dims.sp_divisor.astype(np.float64)
     pp_bytes = T * h * elem / sp_div
     pp_inter = (tp * cp * dp) >= links.devices_per_node
-    pp_one = C.p2p(links, pp_bytes, pp_inter)
+    pp_one = C.p2p(links, pp_bytes, pp_inter, stride=tp * cp * dp, span=pp)
     pp_comm = np.where(pp > 1, 2.0 * pp_one * (m * vpp + pp - 1.0), 0.0)
 
     return pp_comm
