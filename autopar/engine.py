@@ -15,6 +15,7 @@ from autopar.job import TrainingJob
 from autopar.latency import (
     SLOT_PARTS,
     TIME_COMPONENTS,
+    Coefficients,
     data_parallel_tail,
     pipeline_p2p,
     stage_slot,
@@ -40,6 +41,35 @@ def memory_limit_bytes(job: TrainingJob) -> float:
     return job.device.memory_gb * 1e9 * (1.0 - job.memory_headroom)
 
 
+def time_model(job: TrainingJob, cal: Calibration) -> tuple[Coefficients, C.Links]:
+    """The latency coefficients and the links of ``job``'s device under calibration ``cal``."""
+    co, link_coeffs = coefficients_for(job.device, cal)
+    return co, C.Links.from_cluster(job.device, job.devices_per_node, link_coeffs)
+
+
+def step_breakdown(
+    job: TrainingJob,
+    lay: LayoutTable,
+    *,
+    co: Coefficients,
+    links: C.Links,
+    params: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """:func:`autopar.latency.step_time_breakdown` with ``job``'s settings (``params``: the
+    :func:`stage_param_counts` of ``lay`` when already known)."""
+    return step_time_breakdown(
+        job.model,
+        lay,
+        seq_len=job.seq_len,
+        links=links,
+        co=co,
+        param_counts=stage_param_counts(job.model, lay) if params is None else params,
+        frozen_weights=job.frozen_weights,
+        moe_options=job.moe_options,
+        profile=job.framework,
+    )
+
+
 def evaluate(
     job: TrainingJob, lay: LayoutTable, *, calibration: Calibration | None = None, check_legal: bool = True
 ) -> dict[str, np.ndarray]:
@@ -52,8 +82,7 @@ def evaluate(
     """
     model, dev = job.model, job.device
     cal = calibration or load_calibration()
-    co, link_coeffs = coefficients_for(dev, cal)
-    links = C.Links.from_cluster(dev, job.devices_per_node, link_coeffs)
+    co, links = time_model(job, cal)
     n = len(lay)
     if check_legal:
         ctx = Context.for_job(job)
@@ -76,18 +105,7 @@ def evaluate(
     limit = memory_limit_bytes(job)
     fits = mem["total"] <= limit
 
-    params = stage_param_counts(model, lay)
-    t = step_time_breakdown(
-        model,
-        lay,
-        seq_len=job.seq_len,
-        links=links,
-        co=co,
-        param_counts=params,
-        frozen_weights=job.frozen_weights,
-        moe_options=job.moe_options,
-        profile=job.framework,
-    )
+    t = step_breakdown(job, lay, co=co, links=links)
     step = t["step_time"]
     tokens = float(job.tokens_per_step)
     tps_dev = tokens / (step * job.num_devices)
@@ -148,10 +166,9 @@ def evaluate_stages(
     components and ``memory_bytes``; ``slot_s`` and its ``time_*`` parts per micro-batch; ``fwd_s``,
     ``bwd_s``, ``recompute_s`` (overlap windows); ``params_nonexpert``/``params_expert`` per rank.
     """
-    model, dev = job.model, job.device
+    model = job.model
     cal = calibration or load_calibration()
-    co, link_coeffs = coefficients_for(dev, cal)
-    links = C.Links.from_cluster(dev, job.devices_per_node, link_coeffs)
+    co, links = time_model(job, cal)
     mc = memory_constants(cal, job.framework)
     mem = stage_memory(
         model,
@@ -209,8 +226,7 @@ def evaluate_tail(
     :func:`evaluate_stages` returns them); :func:`evaluate` passes its heaviest stage's.
     """
     cal = calibration or load_calibration()
-    co, link_coeffs = coefficients_for(job.device, cal)
-    links = C.Links.from_cluster(job.device, job.devices_per_node, link_coeffs)
+    co, links = time_model(job, cal)
     tail = data_parallel_tail(
         job.model,
         lay,

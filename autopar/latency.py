@@ -23,7 +23,7 @@ from autopar import moe
 from autopar import precision as P
 from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, LayoutTable
-from autopar.memory import REC_FULL, REC_NONE, REC_NORM_ACT, REC_NORM_ACT_MLP, stage_shape
+from autopar.memory import REC_FULL, recompute_drops, stage_shape
 
 ACT_BYTES = 2.0
 # Attention kernel speed without a causal mask over with one (the off-diagonal steps of ring CP):
@@ -179,20 +179,21 @@ def stage_slot(
         tok_e = moe.tokens_per_expert(model, T, sp_div, ep, etp)
 
     def layer_gemms(f):  # noqa: E306
-        """(attention, dense MLP, MoE MLP) of one layer: ``f(M, N, K)`` summed over its linear GEMMs."""
+        """One layer's linear GEMMs, ``f(M, N, K)`` summed per part: ``attn`` (all of attention),
+        ``attn_up`` (its share that MLA's ``mla_up_proj`` recompute repeats: the Q and KV
+        up-projections), ``dense`` (the dense MLP), ``moe`` (routed + shared experts) and
+        ``shared`` (the shared experts alone)."""
+        zero = np.zeros(n)
         if model.is_mla:
             qd = model.heads * model.qk_head_dim
-            attn = (
-                (
-                    (f(T, model.q_lora_rank, h) + f(T, qd / tp, model.q_lora_rank))
-                    if model.q_lora_rank
-                    else f(T, qd / tp, h)
-                )
-                + f(T, model.kv_lora_rank + model.qk_rope_head_dim, h)
-                + f(T, a * (model.qk_nope_head_dim + model.v_dim) / tp, model.kv_lora_rank)
-                + f(T, h, a * model.v_dim / tp)
-            )
+            q_up = f(T, qd / tp, model.q_lora_rank) if model.q_lora_rank else f(T, qd / tp, h)
+            up = q_up + f(T, a * (model.qk_nope_head_dim + model.v_dim) / tp, model.kv_lora_rank)
+            down = f(T, model.kv_lora_rank + model.qk_rope_head_dim, h) + f(T, h, a * model.v_dim / tp)
+            if model.q_lora_rank:
+                down = down + f(T, model.q_lora_rank, h)
+            attn = up + down
         else:
+            up = zero
             attn = f(T, (a * model.head_dim + 2 * g * model.head_dim) / tp, h) + f(
                 T, h, a * model.head_dim / tp
             )
@@ -200,17 +201,18 @@ def stage_slot(
         def mlp(F, M, width_div):
             return f(M, up_mult * F / width_div, h) + f(M, h, F / width_div)
 
-        dense = mlp(model.ffn_hidden, T, tp) if model.ffn_hidden else np.zeros(n)
+        dense = mlp(model.ffn_hidden, T, tp) if model.ffn_hidden else zero
         if not model.is_moe:
-            return attn, dense, np.zeros(n)
+            return {"attn": attn, "attn_up": up, "dense": dense, "moe": zero, "shared": zero}
         # Grouped GEMM = one GEMM per local expert with M = its tokens (autopar.moe): small per-expert
         # M pays the same tile/wave quantization as any small GEMM. Shared experts run on the rank's
         # sequence-parallel share of the tokens.
         expert = (model.num_experts / ep) * mlp(model.moe_ffn_hidden, tok_e, etp)
-        shared = mlp(model.shared_expert_ffn, T, tp) if model.shared_expert_ffn else 0.0
-        return attn, dense, expert + shared
+        shared = mlp(model.shared_expert_ffn, T, tp) if model.shared_expert_ffn else zero
+        return {"attn": attn, "attn_up": up, "dense": dense, "moe": expert + shared, "shared": shared}
 
-    attn_gemm, dense_mlp, moe_mlp = layer_gemms(gt)
+    gemms = layer_gemms(gt)
+    attn_gemm, dense_mlp, moe_mlp = gemms["attn"], gemms["dense"], gemms["moe"]
     if model.is_moe:
         # The router GEMM (not a TE module: never block-scaled) on the sequence-parallel share.
         moe_mlp = moe_mlp + gt(T_r, model.num_experts, h)
@@ -223,8 +225,9 @@ def stage_slot(
         moe_elem = np.zeros(n)
     # Block scaling (mxfp8/nvfp4): quantize/dequantize + amax/scale passes over every linear GEMM's
     # inputs, memory-bound; forward X and W, backward dY (autopar.precision.scaling_bytes).
-    sa_f, sd_f, sm_f = layer_gemms(scale_fwd)
-    sa_b, sd_b, sm_b = layer_gemms(scale_bwd)
+    sf, sb_ = layer_gemms(scale_fwd), layer_gemms(scale_bwd)
+    sa_f, sd_f, sm_f = sf["attn"], sf["dense"], sf["moe"]
+    sa_b, sd_b, sm_b = sb_["attn"], sb_["dense"], sb_["moe"]
 
     # ---- attention core ---------------------------------------------------------------------------
     window = model.sliding_window or 0
@@ -272,11 +275,12 @@ def stage_slot(
         attn_bwd_mult = 2.5
 
     # ---- memory-bound elementwise work per layer (bytes moved, fwd) ------------------------------
+    act_mult = 3.0 if model.gated_mlp else 2.0  # activation reads (gate +) up, writes its output
     act_f = model.ffn_hidden if model.ffn_hidden else model.moe_ffn_hidden * model.moe_topk
     per_tok = (
         2 * 2 * h / sp_div  # two norms: read + write
         + 2 * 3 * h / sp_div  # two residual adds: 2 reads + 1 write
-        + (3.0 if model.gated_mlp else 2.0) * act_f / tp  # activation function
+        + act_mult * act_f / tp  # activation function
         + 2 * (a + g) * model.qk_head_dim / tp  # RoPE on q and k
     )
     fp8_casts = np.where(is_fp8, 1.5 * (4 * h + act_f) / tp, 0.0)  # quantize inputs of each GEMM
@@ -308,37 +312,26 @@ def stage_slot(
     # Selective modes recompute in backward what they dropped (memory.activation_bytes_per_layer):
     # the attention core; + norm_act: the two norms, the routed experts' activation and MLA's
     # up-projection GEMMs (+ RoPE); + norm_act_mlp: the dense MLP's and shared experts' forward.
-    drop_norm = (rec == REC_NORM_ACT) | (rec == REC_NORM_ACT_MLP)
-    drop_mlp = rec == REC_NORM_ACT_MLP
+    drop_core, drop_norm, drop_mlp = recompute_drops(rec)
     norm_rec = T * elem * (2 * 2 * h / sp_div) / co.hbm_bw
-    if model.is_mla:
-        up_rec = gt(T, model.heads * model.qk_head_dim / tp, model.q_lora_rank or h) + gt(
-            T, a * (model.qk_nope_head_dim + model.v_dim) / tp, model.kv_lora_rank
-        )
-        up_rec = up_rec + T * elem * 2 * (a + g) * model.qk_head_dim / tp / co.hbm_bw
-    else:
-        up_rec = np.zeros(n)
-    act_mult = 3.0 if model.gated_mlp else 2.0
-    moe_act_rec = (
-        T * elem * act_mult * model.moe_ffn_hidden * model.moe_topk / tp / co.hbm_bw
-        if model.is_moe
-        else np.zeros(n)
+    # MLA up-projections and the RoPE on q and k that follows them
+    up_rec = gemms["attn_up"] + (
+        T * elem * 2 * (a + g) * model.qk_head_dim / tp / co.hbm_bw if model.is_mla else 0.0
     )
-    dense_act = T * elem * act_mult * model.ffn_hidden / tp / co.hbm_bw if model.ffn_hidden else 0.0
-    shared_f = (
-        gt(T, up_mult * model.shared_expert_ffn / tp, h)
-        + gt(T, h, model.shared_expert_ffn / tp)
-        + T * elem * act_mult * model.shared_expert_ffn / tp / co.hbm_bw
-        if model.is_moe and model.shared_expert_ffn
-        else np.zeros(n)
-    )
+
+    def act_time(F):  # noqa: E306
+        return T * elem * act_mult * F / tp / co.hbm_bw
+
+    moe_act_rec = act_time(model.moe_ffn_hidden * model.moe_topk) if model.is_moe else np.zeros(n)
+    dense_act = act_time(model.ffn_hidden) if model.ffn_hidden else 0.0
+    shared_f = gemms["shared"] + (act_time(model.shared_expert_ffn) if model.is_moe else 0.0)
     na_layer = norm_rec + up_rec
     na_rec = n_layers * na_layer + n_moe * moe_act_rec
     mlp_rec = n_dense * (dense_mlp + dense_act) + n_moe * shared_f
     recompute = np.where(
         rec == REC_FULL,
         fwd - head_f,
-        np.where(rec != REC_NONE, attn_tot_f, 0.0)
+        np.where(drop_core, attn_tot_f, 0.0)
         + np.where(drop_norm, na_rec, 0.0)
         + np.where(drop_mlp, mlp_rec, 0.0),
     )

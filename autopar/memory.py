@@ -17,7 +17,7 @@ import numpy as np
 
 from autopar import precision as P
 from autopar.frameworks import MEGATRON, FrameworkProfile
-from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, LayoutTable
+from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, RECOMPUTE_MODULES, LayoutTable
 from autopar.moe import routed_activation_elems
 
 GIB = float(1 << 30)
@@ -35,9 +35,20 @@ LOGIT_BYTES = 6.0
 # logits plus the fp32 log-probabilities the cross-entropy keeps.
 FP32_WEIGHT_BYTES, FP32_GRAD_BYTES, FP32_OPTIM_BYTES, FP32_LOGIT_BYTES = 4.0, 4.0, 8.0, 8.0
 
-REC_NONE, REC_SELECTIVE, REC_FULL, REC_NORM_ACT, REC_NORM_ACT_MLP = (
-    RECOMPUTE_CODES.index(x) for x in ("none", "selective", "full", "norm_act", "norm_act_mlp")
-)
+REC_NONE, REC_FULL = RECOMPUTE_CODES.index("none"), RECOMPUTE_CODES.index("full")
+# Codes of the selective modes whose Megatron module set recomputes each group of tensors
+# (autopar.layout.RECOMPUTE_MODULES): "layernorm" comes with moe_act and mla_up_proj, "mlp" with
+# shared_experts; core_attn is in every one of them.
+_NORM_CODES = [RECOMPUTE_CODES.index(m) for m, mods in RECOMPUTE_MODULES.items() if "layernorm" in mods]
+_MLP_CODES = [RECOMPUTE_CODES.index(m) for m, mods in RECOMPUTE_MODULES.items() if "mlp" in mods]
+
+
+def recompute_drops(recompute: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(attention core, norm/activation/up-projection outputs, MLP intermediates) recomputed by
+    each row's selective mode (all False for none; full recompute is handled on its own)."""
+    rec = np.asarray(recompute)
+    return rec != REC_NONE, np.isin(rec, _NORM_CODES), np.isin(rec, _MLP_CODES)
+
 
 # What the caching allocator hands out (torch.cuda.max_memory_allocated); ``fragmentation`` is the
 # allocator's reserved memory above it; buffers and the reserve sit outside the allocator.
@@ -49,17 +60,7 @@ ALLOCATED_COMPONENTS = (
     "embeddings_logits",
     "zero3_buffers",
 )
-MEMORY_COMPONENTS = (
-    "weights",
-    "gradients",
-    "optimizer",
-    "activations",
-    "embeddings_logits",
-    "zero3_buffers",
-    "fragmentation",
-    "comm_buffers",
-    "framework_reserve",
-)
+MEMORY_COMPONENTS = (*ALLOCATED_COMPONENTS, "fragmentation", "comm_buffers", "framework_reserve")
 
 
 @dataclass(frozen=True)
@@ -213,9 +214,7 @@ def activation_bytes_per_layer(
     # Bytes per element of a saved GEMM input, relative to 16-bit (1 byte = 0.5).
     gi = np.where(low_precision, 0.5, 1.0) if low_precision is not None else np.ones_like(t)
     rec = np.asarray(recompute)
-    drop_core = rec != REC_NONE
-    drop_norm = (rec == REC_NORM_ACT) | (rec == REC_NORM_ACT_MLP)
-    drop_mlp = rec == REC_NORM_ACT_MLP
+    drop_core, drop_norm, drop_mlp = recompute_drops(rec)
     mult = 4.0 if model.gated_mlp else 2.0  # fc1 output(s) the activation's backward reads
     norm_in = sb * h * (4.0 + (2.0 if dropout else 0.0)) / sp_div
     # MoE layers: the pre-MLP norm output also feeds the 16-bit router GEMM.

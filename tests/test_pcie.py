@@ -78,19 +78,23 @@ def test_nvlink_node_is_unchanged() -> None:
     assert t == pytest.approx(2 * 7 / 8 * M / (300e9 * 0.78) + 2 * 3 * 3e-6)
 
 
+# Round coefficients for the by-hand slot checks (TP overlap 0.8 where the device allows it).
+_CO = Coefficients(
+    peak_flops={"bf16": 100e12},
+    gemm_eff={"bf16": 0.5},
+    gemm_half_dim=64.0,
+    attention_eff=0.4,
+    hbm_bw=1e12,
+    overlap_contention=0.5,
+    tp_overlap=0.8,
+    kernel_overhead_s=0.0,
+)
+
+
 def test_no_tp_comm_overlap_without_peer_memory() -> None:
     # Megatron/TE pipelines TP collectives through userbuffers only where GPUs map each other's
     # memory: on the PCIe node every TP byte is exposed.
-    co = Coefficients(
-        peak_flops={"bf16": 100e12},
-        gemm_eff={"bf16": 0.5},
-        gemm_half_dim=64.0,
-        attention_eff=0.4,
-        hbm_bw=1e12,
-        overlap_contention=0.5,
-        tp_overlap=0.8,
-        kernel_overhead_s=0.0,
-    )
+    co = _CO
     model = load_model("llama-3.1-8b")
     lay = LayoutTable.from_layouts([Layout(tp=8, micro_batch=1, sp=True)])
     out = {}
@@ -114,16 +118,7 @@ def test_no_tp_comm_overlap_without_peer_memory() -> None:
 def test_sp_regather_in_backward_is_exposed_beyond_the_dgrad_gemm() -> None:
     # Without userbuffers TE all-gathers the sharded input of QKV and fc1 again in backward, behind
     # their dgrad GEMMs: the extra exposed time is max(AG - dgrad, 0) for each.
-    co = Coefficients(
-        peak_flops={"bf16": 100e12},
-        gemm_eff={"bf16": 0.5},
-        gemm_half_dim=64.0,
-        attention_eff=0.4,
-        hbm_bw=1e12,
-        overlap_contention=0.5,
-        tp_overlap=0.8,
-        kernel_overhead_s=0.0,
-    )
+    co = _CO
     model = load_model("llama-3.1-8b")
     links = _links()
 

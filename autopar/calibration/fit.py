@@ -19,11 +19,9 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
-from autopar import collectives as C
-from autopar.coefficients import GLOBAL_DEFAULTS, Calibration, DeviceCoefficients, coefficients_for
-from autopar.engine import stage_param_counts
+from autopar.coefficients import GLOBAL_DEFAULTS, Calibration, DeviceCoefficients
+from autopar.engine import stage_param_counts, step_breakdown, time_model
 from autopar.job import TrainingJob
-from autopar.latency import step_time_breakdown
 from autopar.layout import LayoutTable
 
 # (name, lower, upper) per device; gemm_<precision> entries only where that precision was measured.
@@ -184,8 +182,8 @@ class FitRows:
 
     A residual needs only the step time (memory, energy and legality do not depend on the fitted
     coefficients), so this calls :func:`autopar.latency.step_time_breakdown` directly, with the
-    engine's own wiring (:func:`autopar.engine.evaluate`: ``coefficients_for``, ``Links.from_cluster``,
-    ``stage_param_counts``; ``tests/test_fit.py`` checks it against ``evaluate`` row by row). Rows
+    engine's own pieces (:func:`autopar.engine.time_model`, :func:`autopar.engine.step_breakdown`;
+    ``tests/test_fit.py`` checks it against ``evaluate`` row by row). Rows
     whose step-time inputs are equal (model, device, node size, sequence, LoRA, MoE options, stack:
     the device count and global batch enter only through the layout's dp and grad_accum columns)
     are stacked into one :class:`LayoutTable` and scored in one call; their parameter counts, which
@@ -237,20 +235,9 @@ class FitRows:
             job = g.job
             key = (job.device.id, job.devices_per_node)
             if key not in coeffs:
-                co, link_coeffs = coefficients_for(job.device, cal)
-                coeffs[key] = (co, C.Links.from_cluster(job.device, job.devices_per_node, link_coeffs))
+                coeffs[key] = time_model(job, cal)
             co, links = coeffs[key]
-            step = step_time_breakdown(
-                job.model,
-                g.table,
-                seq_len=job.seq_len,
-                links=links,
-                co=co,
-                param_counts=g.params,
-                frozen_weights=job.frozen_weights,
-                moe_options=job.moe_options,
-                profile=job.framework,
-            )["step_time"]
+            step = step_breakdown(job, g.table, co=co, links=links, params=g.params)["step_time"]
             tps = g.tokens / (step * g.num_devices)  # as engine.evaluate's tokens_per_s_per_device
             out[g.rows] = np.log(tps / g.measured)
         return out

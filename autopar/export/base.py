@@ -84,24 +84,32 @@ def recompute_modules(mode: str, job: Job, fmt: str) -> list[str]:
 
 
 def recompute_mode(modules: list[str], fmt: str) -> str:
-    """The autopar recompute mode of a Megatron ``recompute_modules`` list (inverse of the above)."""
+    """The autopar recompute mode of a Megatron ``recompute_modules`` list (inverse of the above).
+
+    The generic modules decide the mode (``layernorm`` for norm_act, ``mlp``/``shared_experts``
+    for norm_act_mlp); the model-specific ones may be absent (a model without MoE or MLA), but
+    nothing outside the mode's set may be present.
+    """
     from autopar.layout import RECOMPUTE_MODULES
 
     got = set(modules)
-    for mode in ("selective", "norm_act", "norm_act_mlp"):
-        full = set(RECOMPUTE_MODULES[mode])
-        # A model without MoE/MLA/dense layers leaves those modules out: the generic ones decide.
-        if got <= full and got >= {"core_attn", *(["layernorm"] if mode != "selective" else [])}:
-            if mode == "norm_act" and got & {"mlp", "shared_experts"}:
-                continue
-            if mode == "norm_act_mlp" and not got & {"mlp", "shared_experts"}:
-                continue
-            return mode
-    raise unsupported(
-        f"recompute modules {sorted(got)}",
-        "autopar (reading " + fmt + ")",
-        "autopar models core_attn; + layernorm, moe_act, mla_up_proj; + mlp, shared_experts",
-    )
+    if got & {"mlp", "shared_experts"}:
+        mode = "norm_act_mlp"
+    elif "layernorm" in got:
+        mode = "norm_act"
+    else:
+        mode = "selective"
+    if (
+        "core_attn" not in got
+        or not got <= set(RECOMPUTE_MODULES[mode])
+        or (mode != "selective" and "layernorm" not in got)
+    ):
+        raise unsupported(
+            f"recompute modules {sorted(got)}",
+            "autopar (reading " + fmt + ")",
+            "autopar models core_attn; + layernorm, moe_act, mla_up_proj; + mlp, shared_experts",
+        )
+    return mode
 
 
 def refuse_module_recompute(layout: Any, fmt: str) -> None:
