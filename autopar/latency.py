@@ -23,7 +23,7 @@ from autopar import moe
 from autopar import precision as P
 from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, LayoutTable
-from autopar.memory import REC_FULL, recompute_drops, stage_shape
+from autopar.memory import LOW_PRECISION_CODES, REC_FULL, recompute_drops, stage_shape
 
 ACT_BYTES = 2.0
 # Attention kernel speed without a causal mask over with one (the off-diagonal steps of ring CP):
@@ -148,7 +148,7 @@ def stage_slot(
             quant_bpe[sel] = P.QUANT_BYTES_PER_ELEMENT.get(name, 0.0)
     bf16_peak = co.peak("bf16")
     is_fp8 = prec_code == PRECISION_CODES.index("fp8")
-    is_low = np.isin(prec_code, [PRECISION_CODES.index(p) for p in P.LOW_PRECISION])
+    is_low = np.isin(prec_code, LOW_PRECISION_CODES)
     # Bytes per activation/gradient element: 16-bit, except fp32 training, whose activations,
     # gradients and communication are fp32 and whose attention runs at the fp32 rate.
     is_fp32 = prec_code == PRECISION_CODES.index("fp32")

@@ -18,7 +18,7 @@ import numpy as np
 from autopar import precision as P
 from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, RECOMPUTE_MODULES, LayoutTable
-from autopar.moe import routed_activation_elems
+from autopar.moe import routed_activation_parts
 
 GIB = float(1 << 30)
 # Per process-group communication buffers (NCCL channels, ~0.35-0.4 GB per group: AIConfigurator,
@@ -36,6 +36,8 @@ LOGIT_BYTES = 6.0
 FP32_WEIGHT_BYTES, FP32_GRAD_BYTES, FP32_OPTIM_BYTES, FP32_LOGIT_BYTES = 4.0, 4.0, 8.0, 8.0
 
 REC_NONE, REC_FULL = RECOMPUTE_CODES.index("none"), RECOMPUTE_CODES.index("full")
+# Precision codes whose GEMMs run through TE's 8-/4-bit recipes (autopar.precision.LOW_PRECISION).
+LOW_PRECISION_CODES = [PRECISION_CODES.index(p) for p in P.LOW_PRECISION]
 # Codes of the selective modes whose Megatron module set recomputes each group of tensors
 # (autopar.layout.RECOMPUTE_MODULES): "layernorm" comes with moe_act and mla_up_proj, "mlp" with
 # shared_experts; core_attn is in every one of them.
@@ -239,7 +241,7 @@ def activation_bytes_per_layer(
     if moe:
         # Routed copies arrive balanced: T/sp * k * etp rows per rank after the ETP all-gather.
         e_tp = t if etp is None else np.asarray(etp, dtype=np.float64)
-        rows, fc1_in, fc1_out, act_out = routed_activation_elems(model, sb, sp_div, e_tp, parts=True)
+        rows, fc1_in, fc1_out, act_out = routed_activation_parts(model, sb, sp_div, e_tp)
         routed = 2.0 * (rows * fc1_in * gi + rows * fc1_out + np.where(drop_norm, 0.0, rows * act_out * gi))
         shared = np.where(drop_mlp, 0.0, mlp_terms(model.shared_expert_ffn))
         mlp = routed + shared
@@ -350,7 +352,7 @@ def stage_memory(
         flash_attention=profile.flash_attention,
         dropout=dropout,
         etp=lay["etp"],
-        low_precision=np.isin(lay["precision"], [PRECISION_CODES.index(p) for p in P.LOW_PRECISION]),
+        low_precision=np.isin(lay["precision"], LOW_PRECISION_CODES),
     )
     act_dense = activation_bytes_per_layer(model, moe=False, **common) * act_scale
     act_moe = (

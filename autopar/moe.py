@@ -28,7 +28,7 @@ work evenly whatever ``ep`` and ``etp`` are.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -121,22 +121,18 @@ def router_bytes(model, T, sp_div) -> np.ndarray:
     return routed_tokens(T, sp_div) * model.num_experts * 4.0 * 3.0  # write, read for top-k, read for loss
 
 
-def routed_activation_elems(model, sb_local, sp_div, etp, parts: bool = False) -> Any:
-    """Activation elements the routed experts keep for backward per rank (16-bit each).
+def routed_activation_parts(model, sb_local, sp_div, etp) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
+    """What the routed experts keep for backward per rank: (rows, fc1 input, fc1 output, fc2
+    input) elements per row.
 
     Per rank the grouped GEMMs see ``T_r * k * etp`` rows: the fc1 input (``h``, saved after the
     ETP all-gather), the fc1 output (``2F`` gated / ``F``) and the fc2 input (``F``), both sharded
-    by etp (Korthikanti et al. 2022's MLP terms applied to the routed copies). ``parts``: return
-    (rows, fc1 input, fc1 output, fc2 input) elements per row instead of the total.
+    by etp (Korthikanti et al. 2022's MLP terms applied to the routed copies).
     """
     etp = np.asarray(etp, dtype=np.float64)
     rows = expert_rows_per_rank(model, sb_local, sp_div, etp)
     f_e = float(model.moe_ffn_hidden)
-    fc1_out = (2.0 if model.gated_mlp else 1.0) * f_e / etp
-    act_out = f_e / etp
-    if parts:
-        return rows, float(model.hidden), fc1_out, act_out
-    return rows * (float(model.hidden) + fc1_out + act_out)
+    return rows, float(model.hidden), (2.0 if model.gated_mlp else 1.0) * f_e / etp, f_e / etp
 
 
 def paired_fraction(pp, grad_accum) -> np.ndarray:

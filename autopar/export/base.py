@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autopar.errors import AutoparError
 from autopar.job import Framework, GlobalBatch, ModelRef, NumDevices, SeqLen, job_error
 from autopar.job import Job as CoreJob
-from autopar.layout import COLUMNS, Layout
+from autopar.layout import COLUMNS, RECOMPUTE_MODULES, Layout
+from autopar.model import load_model
 
 HEADER_TAG = "autopar-export"
 HEADER_VERSION = 1
@@ -53,8 +54,6 @@ _MODULE_NEEDS: dict[str, str] = {
 
 def model_features(model_ref: Any) -> tuple[ModelFeature, ...]:
     """The :data:`ModelFeature` s of a model (preset id, config path or loaded spec)."""
-    from autopar.model import load_model
-
     m = load_model(model_ref)
     out: list[ModelFeature] = []
     if m.is_moe:
@@ -70,9 +69,6 @@ def model_features(model_ref: Any) -> tuple[ModelFeature, ...]:
 
 def recompute_modules(mode: str, job: Job, fmt: str) -> list[str]:
     """Megatron-Core ``recompute_modules`` of a selective ``mode`` that apply to ``job``'s model."""
-    from autopar.errors import AutoparError
-    from autopar.layout import RECOMPUTE_MODULES
-
     try:
         features = model_features(job.model)
     except AutoparError as e:
@@ -90,8 +86,6 @@ def recompute_mode(modules: list[str], fmt: str) -> str:
     for norm_act_mlp); the model-specific ones may be absent (a model without MoE or MLA), but
     nothing outside the mode's set may be present.
     """
-    from autopar.layout import RECOMPUTE_MODULES
-
     got = set(modules)
     if got & {"mlp", "shared_experts"}:
         mode = "norm_act_mlp"
