@@ -238,6 +238,7 @@ def evaluate_tail(
         bwd=bwd_s,
         recompute=recompute_s,
         frozen_weights=job.frozen_weights,
+        profile=job.framework,
     )
     return {
         "time_pp_comm": pipeline_p2p(job.model, lay, seq_len=job.seq_len, links=links),

@@ -94,6 +94,14 @@ Time settings (sources):
   neighbouring GEMMs (``--tp-comm-overlap``, userbuffers), the calibrated ``tp_overlap`` fraction
   is hidden; Megatron-DeepSpeed's ``RowParallelLinear`` all-reduces synchronously after the GEMM
   (no overlap), and torchtitan's async TP is opt-in (``enable_async_tensor_parallel``), FSDP has no TP.
+* ZeRO-3 fetch rate. PyTorch FSDP and Megatron-FSDP gather a whole layer's flat buffer with one
+  collective on its own stream: wire-bound (``zero3_fetch_gbps`` None). DeepSpeed's ZeRO-3 of the
+  2021 runs gathered each sub-module's partitions with a device synchronization and Python-side
+  copies per all_gather: 24 GB/s of parameter bytes per GPU inside one NVLink node (DeepSpeed
+  issue #1174, v0.3.16 on 8x A100: a 5.1 B-parameter forward took 480 ms against 60 ms of compute),
+  paid on top of the wire for both gathers and the gradient reduce-scatter. It is a measured rate,
+  not a fitted one: it is what makes Narayanan et al.'s ZeRO-3 rows (Table 2, 384-2,240 A100s)
+  comm-bound at a step time that does not shrink with more GPUs.
 """
 
 from __future__ import annotations
@@ -139,6 +147,13 @@ class FrameworkProfile(BaseModel):
     )
     launch_latency_us: float = Field(ge=0, description="host time per kernel launch (eager PyTorch)")
     tp_comm_overlap: bool = Field(description="TP collectives pipelined with the GEMMs (TE comm overlap)")
+    zero3_fetch_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="software-bound rate of the stack's ZeRO-3 parameter gathers and gradient "
+        "reductions, GB of parameter bytes per second per device, paid on top of the wire time "
+        "(None: the collectives run at the links' rate)",
+    )
 
     @property
     def flash_attention(self) -> bool:
@@ -180,6 +195,12 @@ TORCHTITAN = FrameworkProfile(name="torchtitan", reported_basis="reserved", kern
 FSDP = FrameworkProfile(
     name="fsdp", reported_basis="allocated", kernels_per_layer=39, **_FSDP
 )  # Composer/accelerate memory monitors
+# DeepSpeed 0.3.x (2021) ZeRO-3 fetch rate: 5.1 B fp16 parameters (10.2 GB) gathered in a forward of
+# 480 ms against 60 ms of compute under ZeRO-2 on one 8x A100 NVLink node, i.e. 24 GB/s although
+# NVLink moves ~230 GB/s per GPU; backward 900 ms (gathers + gradient reduce-scatter of the same
+# bytes). Cause: every all_gather synchronized the device and copied the gathered partitions on
+# the Python side (deepspeedai/DeepSpeed issue #1174 and PR #1188, June 2021, which later halved it).
+_DEEPSPEED_ZERO3_FETCH_GBPS = 24.0
 _DEEPSPEED = dict(
     weight_bytes=2.0,
     weight_shard_stage=3,
@@ -192,6 +213,7 @@ _DEEPSPEED = dict(
     kernels_per_layer=57,
     launch_latency_us=_EAGER_LAUNCH_US,
     tp_comm_overlap=False,
+    zero3_fetch_gbps=_DEEPSPEED_ZERO3_FETCH_GBPS,
     **_ALLOCATOR,
 )
 DEEPSPEED = FrameworkProfile(name="deepspeed", **_DEEPSPEED)

@@ -522,6 +522,7 @@ def data_parallel_tail(
     bwd: np.ndarray,
     recompute: np.ndarray,
     frozen_weights: bool = False,
+    profile: FrameworkProfile = MEGATRON,
 ) -> dict[str, np.ndarray]:
     """Data-parallel/ZeRO communication and the optimizer step of one step, per row.
 
@@ -558,14 +559,20 @@ def data_parallel_tail(
         ag = C.all_gather(links, params * elem, group_size, stride_dp)
         ar_rep = C.all_reduce(links, params / group_size * gbytes, rep, stride_dp * group_size)
         # per step: (per-micro-batch part, once-per-step part)
-        per_mb = np.select([zero >= 3, zero == 2], [2.0 * ag + rs + ar_rep, rs + ar_rep], default=0.0)
+        # A stack whose ZeRO-3 fetch path is software-bound (profile.zero3_fetch_gbps) pays the
+        # parameter bytes at that rate on top of the wire, for each gather and the reduce-scatter.
+        fetch = 0.0
+        if profile.zero3_fetch_gbps is not None:
+            fetch = np.where(group_size > 1, params * elem / (profile.zero3_fetch_gbps * 1e9), 0.0)
+        z3_ag, z3_rs = ag + fetch, rs + fetch
+        per_mb = np.select([zero >= 3, zero == 2], [2.0 * z3_ag + z3_rs + ar_rep, rs + ar_rep], default=0.0)
         per_step = np.select(
             [zero >= 3, zero == 2, zero == 1],
             [0.0, ag, rs + ar_rep + ag],
             default=C.all_reduce(links, params * gbytes, group_size * rep, stride_dp),
         )
         if frozen_weights:  # only ZeRO-3's parameter gathers remain
-            per_mb = np.where(zero >= 3, 2.0 * ag, 0.0)
+            per_mb = np.where(zero >= 3, 2.0 * z3_ag, 0.0)
             per_step = np.zeros_like(per_step)
         return per_mb, per_step
 
@@ -683,6 +690,7 @@ def step_time_breakdown(
         bwd=sl["bwd"],
         recompute=sl["recompute"],
         frozen_weights=frozen_weights,
+        profile=profile,
     )
 
     out = {k: m * sl[k] for k in SLOT_PARTS}

@@ -245,3 +245,56 @@ def test_ring_cp_step_by_hand() -> None:
         profile=MEGATRON,
     )
     assert other["slot"][0] == sl["slot"][0]
+
+
+def test_deepspeed_zero3_fetch_rate_adds_its_software_time_by_hand() -> None:
+    """DeepSpeed's ZeRO-3 gathers (forward, backward) and gradient reduce-scatter each pay the
+    parameter bytes at 24 GB/s on top of the wire; a wire-bound stack pays the wire alone."""
+    from autopar.latency import data_parallel_tail
+
+    model = _model(1024, 4, 16)
+    links = _links()
+    lay = LayoutTable.from_layouts([Layout(dp=64, zero=3, micro_batch=1)])
+    P = np.array([1e9])
+    zero = np.zeros(1)
+    big = np.array([1e6])  # a compute window far longer than any collective: nothing exposed
+
+    def tail(profile, window):
+        co = replace(CO, overlap_contention=1.0)  # hidden communication costs its full time
+        return data_parallel_tail(
+            model,
+            lay,
+            links=links,
+            co=co,
+            nonexpert_params=P,
+            expert_params=zero,
+            fwd=window,
+            bwd=window,
+            recompute=zero,
+            profile=profile,
+        )
+
+    ds, mg = tail(DEEPSPEED, big), tail(MEGATRON, big)
+    assert DEEPSPEED.zero3_fetch_gbps == 24.0 and MEGATRON.zero3_fetch_gbps is None
+    # fp16/bf16 parameters: 2 B each; 2 gathers + 1 reduce-scatter per micro-batch, one micro-batch.
+    sw = 3 * 1e9 * 2 / 24e9
+    assert ds["dp_per_mb"][0] - mg["dp_per_mb"][0] == pytest.approx(sw, rel=1e-12)
+    assert ds["dp_comm"][0] - mg["dp_comm"][0] == pytest.approx(sw, rel=1e-12)
+    # ZeRO-1 keeps the stack's wire-bound once-per-step collectives.
+    lay1 = LayoutTable.from_layouts([Layout(dp=64, zero=1, micro_batch=1)])
+    t1 = [
+        data_parallel_tail(
+            model,
+            lay1,
+            links=links,
+            co=CO,
+            nonexpert_params=P,
+            expert_params=zero,
+            fwd=big,
+            bwd=big,
+            recompute=zero,
+            profile=p,
+        )["dp_per_step"][0]
+        for p in (DEEPSPEED, MEGATRON)
+    ]
+    assert t1[0] == t1[1]
