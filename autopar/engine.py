@@ -23,13 +23,20 @@ from autopar.latency import (
 )
 from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.legality import Context, legality_mask
-from autopar.memory import MEMORY_COMPONENTS, memory_breakdown, stage_memory, stage_params, stage_params_at
+from autopar.memory import (
+    MEMORY_COMPONENTS,
+    head_stage,
+    memory_breakdown,
+    stage_memory,
+    stage_params,
+    stage_params_at,
+)
 from autopar.precision import PEAK_KEY
 
 
-def stage_param_counts(model, lay: LayoutTable) -> dict[str, np.ndarray]:
+def stage_param_counts(model, lay: LayoutTable, schedule: str = "1f1b") -> dict[str, np.ndarray]:
     """Non-expert and routed-expert parameters per rank on the heaviest pipeline stage."""
-    sp = stage_params(model, lay)
+    sp = stage_params(model, lay, schedule)
     return {
         "nonexpert": np.maximum(np.maximum(sp["first_nonexp"], sp["last_nonexp"]), sp["mid_nonexp"]),
         "expert": np.maximum(np.maximum(sp["first_exp"], sp["last_exp"]), sp["mid_exp"]),
@@ -63,10 +70,11 @@ def step_breakdown(
         seq_len=job.seq_len,
         links=links,
         co=co,
-        param_counts=stage_param_counts(job.model, lay) if params is None else params,
+        param_counts=stage_param_counts(job.model, lay, job.pipeline_schedule) if params is None else params,
         frozen_weights=job.frozen_weights,
         moe_options=job.moe_options,
         profile=job.framework,
+        schedule=job.pipeline_schedule,
     )
 
 
@@ -100,6 +108,7 @@ def evaluate(
         fragmentation=mc["fragmentation"],
         frozen_weights=job.frozen_weights,
         profile=job.framework,
+        schedule=job.pipeline_schedule,
     )
     capacity = dev.memory_gb * 1e9
     limit = memory_limit_bytes(job)
@@ -160,11 +169,12 @@ def evaluate_stages(
 
     Each row of ``lay`` is one stage of a layout (its own recompute mode): stage index ``stage``,
     ``n_dense`` dense and ``n_moe`` MoE layers; stage 0 holds the embedding, stage pp-1 the LM head
-    and logits, and the activations in flight follow the 1F1B schedule. The same memory and time
+    and logits (rank 0 under a V-shaped schedule), and the activations in flight follow the job's
+    pipeline schedule. The same memory and time
     terms as :func:`evaluate` (:func:`autopar.memory.stage_memory`, :func:`autopar.latency.stage_slot`),
     which applies them to the first and the last stage of a uniform pipeline. Returns ``mem_*``
     components and ``memory_bytes``; ``slot_s`` and its ``time_*`` parts per micro-batch; ``fwd_s``,
-    ``bwd_s``, ``recompute_s`` (overlap windows); ``params_nonexpert``/``params_expert`` per rank.
+    ``bwd_s``, ``recompute_s`` (overlap windows), ``wgrad_s`` (weight-gradient GEMMs); ``params_nonexpert``/``params_expert`` per rank.
     """
     model = job.model
     cal = calibration or load_calibration()
@@ -182,6 +192,7 @@ def evaluate_stages(
         fragmentation=mc["fragmentation"],
         frozen_weights=job.frozen_weights,
         profile=job.framework,
+        schedule=job.pipeline_schedule,
     )
     sl = stage_slot(
         model,
@@ -191,12 +202,12 @@ def evaluate_stages(
         co=co,
         n_dense=n_dense,
         n_moe=n_moe,
-        head=stage == lay["pp"] - 1,
+        head=stage == head_stage(lay, job.pipeline_schedule),
         frozen_weights=job.frozen_weights,
         moe_options=job.moe_options,
         profile=job.framework,
     )
-    nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe)
+    nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe, job.pipeline_schedule)
     out: dict[str, np.ndarray] = {f"mem_{k}": mem[k] for k in MEMORY_COMPONENTS}
     out["memory_bytes"] = mem["total"]
     out["memory_allocated_bytes"] = mem["allocated"]
@@ -204,7 +215,7 @@ def evaluate_stages(
     out["slot_s"] = sum((sl[k] for k in SLOT_PARTS), np.zeros(len(lay)))
     for k in SLOT_PARTS:
         out[f"time_{k}"] = sl[k]
-    out.update(fwd_s=sl["fwd"], bwd_s=sl["bwd"], recompute_s=sl["recompute"])
+    out.update(fwd_s=sl["fwd"], bwd_s=sl["bwd"], recompute_s=sl["recompute"], wgrad_s=sl["wgrad"])
     out.update(params_nonexpert=nonexp, params_expert=exp)
     return out
 

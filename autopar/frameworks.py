@@ -147,6 +147,9 @@ class FrameworkProfile(BaseModel):
     )
     launch_latency_us: float = Field(ge=0, description="host time per kernel launch (eager PyTorch)")
     tp_comm_overlap: bool = Field(description="TP collectives pipelined with the GEMMs (TE comm overlap)")
+    pipeline_schedules: tuple[str, ...] = Field(
+        ("1f1b",), description="pipeline schedules the stack runs (autopar.schedules)"
+    )
     zero3_fetch_gbps: float | None = Field(
         default=None,
         gt=0,
@@ -191,7 +194,14 @@ _FSDP = dict(
     **_ALLOCATOR,
 )
 # torchtitan/components/metrics.py logs memory/max_reserved(GiB).
-TORCHTITAN = FrameworkProfile(name="torchtitan", reported_basis="reserved", kernels_per_layer=99, **_FSDP)
+# torchtitan's parallelism.pipeline_parallel_schedule takes torch.distributed.pipelining's schedules.
+TORCHTITAN = FrameworkProfile(
+    name="torchtitan",
+    reported_basis="reserved",
+    kernels_per_layer=99,
+    pipeline_schedules=("1f1b", "zb", "zbv", "dualpipev"),
+    **_FSDP,
+)
 FSDP = FrameworkProfile(
     name="fsdp", reported_basis="allocated", kernels_per_layer=39, **_FSDP
 )  # Composer/accelerate memory monitors

@@ -22,6 +22,7 @@ from autopar.frameworks import DEFAULT_MEMORY_HEADROOM, FrameworkProfile, framew
 from autopar.hardware import DeviceProfile, load_cluster
 from autopar.model import ModelSpec, load_model
 from autopar.moe import A2A_OVERLAP_DESCRIPTION, DISPATCHER_DESCRIPTION, Dispatcher, MoEOptions
+from autopar.schedules import PIPELINE_SCHEDULE_DESCRIPTION, PipelineSchedule
 
 SCHEMA_VERSION = 1
 
@@ -102,6 +103,7 @@ class TrainingWorkload(_Frozen):
     )
     moe_dispatcher: Dispatcher = Field("alltoall", description=DISPATCHER_DESCRIPTION)
     moe_a2a_overlap: bool = Field(False, description=A2A_OVERLAP_DESCRIPTION)
+    pipeline_schedule: PipelineSchedule = Field("1f1b", description=PIPELINE_SCHEDULE_DESCRIPTION)
 
     @property
     def tokens_per_step(self) -> int:
@@ -199,6 +201,20 @@ class Job(_Frozen):
         DEFAULT_MEMORY_HEADROOM, ge=0, lt=1, description=MEMORY_HEADROOM_DESCRIPTION
     )
     calibration: str | None = Field(None, description="calibration YAML (None: the shipped one)")
+
+    @model_validator(mode="after")
+    def _check_schedule(self) -> Job:
+        w = self.workload
+        if (
+            isinstance(w, TrainingWorkload)
+            and w.pipeline_schedule not in self.framework_profile.pipeline_schedules
+        ):
+            runs = ", ".join(self.framework_profile.pipeline_schedules)
+            raise ValueError(
+                f"framework {self.framework} runs the {runs} pipeline schedule(s), not "
+                f"{w.pipeline_schedule}; use --framework torchtitan for {w.pipeline_schedule}"
+            )
+        return self
 
     # ---------------------------------------------------------------- flat keywords <-> the model
     @classmethod
@@ -332,6 +348,11 @@ class TrainingJob:
         """How the MoE layers run: the token dispatcher and the EP all-to-all overlap."""
         w = self.job.training
         return MoEOptions(dispatcher=w.moe_dispatcher, a2a_overlap=w.moe_a2a_overlap)
+
+    @property
+    def pipeline_schedule(self) -> str:
+        """The pipeline schedule (autopar.schedules): 1f1b, zb, zbv or dualpipev."""
+        return self.job.training.pipeline_schedule
 
     @property
     def tokens_per_step(self) -> int:

@@ -24,6 +24,7 @@ from autopar import precision as P
 from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.memory import LOW_PRECISION_CODES, REC_FULL, recompute_drops, stage_shape
+from autopar.schedules import V_SHAPED, bubble_terms
 
 ACT_BYTES = 2.0
 # Attention kernel speed without a causal mask over with one (the off-diagonal steps of ring CP):
@@ -461,6 +462,7 @@ def stage_slot(
         head_slot=head_slot,
         fwd=fwd,
         bwd=bwd,
+        wgrad=wgrad * gemm_f,  # the weight-gradient GEMMs (zero-bubble schedules defer them)
         n_layers=n_layers,
         tp_raw=tp_raw,
         tp_exposed=tp_raw * (1.0 - tp_ov),
@@ -472,21 +474,29 @@ def stage_slot(
 
 
 def pipeline_schedule(
-    m: np.ndarray, v: np.ndarray, slot_max: np.ndarray, slot_sum: np.ndarray
+    m: np.ndarray,
+    v: np.ndarray,
+    slot_max: np.ndarray,
+    slot_sum: np.ndarray,
+    bubble_pace: np.ndarray | None = None,
+    bubble_sum: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(steady state, bubble) seconds of a synchronous (interleaved) 1F1B step from per-stage slots.
+    """(steady state, bubble) seconds of a synchronous pipelined step from per-stage slots.
 
     ``slot_max``/``slot_sum``: the slowest stage's and the sum of all stages' time for one
     micro-batch (all v chunks). The slowest stage paces the m micro-batches; fill and drain pass
     once through every other stage, one 1/v chunk at a time: bubble = (sum - max) / v. For p equal
     stages of time t this is (p-1)·t/v, Narayanan et al. 2021's (p-1)/(v·m) of the m·t steady state;
-    for v = 1 the step (m-1)·max + sum is DAPPLE's (Fan et al. 2021, PPoPP). The one schedule of the
-    uniform engine (:func:`step_time_breakdown`) and of the uneven-split scorer
-    (``autopar.search.uneven``).
+    for v = 1 the step (m-1)·max + sum is DAPPLE's (Fan et al. 2021, PPoPP). Other schedules pass
+    their :func:`bubble_terms` (``bubble_pace`` of the pacing stage, ``bubble_sum`` over stages)
+    in place of the slots in the bubble. The one schedule of the uniform engine
+    (:func:`step_time_breakdown`) and of the uneven-split scorer (``autopar.search.uneven``).
     """
     m = np.asarray(m, dtype=np.float64)
     v = np.asarray(v, dtype=np.float64)
-    return m * slot_max, (slot_sum - slot_max) / v
+    if bubble_pace is None or bubble_sum is None:
+        bubble_pace, bubble_sum = slot_max, slot_sum
+    return m * slot_max, np.maximum(bubble_sum - bubble_pace, 0.0) / v
 
 
 def pipeline_p2p(model, lay: LayoutTable, *, seq_len: int, links: C.Links) -> np.ndarray:
@@ -619,6 +629,7 @@ def step_time_breakdown(
     frozen_weights: bool = False,
     moe_options: moe.MoEOptions | None = None,
     profile: FrameworkProfile = MEGATRON,
+    schedule: str = "1f1b",
 ) -> dict[str, np.ndarray]:
     """Seconds per optimizer step by component, plus ``step_time`` and communication totals.
 
@@ -652,18 +663,30 @@ def step_time_breakdown(
 
     # The first, one middle (all middle stages hold the same layers) and the last stage; with
     # pp = 1 the first stage is the last and runs the LM head.
-    first = slot(st.first_dense, st.first_moe, pp == 1)
-    last = slot(st.last_dense, st.last_moe, np.ones(n, dtype=bool))
+    # V-shaped schedules (ZB-V, DualPipeV) place the first and the last model chunk on rank 0,
+    # so the LM head runs there.
+    v_shape = schedule in V_SHAPED
+    first = slot(st.first_dense, st.first_moe, (pp == 1) | v_shape)
+    last = slot(st.last_dense, st.last_moe, np.full(n, not v_shape))
     mid = slot(st.mid_dense, st.mid_moe, np.zeros(n, dtype=bool))
     s_first = np.where(pp == 1, 0.0, first["slot"])
     s_mid = np.where(st.has_mid, mid["slot"], 0.0)
     s_last = last["slot"]
     slot_max = np.maximum(np.maximum(s_first, s_last), s_mid)
     slot_sum = s_first + s_last + np.maximum(pp - 2.0, 0.0) * s_mid
-    steady, bubble = pipeline_schedule(m, vpp, slot_max, slot_sum)
     # The pacing stage's parts (the last stage on ties: it runs the LM head).
     pace_first = (s_first > s_last) & (s_first >= s_mid)
     pace_mid = ~pace_first & (s_mid > s_last)
+
+    def q(stage):  # the stage's share of the fill-and-drain under the schedule
+        return bubble_terms(schedule, stage["slot"], stage["fwd"], stage["wgrad"])
+
+    q_first = np.where(pp == 1, 0.0, q(first))
+    q_mid = np.where(st.has_mid, q(mid), 0.0)
+    q_last = q(last)
+    q_sum = q_first + q_last + np.maximum(pp - 2.0, 0.0) * q_mid
+    q_pace = np.where(pace_first, q_first, np.where(pace_mid, q_mid, q_last))
+    steady, bubble = pipeline_schedule(m, vpp, slot_max, slot_sum, q_pace, q_sum)
     sl = {
         k: np.where(pace_first, first[k], np.where(pace_mid, mid[k], last[k]))
         for k in (

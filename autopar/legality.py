@@ -13,6 +13,7 @@ import numpy as np
 
 from autopar.layout import PRECISION_CODES, LayoutTable, ParallelDims, Reason
 from autopar.precision import REQUIRES
+from autopar.schedules import schedule_problem
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,20 @@ class Context:
     # The device's tensor-core precisions (``DeviceProfile.peak_tflops`` keys) and its name.
     device_peaks: tuple[str, ...] = ("bf16", "fp16", "fp32", "fp8", "fp4")
     device: str = "the device"
+    pipeline_schedule: str = "1f1b"
 
     @classmethod
     def for_job(cls, job) -> Context:
         """The context of a :class:`autopar.job.TrainingJob`."""
         dev = job.device
-        return cls(job.num_devices, job.seq_len, job.global_batch, tuple(sorted(dev.peak_tflops)), dev.id)
+        return cls(
+            job.num_devices,
+            job.seq_len,
+            job.global_batch,
+            tuple(sorted(dev.peak_tflops)),
+            dev.id,
+            job.pipeline_schedule,
+        )
 
 
 def unsupported_precisions(peaks) -> list[str]:
@@ -88,6 +97,25 @@ def stage_split_problems(model, L) -> tuple[np.ndarray, np.ndarray]:
     )
     bad_vpp = (vpp > 1) & np.where(declared, ~(divisible | account_for), layers % (pp * v) != 0)
     return bad_split, bad_vpp
+
+
+def _schedule_unfit(m, L, c: Context) -> np.ndarray:
+    """Layouts the job's pipeline schedule cannot run (``autopar.schedules.schedule_problem``)."""
+    sched = c.pipeline_schedule
+    pp, vpp, ga = L["pp"], L["vpp"], L["grad_accum"]
+    if sched == "1f1b":
+        return np.zeros(len(pp), dtype=bool)
+    bad = (vpp < 2) if sched == "zb" else (vpp != 2)  # V-shaped zbv, dualpipev: exactly 2
+    if sched == "dualpipev":
+        bad = bad | (ga < 2 * pp)
+    return (pp > 1) & bad  # pp = 1: no pipeline, the schedule does not apply
+
+
+def _schedule_reason(lay, c: Context, i: int) -> str:
+    why = schedule_problem(
+        c.pipeline_schedule, int(lay["pp"][i]), int(lay["vpp"][i]), int(lay["grad_accum"][i])
+    )
+    return why or f"pipeline schedule {c.pipeline_schedule} cannot run this layout"
 
 
 def _rules() -> list[Rule]:
@@ -217,6 +245,13 @@ def _rules() -> list[Rule]:
             _precision_unsupported,
             ("precision",),
             _precision_reason,
+        ),
+        Rule(
+            "pipeline_schedule",
+            "the job's pipeline schedule cannot run this pipeline (pp, vpp, grad_accum)",
+            _schedule_unfit,
+            ("pp", "vpp", "grad_accum"),
+            _schedule_reason,
         ),
     ]
 

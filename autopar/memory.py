@@ -19,6 +19,7 @@ from autopar import precision as P
 from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, RECOMPUTE_MODULES, LayoutTable
 from autopar.moe import routed_activation_parts
+from autopar.schedules import V_SHAPED, inflight_chunks
 
 GIB = float(1 << 30)
 # Per process-group communication buffers (NCCL channels, ~0.35-0.4 GB per group: AIConfigurator,
@@ -128,14 +129,24 @@ def layer_params_per_rank(model, lay: LayoutTable) -> tuple[np.ndarray, np.ndarr
     return dense, moe_shared, np.broadcast_to(experts, tp.shape).astype(np.float64)
 
 
+def head_stage(lay: LayoutTable, schedule: str = "1f1b") -> np.ndarray:
+    """The pipeline rank that holds the LM head: the last, or rank 0 under a V-shaped schedule."""
+    return lay["pp"] * 0 if schedule in V_SHAPED else lay["pp"] - 1
+
+
 def stage_params_at(
-    model, lay: LayoutTable, stage: np.ndarray, n_dense: np.ndarray, n_moe: np.ndarray
+    model,
+    lay: LayoutTable,
+    stage: np.ndarray,
+    n_dense: np.ndarray,
+    n_moe: np.ndarray,
+    schedule: str = "1f1b",
 ) -> tuple[np.ndarray, np.ndarray]:
     """(non-expert, routed-expert) parameters per rank of pipeline stage ``stage`` (one row per stage).
 
     The stage holds ``n_dense`` dense and ``n_moe`` MoE layers; stage 0 adds the input embedding,
-    stage pp-1 the final norm and the LM head (its own copy of a tied matrix when pp > 1); with
-    pp = 1 both are the same stage and hold both.
+    stage pp-1 the final norm and the LM head (its own copy of a tied matrix when pp > 1; rank 0
+    under a V-shaped ``schedule``); with pp = 1 both are the same stage and hold both.
     """
     dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
     tp = lay["tp"].astype(np.float64)
@@ -148,18 +159,19 @@ def stage_params_at(
         n_dense * dense_p
         + n_moe * moe_p
         + np.where(stage == 0, embed, 0.0)
-        + np.where(stage == pp - 1, head, 0.0)
+        + np.where(stage == head_stage(lay, schedule), head, 0.0)
     )
     return nonexp, n_moe * expert_p
 
 
-def stage_params(model, lay: LayoutTable) -> dict[str, np.ndarray]:
+def stage_params(model, lay: LayoutTable, schedule: str = "1f1b") -> dict[str, np.ndarray]:
     """Parameters per rank on the first, a middle (the most loaded) and the last pipeline stage,
     non-expert and routed-expert (the middle ones are 0 where pp < 3)."""
     st = stage_shape(model, lay)
-    first_nonexp, first_exp = stage_params_at(model, lay, lay["pp"] * 0, st.first_dense, st.first_moe)
-    last_nonexp, last_exp = stage_params_at(model, lay, lay["pp"] - 1, st.last_dense, st.last_moe)
-    mid_nonexp, mid_exp = stage_params_at(model, lay, lay["pp"] * 0 + 1, st.mid_dense, st.mid_moe)
+    at = {"schedule": schedule}
+    first_nonexp, first_exp = stage_params_at(model, lay, lay["pp"] * 0, st.first_dense, st.first_moe, **at)
+    last_nonexp, last_exp = stage_params_at(model, lay, lay["pp"] - 1, st.last_dense, st.last_moe, **at)
+    mid_nonexp, mid_exp = stage_params_at(model, lay, lay["pp"] * 0 + 1, st.mid_dense, st.mid_moe, **at)
     return {
         "first_nonexp": first_nonexp,
         "last_nonexp": last_nonexp,
@@ -252,11 +264,13 @@ def activation_bytes_per_layer(
     return np.where(rec == REC_FULL, checkpoint_only, full)
 
 
-def _inflight(lay: LayoutTable, stage: np.ndarray, m_: np.ndarray) -> np.ndarray:
+def _inflight(lay: LayoutTable, stage: np.ndarray, m_: np.ndarray, schedule: str = "1f1b") -> np.ndarray:
     p = lay["pp"].astype(np.float64)
     v = lay["vpp"].astype(np.float64)
     m = np.asarray(m_, dtype=np.float64)
     i = np.asarray(stage, dtype=np.float64)
+    if schedule != "1f1b":  # zero-bubble / DualPipeV: torch's schedules (autopar.schedules)
+        return np.where(p > 1, inflight_chunks(schedule, p, v, i, m) / v, np.minimum(1.0, m))
     one_f_one_b = np.minimum(p - i, m)
     # Interleaved 1F1B (Megatron-Core pipeline_parallel/schedules.py, get_pp_rank_microbatches,
     # mcore 0.16, microbatch_group_size_per_vp_stage = p): rank i runs 2(p-i-1) + (v-1)p warm-up
@@ -269,14 +283,14 @@ def _inflight(lay: LayoutTable, stage: np.ndarray, m_: np.ndarray) -> np.ndarray
     return np.where(v > 1, interleaved, one_f_one_b)
 
 
-def stage_inflight(lay: LayoutTable, stage: np.ndarray) -> np.ndarray:
+def stage_inflight(lay: LayoutTable, stage: np.ndarray, schedule: str = "1f1b") -> np.ndarray:
     """Micro-batches (in whole-stage units) whose activations stage ``stage`` holds at its peak.
 
     1F1B: stage i has min(p - i, m) forwards in flight before its first backward (Narayanan et al.
     2021, PipeDream-Flush); interleaved 1F1B: min(p*v + p - 2i - 1, m*v) chunks of 1/v of the
     stage (Megatron-Core's warm-up count plus the steady state's extra forward).
     """
-    return _inflight(lay, stage, lay["grad_accum"])
+    return _inflight(lay, stage, lay["grad_accum"], schedule)
 
 
 def stage_memory(
@@ -293,6 +307,7 @@ def stage_memory(
     fragmentation: float = FRAGMENTATION,
     frozen_weights: bool = False,
     profile: FrameworkProfile = MEGATRON,
+    schedule: str = "1f1b",
 ) -> dict[str, np.ndarray]:
     """Bytes per device of one pipeline stage per row, by component (sums to ``total``).
 
@@ -309,9 +324,8 @@ def stage_memory(
     """
     dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
     tp = lay["tp"].astype(np.float64)
-    pp = lay["pp"]
-    first, last = stage == 0, stage == pp - 1
-    nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe)
+    first, last = stage == 0, stage == head_stage(lay, schedule)
+    nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe, schedule)
 
     dims = lay.dims
     shard = dims.shard_size.astype(np.float64)
@@ -359,7 +373,7 @@ def stage_memory(
         activation_bytes_per_layer(model, moe=True, **common) * act_scale if model.is_moe else act_dense * 0
     )
     per_mb = n_dense * act_dense + n_moe * act_moe
-    inflight = stage_inflight(lay, stage)
+    inflight = stage_inflight(lay, stage, schedule)
     # Full recompute re-materializes one layer at a time during backward: add one layer's full set.
     full_layer = (
         activation_bytes_per_layer(model, moe=model.is_moe, **{**common, "recompute": lay["recompute"] * 0})
@@ -420,6 +434,7 @@ def memory_breakdown(
     fragmentation: float = FRAGMENTATION,
     frozen_weights: bool = False,
     profile: FrameworkProfile = MEGATRON,
+    schedule: str = "1f1b",
 ) -> dict[str, np.ndarray]:
     """Bytes per device for the most loaded pipeline stage, by component.
 
@@ -436,6 +451,7 @@ def memory_breakdown(
         fragmentation=fragmentation,
         frozen_weights=frozen_weights,
         profile=profile,
+        schedule=schedule,
     )
     first = stage_memory(model, lay, stage=lay["pp"] * 0, n_dense=st.first_dense, n_moe=st.first_moe, **kw)
     last = stage_memory(model, lay, stage=lay["pp"] - 1, n_dense=st.last_dense, n_moe=st.last_moe, **kw)

@@ -189,6 +189,7 @@ def predict(
     lora: bool | None = None,
     moe_dispatcher: str | None = None,
     moe_a2a_overlap: bool | None = None,
+    pipeline_schedule: str | None = None,
     framework: str | None = None,
     memory_headroom: float | None = None,
     calibration: str | None = None,
@@ -198,7 +199,7 @@ def predict(
 
     The job: ``job=Job(...)`` or the flat keywords (the ``autopar predict`` flag names: model,
     device, num_devices, devices_per_node, seq_len, global_batch, lora, moe_dispatcher,
-    moe_a2a_overlap, framework, memory_headroom, calibration).
+    moe_a2a_overlap, pipeline_schedule, framework, memory_headroom, calibration).
     The layout: ``layout=Layout(...)`` or the layout keywords of :func:`resolve_layout` (tp, pp,
     vpp, dp, cp, ep, etp, zero, shard_group, sp, micro_batch, recompute, offload, precision;
     defaults: the :class:`Layout` field defaults, ``dp`` what is left of the world size, ``sp`` on
@@ -218,6 +219,7 @@ def predict(
         lora=lora,
         moe_dispatcher=moe_dispatcher,
         moe_a2a_overlap=moe_a2a_overlap,
+        pipeline_schedule=pipeline_schedule,
         framework=framework,
         memory_headroom=memory_headroom,
         calibration=calibration,

@@ -215,7 +215,7 @@ class FitRows:
                     job=job,
                     table=table,
                     rows=np.array(idx),
-                    params=stage_param_counts(job.model, table),
+                    params=stage_param_counts(job.model, table, job.pipeline_schedule),
                     tokens=np.array([float(s.job.tokens_per_step) for s in ss]),
                     num_devices=np.array([s.job.num_devices for s in ss]),
                     measured=np.array([s.measured_tokens_per_s_per_device for s in ss]),

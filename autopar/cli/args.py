@@ -147,7 +147,14 @@ def add_field_args(
 
 
 JOB_TOP_FIELDS = ("model",)
-JOB_TRAINING_FIELDS = ("seq_len", "global_batch", "lora", "moe_dispatcher", "moe_a2a_overlap")
+JOB_TRAINING_FIELDS = (
+    "seq_len",
+    "global_batch",
+    "lora",
+    "moe_dispatcher",
+    "moe_a2a_overlap",
+    "pipeline_schedule",
+)
 
 
 def add_job_args(p: argparse.ArgumentParser, *, optional: bool = False) -> None:

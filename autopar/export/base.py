@@ -30,6 +30,7 @@ from autopar.job import Framework, GlobalBatch, ModelRef, NumDevices, SeqLen, jo
 from autopar.job import Job as CoreJob
 from autopar.layout import COLUMNS, RECOMPUTE_MODULES, Layout
 from autopar.model import load_model
+from autopar.schedules import PIPELINE_SCHEDULE_DESCRIPTION, PipelineSchedule
 
 HEADER_TAG = "autopar-export"
 HEADER_VERSION = 1
@@ -142,6 +143,7 @@ class Job(BaseModel):
     num_layers: int | None = Field(None, strict=True, ge=1, description="transformer layers of the model")
     device: str | None = None
     framework: Framework = "megatron"
+    pipeline_schedule: PipelineSchedule = Field("1f1b", description=PIPELINE_SCHEDULE_DESCRIPTION)
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -174,6 +176,7 @@ class Job(BaseModel):
             num_layers=num_layers,
             device=job.cluster.device,
             framework=job.framework,
+            pipeline_schedule=t.pipeline_schedule,
         )
 
     @property
@@ -228,6 +231,8 @@ class Exporter(ABC):
     # Whether the format can name Megatron-Core's recompute modules (recompute norm_act /
     # norm_act_mlp); the others refuse such layouts rather than write a different recompute.
     module_recompute: ClassVar[bool] = False
+    # Pipeline schedules (autopar.schedules) the format can name; the others are refused.
+    pipeline_schedules: ClassVar[tuple[str, ...]] = ("1f1b",)
 
     def render(self, layout: Layout, job: Job) -> str:
         """The launcher text for ``layout`` running ``job``; raises :class:`ExportError`."""
@@ -240,6 +245,12 @@ class Exporter(ABC):
             )
         if not self.module_recompute and not self.serving:
             refuse_module_recompute(layout, self.name)
+        if layout.pp > 1 and job.pipeline_schedule not in self.pipeline_schedules:
+            raise unsupported(
+                f"pipeline schedule {job.pipeline_schedule}",
+                self.name,
+                "export to torchtitan (torch.distributed.pipelining schedules), or use --pipeline-schedule 1f1b",
+            )
         if self.serving:
             check_serving(layout, self.name)
         text = self._render(layout, job)

@@ -22,6 +22,7 @@ from autopar.export.base import (
     register,
 )
 from autopar.layout import COLUMNS, Layout
+from autopar.schedules import PIPELINE_SCHEDULES
 
 FMT = "env"
 PREFIX = "AUTOPAR_"
@@ -36,6 +37,7 @@ class EnvExporter(Exporter):
     name = FMT
     suffix = ".env"
     description = "shell `export AUTOPAR_*=...` lines (layout + job) for scripts"
+    pipeline_schedules = PIPELINE_SCHEDULES  # AUTOPAR_PIPELINE_SCHEDULE names any of them
 
     def _render(self, layout: Layout, job: Job) -> str:
         lines = [header_line(FMT, job), f"# autopar layout: {layout.short()}"]
@@ -92,7 +94,9 @@ class EnvExporter(Exporter):
         jd: dict[str, Any] = {}
         for k in JOB_FIELDS:
             if k in env:
-                jd[k] = env[k] if k in ("model", "device", "framework") else _int(env[k], k)
+                jd[k] = (
+                    env[k] if k in ("model", "device", "framework", "pipeline_schedule") else _int(env[k], k)
+                )
         job = merge_job(header, jd, FMT) if header else Job.from_dict(jd)
         for k in DERIVED:
             if k in env and _int(env[k], k) != getattr(job, k):

@@ -16,7 +16,9 @@ Mapping (checked against torchtitan 0.2.2's ``job_config.py``, ``parallel_dims.p
   sole parallelism (and CP always brings FSDP), so ``zero=0`` needs ``cp == 1`` and either
   ``dp == 1`` or ``tp == pp == 1``.
 * TP always runs with sequence parallelism in torchtitan: ``tp > 1`` needs ``sp=True``.
-* ``vpp == 1`` -> schedule ``1F1B``; ``vpp >= 2`` -> ``Interleaved1F1B`` (2 stages per rank by
+* ``vpp == 1`` -> schedule ``1F1B``; ``vpp >= 2`` -> ``Interleaved1F1B``, or the job's zero-bubble
+  schedule (``zb`` -> ``InterleavedZeroBubble``, ``zbv`` -> ``ZBVZeroBubble``, ``dualpipev`` ->
+  ``DualPipeV``: ``autopar.schedules``) (2 stages per rank by
   default; ``vpp > 2`` needs ``Job.num_layers`` to size ``pipeline_parallel_layers_per_stage``,
   counting the embedding and output as one layer each, torchtitan's defaults).
 * batch: without PP, ``local_batch_size = micro_batch`` and torchtitan accumulates
@@ -51,6 +53,9 @@ from autopar.export.base import (
     unsupported,
 )
 from autopar.layout import Layout
+from autopar.schedules import PIPELINE_SCHEDULES, TORCHTITAN_NAMES
+
+SCHEDULE_OF_NAME = {v: k for k, v in TORCHTITAN_NAMES.items()}
 
 FMT = "torchtitan"
 TORCHTITAN_VERSION = "0.2.2"
@@ -174,7 +179,9 @@ def sections(layout: Layout, job: Job) -> dict[str, dict[str, Any]]:
     par["tensor_parallel_degree"] = layout.tp
     par["pipeline_parallel_degree"] = layout.pp
     if layout.pp > 1:
-        par["pipeline_parallel_schedule"] = "Interleaved1F1B" if layout.vpp > 1 else "1F1B"
+        par["pipeline_parallel_schedule"] = TORCHTITAN_NAMES.get(
+            job.pipeline_schedule, "Interleaved1F1B" if layout.vpp > 1 else "1F1B"
+        )
         par["pipeline_parallel_microbatch_size"] = layout.micro_batch
         if lps is not None:
             par["pipeline_parallel_layers_per_stage"] = lps
@@ -223,6 +230,7 @@ class TorchtitanExporter(Exporter):
     name = FMT
     suffix = ".toml"
     description = f"torchtitan {TORCHTITAN_VERSION} job config (TOML, --job.config_file)"
+    pipeline_schedules = PIPELINE_SCHEDULES
 
     def _render(self, layout: Layout, job: Job) -> str:
         return "\n".join(
@@ -284,6 +292,7 @@ class TorchtitanExporter(Exporter):
         else:
             zero = 0
         shard_group = 0 if replicate == 1 or zero == 0 else shard * cp
+        pipeline_schedule = "1f1b"
         if pp > 1:
             mb = num(par, "pipeline_parallel_microbatch_size", 1)
             if num(tr, "local_batch_size") % mb:
@@ -293,7 +302,8 @@ class TorchtitanExporter(Exporter):
                 vpp = 1
                 if "pipeline_parallel_layers_per_stage" in par:
                     raise ExportError(f"layers per stage with a single-stage schedule in the {FMT} text")
-            elif schedule == "Interleaved1F1B":
+            elif schedule in ("Interleaved1F1B", *TORCHTITAN_NAMES.values()):
+                pipeline_schedule = SCHEDULE_OF_NAME.get(schedule, "1f1b")
                 if "pipeline_parallel_layers_per_stage" not in par:
                     vpp = 2
                 else:
@@ -310,7 +320,7 @@ class TorchtitanExporter(Exporter):
                 raise unsupported(
                     f"pipeline schedule {schedule!r}",
                     "autopar (reading " + FMT + ")",
-                    "autopar models 1F1B and interleaved 1F1B",
+                    "autopar models 1F1B, Interleaved1F1B, " + ", ".join(TORCHTITAN_NAMES.values()),
                 )
         else:
             mb = num(tr, "local_batch_size")
@@ -352,4 +362,6 @@ class TorchtitanExporter(Exporter):
             ),
             FMT,
         )
+        if pipeline_schedule != job.pipeline_schedule:  # the TOML's schedule is what torchtitan runs
+            job = job.model_copy(update={"pipeline_schedule": pipeline_schedule})
         return layout, job

@@ -51,7 +51,15 @@ STAGE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("micro_batch", ("batch",)),
     (
         "vpp",
-        ("vpp_needs_pp", "pp_layers", "stage_layers", "vpp_layers", "vpp_microbatches", "ends_duplicate"),
+        (
+            "vpp_needs_pp",
+            "pp_layers",
+            "stage_layers",
+            "vpp_layers",
+            "vpp_microbatches",
+            "ends_duplicate",
+            "pipeline_schedule",
+        ),
     ),
     ("sp", ("sp_needs_tp", "moe_sp")),
     ("zero,shard_group,offload", ("shard_group", "offload_needs_zero", "duplicate")),

@@ -34,6 +34,7 @@ from autopar.job import TrainingJob
 from autopar.latency import pipeline_schedule
 from autopar.layout import RECOMPUTE_CODES, Layout, LayoutTable, recompute_weight
 from autopar.memory import GIB
+from autopar.schedules import bubble_terms
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class StageCosts:
     memory: np.ndarray
     slot: np.ndarray
     tail: float  # pipeline send/recv + data-parallel sync + optimizer step
+    bubble: np.ndarray  # each stage's share of the fill and drain (autopar.schedules.bubble_terms)
 
 
 class UnevenScorer:
@@ -125,7 +127,8 @@ class UnevenScorer:
             calibration=self.cal,
         )
         t = float(tail["time_pp_comm"][0] + tail["time_dp_comm"][0] + tail["time_optimizer"][0])
-        return StageCosts(memory=res["memory_bytes"], slot=res["slot_s"], tail=t)
+        q = bubble_terms(self.job.pipeline_schedule, res["slot_s"], res["fwd_s"], res["wgrad_s"])
+        return StageCosts(memory=res["memory_bytes"], slot=res["slot_s"], tail=t, bubble=q)
 
     def stage_memory(self, base: Layout, plan: StagePlan) -> np.ndarray:
         """Bytes per device of every stage."""
@@ -138,8 +141,14 @@ class UnevenScorer:
         if sum(plan.layers) != self.job.model.layers or min(plan.layers) < 1:
             raise ValueError(f"stage layers {plan.layers} must be >= 1 and sum to {self.job.model.layers}")
         sc = self.stage_costs(base, plan)
+        pace = int(np.argmax(sc.slot))
         steady, bubble = pipeline_schedule(
-            np.asarray(base.grad_accum), np.asarray(base.vpp), sc.slot.max(), sc.slot.sum()
+            np.asarray(base.grad_accum),
+            np.asarray(base.vpp),
+            sc.slot.max(),
+            sc.slot.sum(),
+            sc.bubble[pace],
+            sc.bubble.sum(),
         )
         step = float(steady) + float(bubble) + sc.tail
         mem = sc.memory
