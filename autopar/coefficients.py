@@ -48,6 +48,22 @@ class DeviceCoefficients(BaseModel):
     scale_out_latency_us: float | None = None
 
 
+class StackCoefficients(BaseModel):
+    """Coefficients of one training stack (``autopar.job.Framework``) that differ from the global ones.
+
+    ``overlap_contention``: how much a second of communication hidden behind compute still slows
+    that compute, for this stack's overlap mechanism (DeepSpeed's host-synchronized ZeRO-3 fetches,
+    FSDP's prefetching streams, Megatron's bucketed overlap); ``kernel_overhead_us``: the stack's
+    fixed host cost per layer per micro-batch (module hooks, FSDP unit pre/post-forward and
+    backward callbacks, stream synchronizations) beyond its kernel launches. None takes the global
+    value.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    overlap_contention: float | None = Field(None, ge=0.0, le=1.0)
+    kernel_overhead_us: float | None = Field(None, ge=0.0, le=10_000.0)
+
+
 class Transfer(BaseModel):
     """How fitted coefficients carry over to devices that were not in the fit.
 
@@ -71,6 +87,7 @@ class Calibration(BaseModel):
     global_: dict[str, float] = Field(default_factory=dict, alias="global")
     transfer: Transfer = Field(default_factory=Transfer)
     devices: dict[str, DeviceCoefficients] = Field(default_factory=dict)
+    stacks: dict[str, StackCoefficients] = Field(default_factory=dict)
 
     def device(self, device_id: str) -> DeviceCoefficients:
         """Fitted coefficients of a device, or ones carried over from the fit (see Transfer)."""
@@ -84,6 +101,12 @@ class Calibration(BaseModel):
 
     def global_value(self, key: str) -> float:
         return float(self.global_.get(key, GLOBAL_DEFAULTS[key]))
+
+    def stack_value(self, stack: str | None, key: str) -> float:
+        """A stack's own coefficient where the calibration has one, else the global value."""
+        sc = self.stacks.get(stack) if stack else None
+        v = getattr(sc, key) if sc is not None else None
+        return float(v) if v is not None else self.global_value(key)
 
 
 def default_calibration_path() -> Path:
@@ -264,9 +287,12 @@ def memory_constants(
 DEFAULT_MEMORY_CONSTANTS: dict[str, float] = _memory_constants(GLOBAL_DEFAULTS.__getitem__)
 
 
-def coefficients_for(device, calibration: Calibration | None = None) -> tuple[Coefficients, dict[str, float]]:
+def coefficients_for(
+    device, calibration: Calibration | None = None, stack: str | None = None
+) -> tuple[Coefficients, dict[str, float]]:
     """Merge a device profile's efficiencies with a calibration's overrides.
 
+    ``stack``: the training stack (its own overlap contention where the calibration has one).
     Returns the compute coefficients and the link efficiencies/latencies (for :class:`Links`).
     """
     cal = calibration or load_calibration()
@@ -286,9 +312,9 @@ def coefficients_for(device, calibration: Calibration | None = None) -> tuple[Co
         gemm_half_dim=dc.gemm_half_dim if dc.gemm_half_dim is not None else eff.gemm_half_dim,
         attention_eff=dc.attention if dc.attention is not None else eff.attention,
         hbm_bw=device.memory_bw_gbps * 1e9 * hbm,
-        overlap_contention=cal.global_value("overlap_contention"),
+        overlap_contention=cal.stack_value(stack, "overlap_contention"),
         tp_overlap=cal.global_value("tp_overlap"),
-        kernel_overhead_s=cal.global_value("kernel_overhead_us") * 1e-6,
+        kernel_overhead_s=cal.stack_value(stack, "kernel_overhead_us") * 1e-6,
         tp_collective_overhead_s=cal.global_value("tp_collective_overhead_us") * 1e-6,
         fused_attention_speedup=eff.fused_attention_speedup,
     )

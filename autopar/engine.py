@@ -50,7 +50,7 @@ def memory_limit_bytes(job: TrainingJob) -> float:
 
 def time_model(job: TrainingJob, cal: Calibration) -> tuple[Coefficients, C.Links]:
     """The latency coefficients and the links of ``job``'s device under calibration ``cal``."""
-    co, link_coeffs = coefficients_for(job.device, cal)
+    co, link_coeffs = coefficients_for(job.device, cal, job.framework.name)
     return co, C.Links.from_cluster(job.device, job.devices_per_node, link_coeffs)
 
 

@@ -225,3 +225,30 @@ def test_prediction_json_carries_the_basis():
         model="llama-3.1-8b", device="h200-sxm-141gb", num_devices=8, seq_len=4096, global_batch=64
     ).to_dict()
     assert h200["expected_error_basis"]["group"] == "device h100-sxm-80gb (same silicon)"
+
+
+def test_stack_coefficients_route_to_their_stack_only(tmp_path):
+    """A stack's own overlap contention reaches jobs of that stack; others take the global value;
+    write_calibration keeps it; the fit gives a stack its own only with enough rows."""
+    from types import SimpleNamespace
+
+    from autopar.calibration.fit import fitted_stacks, write_calibration
+    from autopar.coefficients import Calibration, coefficients_for, load_calibration
+    from autopar.hardware import load_device
+
+    cal = Calibration.model_validate(
+        {"global": {"overlap_contention": 0.5}, "stacks": {"deepspeed": {"overlap_contention": 0.1}}}
+    )
+    dev = load_device("a100-80gb")
+    assert coefficients_for(dev, cal, "deepspeed")[0].overlap_contention == 0.1
+    assert coefficients_for(dev, cal, "fsdp")[0].overlap_contention == 0.5
+    assert coefficients_for(dev, cal)[0].overlap_contention == 0.5
+    path = tmp_path / "c.yaml"
+    write_calibration(cal, path)
+    assert load_calibration(path).stacks["deepspeed"].overlap_contention == 0.1
+
+    def rows(stack: str, n: int):
+        return [SimpleNamespace(job=SimpleNamespace(framework=SimpleNamespace(name=stack)))] * n
+
+    fake = rows("megatron", 50) + rows("fsdp", 6) + rows("deepspeed", 5) + rows("torchtitan", 8)
+    assert fitted_stacks(fake) == ["fsdp", "torchtitan"]  # megatron sets the global value

@@ -1,7 +1,9 @@
 """Fit the latency model's physical coefficients to measured step times (scipy least squares).
 
 Per device type: achieved GEMM efficiency per precision, FlashAttention efficiency and the GEMM
-half-efficiency dimension; globally: the overlap contention and the per-layer kernel overhead.
+half-efficiency dimension; globally: the overlap contention and the per-layer kernel overhead; per
+training stack with enough rows (other than Megatron, whose rows set the global values): its own
+overlap contention.
 Residuals are log(predicted / measured) throughput with a soft-L1 loss, so no single row or source
 dominates, and every coefficient is bounded to its physically plausible range.
 """
@@ -32,6 +34,15 @@ GLOBAL_PARAMS = (
     ("kernel_overhead_us", 0.0, 300.0),
     ("tp_overlap", 0.0, 0.9),
 )
+# Per training stack (autopar.job.Framework) with at least MIN_STACK_ROWS rows, other than the
+# reference stack whose rows fit the global values: its own overlap contention (how its overlap
+# mechanism shares the device: DeepSpeed's host-synchronized ZeRO-3 fetches are not FSDP's
+# prefetching streams). A stack with fewer rows, or none, takes the global values.
+# (A per-stack kernel_overhead_us was tried: every stack went to the same bound as the global one,
+# so the data does not tell the stacks' host costs apart; it stays global.)
+STACK_PARAMS = (("overlap_contention", 0.0, 1.0),)
+REFERENCE_STACK = "megatron"
+MIN_STACK_ROWS = 6
 # A fitted GEMM efficiency may not exceed the device's measured max-achievable matmul rate (MAMF,
 # its profile value) by more than this factor: end-to-end training cannot beat the microbenchmark.
 MAMF_SLACK = 1.05
@@ -115,7 +126,21 @@ def _parameter_space(samples: Sequence[Sample], base: Calibration):
         lo.append(a)
         hi.append(b)
         x0.append(min(max(base.global_value(name), a), b))
+    for st in fitted_stacks(samples):
+        for name, a, b in STACK_PARAMS:
+            names.append(f"stack:{st}.{name}")
+            lo.append(a)
+            hi.append(b)
+            x0.append(min(max(base.stack_value(st, name), a), b))
     return names, np.array(x0), np.array(lo), np.array(hi)
+
+
+def fitted_stacks(samples: Sequence[Sample]) -> list[str]:
+    """Stacks that get coefficients of their own: MIN_STACK_ROWS rows or more, not the reference."""
+    from collections import Counter
+
+    n = Counter(s.job.framework.name for s in samples)
+    return sorted(st for st, k in n.items() if k >= MIN_STACK_ROWS and st != REFERENCE_STACK)
 
 
 def calibration_from_vector(
@@ -123,10 +148,14 @@ def calibration_from_vector(
 ) -> Calibration:
     devices: dict[str, dict[str, Any]] = {}
     glob = dict(base.global_)
+    stacks = {k: v.model_dump(exclude_none=True) for k, v in base.stacks.items()}
     for n, v in zip(names, x, strict=True):
         scope, key = n.split(".", 1)
         if scope == "global":
             glob[key] = float(v)
+            continue
+        if scope.startswith("stack:"):
+            stacks.setdefault(scope[len("stack:") :], {})[key] = float(v)
             continue
         d = devices.setdefault(scope, {"gemm": {}})
         if key.startswith("gemm_") and key != "gemm_half_dim":
@@ -147,6 +176,7 @@ def calibration_from_vector(
             "global": glob,
             "transfer": base.transfer.model_dump(),
             "devices": {k: DeviceCoefficients(**v) for k, v in merged.items()},
+            "stacks": stacks,
         }
     )
 
@@ -222,18 +252,26 @@ class FitRows:
                 )
             )
         self.device_of_group = [g.job.device.id for g in self.groups]
+        self.stack_of_group = [g.job.framework.name for g in self.groups]
 
     def groups_of_device(self, device_id: str) -> list[int]:
         return [k for k, d in enumerate(self.device_of_group) if d == device_id]
 
+    def groups_of(self, scope: str) -> list[int]:
+        """The groups a coefficient of ``scope`` (a device id or ``stack:NAME``) moves."""
+        if scope.startswith("stack:"):
+            st = scope[len("stack:") :]
+            return [k for k, s in enumerate(self.stack_of_group) if s == st]
+        return self.groups_of_device(scope)
+
     def __call__(self, cal: Calibration, groups: Sequence[int] | None = None) -> np.ndarray:
         """log(predicted / measured) tokens/s per device of every sample (NaN outside ``groups``)."""
         out = np.full(len(self.samples), np.nan)
-        coeffs: dict[tuple[str, int], tuple] = {}
+        coeffs: dict[tuple[str, int, str], tuple] = {}
         for k in range(len(self.groups)) if groups is None else groups:
             g = self.groups[k]
             job = g.job
-            key = (job.device.id, job.devices_per_node)
+            key = (job.device.id, job.devices_per_node, job.framework.name)
             if key not in coeffs:
                 coeffs[key] = time_model(job, cal)
             co, links = coeffs[key]
@@ -297,7 +335,7 @@ def fit(
     w = group_weights(samples)
     every = list(range(len(rows.groups)))
     # the groups of rows each coefficient moves
-    moved = [every if n.startswith("global.") else rows.groups_of_device(n.split(".", 1)[0]) for n in names]
+    moved = [every if n.startswith("global.") else rows.groups_of(n.split(".", 1)[0]) for n in names]
     member = [
         np.isin(np.arange(len(samples)), np.concatenate([rows.groups[k].rows for k in g])) for g in moved
     ]
@@ -380,6 +418,12 @@ def write_calibration(cal: Calibration, path: Path) -> None:
             for k, v in sorted(cal.devices.items())
         },
     }
+    stacks = {
+        k: {kk: round(vv, 6) for kk, vv in v.model_dump(exclude_none=True).items()}
+        for k, v in sorted(cal.stacks.items())
+    }
+    if stacks:
+        data["stacks"] = stacks
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(yaml.safe_dump(data, sort_keys=False))
     tmp.replace(path)
