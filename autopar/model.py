@@ -35,7 +35,15 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from autopar.errors import ModelConfigError, UnsupportedArchitecture
 
-__all__ = ["ModelSpec", "load_model", "list_presets", "read_config_file", "SUPPORTED_MODEL_TYPES"]
+__all__ = [
+    "ModelSpec",
+    "load_model",
+    "list_presets",
+    "read_config_file",
+    "check_context",
+    "check_costed",
+    "SUPPORTED_MODEL_TYPES",
+]
 
 
 class ModelSpec(BaseModel):
@@ -1524,6 +1532,40 @@ def _build(fields: dict, ctx: str) -> ModelSpec:
         raise ModelConfigError(
             f"{ctx}invalid value for {loc!r}: {err['msg']} (got {err.get('input')!r})"
         ) from None
+
+
+def check_context(spec: ModelSpec, tokens: int, *, allow_long_context: bool, what: str) -> None:
+    """Refuse a sequence beyond the model's position limit unless long-context work is declared."""
+    if spec.max_position and tokens > spec.max_position and not allow_long_context:
+        raise ModelConfigError(
+            f"{what} of {tokens:,} tokens exceeds the position limit of {spec.name} "
+            f"({spec.max_position:,} tokens: max_position_embeddings, rope-scaled where the config says so)",
+            "shorten it, or pass --allow-long-context (allow_long_context=True) for long-context extension work",
+        )
+
+
+def check_costed(spec: ModelSpec, what: str) -> None:
+    """Refuse step-time/memory costing of block kinds the latency and memory models do not price yet.
+
+    Parameters, FLOPs per token, KV cache and recurrent state of hybrid models are exact
+    (:class:`ModelSpec`); the per-layer step-time, activation-memory and serving models still assume
+    attention + MLP/MoE blocks, so pricing Mamba or linear-attention blocks with them would be wrong.
+    """
+    kinds = [
+        (spec.linear_attn_layers, "Gated DeltaNet linear-attention blocks (layer_types 'linear_attention')"),
+        (spec.mamba_layers, f"Mamba{spec.mamba_version or ''} blocks"),
+        (
+            spec.no_mixer_layers or spec.no_ffn_layers,
+            "mixer-only / MLP-only blocks (hybrid_override_pattern)",
+        ),
+    ]
+    for n, kind in kinds:
+        if n:
+            raise UnsupportedArchitecture(
+                f"{spec.name}: {what} of {n} {kind} is not modeled yet",
+                "`autopar model` reports its parameters, FLOPs per token and recurrent state; the "
+                "training, memory and serving models price attention + MLP/MoE blocks only",
+            )
 
 
 # ================================================================================ raw dims

@@ -389,6 +389,7 @@ def recommend(
     moe_a2a_overlap: bool | None = None,
     framework: str | None = None,
     memory_headroom: float | None = None,
+    allow_long_context: bool | None = None,
     calibration: str | Calibration | None = None,
     top: int = 5,
     objective: str | Sequence[str] = "throughput",
@@ -431,6 +432,7 @@ def recommend(
         moe_a2a_overlap=moe_a2a_overlap,
         framework=framework,
         memory_headroom=memory_headroom,
+        allow_long_context=allow_long_context,
         calibration=cal_path,
     )
     return search_layouts(
