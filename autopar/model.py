@@ -649,6 +649,26 @@ _PLAIN = frozenset(
 )
 
 
+# Fields that some model_type's semantics read (beyond a plain decoder's).
+_READ_BY_SOME_CLASS = frozenset(
+    """
+    num_local_experts num_experts n_routed_experts num_experts_per_tok moe_intermediate_size
+    shared_expert_intermediate_size n_shared_experts moe_shared_expert_intermediate_size
+    first_k_dense_replace moe_layer_freq decoder_sparse_step mlp_only_layers moe_layers
+    interleave_moe_layer_step intermediate_size_mlp attention_chunk_size no_rope_layers
+    no_rope_layer_interval q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim
+    num_nextn_predict_layers use_qk_norm full_attention_interval linear_conv_kernel_dim
+    linear_key_head_dim linear_value_head_dim linear_num_key_heads linear_num_value_heads
+    hybrid_override_pattern mamba_num_heads mamba_head_dim ssm_state_size n_groups conv_kernel
+    use_conv_bias mamba_d_state mamba_d_conv mamba_expand mamba_dt_rank mamba_conv_bias
+    attn_layer_period attn_layer_offset expert_layer_period expert_layer_offset mamba_n_heads
+    mamba_d_head mamba_d_ssm mamba_n_groups mamba_rms_norm sliding_window_pattern bias use_bias
+    new_decoder_architecture multi_query parallel_attn num_ln_in_parallel_attn lm_head_bias
+    use_parallel_residual
+    """.split()
+)
+
+
 class _Arch:
     """Semantics and transformers-class defaults of one model_type."""
 
@@ -764,6 +784,8 @@ _ARCH: dict[str, _Arch] = {
             "sliding_window": 4096,
             "sliding_window_pattern": 6,
             "attention_bias": False,
+            "max_position_embeddings": 131072,
+            "vocab_size": 262208,
         },
         mlp_bias=False,
         norms=4,
@@ -1109,7 +1131,12 @@ def _canonical(dec: dict, arch: _Arch | None, mt: str, ctx: str) -> dict:
 
 def _check_understood(cfg: dict, mt: str, ctx: str) -> None:
     """A model_type without known semantics loads only when every field of its config is understood."""
-    unknown = sorted(k for k in cfg if k not in _PLAIN and k not in _NO_COST and cfg[k] is not None)
+    # fields no known model_type reads first: they are the likely new cost (e.g. a sparse-attention
+    # indexer); then fields whose meaning is specific to another model_type's class
+    unknown = sorted(
+        (k for k in cfg if k not in _PLAIN and k not in _NO_COST and cfg[k] is not None),
+        key=lambda k: (k in _READ_BY_SOME_CLASS, k),
+    )
     if unknown:
         raise UnsupportedArchitecture(
             f"{ctx}model_type {mt!r} is not one autopar knows, and its field {unknown[0]!r} is not understood"
@@ -1267,7 +1294,7 @@ def _sliding_layers(
 
 def _max_position(cfg: dict, ctx: str) -> int:
     """max_position_embeddings, or the rope-scaled limit where the scaling says so (YaRN, linear,
-    dynamic NTK: factor x original_max_position_embeddings, when larger)."""
+    dynamic NTK: factor x the scaling's original_max_position_embeddings, when larger)."""
     base = _int(cfg, "max_position_embeddings", 0, ctx=ctx)
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     if isinstance(rs, dict) and base:
@@ -1278,12 +1305,10 @@ def _max_position(cfg: dict, ctx: str) -> int:
             and isinstance(factor, int | float)
             and not isinstance(factor, bool)
         ):
-            orig = (
-                rs.get("original_max_position_embeddings")
-                or cfg.get("original_max_position_embeddings")
-                or base
-            )
-            if isinstance(orig, int) and factor == factor:  # not NaN
+            # only with an explicit original length in the scaling: Gemma 3's linear factor 8 is how
+            # it already reached its max_position_embeddings
+            orig = rs.get("original_max_position_embeddings")
+            if isinstance(orig, int) and not isinstance(orig, bool) and factor == factor:  # not NaN
                 base = max(base, int(factor * orig))
     return base
 
