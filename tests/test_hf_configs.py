@@ -1,4 +1,10 @@
-"""Golden tests on real config.json files (tests/configs/, cost-relevant fields copied verbatim).
+"""Golden tests on public config.json files (tests/configs/: the cost-relevant fields of each).
+
+Provenance: nemotron-3-nano-30b-a3b, nemotron-h-8b and falcon-h1-0.5b were copied from verbatim
+copies of the published configs found in public repositories (NVIDIA Megatron-Bridge/TensorRT-LLM
+tests and others); qwen3-next-80b-a3b was checked field by field against such a copy; the others
+were transcribed from the publishers' config.json files by name and value. The published totals
+below are the independent check on every one of them.
 
 One config per architecture: total (and, where the publisher states it on a reproducible basis,
 active) parameters within 1 % of the published figure, plus FLOPs per token of the hybrid and
