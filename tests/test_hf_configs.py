@@ -358,3 +358,17 @@ def test_falcon_h1_parallel_mamba_and_attention():
     assert m.total_params == 36 * per + 2 * 32784 * 1024 + 1024
     with pytest.raises(ModelConfigError, match="mamba_d_ssm"):
         load_model(dict(cfg("falcon-h1-0.5b"), mamba_d_ssm=2048))  # disagrees with 24 x 64
+
+
+def test_cli_warns_about_a_tower_on_stderr(capsys):
+    from autopar.cli.main import main
+
+    assert main(["model", str(CONFIGS / "gemma-3-27b.json"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith("warning: vision tower") and len(err.strip().splitlines()) == 1
+    d = json.loads(out)
+    assert (
+        d["vision_params"] > 0
+        and d["warnings"]
+        and d["total_params"] == load_model(cfg("gemma-3-27b")).total_params
+    )
