@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from autopar.errors import AutoparError
 from autopar.frameworks import DEFAULT_MEMORY_HEADROOM, FrameworkProfile, framework_profile
 from autopar.hardware import DeviceProfile, load_cluster
-from autopar.model import ModelSpec, load_model
+from autopar.model import ModelSpec, check_context, check_costed, load_model
 from autopar.moe import A2A_OVERLAP_DESCRIPTION, DISPATCHER_DESCRIPTION, Dispatcher, MoEOptions
 from autopar.schedules import PIPELINE_SCHEDULE_DESCRIPTION, PipelineSchedule
 
@@ -201,6 +201,12 @@ class Job(_Frozen):
         DEFAULT_MEMORY_HEADROOM, ge=0, lt=1, description=MEMORY_HEADROOM_DESCRIPTION
     )
     calibration: str | None = Field(None, description="calibration YAML (None: the shipped one)")
+    allow_long_context: bool = Field(
+        False,
+        description="accept sequences (training seq_len, serving isl+osl) beyond the model's position "
+        "limit (max_position_embeddings, or the rope-scaled limit the config states), for long-context "
+        "extension work; without it such a job is refused",
+    )
 
     @model_validator(mode="after")
     def _check_schedule(self) -> Job:
@@ -224,7 +230,7 @@ class Job(_Frozen):
         Validation errors become one-line :class:`AutoparError` naming the flag to fix.
         """
         kw = {k: v for k, v in kw.items() if v is not None}  # None: the field's default
-        top = {k: kw.pop(k) for k in ("model", "framework", "memory_headroom", "calibration") if k in kw}
+        top = {k: kw.pop(k) for k in JOB_TOP_KEYS if k in kw}
         cluster = {k: kw.pop(k) for k in ClusterSpec.model_fields if k in kw}
         try:
             return cls(**top, cluster=ClusterSpec(**cluster), workload=WORKLOADS[kind](**kw))
@@ -236,7 +242,10 @@ class Job(_Frozen):
         out: dict[str, Any] = {"model": self.model, **self.cluster.model_dump()}
         out.update((k, v) for k, v in self.workload.model_dump().items() if k != "kind")
         out.update(
-            framework=self.framework, memory_headroom=self.memory_headroom, calibration=self.calibration
+            framework=self.framework,
+            memory_headroom=self.memory_headroom,
+            calibration=self.calibration,
+            allow_long_context=self.allow_long_context,
         )
         return out
 
@@ -281,6 +290,9 @@ class Job(_Frozen):
         return TrainingJob.resolve(self, model=model, device=device)
 
 
+JOB_TOP_KEYS = ("model", "framework", "memory_headroom", "calibration", "allow_long_context")
+
+
 def job_error(exc: ValidationError) -> AutoparError:
     """One line naming the first invalid field and its flag."""
     err = exc.errors()[0]
@@ -312,6 +324,8 @@ class TrainingJob:
         """Load the model and device of ``job`` (unless given) and resolve the node size."""
         job.training  # noqa: B018  (raises for a non-training job)
         spec = model if model is not None else load_model(job.model)
+        check_costed(spec, "training step time and memory")
+        check_context(spec, job.training.seq_len, allow_long_context=job.allow_long_context, what="seq_len")
         cluster = load_cluster(
             device or job.cluster.device, job.cluster.num_devices, job.cluster.devices_per_node
         )

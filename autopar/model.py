@@ -35,11 +35,26 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from autopar.errors import ModelConfigError, UnsupportedArchitecture
 
-__all__ = ["ModelSpec", "load_model", "list_presets", "SUPPORTED_MODEL_TYPES"]
+__all__ = [
+    "ModelSpec",
+    "load_model",
+    "list_presets",
+    "read_config_file",
+    "check_context",
+    "check_costed",
+    "SUPPORTED_MODEL_TYPES",
+]
 
 
 class ModelSpec(BaseModel):
-    """Normalized architecture of a decoder-only transformer (dense, MoE, GQA or MLA)."""
+    """Normalized architecture of a decoder-only model: dense, MoE, GQA/MLA, and hybrid stacks.
+
+    A model is ``layers`` blocks. Each block has a *mixer* (self-attention by default; Gated DeltaNet
+    linear attention on ``linear_attn_layers`` blocks; a Mamba SSM on ``mamba_layers`` blocks, beside
+    the attention of every block when ``mamba_parallel``; none on ``no_mixer_layers`` blocks) and a
+    *feed-forward* part (dense MLP, routed MoE on ``moe_layers`` blocks, none on ``no_ffn_layers``
+    blocks), plus ``norms_per_layer`` hidden-size norms.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -55,12 +70,19 @@ class ModelSpec(BaseModel):
     vocab: int
     tie_embeddings: bool = False
     qkv_bias: bool = False
-    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"  # layernorm has weight+bias (2h), rmsnorm h
+    o_bias: bool = False  # attention output-projection bias
+    mlp_bias: bool = False  # biases of the dense MLP's matrices
+    head_bias: bool = False  # LM-head bias (Phi-3.5-MoE, Phi-2)
+    norm: Literal["rmsnorm", "layernorm", "layernorm_nobias"] = "rmsnorm"  # h, 2h (weight+bias), h
+    norms_per_layer: int = 2  # hidden-size norms per block: 2 pre-norms; 4 sandwich (Gemma 2/3, GLM-4); 1
+    qk_norm: Literal["none", "head", "full"] = "none"  # per-head-shared (Qwen3) or per-head weights (OLMo 2)
+    parallel_block: bool = False  # attention and MLP read the same input (GPT-J, Falcon, Cohere)
+    attn_output_gate: bool = False  # gated attention: q projection also emits a per-channel gate (Qwen3-Next)
     num_experts: int = 0
     moe_topk: int = 0
     moe_ffn_hidden: int = 0  # per routed expert
     shared_expert_ffn: int = 0  # total intermediate size of always-active shared experts per MoE layer
-    moe_layers: int = 0  # number of MoE layers; dense layers = layers - moe_layers
+    moe_layers: int = 0  # number of MoE layers; dense layers = layers - moe_layers - no_ffn_layers
     first_dense_layers: int = 0  # leading dense layers (DeepSeek first_k_dense_replace)
     q_lora_rank: int = 0
     kv_lora_rank: int = 0  # MLA when > 0
@@ -70,14 +92,38 @@ class ModelSpec(BaseModel):
     sliding_window: int = 0
     sliding_window_layers: int = 0
     mtp_layers: int = 0
-    max_position: int = 0
+    max_position: int = 0  # longest sequence the config supports (rope-scaled limit where it says so)
+    # ---- hybrid blocks
+    no_mixer_layers: int = 0  # blocks with a feed-forward part only (Nemotron-H '-' and 'E')
+    no_ffn_layers: int = 0  # blocks with a mixer only (Nemotron-H 'M' and '*')
+    linear_attn_layers: int = 0  # Gated DeltaNet blocks (Qwen3-Next linear_attention)
+    linear_k_heads: int = 0
+    linear_v_heads: int = 0
+    linear_k_head_dim: int = 0
+    linear_v_head_dim: int = 0
+    linear_conv: int = 0  # short causal depthwise convolution width
+    mamba_layers: int = 0
+    mamba_version: int = 0  # 1: Mamba (selective scan, Jamba); 2: Mamba2 (SSD: Nemotron-H, Falcon-H1)
+    mamba_parallel: bool = False  # Mamba beside attention in every block (Falcon-H1)
+    mamba_inner: int = 0  # d_inner (= mamba heads x head dim for Mamba2)
+    mamba_heads: int = 0  # Mamba2 heads
+    mamba_state: int = 0  # d_state
+    mamba_groups: int = 0  # Mamba2 B/C groups
+    mamba_conv: int = 0
+    mamba_dt_rank: int = 0  # Mamba1 dt projection rank
+    mamba_conv_bias: bool = True
+    mamba_gated_norm: bool = True  # Mamba2 gated RMSNorm before out_proj
+    # ---- towers of a multimodal wrapper: counted and reported apart, not part of the totals
+    vision_params: int = 0
+    audio_params: int = 0
+    warnings: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
         def bad(msg: str, hint: str | None = None) -> ModelConfigError:
             return ModelConfigError(f"model {self.name!r}: {msg}", hint)
 
-        for f in ("hidden", "layers", "heads", "kv_heads", "head_dim", "vocab"):
+        for f in ("hidden", "layers", "heads", "kv_heads", "head_dim", "vocab", "norms_per_layer"):
             if getattr(self, f) <= 0:
                 raise bad(f"{f} must be positive, got {getattr(self, f)}")
         for f in ModelSpec.model_fields:
@@ -86,8 +132,12 @@ class ModelSpec(BaseModel):
                 raise bad(f"{f} must be >= 0, got {v}")
         if self.heads % self.kv_heads:
             raise bad(f"heads ({self.heads}) is not a multiple of kv_heads ({self.kv_heads})")
-        if self.moe_layers > self.layers:
-            raise bad(f"moe_layers ({self.moe_layers}) exceeds layers ({self.layers})")
+        if self.moe_layers + self.no_ffn_layers > self.layers:
+            raise bad(
+                f"moe_layers ({self.moe_layers}) + no_ffn_layers ({self.no_ffn_layers}) exceed layers ({self.layers})"
+            )
+        if self.attn_layers < 0:
+            raise bad(f"linear_attn_layers, mamba_layers and no_mixer_layers exceed layers ({self.layers})")
         if self.num_experts:
             if not 1 <= self.moe_topk <= self.num_experts:
                 raise bad(f"moe_topk must be in 1..num_experts ({self.num_experts}), got {self.moe_topk}")
@@ -105,14 +155,35 @@ class ModelSpec(BaseModel):
             raise bad(
                 f"first_dense_layers ({self.first_dense_layers}) exceeds dense layers ({self.dense_layers})"
             )
-        if self.sliding_window_layers > self.layers:
-            raise bad(f"sliding_window_layers ({self.sliding_window_layers}) exceeds layers ({self.layers})")
+        if self.sliding_window_layers > self.attn_layers:
+            raise bad(
+                f"sliding_window_layers ({self.sliding_window_layers}) exceeds attention layers ({self.attn_layers})"
+            )
         if self.sliding_window_layers and self.sliding_window <= 0:
             raise bad("sliding_window_layers > 0 but sliding_window is 0")
         if self.kv_lora_rank and not (self.qk_rope_head_dim and self.qk_nope_head_dim and self.v_head_dim):
             raise bad("MLA (kv_lora_rank > 0) needs qk_nope_head_dim, qk_rope_head_dim and v_head_dim")
-        if self.kv_lora_rank and self.qkv_bias:
-            raise bad("qkv_bias is not modeled for MLA attention")
+        if self.kv_lora_rank and (self.qkv_bias or self.o_bias or self.qk_norm != "none"):
+            raise bad("attention biases and QK-norm are not modeled for MLA attention")
+        if self.linear_attn_layers and not (
+            self.linear_k_heads and self.linear_v_heads and self.linear_k_head_dim and self.linear_v_head_dim
+        ):
+            raise bad("linear_attn_layers > 0 needs linear_k/v_heads and linear_k/v_head_dim")
+        if self.linear_attn_layers and self.linear_v_heads % self.linear_k_heads:
+            raise bad(f"linear_v_heads ({self.linear_v_heads}) is not a multiple of linear_k_heads")
+        if self.mamba_layers:
+            if self.mamba_version not in (1, 2):
+                raise bad("mamba_layers > 0 needs mamba_version 1 or 2")
+            if not (self.mamba_inner and self.mamba_state and self.mamba_conv):
+                raise bad("mamba_layers > 0 needs mamba_inner, mamba_state and mamba_conv")
+            if self.mamba_version == 2 and not (self.mamba_heads and self.mamba_groups):
+                raise bad("Mamba2 layers need mamba_heads and mamba_groups")
+            if self.mamba_version == 2 and self.mamba_inner % self.mamba_heads:
+                raise bad(f"mamba_inner ({self.mamba_inner}) is not a multiple of mamba_heads")
+            if self.mamba_version == 1 and not self.mamba_dt_rank:
+                raise bad("Mamba1 layers need mamba_dt_rank")
+            if self.mamba_parallel and self.mamba_layers != self.layers:
+                raise bad("mamba_parallel needs a Mamba mixer in every block (mamba_layers = layers)")
         return self
 
     # ----------------------------------------------------------------------------------- shape
@@ -125,8 +196,21 @@ class ModelSpec(BaseModel):
         return self.kv_lora_rank > 0
 
     @property
+    def is_hybrid(self) -> bool:
+        """Blocks other than attention + MLP/MoE (linear attention, Mamba, mixer- or FFN-less blocks)."""
+        return bool(
+            self.linear_attn_layers or self.mamba_layers or self.no_mixer_layers or self.no_ffn_layers
+        )
+
+    @property
+    def attn_layers(self) -> int:
+        """Blocks with a self-attention mixer (full or sliding-window)."""
+        own_mamba = 0 if self.mamba_parallel else self.mamba_layers
+        return self.layers - self.linear_attn_layers - own_mamba - self.no_mixer_layers
+
+    @property
     def dense_layers(self) -> int:
-        return self.layers - self.moe_layers
+        return self.layers - self.moe_layers - self.no_ffn_layers
 
     @property
     def qk_head_dim(self) -> int:
@@ -158,27 +242,95 @@ class ModelSpec(BaseModel):
             )
             return q + kv + a * self.v_head_dim * h
         d = self.head_dim
-        return h * a * d + 2 * h * self.kv_heads * d + a * d * h  # Q, K, V, O
+        q = h * a * d * (2 if self.attn_output_gate else 1)  # Qwen3NextAttention: q_proj -> 2 * a * d
+        return q + 2 * h * self.kv_heads * d + a * d * h  # Q(+gate), K, V, O
 
     @property
     def attn_params_per_layer(self) -> int:
-        """Q, K, V, O projections, MLA down/up projections with their norms, and QKV biases.
+        """Q, K, V, O projections, MLA down/up projections with their norms, biases and QK-norms.
 
-        Excludes the pre-attention norm (it is in :attr:`norm_params_per_layer`).
+        Excludes the block's hidden-size norms (they are in :attr:`norm_params_per_layer`).
         """
         p = self.attn_matmul_params_per_layer
         if self.is_mla:
             p += self._norm(self.q_lora_rank) + self._norm(self.kv_lora_rank)  # q_a / kv_a layernorms
-        if self.qkv_bias and not self.is_mla:
-            p += (self.heads + 2 * self.kv_heads) * self.head_dim
+            return p
+        d = self.head_dim
+        if self.qkv_bias:
+            p += (self.heads * (2 if self.attn_output_gate else 1) + 2 * self.kv_heads) * d
+        if self.o_bias:
+            p += self.hidden
+        if self.qk_norm == "head":  # one head_dim-sized weight shared by all heads, for q and for k
+            p += 2 * self._norm(d)
+        elif self.qk_norm == "full":  # a weight per head (OLMo 2 q_norm over heads*head_dim; Cohere)
+            p += self._norm((self.heads + self.kv_heads) * d)
         return p
+
+    @property
+    def linear_attn_params_per_layer(self) -> int:
+        """One Gated DeltaNet mixer (transformers Qwen3NextGatedDeltaNet).
+
+        in_proj_qkvz (h -> 2 key_dim + 2 value_dim), in_proj_ba (h -> 2 v_heads), the depthwise causal
+        conv over q, k, v (no bias), dt_bias and A_log (v_heads each), the gated RMSNorm
+        (v_head_dim) and out_proj (value_dim -> h).
+        """
+        if not self.linear_attn_layers:
+            return 0
+        h = self.hidden
+        kd = self.linear_k_heads * self.linear_k_head_dim
+        vd = self.linear_v_heads * self.linear_v_head_dim
+        return (
+            h * (2 * kd + 2 * vd)
+            + h * 2 * self.linear_v_heads
+            + (2 * kd + vd) * self.linear_conv
+            + 2 * self.linear_v_heads
+            + self.linear_v_head_dim
+            + vd * h
+        )
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels of the Mamba causal conv: x, B and C for Mamba2, x for Mamba1."""
+        if self.mamba_version == 2:
+            return self.mamba_inner + 2 * self.mamba_groups * self.mamba_state
+        return self.mamba_inner
+
+    @property
+    def mamba_params_per_layer(self) -> int:
+        """One Mamba mixer.
+
+        Mamba2 (transformers NemotronHMamba2Mixer / FalconH1Mixer): in_proj h -> (2 d_inner +
+        2 groups d_state + heads) [z, x, B, C, dt], conv1d (conv_dim x width, + bias), dt_bias, A_log and
+        D (heads each), the gated RMSNorm (d_inner, when present) and out_proj d_inner -> h.
+        Mamba1 (JambaMambaMixer): in_proj h -> 2 d_inner, conv1d (+ bias), x_proj d_inner -> (dt_rank +
+        2 d_state), dt_proj dt_rank -> d_inner with bias, A_log (d_inner x d_state), D (d_inner), out_proj;
+        Jamba adds RMSNorms over dt (dt_rank), B and C (d_state each).
+        """
+        if not self.mamba_layers:
+            return 0
+        h, di, n = self.hidden, self.mamba_inner, self.mamba_state
+        conv = self.mamba_conv_dim * self.mamba_conv + (self.mamba_conv_dim if self.mamba_conv_bias else 0)
+        if self.mamba_version == 2:
+            nh = self.mamba_heads
+            return (
+                h * (2 * di + 2 * self.mamba_groups * n + nh)
+                + conv
+                + 3 * nh
+                + (di if self.mamba_gated_norm else 0)
+                + di * h
+            )
+        r = self.mamba_dt_rank
+        return h * 2 * di + conv + di * (r + 2 * n) + r * di + di + di * n + di + di * h + (r + 2 * n)
 
     def _mlp(self, ffn: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden * ffn  # gate+up+down, or fc1+fc2
 
     @property
     def dense_mlp_params(self) -> int:
-        return self._mlp(self.ffn_hidden)
+        if not self.ffn_hidden:
+            return 0
+        bias = ((2 if self.gated_mlp else 1) * self.ffn_hidden + self.hidden) if self.mlp_bias else 0
+        return self._mlp(self.ffn_hidden) + bias
 
     @property
     def expert_params(self) -> int:
@@ -194,8 +346,8 @@ class ModelSpec(BaseModel):
 
     @property
     def norm_params_per_layer(self) -> int:
-        """Pre-attention and pre-MLP norms (MoE layers add none)."""
-        return 2 * self._norm(self.hidden)
+        """The block's hidden-size norms (pre-attention and pre-MLP in a standard block)."""
+        return self.norms_per_layer * self._norm(self.hidden)
 
     @property
     def embedding_params(self) -> int:
@@ -203,7 +355,9 @@ class ModelSpec(BaseModel):
 
     @property
     def head_params(self) -> int:
-        return 0 if self.tie_embeddings else self.vocab * self.hidden
+        return (0 if self.tie_embeddings else self.vocab * self.hidden) + (
+            self.vocab if self.head_bias else 0
+        )
 
     @property
     def final_norm_params(self) -> int:
@@ -211,19 +365,21 @@ class ModelSpec(BaseModel):
 
     @property
     def dense_layer_params(self) -> int:
+        """A standard attention + dense-MLP block (the uniform-stack view of memory and latency)."""
         return self.attn_params_per_layer + self.dense_mlp_params + self.norm_params_per_layer
+
+    @property
+    def moe_ffn_params(self) -> int:
+        """Routed experts, shared experts and router of one MoE block."""
+        if not self.is_moe:
+            return 0
+        return self.num_experts * self.expert_params + self.shared_expert_params + self.router_params
 
     @property
     def moe_layer_params(self) -> int:
         if not self.is_moe:
             return 0
-        return (
-            self.attn_params_per_layer
-            + self.num_experts * self.expert_params
-            + self.shared_expert_params
-            + self.router_params
-            + self.norm_params_per_layer
-        )
+        return self.attn_params_per_layer + self.moe_ffn_params + self.norm_params_per_layer
 
     @property
     def moe_layer_active_params(self) -> int:
@@ -231,12 +387,27 @@ class ModelSpec(BaseModel):
             return 0
         return self.moe_layer_params - (self.num_experts - self.moe_topk) * self.expert_params
 
+    def _stack_params(self, *, active: bool) -> int:
+        mixers = (
+            self.attn_layers * self.attn_params_per_layer
+            + self.linear_attn_layers * self.linear_attn_params_per_layer
+            + self.mamba_layers * self.mamba_params_per_layer
+        )
+        moe = self.moe_ffn_params
+        if active and self.is_moe:
+            moe -= (self.num_experts - self.moe_topk) * self.expert_params
+        return (
+            mixers
+            + self.dense_layers * self.dense_mlp_params
+            + self.moe_layers * moe
+            + self.layers * self.norm_params_per_layer
+        )
+
     @property
     def total_params(self) -> int:
-        """All parameters excluding MTP modules (embedding + layers + final norm + untied head)."""
+        """All parameters excluding MTP modules (embedding + blocks + final norm + untied head)."""
         return (
-            self.dense_layers * self.dense_layer_params
-            + self.moe_layers * self.moe_layer_params
+            self._stack_params(active=False)
             + self.embedding_params
             + self.head_params
             + self.final_norm_params
@@ -246,8 +417,7 @@ class ModelSpec(BaseModel):
     def active_params(self) -> int:
         """Parameters touched per token: top-k routed experts, shared experts and every dense part."""
         return (
-            self.dense_layers * self.dense_layer_params
-            + self.moe_layers * self.moe_layer_active_params
+            self._stack_params(active=True)
             + self.embedding_params
             + self.head_params
             + self.final_norm_params
@@ -269,19 +439,38 @@ class ModelSpec(BaseModel):
 
     # ----------------------------------------------------------------------------------- FLOPs
     def _active_matmul_params(self) -> int:
-        dense = self.attn_matmul_params_per_layer + self.dense_mlp_params
-        moe = (
-            (
-                self.attn_matmul_params_per_layer
-                + self.moe_topk * self.expert_params
-                + self.shared_expert_params
-                + self.router_params
+        attn = self.attn_matmul_params_per_layer
+        lin = self.linear_attn_layers and (
+            self.linear_attn_params_per_layer
+            - 2 * self.linear_v_heads
+            - self.linear_v_head_dim  # dt_bias, A_log and the norm are not GEMM weights
+        )
+        mamba = 0
+        if self.mamba_layers:
+            nh = self.mamba_heads
+            # GEMM and conv weights: each is one multiply-add per token (the depthwise conv included).
+            mamba = self.mamba_params_per_layer - (
+                (self.mamba_conv_dim if self.mamba_conv_bias else 0)
+                + (
+                    3 * nh + (self.mamba_inner if self.mamba_gated_norm else 0)
+                    if self.mamba_version == 2
+                    else self.mamba_inner * (self.mamba_state + 2) + self.mamba_dt_rank + 2 * self.mamba_state
+                )
             )
+        moe = (
+            self.moe_topk * self.expert_params + self.shared_expert_params + self.router_params
             if self.is_moe
             else 0
         )
         # The logits GEMM runs whether or not the head is tied; the embedding lookup is not a GEMM.
-        return self.dense_layers * dense + self.moe_layers * moe + self.vocab * self.hidden
+        return (
+            self.attn_layers * attn
+            + self.linear_attn_layers * lin
+            + self.mamba_layers * mamba
+            + self.dense_layers * self._mlp(self.ffn_hidden)
+            + self.moe_layers * moe
+            + self.vocab * self.hidden
+        )
 
     def _context(self, seq_len: int, window: int, causal: bool) -> float:
         """Mean number of keys one query attends to."""
@@ -292,27 +481,54 @@ class ModelSpec(BaseModel):
         # causal sliding window: mean over positions of min(i, w) ~= w - w^2 / (2 s); equals s/2 at w = s.
         return window - window * window / (2 * seq_len)
 
+    @property
+    def linear_attn_core_flops_per_token(self) -> float:
+        """Forward FLOPs of one Gated DeltaNet core per token (no weights; independent of context).
+
+        The recurrent form of the gated delta rule (Yang et al. 2024, arXiv 2412.06464, Eq. 10) per
+        value head with a ``d_k x d_v`` state: read ``S^T k``, rank-1 update ``k (beta (v - S^T k))^T``
+        and output ``S^T q``, three ``d_k d_v`` multiply-adds = ``6 d_k d_v`` FLOPs. The chunked
+        training kernel does extra intra-chunk work, not counted (as FlashAttention's recompute is not).
+        """
+        return 6.0 * self.linear_v_heads * self.linear_k_head_dim * self.linear_v_head_dim
+
+    @property
+    def ssm_core_flops_per_token(self) -> float:
+        """Forward FLOPs of one Mamba scan per token (no weights; independent of context).
+
+        State ``d_inner x d_state``: the update ``h = a h + x B^T`` and the read-out ``y = h C`` are two
+        multiply-adds per state element, ``4 d_inner d_state`` FLOPs (Mamba2 SSD, Dao & Gu 2024, arXiv
+        2405.21060, Sec. 6, recurrent form; the same count for Mamba1's selective scan); the ``D``
+        skip and the discretization are elementwise and not counted.
+        """
+        return 4.0 * self.mamba_inner * self.mamba_state
+
     def flops_per_token(self, seq_len: int, *, attention: bool = True, causal: bool = False) -> float:
         """Training FLOPs per token (forward + backward = 3x forward), model FLOPs without recompute.
 
         ``6 * N_active_matmul`` (Kaplan et al. 2020, arXiv 2001.08361, Sec. 2.1) counts every weight
-        GEMM of the active parameters, including the output-logits GEMM and excluding the embedding
-        lookup, norms and biases. The attention term follows PaLM (arXiv 2204.02311, App. B,
-        ``6N + 12 L H Q T``) and Megatron-LM ``num_floating_point_operations``: per layer and token the
-        forward pass costs ``2 * ctx * heads * qk_head_dim`` (QK^T) plus ``2 * ctx * heads * v_dim``
-        (PV), times 3 for training. ``ctx`` is ``seq_len`` (the convention of PaLM and Megatron),
-        ``seq_len / 2`` with ``causal=True``, and at most the window on sliding-window layers.
+        GEMM of the active parameters, including the output-logits GEMM and the depthwise convs of
+        linear-attention and Mamba mixers, and excluding the embedding lookup, norms and biases. The
+        attention term follows PaLM (arXiv 2204.02311, App. B, ``6N + 12 L H Q T``) and Megatron-LM
+        ``num_floating_point_operations``: per attention layer and token the forward pass costs
+        ``2 * ctx * heads * qk_head_dim`` (QK^T) plus ``2 * ctx * heads * v_dim`` (PV), times 3 for
+        training. ``ctx`` is ``seq_len`` (the convention of PaLM and Megatron), ``seq_len / 2`` with
+        ``causal=True``, and at most the window on sliding-window layers. Linear-attention and Mamba
+        layers add ``3x`` their recurrent core (:attr:`linear_attn_core_flops_per_token`,
+        :attr:`ssm_core_flops_per_token`), which does not grow with the context.
         """
         if seq_len <= 0:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
         flops = 6.0 * self._active_matmul_params()
         if attention:
             per_ctx = 6.0 * self.heads * (self.qk_head_dim + self.v_dim)
-            full = self.layers - self.sliding_window_layers
+            full = self.attn_layers - self.sliding_window_layers
             flops += per_ctx * full * self._context(seq_len, 0, causal)
             flops += (
                 per_ctx * self.sliding_window_layers * self._context(seq_len, self.sliding_window, causal)
             )
+            flops += 3.0 * self.linear_attn_layers * self.linear_attn_core_flops_per_token
+            flops += 3.0 * self.mamba_layers * self.ssm_core_flops_per_token
         return flops
 
     # -------------------------------------------------------------------------------- KV cache
@@ -322,55 +538,398 @@ class ModelSpec(BaseModel):
         return self.kv_lora_rank + self.qk_rope_head_dim if self.is_mla else 2 * self.kv_heads * self.head_dim
 
     def kv_cache_bytes_per_token(self, bytes_per_elem: float = 2) -> float:
-        """KV-cache bytes per cached token summed over all layers (MTP layers excluded).
+        """KV-cache bytes per cached token summed over the attention layers (MTP layers excluded).
 
         Sliding-window layers are counted per token like the others: the window caps only the total
-        a sequence holds, see :meth:`kv_cache_bytes`.
+        a sequence holds, see :meth:`kv_cache_bytes`. Linear-attention and Mamba layers hold a
+        fixed-size state instead (:meth:`recurrent_state_bytes`).
         """
-        return float(self.layers * self.kv_cache_elems_per_token_per_layer * bytes_per_elem)
+        return float(self.attn_layers * self.kv_cache_elems_per_token_per_layer * bytes_per_elem)
 
     def kv_cache_bytes(self, seq_len: int, bytes_per_elem: float = 2) -> float:
         """KV-cache bytes of one sequence of ``seq_len`` tokens; sliding layers hold at most the window."""
-        full = self.layers - self.sliding_window_layers
+        full = self.attn_layers - self.sliding_window_layers
         tokens = full * seq_len + self.sliding_window_layers * min(seq_len, self.sliding_window or seq_len)
         return float(tokens * self.kv_cache_elems_per_token_per_layer * bytes_per_elem)
 
+    def recurrent_state_bytes(self, bytes_per_elem: float = 2) -> float:
+        """Per-sequence state of the linear-attention and Mamba layers (does not grow with the context).
+
+        Gated DeltaNet (vLLM/transformers Qwen3-Next cache): the conv state, ``(width - 1)`` past
+        inputs of q, k and v, and a ``d_k x d_v`` state per value head. Mamba: the conv state,
+        ``(width - 1) x conv_dim``, and the SSM state ``d_inner x d_state``. Both at ``bytes_per_elem``
+        (runtimes that keep the SSM state in fp32 hold twice the SSM part).
+        """
+        lin = 0
+        if self.linear_attn_layers:
+            kd = self.linear_k_heads * self.linear_k_head_dim
+            vd = self.linear_v_heads * self.linear_v_head_dim
+            lin = (self.linear_conv - 1) * (2 * kd + vd) + self.linear_v_heads * (
+                self.linear_k_head_dim * self.linear_v_head_dim
+            )
+        mamba = 0
+        if self.mamba_layers:
+            mamba = (self.mamba_conv - 1) * self.mamba_conv_dim + self.mamba_inner * self.mamba_state
+        return float((self.linear_attn_layers * lin + self.mamba_layers * mamba) * bytes_per_elem)
+
     def to_dict(self) -> dict[str, Any]:
         d = self.model_dump()
+        d["warnings"] = list(self.warnings)
         d["total_params"] = self.total_params
         d["active_params"] = self.active_params
         return d
 
 
 # =========================================================================== HF normalization
-# model_type -> family. Every family below is handled explicitly by _normalize_hf.
-_FAMILY = {
-    "llama": "llama",
-    "mistral": "llama",
-    "qwen2": "llama",
-    "qwen3": "llama",
-    "nemotron": "llama",
-    "mixtral": "mixtral",
-    "grok-1": "mixtral",
-    "grok1": "mixtral",
-    "qwen2_moe": "qwen_moe",
-    "qwen3_moe": "qwen_moe",
-    "deepseek_v2": "deepseek",
-    "deepseek_v3": "deepseek",
-    "kimi_k2": "deepseek",
-    "gpt_oss": "gpt_oss",
-    "llama4_text": "llama4",
-    "gpt2": "gpt2",
-    "gpt_neox": "gpt_neox",
+# The normalizer reads a config by the fields that change parameters, FLOPs, memory or communication,
+# not by model name. model_type only picks the semantics a field has in its transformers class (is
+# ``intermediate_size`` the dense or the per-expert width? which layers are sliding?) and the class
+# defaults for absent fields. A model_type not in _ARCH is read as a plain decoder (Llama semantics)
+# when every one of its fields is understood; a field that is not is named in the refusal.
+
+# Aliases: other spellings of the canonical (Llama) names. Canonical wins; a conflict is refused.
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "hidden_size": ("d_model", "n_embd", "dim", "model_dim"),
+    "num_hidden_layers": ("n_layers", "n_layer", "num_layers"),
+    "num_attention_heads": ("n_heads", "n_head", "num_heads"),
+    "num_key_value_heads": ("num_kv_heads", "n_head_kv", "kv_n_heads", "multi_query_group_num"),
+    "intermediate_size": ("ffn_hidden_size", "n_inner", "ffn_dim"),
+    "max_position_embeddings": ("n_positions", "max_seq_len", "seq_length", "max_sequence_length"),
+    "head_dim": ("attention_head_dim", "kv_channels"),
+    "num_local_experts": ("moe_num_experts",),
+    "num_experts_per_tok": ("moe_top_k", "experts_per_token"),
 }
-SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILY))
-# multimodal wrappers whose text_config is one of the above
+# Nested sub-configs whose keys belong to the decoder (DBRX attn_config / ffn_config).
+_NESTED = ("attn_config", "ffn_config")
+# Wrapper keys holding the text decoder of a multimodal (or thinker) config, first found wins.
+_TEXT_KEYS = ("text_config", "llm_config", "language_config", "text_model", "language_model_config")
+_TOWER_KEYS = {
+    "vision_config": "vision",
+    "vision_tower_config": "vision",
+    "visual": "vision",
+    "audio_config": "audio",
+    "speech_config": "audio",
+}
+
+# Keys that change neither parameters nor FLOPs nor memory (token ids, dropout, init, epsilons,
+# position-encoding details, scalar multipliers, logit soft-capping, runtime flags, storage dtype).
+# rope_theta / rope_scaling (transformers < 5) and rope_parameters (>= 5) only set max_position.
+_NO_COST = frozenset(
+    """
+    _name_or_path architectures auto_map model_type transformers_version torch_dtype dtype use_cache
+    bos_token_id eos_token_id pad_token_id sep_token_id decoder_start_token_id initializer_range
+    rms_norm_eps layer_norm_eps layer_norm_epsilon norm_eps norm_epsilon attention_dropout hidden_dropout
+    embd_pdrop resid_pdrop attn_pdrop emb_pdrop summary_activation summary_first_dropout
+    summary_proj_to_labels summary_type summary_use_proj output_attentions output_hidden_states
+    rope_theta rope_scaling rope_parameters rope_type partial_rotary_factor rotary_pct rotary_emb_base
+    rotary_dim pretraining_tp tie_word_embeddings quantization_config quantization
+    id2label label2id task_specific_params problem_type tokenizer_class prefix return_dict
+    torchscript pruned_heads chunk_size_feed_forward is_encoder_decoder is_decoder add_cross_attention
+    tie_encoder_decoder cross_attention_hidden_size finetuning_task max_length min_length do_sample
+    early_stopping num_beams temperature top_k top_p typical_p repetition_penalty length_penalty
+    no_repeat_ngram_size encoder_no_repeat_ngram_size bad_words_ids num_return_sequences
+    output_scores return_dict_in_generate forced_bos_token_id forced_eos_token_id
+    remove_invalid_values exponential_decay_length_penalty suppress_tokens begin_suppress_tokens
+    num_beam_groups diversity_penalty use_bfloat16 tf_legacy_loss output_router_logits
+    router_aux_loss_coef router_z_loss_coef norm_topk_prob routed_scaling_factor scoring_func
+    topk_method n_group topk_group aux_loss_alpha seq_aux ep_size router_jitter_noise
+    attn_logit_softcapping final_logit_softcapping query_pre_attn_scalar logit_scale
+    embedding_multiplier residual_multiplier attention_multiplier logits_scaling
+    hidden_act hidden_activation mlp_hidden_act max_window_layers use_sliding_window
+    original_max_position_embeddings use_flash_attn attn_implementation _attn_implementation
+    initializer_factor use_return_dict gradient_checkpointing
+    """.split()
+)
+# The fields a plain decoder (Llama semantics) understands.
+_PLAIN = frozenset(
+    """
+    hidden_size num_hidden_layers num_attention_heads num_key_value_heads head_dim intermediate_size
+    vocab_size max_position_embeddings attention_bias mlp_bias sliding_window layer_types
+    """.split()
+)
+
+
+# Fields that some model_type's semantics read (beyond a plain decoder's).
+_READ_BY_SOME_CLASS = frozenset(
+    """
+    num_local_experts num_experts n_routed_experts num_experts_per_tok moe_intermediate_size
+    shared_expert_intermediate_size n_shared_experts moe_shared_expert_intermediate_size
+    first_k_dense_replace moe_layer_freq decoder_sparse_step mlp_only_layers moe_layers
+    interleave_moe_layer_step intermediate_size_mlp attention_chunk_size no_rope_layers
+    no_rope_layer_interval q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim
+    num_nextn_predict_layers use_qk_norm full_attention_interval linear_conv_kernel_dim
+    linear_key_head_dim linear_value_head_dim linear_num_key_heads linear_num_value_heads
+    hybrid_override_pattern mamba_num_heads mamba_head_dim ssm_state_size n_groups conv_kernel
+    use_conv_bias mamba_d_state mamba_d_conv mamba_expand mamba_dt_rank mamba_conv_bias
+    attn_layer_period attn_layer_offset expert_layer_period expert_layer_offset mamba_n_heads
+    mamba_d_head mamba_d_ssm mamba_n_groups mamba_rms_norm sliding_window_pattern bias use_bias
+    new_decoder_architecture multi_query parallel_attn num_ln_in_parallel_attn lm_head_bias
+    use_parallel_residual
+    """.split()
+)
+
+
+class _Arch:
+    """Semantics and transformers-class defaults of one model_type."""
+
+    def __init__(self, cls: str, *, defaults: dict | None = None, **traits: Any) -> None:
+        self.cls = cls  # the configuration class whose defaults fill absent fields
+        self.defaults = defaults or {}
+        self.norm: str = traits.pop("norm", "rmsnorm")
+        self.norms: int = traits.pop("norms", 2)
+        self.gated: bool = traits.pop("gated", True)
+        self.qkv_bias: Any = traits.pop("qkv_bias", "attention_bias")  # bool or the config field
+        self.o_bias: Any = traits.pop("o_bias", "attention_bias")
+        self.mlp_bias: Any = traits.pop("mlp_bias", "mlp_bias")
+        self.qk_norm: str = traits.pop("qk_norm", "none")
+        self.parallel: bool = traits.pop("parallel", False)
+        self.moe: str = traits.pop("moe", "none")
+        self.sliding: str = traits.pop("sliding", "layer_types")
+        self.mixer: str = traits.pop("mixer", "attention")
+        self.tie: bool = traits.pop("tie", False)
+        self.extra: frozenset = frozenset(traits.pop("extra", ()))  # further understood fields
+        assert not traits, traits
+
+
+_LLAMA = dict(defaults={"attention_bias": False, "mlp_bias": False})
+_ARCH: dict[str, _Arch] = {
+    "llama": _Arch("LlamaConfig", **_LLAMA),
+    "mistral": _Arch("MistralConfig", qkv_bias=False, o_bias=False, mlp_bias=False, sliding="all"),
+    "mixtral": _Arch("MixtralConfig", qkv_bias=False, o_bias=False, mlp_bias=False, moe="all", sliding="all"),
+    "grok-1": _Arch(
+        "Grok1Config (xai-org remote code)", qkv_bias=False, o_bias=False, mlp_bias=False, moe="all", tie=True
+    ),
+    "qwen2": _Arch("Qwen2Config", qkv_bias=True, o_bias=False, mlp_bias=False, sliding="qwen"),
+    "qwen2_moe": _Arch(
+        "Qwen2MoeConfig", qkv_bias=True, o_bias=False, mlp_bias=False, moe="qwen", sliding="qwen"
+    ),
+    "qwen3": _Arch("Qwen3Config", qk_norm="head", mlp_bias=False, sliding="qwen", **_LLAMA),
+    "qwen3_moe": _Arch(
+        "Qwen3MoeConfig", qk_norm="head", mlp_bias=False, moe="qwen", sliding="qwen", **_LLAMA
+    ),
+    "qwen3_next": _Arch(
+        "Qwen3NextConfig",
+        defaults={
+            "attention_bias": False,
+            "full_attention_interval": 4,
+            "linear_conv_kernel_dim": 4,
+            "decoder_sparse_step": 1,
+            "num_experts": 512,
+            "num_experts_per_tok": 10,
+        },
+        qk_norm="head",
+        mlp_bias=False,
+        moe="qwen",
+        mixer="qwen3_next",
+        extra=(
+            "full_attention_interval",
+            "linear_conv_kernel_dim",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+        ),
+    ),
+    "nemotron": _Arch("NemotronConfig", norm="layernorm", gated=False, **_LLAMA),
+    "deepseek_v2": _Arch("DeepseekV2Config", qkv_bias=False, o_bias=False, mlp_bias=False, moe="deepseek"),
+    "deepseek_v3": _Arch("DeepseekV3Config", qkv_bias=False, o_bias=False, mlp_bias=False, moe="deepseek"),
+    "kimi_k2": _Arch(
+        "DeepseekV3Config (Kimi K2)", qkv_bias=False, o_bias=False, mlp_bias=False, moe="deepseek"
+    ),
+    "glm4_moe": _Arch(
+        "Glm4MoeConfig",
+        defaults={"attention_bias": False, "use_qk_norm": False},
+        o_bias=False,
+        mlp_bias=False,
+        qk_norm="field:use_qk_norm:head",
+        moe="deepseek",
+    ),
+    "glm4": _Arch("Glm4Config", defaults={"attention_bias": True}, o_bias=False, mlp_bias=False, norms=4),
+    "gpt_oss": _Arch("GptOssConfig", mlp_bias=False, moe="all", sliding="gpt_oss", **_LLAMA),
+    "llama4_text": _Arch(
+        "Llama4TextConfig",
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        moe="llama4",
+        sliding="llama4",
+        defaults={"interleave_moe_layer_step": 1, "no_rope_layer_interval": 4},
+    ),
+    "gpt2": _Arch(
+        "GPT2Config", norm="layernorm", gated=False, qkv_bias=True, o_bias=True, mlp_bias=True, tie=True
+    ),
+    "gpt_neox": _Arch(
+        "GPTNeoXConfig",
+        norm="layernorm",
+        gated=False,
+        defaults={"attention_bias": True},
+        mlp_bias=True,
+        parallel=False,
+    ),
+    "gemma": _Arch(
+        "GemmaConfig", defaults={"head_dim": 256, "attention_bias": False}, mlp_bias=False, tie=True
+    ),
+    "gemma2": _Arch(
+        "Gemma2Config",
+        defaults={"head_dim": 256, "sliding_window": 4096, "attention_bias": False},
+        mlp_bias=False,
+        norms=4,
+        sliding="gemma2",
+        tie=True,
+    ),
+    "gemma3_text": _Arch(
+        "Gemma3TextConfig",
+        defaults={
+            "head_dim": 256,
+            "sliding_window": 4096,
+            "sliding_window_pattern": 6,
+            "attention_bias": False,
+            "max_position_embeddings": 131072,
+            "vocab_size": 262208,
+        },
+        mlp_bias=False,
+        norms=4,
+        qk_norm="head",
+        sliding="gemma3",
+        tie=True,
+        extra=("sliding_window_pattern",),
+    ),
+    "cohere": _Arch(
+        "CohereConfig",
+        defaults={"use_qk_norm": False, "attention_bias": False},
+        norm="layernorm_nobias",
+        norms=1,
+        parallel=True,
+        mlp_bias=False,
+        qk_norm="field:use_qk_norm:full",
+        tie=True,
+    ),
+    "phi3": _Arch("Phi3Config", qkv_bias=False, o_bias=False, mlp_bias=False, sliding="all"),
+    "phimoe": _Arch(
+        "PhimoeConfig",
+        norm="layernorm",
+        defaults={"attention_bias": False, "lm_head_bias": False},
+        mlp_bias=False,
+        moe="all",
+        sliding="all",
+        extra=("lm_head_bias",),
+    ),
+    "olmo2": _Arch("Olmo2Config", qk_norm="full", **_LLAMA),
+    "olmoe": _Arch("OlmoeConfig", qk_norm="full", moe="all", **_LLAMA),
+    "granite": _Arch("GraniteConfig", **_LLAMA),
+    "granitemoe": _Arch("GraniteMoeConfig", mlp_bias=False, moe="all", **_LLAMA),
+    "internlm2": _Arch(
+        "InternLM2Config (internlm remote code)",
+        defaults={"bias": True},
+        qkv_bias="bias",
+        o_bias="bias",
+        mlp_bias="bias",
+    ),
+    "falcon": _Arch(
+        "FalconConfig",
+        norm="layernorm",
+        gated=False,
+        parallel=True,
+        tie=True,
+        defaults={
+            "bias": False,
+            "multi_query": True,
+            "new_decoder_architecture": False,
+            "parallel_attn": True,
+            "alibi": False,
+            "num_ln_in_parallel_attn": None,
+        },
+        qkv_bias="bias",
+        o_bias="bias",
+        mlp_bias="bias",
+    ),
+    "dbrx": _Arch(
+        "DbrxConfig",
+        norm="layernorm_nobias",
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        moe="all",
+        defaults={"num_key_value_heads": 1},  # DbrxAttentionConfig kv_n_heads default 1
+    ),
+    "starcoder2": _Arch(
+        "Starcoder2Config",
+        norm="layernorm",
+        gated=False,
+        defaults={"use_bias": True},
+        qkv_bias="use_bias",
+        o_bias="use_bias",
+        mlp_bias="use_bias",
+        sliding="all",
+        tie=True,
+    ),
+    "jamba": _Arch(
+        "JambaConfig",
+        defaults={
+            "attn_layer_period": 8,
+            "attn_layer_offset": 4,
+            "expert_layer_period": 2,
+            "expert_layer_offset": 1,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_dt_rank": "auto",
+            "mamba_conv_bias": True,
+            "mamba_proj_bias": False,
+            "num_experts": 16,
+            "num_experts_per_tok": 2,
+        },
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        moe="jamba",
+        mixer="jamba",
+    ),
+    "nemotron_h": _Arch(
+        "NemotronHConfig",
+        defaults={
+            "attention_bias": False,
+            "mlp_bias": False,
+            "use_conv_bias": True,
+            "mamba_proj_bias": False,
+            "conv_kernel": 4,
+            "n_groups": 8,
+            "mlp_hidden_act": "relu2",
+        },
+        gated=False,
+        norms=1,
+        moe="nemotron_h",
+        mixer="nemotron_h",
+    ),
+    "falcon_h1": _Arch(
+        "FalconH1Config",
+        defaults={
+            "attention_bias": False,
+            "mlp_bias": False,
+            "mamba_conv_bias": True,
+            "mamba_proj_bias": False,
+            "mamba_rms_norm": False,
+            "mamba_d_conv": 4,
+            "mamba_n_groups": 1,
+            "projectors_bias": False,
+        },
+        mixer="falcon_h1",
+    ),
+}
+_ARCH["grok1"] = _ARCH["grok-1"]
+_ARCH["mistral3_text"] = _ARCH["mistral"]
+SUPPORTED_MODEL_TYPES = tuple(sorted(_ARCH))
+# multimodal wrappers whose text_config is one of the above, and older spellings
 _TEXT_ALIASES = {
     "llama4": "llama4_text",
     "qwen2_5_vl_text": "qwen2",
     "qwen2_vl_text": "qwen2",
     "qwen3_vl_text": "qwen3",
     "qwen3_vl_moe_text": "qwen3_moe",
+    "gemma3": "gemma3_text",
+    "RefinedWeb": "falcon",
+    "RefinedWebModel": "falcon",
+    "internlm2_5": "internlm2",
 }
 _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -380,6 +939,7 @@ _ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen3NextForCausalLM": "qwen3_next",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v3",
     "GptOssForCausalLM": "gpt_oss",
@@ -387,35 +947,57 @@ _ARCHITECTURES = {
     "Grok1ModelForCausalLM": "grok-1",
     "Grok1ForCausalLM": "grok-1",
     "NemotronForCausalLM": "nemotron",
+    "NemotronHForCausalLM": "nemotron_h",
     "GPT2LMHeadModel": "gpt2",
     "GPTNeoXForCausalLM": "gpt_neox",
+    "InternLM2ForCausalLM": "internlm2",
+    "DbrxForCausalLM": "dbrx",
+    "FalconForCausalLM": "falcon",
+    "RWForCausalLM": "falcon",
+    "JambaForCausalLM": "jamba",
+    "FalconH1ForCausalLM": "falcon_h1",
 }
-# transformers' class default for tie_word_embeddings when the config omits it
-_TIE_DEFAULT = {"gpt2": True, "grok-1": True, "grok1": True}
-# 3-matrix gated MLP unless listed (GPT-2/NeoX: GELU fc1/fc2; Nemotron: squared-ReLU fc1/fc2)
-_UNGATED = {"gpt2", "gpt_neox", "nemotron"}
-_LAYERNORM = {"gpt2", "gpt_neox", "nemotron"}  # Nemotron's LayerNorm1P has weight and bias
+_UNGATED_ACTS = {"gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "relu2", "gelu_fast"}
 
 
-def _int(cfg: dict, key: str, default: Any = ..., *, ctx: str = "") -> int:
-    """Read an integer field; a missing (or null) required field raises ModelConfigError naming it."""
+def _int(cfg: dict, key: str, default: Any = ..., *, ctx: str = "", lenient: bool = False) -> int:
+    """Read an integer field; a missing (or null) required field raises ModelConfigError naming it.
+
+    A config.json holds JSON numbers: a string there is refused. ``lenient`` (raw dimensions, e.g.
+    CSV cells) accepts numeric strings.
+    """
     v = cfg.get(key)
     if v is None:
         if default is ...:
             raise ModelConfigError(
                 f"{ctx}missing required field {key!r}",
-                "add it to the config (see REFERENCE.md Part C(d) for the aliases read)",
+                "add it to the config (see README 'The model' for the fields and aliases read)",
             )
         return default
+    if isinstance(v, str) and not lenient:
+        raise ModelConfigError(
+            f"{ctx}field {key!r} must be a JSON number, got the string {v!r}", "remove the quotes"
+        )
     if isinstance(v, bool) or not isinstance(v, int | float | str):
-        raise ModelConfigError(f"{ctx}field {key!r} must be an integer, got {v!r}")
+        raise ModelConfigError(f"{ctx}field {key!r} must be an integer, got {v!r}", "write a JSON integer")
     try:
         f = float(v)
     except ValueError:
-        raise ModelConfigError(f"{ctx}field {key!r} must be an integer, got {v!r}") from None
-    if not f.is_integer():
-        raise ModelConfigError(f"{ctx}field {key!r} must be an integer, got {v!r}")
+        raise ModelConfigError(
+            f"{ctx}field {key!r} must be an integer, got {v!r}", "write a JSON integer"
+        ) from None
+    if not f.is_integer():  # NaN and infinities are not integers either
+        raise ModelConfigError(f"{ctx}field {key!r} must be an integer, got {v!r}", "write a JSON integer")
     return int(f)
+
+
+def _bool(cfg: dict, key: str, default: bool, *, ctx: str) -> bool:
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ModelConfigError(f"{ctx}field {key!r} must be true or false, got {v!r}", "write true or false")
+    return v
 
 
 def _first_int(cfg: dict, keys: tuple[str, ...], *, ctx: str) -> int:
@@ -430,88 +1012,260 @@ def _first_int(cfg: dict, keys: tuple[str, ...], *, ctx: str) -> int:
 
 def _resolve_model_type(cfg: dict) -> str:
     mt = cfg.get("model_type")
-    mt = _TEXT_ALIASES.get(mt, mt) if isinstance(mt, str) else mt
-    if mt in _FAMILY:
+    if mt is not None and not isinstance(mt, str):
+        raise ModelConfigError(f"field 'model_type' must be a string, got {mt!r}")
+    mt = _TEXT_ALIASES.get(mt, mt) if mt else mt
+    if mt:
         return mt
-    for arch in cfg.get("architectures") or []:
+    archs = cfg.get("architectures") or []
+    if not isinstance(archs, list):
+        raise ModelConfigError(f"field 'architectures' must be a list, got {archs!r}")
+    for arch in archs:
         if arch in _ARCHITECTURES:
             return _ARCHITECTURES[arch]
-    what = f"model_type {mt!r}" if mt else f"architectures {cfg.get('architectures')!r}"
     raise UnsupportedArchitecture(
-        f"unsupported architecture: {what}",
-        f"autopar models only these model_type values: {', '.join(SUPPORTED_MODEL_TYPES)}; "
-        "pass raw dimensions (ModelSpec field names) to describe another model",
+        f"no model_type and unknown architectures {archs!r}",
+        "add model_type to the config, or pass raw dimensions (ModelSpec field names)",
     )
 
 
-def _unwrap_text_config(cfg: dict) -> dict:
-    """Multimodal wrappers nest the decoder under ``text_config``; its keys win over the wrapper's."""
-    text = cfg.get("text_config")
-    if text is None:
-        return cfg
-    if not isinstance(text, dict):
-        raise ModelConfigError(f"text_config must be an object, got {type(text).__name__}")
-    skip = {"text_config", "vision_config", "audio_config", "model_type", "architectures"}
-    merged = {k: v for k, v in cfg.items() if k not in skip}
-    merged.update(text)
-    if "model_type" not in text and "model_type" in cfg:
-        merged["model_type"] = cfg["model_type"]
-    if "architectures" in cfg and "architectures" not in text:
-        merged["architectures"] = cfg["architectures"]
-    return merged
+def _tower_params(kind: str, t: Any, ctx: str) -> tuple[int, str]:
+    """(parameters, note) of a vision/audio tower; 0 with a note when its shape is not readable.
+
+    Counted as a standard ViT encoder (CLIP / SigLIP): per layer Q, K, V, O with biases, a
+    two-matrix MLP with biases and two LayerNorms; plus the patch embedding (conv with bias) and one
+    learned position embedding per patch when ``image_size`` is given. Towers of another shape
+    (gated MLP, window attention, merger) differ by a few percent: the figure is approximate.
+    """
+    if not isinstance(t, dict):
+        return 0, f"{kind} tower present but not an object: not counted"
+    try:
+        h = _first_int(t, ("hidden_size", "embed_dim", "width", "d_model"), ctx=ctx)
+        L = _first_int(t, ("num_hidden_layers", "depth", "num_layers", "encoder_layers"), ctx=ctx)
+    except ModelConfigError:
+        return 0, f"{kind} tower present but its width/depth fields are not given: not counted"
+    ffn = _int(t, "intermediate_size", 4 * h, ctx=ctx)
+    layer = 4 * h * h + 4 * h + 2 * h * ffn + ffn + h + 4 * h
+    p = L * layer + 2 * h
+    patch = _int(t, "patch_size", 0, ctx=ctx)
+    if patch:
+        ch = _int(t, "num_channels", 3, ctx=ctx)
+        p += ch * patch * patch * h + h
+        img = _int(t, "image_size", 0, ctx=ctx)
+        if img:
+            p += (img // patch) ** 2 * h
+    return p, f"{kind} tower ~{p / 1e9:.2f} B parameters (standard ViT count), reported apart, not costed"
 
 
-def _layer_kinds(cfg: dict, mt: str, L: int, ctx: str) -> list[bool]:
-    """Per-layer flag: True where the layer's MLP is a routed MoE (transformers' modeling code)."""
-    fam = _FAMILY[mt]
-    if fam in ("mixtral", "gpt_oss"):
+def _split_wrapper(cfg: dict, ctx: str) -> tuple[dict, dict[str, int], list[str]]:
+    """The text decoder of a (multimodal) wrapper, its towers' parameters and the warnings."""
+    towers: dict[str, int] = {"vision": 0, "audio": 0}
+    warnings: list[str] = []
+    dec = cfg
+    key = next((k for k in _TEXT_KEYS if cfg.get(k) is not None), None)
+    if key is not None:
+        text = cfg[key]
+        if not isinstance(text, dict):
+            raise ModelConfigError(f"{ctx}{key} must be an object, got {type(text).__name__}")
+        skip = {key, *_TOWER_KEYS, "model_type", "architectures"}
+        dec = {k: v for k, v in cfg.items() if k not in skip}
+        dec.update(text)
+        if "model_type" not in text and "model_type" in cfg:
+            dec["model_type"] = cfg["model_type"]
+        if "architectures" in cfg and "architectures" not in text:
+            dec["architectures"] = cfg["architectures"]
+    for tk, kind in _TOWER_KEYS.items():
+        if cfg.get(tk) is not None:
+            p, note = _tower_params(kind, cfg[tk], ctx)
+            towers[kind] += p
+            warnings.append(f"{note}; the text decoder alone is costed")
+    return dec, towers, warnings
+
+
+def _canonical(dec: dict, arch: _Arch | None, mt: str, ctx: str) -> dict:
+    """Aliases and nesting resolved to the canonical names; class defaults for absent fields."""
+    cfg = dict(dec)
+    for nk in _NESTED:
+        sub = cfg.pop(nk, None)
+        if sub is None:
+            continue
+        if not isinstance(sub, dict):
+            raise ModelConfigError(f"{ctx}{nk} must be an object, got {type(sub).__name__}")
+        for k, v in sub.items():
+            if k == "ffn_act_fn":
+                name = v.get("name") if isinstance(v, dict) else v
+                if name not in ("silu", "swiglu"):
+                    raise UnsupportedArchitecture(
+                        f"{ctx}{nk}.ffn_act_fn {v!r}", "only SiLU-gated experts are modeled"
+                    )
+                continue
+            if k in (
+                "clip_qkv",
+                "rope_theta",
+                "moe_jitter_eps",
+                "moe_loss_weight",
+                "moe_normalize_expert_weights",
+                "uniform_expert_assignment",
+                "attn_pdrop",
+            ):
+                continue  # DbrxAttentionConfig / DbrxFFNConfig fields without a cost
+            if k in cfg and cfg[k] != v:
+                raise ModelConfigError(f"{ctx}{nk}.{k}={v!r} conflicts with top-level {k}={cfg[k]!r}")
+            cfg[k] = v
+    for canon, aliases in _ALIASES.items():
+        for al in aliases:
+            if al in cfg and cfg[al] is not None:
+                if canon in cfg and cfg[canon] is not None and cfg[canon] != cfg[al]:
+                    raise ModelConfigError(
+                        f"{ctx}{al}={cfg[al]!r} and {canon}={cfg[canon]!r} disagree",
+                        "keep one of the two spellings",
+                    )
+                cfg[canon] = cfg[al]
+            cfg.pop(al, None)
+    if arch is not None:
+        for k, v in arch.defaults.items():
+            if cfg.get(k) is None:
+                cfg[k] = v
+    return cfg
+
+
+def _check_understood(cfg: dict, mt: str, ctx: str) -> None:
+    """A model_type without known semantics loads only when every field of its config is understood."""
+    # fields no known model_type reads first: they are the likely new cost (e.g. a sparse-attention
+    # indexer); then fields whose meaning is specific to another model_type's class
+    unknown = sorted(
+        (k for k in cfg if k not in _PLAIN and k not in _NO_COST and cfg[k] is not None),
+        key=lambda k: (k in _READ_BY_SOME_CLASS, k),
+    )
+    if unknown:
+        raise UnsupportedArchitecture(
+            f"{ctx}model_type {mt!r} is not one autopar knows, and its field {unknown[0]!r} is not understood"
+            + (f" (nor {len(unknown) - 1} more)" if len(unknown) > 1 else ""),
+            "if that field changes no parameter, FLOP or cache size, remove it and load again; otherwise "
+            "describe the model with raw dimensions (ModelSpec field names). Known model_types: "
+            + ", ".join(SUPPORTED_MODEL_TYPES),
+        )
+
+
+def _flag(arch: _Arch, rule: Any, cfg: dict, ctx: str) -> bool:
+    if isinstance(rule, bool):
+        return rule
+    return _bool(cfg, rule, False, ctx=ctx)
+
+
+def _mixers(cfg: dict, arch: _Arch, mt: str, L: int, ctx: str) -> tuple[list[str], list[str]]:
+    """Per block: mixer ('attention', 'linear', 'mamba', 'none') and feed-forward ('mlp', 'moe', 'none')."""
+    mix = ["attention"] * L
+    ffn = ["mlp"] * L
+    if arch.mixer == "qwen3_next":  # Qwen3NextConfig: linear except every full_attention_interval-th
+        types = cfg.get("layer_types")
+        if types is None:
+            k = _int(cfg, "full_attention_interval", ctx=ctx)
+            types = ["linear_attention" if (i + 1) % k else "full_attention" for i in range(L)]
+        if not isinstance(types, list) or len(types) != L:
+            raise ModelConfigError(f"{ctx}layer_types must list {L} entries")
+        for i, t in enumerate(types):
+            if t not in ("linear_attention", "full_attention"):
+                raise UnsupportedArchitecture(
+                    f"{ctx}layer type {t!r} in layer_types", "qwen3_next: linear_attention or full_attention"
+                )
+            mix[i] = "linear" if t == "linear_attention" else "attention"
+    elif arch.mixer == "jamba":  # JambaConfig.layers_block_type
+        p, o = _int(cfg, "attn_layer_period", ctx=ctx), _int(cfg, "attn_layer_offset", ctx=ctx)
+        mix = ["attention" if i % p == o else "mamba" for i in range(L)]
+    elif arch.mixer == "nemotron_h":  # NemotronHConfig.hybrid_override_pattern, one char per block
+        pat = cfg.get("hybrid_override_pattern")
+        if not isinstance(pat, str):
+            raise ModelConfigError(f"{ctx}missing required field 'hybrid_override_pattern' (a string)")
+        if len(pat) != L:
+            raise ModelConfigError(f"{ctx}hybrid_override_pattern has {len(pat)} characters for {L} layers")
+        table = {
+            "M": ("mamba", "none"),
+            "*": ("attention", "none"),
+            "-": ("none", "mlp"),
+            "E": ("none", "moe"),
+        }
+        for i, c in enumerate(pat):
+            if c not in table:
+                raise UnsupportedArchitecture(
+                    f"{ctx}block {c!r} in hybrid_override_pattern",
+                    "known blocks: M (Mamba2), * (attention), - (MLP), E (MoE)",
+                )
+            mix[i], ffn[i] = table[c]
+    elif arch.mixer == "falcon_h1":
+        if cfg.get("attn_layer_indices") not in (None, []):
+            raise UnsupportedArchitecture(
+                f"{ctx}attn_layer_indices", "only Falcon-H1 with attention in every block is modeled"
+            )
+    return mix, ffn
+
+
+def _moe_layers(cfg: dict, arch: _Arch, L: int, ffn: list[str], ctx: str) -> list[bool]:
+    """Per block: True where the feed-forward part is a routed MoE (transformers' modeling code)."""
+    rule = arch.moe
+    if rule == "all":
         return [True] * L
-    if fam == "qwen_moe":  # Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer
-        if _int(cfg, "num_experts", ctx=ctx) == 0:
+    if rule == "nemotron_h":
+        return [f == "moe" for f in ffn]
+    if rule == "qwen":  # Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer / Qwen3NextDecoderLayer
+        if _int(cfg, "num_experts", 0, ctx=ctx) == 0:
             return [False] * L
         step = _int(cfg, "decoder_sparse_step", 1, ctx=ctx)
         only = set(cfg.get("mlp_only_layers") or [])
         return [i not in only and step > 0 and (i + 1) % step == 0 for i in range(L)]
-    if fam == "deepseek":  # DeepseekV3DecoderLayer: MoE only when n_routed_experts is set
+    if rule == "deepseek":  # DeepseekV3DecoderLayer / Glm4MoeDecoderLayer: MoE only with routed experts
         if cfg.get("n_routed_experts") is None:
             return [False] * L
         k = _int(cfg, "first_k_dense_replace", 0, ctx=ctx)
         freq = _int(cfg, "moe_layer_freq", 1, ctx=ctx)
         return [i >= k and i % freq == 0 for i in range(L)]
-    if fam == "llama4":  # Llama4TextConfig: moe_layers, else every interleave_moe_layer_step-th layer
+    if rule == "llama4":  # Llama4TextConfig: moe_layers, else every interleave_moe_layer_step-th layer
         if cfg.get("moe_layers") is not None:
             ids = set(cfg["moe_layers"])
         else:
-            step = _int(cfg, "interleave_moe_layer_step", 1, ctx=ctx)
+            step = _int(cfg, "interleave_moe_layer_step", ctx=ctx)
             ids = set(range(step - 1, L, step))
         return [i in ids for i in range(L)]
+    if rule == "jamba":  # JambaConfig.layers_num_experts
+        if _int(cfg, "num_experts", ctx=ctx) <= 1:
+            return [False] * L
+        p, o = _int(cfg, "expert_layer_period", ctx=ctx), _int(cfg, "expert_layer_offset", ctx=ctx)
+        return [i % p == o for i in range(L)]
     return [False] * L
 
 
-def _sliding_layers(cfg: dict, mt: str, L: int, ctx: str) -> tuple[int, int]:
-    """(window, number of sliding-window layers)."""
+def _sliding_layers(
+    cfg: dict, arch: _Arch, mt: str, mix: list[str], max_pos: int, ctx: str
+) -> tuple[int, int]:
+    """(window, number of sliding-window or chunked attention layers)."""
+    L = len(mix)
     window = _int(cfg, "sliding_window", 0, ctx=ctx)
-    types = cfg.get("layer_types")
-    if mt == "gpt_oss" and types is None and window > 0:  # GptOssConfig default: sliding on even layers
+    types = cfg.get("layer_types") if arch.mixer != "qwen3_next" else None
+    if arch.sliding == "gpt_oss" and types is None and window > 0:  # GptOssConfig: sliding on even layers
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
-    if _FAMILY[mt] == "llama4" and types is None and cfg.get("attention_chunk_size"):
+    if arch.sliding == "gemma2" and types is None:  # Gemma2Config: sliding on even layers
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
+    if arch.sliding == "gemma3" and types is None:  # Gemma3TextConfig: 5 local : 1 global by default
+        k = _int(cfg, "sliding_window_pattern", ctx=ctx)
+        types = ["sliding_attention" if (i + 1) % k else "full_attention" for i in range(L)]
+    if arch.sliding == "llama4" and types is None and cfg.get("attention_chunk_size"):
         # Llama4TextConfig: chunked (local) attention on the RoPE layers, global on the NoPE layers.
         # Modeled as a sliding window of attention_chunk_size: exact for the KV-cache cap, an upper
         # bound on attention FLOPs.
         window = _int(cfg, "attention_chunk_size", ctx=ctx)
         rope = cfg.get("no_rope_layers") or [
-            int((i + 1) % _int(cfg, "no_rope_layer_interval", 4, ctx=ctx) != 0) for i in range(L)
+            int((i + 1) % _int(cfg, "no_rope_layer_interval", ctx=ctx) != 0) for i in range(L)
         ]
         return window, sum(1 for r in rope[:L] if r)
     if types is not None:
-        if len(types) != L:
-            raise ModelConfigError(f"{ctx}layer_types has {len(types)} entries for {L} layers")
+        if not isinstance(types, list) or len(types) != L:
+            raise ModelConfigError(f"{ctx}layer_types must list {L} entries")
         known = {"full_attention", "sliding_attention", "chunked_attention"}
         for t in types:
             if t not in known:
                 raise UnsupportedArchitecture(
                     f"{ctx}unsupported layer type {t!r} in layer_types",
-                    f"supported: {', '.join(sorted(known))}",
+                    f"supported for {mt}: {', '.join(sorted(known))}",
                 )
         n = sum(t != "full_attention" for t in types)
         if any(t == "chunked_attention" for t in types):
@@ -521,11 +1275,12 @@ def _sliding_layers(cfg: dict, mt: str, L: int, ctx: str) -> tuple[int, int]:
                 f"{ctx}missing required field 'sliding_window' for sliding layers in layer_types"
             )
         return (window, n) if n else (0, 0)
-    if window <= 0:
+    n_attn = sum(m == "attention" for m in mix)
+    if window <= 0 or (max_pos and window >= max_pos):  # a window as long as the context is no window
         return 0, 0
-    if mt in ("mistral", "mixtral"):  # MistralAttention: the window applies to every layer when set
-        return window, L
-    if mt in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+    if arch.sliding == "all":  # MistralAttention / Phi3Attention: the window applies to every layer when set
+        return window, n_attn
+    if arch.sliding == "qwen":
         # Qwen2Config: sliding only with use_sliding_window, on layers >= max_window_layers.
         if not cfg.get("use_sliding_window", False):
             return 0, 0
@@ -537,100 +1292,254 @@ def _sliding_layers(cfg: dict, mt: str, L: int, ctx: str) -> tuple[int, int]:
     )
 
 
+def _max_position(cfg: dict, ctx: str) -> int:
+    """max_position_embeddings, or the rope-scaled limit where the scaling says so (YaRN, linear,
+    dynamic NTK: factor x the scaling's original_max_position_embeddings, when larger)."""
+    base = _int(cfg, "max_position_embeddings", 0, ctx=ctx)
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if isinstance(rs, dict) and base:
+        kind = rs.get("rope_type") or rs.get("type")
+        factor = rs.get("factor")
+        if (
+            kind in ("yarn", "linear", "dynamic")
+            and isinstance(factor, int | float)
+            and not isinstance(factor, bool)
+        ):
+            # only with an explicit original length in the scaling: Gemma 3's linear factor 8 is how
+            # it already reached its max_position_embeddings
+            orig = rs.get("original_max_position_embeddings")
+            if isinstance(orig, int) and not isinstance(orig, bool) and factor == factor:  # not NaN
+                base = max(base, int(factor * orig))
+    return base
+
+
 def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
-    cfg = _unwrap_text_config(cfg)
-    mt = _resolve_model_type(cfg)
-    fam = _FAMILY[mt]
-    ctx = f"{name or mt}: "
-    f: dict[str, Any]
-    if fam == "gpt2":  # GPT2Config names
-        h = _int(cfg, "n_embd", ctx=ctx)
-        L = _int(cfg, "n_layer", ctx=ctx)
-        a = _int(cfg, "n_head", ctx=ctx)
-        ffn = _int(cfg, "n_inner", 4 * h, ctx=ctx)  # GPT2MLP: n_inner or 4 * n_embd
-        f = {
-            "hidden": h,
-            "layers": L,
-            "heads": a,
-            "kv_heads": a,
-            "head_dim": h // a,
-            "ffn_hidden": ffn,
-            "vocab": _int(cfg, "vocab_size", ctx=ctx),
-            "qkv_bias": True,
-            "max_position": _int(cfg, "n_positions", 0, ctx=ctx),
-        }
-    else:
-        h = _int(cfg, "hidden_size", ctx=ctx)
-        L = _int(cfg, "num_hidden_layers", ctx=ctx)
-        a = _int(cfg, "num_attention_heads", ctx=ctx)
-        if h % a and cfg.get("head_dim") is None and not cfg.get("kv_lora_rank"):
-            raise ModelConfigError(
-                f"{ctx}hidden_size {h} is not a multiple of num_attention_heads {a} and head_dim is not given"
-            )
-        qkv_bias = bool(cfg.get("attention_bias", fam in ("gpt_neox",)))
-        if mt in ("qwen2", "qwen2_moe"):  # Qwen2Attention: q/k/v always carry a bias
-            qkv_bias = bool(cfg.get("qkv_bias", True))
-        f = {
-            "hidden": h,
-            "layers": L,
-            "heads": a,
-            "kv_heads": _int(cfg, "num_key_value_heads", a, ctx=ctx),  # absent => MHA
-            "head_dim": _int(cfg, "head_dim", h // a, ctx=ctx),  # Qwen3 / gpt-oss set it explicitly
-            "vocab": _int(cfg, "vocab_size", ctx=ctx),
-            "qkv_bias": qkv_bias,
-            "max_position": _int(cfg, "max_position_embeddings", 0, ctx=ctx),
-        }
-        moe = _layer_kinds(cfg, mt, L, ctx)
-        n_moe = sum(moe)
-        dense_needed = n_moe < L
-        if fam in ("mixtral", "gpt_oss"):
-            # Mixtral / Grok-1 / gpt-oss: intermediate_size IS the per-expert size; no dense layers.
-            f["ffn_hidden"] = 0
-            f["moe_ffn_hidden"] = _int(cfg, "intermediate_size", ctx=ctx)
-            f["num_experts"] = _first_int(cfg, ("num_local_experts", "num_experts"), ctx=ctx)
-        elif fam == "llama4":
-            f["ffn_hidden"] = _int(cfg, "intermediate_size_mlp", ctx=ctx) if dense_needed else 0
-            f["moe_ffn_hidden"] = _int(cfg, "intermediate_size", ctx=ctx)
-            f["shared_expert_ffn"] = f["moe_ffn_hidden"]  # Llama4TextMoe.shared_expert (not a config field)
-            f["num_experts"] = _int(cfg, "num_local_experts", ctx=ctx)
-        elif fam in ("qwen_moe", "deepseek") and n_moe:
-            f["ffn_hidden"] = _int(cfg, "intermediate_size", ctx=ctx) if dense_needed else 0
-            f["moe_ffn_hidden"] = _int(cfg, "moe_intermediate_size", ctx=ctx)
-            if fam == "deepseek":
-                f["num_experts"] = _int(cfg, "n_routed_experts", ctx=ctx)
-                f["shared_expert_ffn"] = _int(cfg, "n_shared_experts", 0, ctx=ctx) * f["moe_ffn_hidden"]
-            else:
-                f["num_experts"] = _int(cfg, "num_experts", ctx=ctx)
-                f["shared_expert_ffn"] = _int(cfg, "shared_expert_intermediate_size", 0, ctx=ctx)
-        else:
-            f["ffn_hidden"] = _int(cfg, "intermediate_size", ctx=ctx)
-        if f.get("num_experts"):
-            f["moe_topk"] = _first_int(cfg, ("num_experts_per_tok", "experts_per_token"), ctx=ctx)
-            f["moe_layers"] = n_moe
-            f["first_dense_layers"] = next((i for i, m in enumerate(moe) if m), L)
-        else:
-            for k in ("num_experts", "moe_ffn_hidden", "shared_expert_ffn"):
-                f.pop(k, None)
-        if fam == "deepseek" and cfg.get("kv_lora_rank"):
-            f["q_lora_rank"] = _int(cfg, "q_lora_rank", 0, ctx=ctx)  # null in DeepSeek-V2-Lite
-            for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
-                f[k] = _int(cfg, k, ctx=ctx)
-            f["head_dim"] = f["qk_nope_head_dim"] + f["qk_rope_head_dim"]
-            f["mtp_layers"] = _int(cfg, "num_nextn_predict_layers", 0, ctx=ctx)
-        f["sliding_window"], f["sliding_window_layers"] = _sliding_layers(cfg, mt, L, ctx)
-    f["gated_mlp"] = mt not in _UNGATED
-    if mt == "nemotron" and cfg.get("hidden_act", "relu2") != "relu2":
-        raise UnsupportedArchitecture(
-            f"{ctx}nemotron with hidden_act {cfg.get('hidden_act')!r}",
-            "only squared-ReLU (relu2) Nemotron MLPs are modeled",
+    ctx0 = f"{name}: " if name else ""
+    dec, towers, warnings = _split_wrapper(cfg, ctx0)
+    mt = _resolve_model_type(dec)
+    arch = _ARCH.get(mt)
+    ctx = f"{name} ({mt}): " if name and name != mt else f"{mt}: "
+    c = _canonical(dec, arch, mt, ctx)
+    if arch is None:
+        _check_understood(c, mt, ctx)
+        arch = _Arch(f"{mt} (read as a plain Llama-style decoder)", **_LLAMA)
+    if mt == "falcon":
+        c = _falcon(c, ctx)
+    if mt == "gpt2" and c.get("intermediate_size") is None:
+        c["intermediate_size"] = 4 * _int(c, "hidden_size", ctx=ctx)  # GPT2MLP: n_inner or 4 * n_embd
+    h = _int(c, "hidden_size", ctx=ctx)
+    L = _int(c, "num_hidden_layers", ctx=ctx)
+    a = _int(c, "num_attention_heads", ctx=ctx)
+    if h % a and c.get("head_dim") is None and not c.get("kv_lora_rank"):
+        raise ModelConfigError(
+            f"{ctx}hidden_size {h} is not a multiple of num_attention_heads {a} and head_dim is not given"
         )
-    f["norm"] = "layernorm" if mt in _LAYERNORM else "rmsnorm"
-    f["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", _TIE_DEFAULT.get(mt, False)))
-    # rope_theta / rope_scaling (transformers < 5) and rope_parameters (>= 5) change neither the
-    # parameter count nor the FLOPs; both forms are accepted and ignored.
-    f["name"] = name or str(cfg.get("_name_or_path") or mt)
+    max_pos = _max_position(c, ctx)
+    f: dict[str, Any] = {
+        "hidden": h,
+        "layers": L,
+        "heads": a,
+        "kv_heads": _int(c, "num_key_value_heads", a, ctx=ctx),  # absent => MHA
+        "head_dim": _int(c, "head_dim", h // a, ctx=ctx),
+        "vocab": _int(c, "vocab_size", ctx=ctx),
+        "max_position": max_pos,
+        "norm": arch.norm,
+        "norms_per_layer": arch.norms,
+        "parallel_block": arch.parallel,
+        "qkv_bias": _flag(arch, arch.qkv_bias, c, ctx),
+        "o_bias": _flag(arch, arch.o_bias, c, ctx),
+        "mlp_bias": _flag(arch, arch.mlp_bias, c, ctx),
+    }
+    if arch.qk_norm.startswith("field:"):
+        _, fld, kind = arch.qk_norm.split(":")
+        f["qk_norm"] = kind if _bool(c, fld, False, ctx=ctx) else "none"
+    else:
+        f["qk_norm"] = arch.qk_norm
+    if mt == "falcon":
+        f["norms_per_layer"], f["parallel_block"] = c["_norms"], c["_parallel"]
+    if mt == "phimoe":
+        f["head_bias"] = _bool(c, "lm_head_bias", False, ctx=ctx)
+    if mt == "qwen3_next":
+        f["attn_output_gate"] = True  # Qwen3NextAttention: gated attention, q_proj -> 2 x heads x head_dim
+    # ---- activation: a gated MLP has 3 matrices, a plain one 2
+    act = c.get("mlp_hidden_act") if mt == "nemotron_h" else c.get("hidden_act", c.get("activation_function"))
+    gated = arch.gated
+    if mt not in _ARCH and act in _UNGATED_ACTS:
+        raise UnsupportedArchitecture(
+            f"{ctx}hidden_act {act!r} of an unknown model_type",
+            "autopar cannot tell a gated from a plain MLP here",
+        )
+    if mt in ("nemotron", "nemotron_h") and act not in (None, "relu2"):
+        raise UnsupportedArchitecture(
+            f"{ctx}{mt} with hidden_act {act!r}", "only squared-ReLU (relu2) Nemotron MLPs are modeled"
+        )
+    f["gated_mlp"] = gated
+    # ---- mixers and feed-forward kinds per block
+    mix, ffn = _mixers(c, arch, mt, L, ctx)
+    moe = _moe_layers(c, arch, L, ffn, ctx)
+    n_moe = sum(moe)
+    no_ffn = sum(x == "none" for x in ffn)
+    dense_needed = L - n_moe - no_ffn > 0
+    f["no_ffn_layers"] = no_ffn
+    f["no_mixer_layers"] = sum(m == "none" for m in mix)
+    f["linear_attn_layers"] = sum(m == "linear" for m in mix)
+    f["mamba_layers"] = sum(m == "mamba" for m in mix)
+    if arch.mixer == "falcon_h1":
+        f["mamba_layers"], f["mamba_parallel"] = L, True
+    if f["linear_attn_layers"]:
+        f["linear_k_heads"] = _int(c, "linear_num_key_heads", ctx=ctx)
+        f["linear_v_heads"] = _int(c, "linear_num_value_heads", ctx=ctx)
+        f["linear_k_head_dim"] = _int(c, "linear_key_head_dim", ctx=ctx)
+        f["linear_v_head_dim"] = _int(c, "linear_value_head_dim", ctx=ctx)
+        f["linear_conv"] = _int(c, "linear_conv_kernel_dim", ctx=ctx)
+    if f["mamba_layers"]:
+        f.update(_mamba_fields(c, arch, h, ctx))
+    # ---- feed-forward widths and experts
+    if arch.moe == "all":
+        # Mixtral / Grok-1 / gpt-oss / PhiMoE / GraniteMoE / OLMoE / DBRX: intermediate_size IS the
+        # per-expert size; no dense layers.
+        f["ffn_hidden"] = 0
+        f["moe_ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)
+        f["num_experts"] = _first_int(c, ("num_local_experts", "num_experts"), ctx=ctx)
+    elif arch.moe == "llama4":
+        f["ffn_hidden"] = _int(c, "intermediate_size_mlp", ctx=ctx) if dense_needed else 0
+        f["moe_ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)
+        f["shared_expert_ffn"] = f["moe_ffn_hidden"]  # Llama4TextMoe.shared_expert (not a config field)
+        f["num_experts"] = _int(c, "num_local_experts", ctx=ctx)
+    elif arch.moe == "jamba" and n_moe:  # JambaSparseMoeBlock experts and the dense MLP share the width
+        f["ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)
+        f["moe_ffn_hidden"] = f["ffn_hidden"]
+        f["num_experts"] = _int(c, "num_experts", ctx=ctx)
+    elif arch.moe in ("qwen", "deepseek", "nemotron_h") and n_moe:
+        f["ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx) if dense_needed else 0
+        f["moe_ffn_hidden"] = _int(c, "moe_intermediate_size", ctx=ctx)
+        if arch.moe == "deepseek":
+            f["num_experts"] = _int(c, "n_routed_experts", ctx=ctx)
+            f["shared_expert_ffn"] = _int(c, "n_shared_experts", 0, ctx=ctx) * f["moe_ffn_hidden"]
+        elif arch.moe == "nemotron_h":
+            f["num_experts"] = _int(c, "n_routed_experts", ctx=ctx)
+            f["shared_expert_ffn"] = _int(c, "moe_shared_expert_intermediate_size", 0, ctx=ctx) * _int(
+                c, "n_shared_experts", 1, ctx=ctx
+            )
+            if c.get("moe_latent_size") is not None:
+                raise UnsupportedArchitecture(
+                    f"{ctx}moe_latent_size (latent MoE: experts in a projected latent space)",
+                    "latent-MoE projections are not modeled yet; remove the field only if it is null",
+                )
+        else:
+            f["num_experts"] = _int(c, "num_experts", ctx=ctx)
+            f["shared_expert_ffn"] = _int(c, "shared_expert_intermediate_size", 0, ctx=ctx)
+    else:
+        f["ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx) if dense_needed else 0
+    if f.get("num_experts"):
+        f["moe_topk"] = _first_int(c, ("num_experts_per_tok",), ctx=ctx)
+        f["moe_layers"] = n_moe
+        f["first_dense_layers"] = (
+            next((i for i, m in enumerate(moe) if m), L) if arch.moe != "nemotron_h" else 0
+        )
+        for k in ("zero_expert_num", "n_null_experts"):
+            if c.get(k):
+                raise UnsupportedArchitecture(
+                    f"{ctx}{k}={c[k]!r} (zero-computation experts)", "not modeled yet"
+                )
+    else:
+        for k in ("num_experts", "moe_ffn_hidden", "shared_expert_ffn"):
+            f.pop(k, None)
+    if arch.moe == "deepseek" and c.get("kv_lora_rank"):
+        f["q_lora_rank"] = _int(c, "q_lora_rank", 0, ctx=ctx)  # null in DeepSeek-V2-Lite
+        for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            f[k] = _int(c, k, ctx=ctx)
+        f["head_dim"] = f["qk_nope_head_dim"] + f["qk_rope_head_dim"]
+    f["mtp_layers"] = _int(c, "num_nextn_predict_layers", 0, ctx=ctx)
+    f["sliding_window"], f["sliding_window_layers"] = _sliding_layers(c, arch, mt, mix, max_pos, ctx)
+    f["tie_embeddings"] = _bool(c, "tie_word_embeddings", arch.tie, ctx=ctx)
+    if mt == "gpt_neox":  # GPTNeoXConfig.use_parallel_residual (default True), two LayerNorms
+        f["parallel_block"] = _bool(c, "use_parallel_residual", True, ctx=ctx)
+    if f["parallel_block"]:
+        warnings.append(
+            "parallel attention+MLP block: parameters and FLOPs exact; TP communication costed as for "
+            "sequential sub-layers (an upper bound: a parallel block needs one all-reduce, not two)"
+        )
+    f["vision_params"], f["audio_params"] = towers["vision"], towers["audio"]
+    f["warnings"] = tuple(warnings)
+    f["name"] = name or str(c.get("_name_or_path") or mt)
     f["source"] = source
     return _build(f, ctx)
+
+
+def _falcon(c: dict, ctx: str) -> dict:
+    """FalconConfig semantics: KV heads, norms per block and the MLP width (FalconModel)."""
+    c = dict(c)
+    new = _bool(c, "new_decoder_architecture", False, ctx=ctx)
+    a = _int(c, "num_attention_heads", ctx=ctx)
+    if _bool(c, "alibi", False, ctx=ctx):
+        pass  # ALiBi biases are computed, not stored: no parameters
+    if new:
+        c["num_key_value_heads"] = _int(c, "num_key_value_heads", a, ctx=ctx)
+        c["_norms"] = _int(c, "num_ln_in_parallel_attn", 2, ctx=ctx)  # ln_attn + ln_mlp
+        c["_parallel"] = True
+    else:
+        c["num_key_value_heads"] = 1 if _bool(c, "multi_query", True, ctx=ctx) else a
+        par = _bool(c, "parallel_attn", True, ctx=ctx)
+        c["_norms"] = 1 if par else 2
+        c["_parallel"] = par
+    if c.get("intermediate_size") is None:
+        c["intermediate_size"] = 4 * _int(c, "hidden_size", ctx=ctx)  # FalconMLP: 4 * hidden
+    return c
+
+
+def _mamba_fields(c: dict, arch: _Arch, h: int, ctx: str) -> dict[str, Any]:
+    if arch.mixer == "jamba":  # JambaMambaMixer (Mamba1)
+        n = _int(c, "mamba_d_state", ctx=ctx)
+        di = _int(c, "mamba_expand", ctx=ctx) * h
+        r = c.get("mamba_dt_rank")
+        rank = -(-h // 16) if r == "auto" else _int(c, "mamba_dt_rank", ctx=ctx)  # ceil(hidden / 16)
+        return dict(
+            mamba_version=1,
+            mamba_inner=di,
+            mamba_state=n,
+            mamba_conv=_int(c, "mamba_d_conv", ctx=ctx),
+            mamba_dt_rank=rank,
+            mamba_conv_bias=_bool(c, "mamba_conv_bias", True, ctx=ctx),
+            mamba_gated_norm=False,
+        )
+    if arch.mixer == "nemotron_h":  # NemotronHMamba2Mixer: d_inner = mamba_num_heads * mamba_head_dim
+        nh = _int(c, "mamba_num_heads", ctx=ctx)
+        return dict(
+            mamba_version=2,
+            mamba_heads=nh,
+            mamba_inner=nh * _int(c, "mamba_head_dim", ctx=ctx),
+            mamba_state=_int(c, "ssm_state_size", ctx=ctx),
+            mamba_groups=_int(c, "n_groups", ctx=ctx),
+            mamba_conv=_int(c, "conv_kernel", ctx=ctx),
+            mamba_conv_bias=_bool(c, "use_conv_bias", True, ctx=ctx),
+            mamba_gated_norm=True,
+        )
+    # FalconH1Mixer: d_inner = mamba_d_ssm, else mamba_n_heads * mamba_d_head
+    nh = _int(c, "mamba_n_heads", ctx=ctx)
+    dh = c.get("mamba_d_head")
+    di = _int(c, "mamba_d_ssm", 0, ctx=ctx)
+    if dh not in (None, "auto"):
+        dh = _int(c, "mamba_d_head", ctx=ctx)
+        if di and di != nh * dh:
+            raise ModelConfigError(f"{ctx}mamba_d_ssm {di} != mamba_n_heads x mamba_d_head ({nh} x {dh})")
+        di = nh * dh
+    if not di:
+        raise ModelConfigError(f"{ctx}missing required field 'mamba_d_ssm' (or mamba_d_head)")
+    if _bool(c, "mamba_proj_bias", False, ctx=ctx) or _bool(c, "projectors_bias", False, ctx=ctx):
+        raise UnsupportedArchitecture(
+            f"{ctx}mamba_proj_bias / projectors_bias", "Falcon-H1 projection biases are not modeled"
+        )
+    return dict(
+        mamba_version=2,
+        mamba_heads=nh,
+        mamba_inner=di,
+        mamba_state=_int(c, "mamba_d_state", ctx=ctx),
+        mamba_groups=_int(c, "mamba_n_groups", ctx=ctx),
+        mamba_conv=_int(c, "mamba_d_conv", ctx=ctx),
+        mamba_conv_bias=_bool(c, "mamba_conv_bias", True, ctx=ctx),
+        mamba_gated_norm=_bool(c, "mamba_rms_norm", False, ctx=ctx),
+    )
 
 
 def _build(fields: dict, ctx: str) -> ModelSpec:
@@ -648,6 +1557,40 @@ def _build(fields: dict, ctx: str) -> ModelSpec:
         raise ModelConfigError(
             f"{ctx}invalid value for {loc!r}: {err['msg']} (got {err.get('input')!r})"
         ) from None
+
+
+def check_context(spec: ModelSpec, tokens: int, *, allow_long_context: bool, what: str) -> None:
+    """Refuse a sequence beyond the model's position limit unless long-context work is declared."""
+    if spec.max_position and tokens > spec.max_position and not allow_long_context:
+        raise ModelConfigError(
+            f"{what} of {tokens:,} tokens exceeds the position limit of {spec.name} "
+            f"({spec.max_position:,} tokens: max_position_embeddings, rope-scaled where the config says so)",
+            "shorten it, or pass --allow-long-context (allow_long_context=True) for long-context extension work",
+        )
+
+
+def check_costed(spec: ModelSpec, what: str) -> None:
+    """Refuse step-time/memory costing of block kinds the latency and memory models do not price yet.
+
+    Parameters, FLOPs per token, KV cache and recurrent state of hybrid models are exact
+    (:class:`ModelSpec`); the per-layer step-time, activation-memory and serving models still assume
+    attention + MLP/MoE blocks, so pricing Mamba or linear-attention blocks with them would be wrong.
+    """
+    kinds = [
+        (spec.linear_attn_layers, "Gated DeltaNet linear-attention blocks (layer_types 'linear_attention')"),
+        (spec.mamba_layers, f"Mamba{spec.mamba_version or ''} blocks"),
+        (
+            spec.no_mixer_layers or spec.no_ffn_layers,
+            "mixer-only / MLP-only blocks (hybrid_override_pattern)",
+        ),
+    ]
+    for n, kind in kinds:
+        if n:
+            raise UnsupportedArchitecture(
+                f"{spec.name}: {what} of {n} {kind} is not modeled yet",
+                "`autopar model` reports its parameters, FLOPs per token and recurrent state; the "
+                "training, memory and serving models price attention + MLP/MoE blocks only",
+            )
 
 
 # ================================================================================ raw dims
@@ -668,7 +1611,7 @@ def _from_raw(d: dict) -> ModelSpec:
     f = {k: v for k, v in d.items() if k in fields and v is not None and v != ""}
     for k, info in ModelSpec.model_fields.items():
         if k in f and info.annotation is int:
-            f[k] = _int(f, k, ctx=ctx)
+            f[k] = _int(f, k, ctx=ctx, lenient=True)
     f.setdefault("name", "custom")
     if "heads" in f:
         f.setdefault("kv_heads", f["heads"])  # HF and published_runs_dev.csv convention: absent => MHA
@@ -678,7 +1621,7 @@ def _from_raw(d: dict) -> ModelSpec:
             f.setdefault("head_dim", f["hidden"] // f["heads"])
     spec = _build(f, ctx)
     for k in _DERIVED:  # to_dict() output round-trips; a stale count is an error, not ignored
-        if d.get(k) not in (None, "") and _int(d, k, ctx=ctx) != getattr(spec, k):
+        if d.get(k) not in (None, "") and _int(d, k, ctx=ctx, lenient=True) != getattr(spec, k):
             raise ModelConfigError(f"{ctx}{k}={d[k]} does not match the dimensions ({getattr(spec, k)})")
     return spec
 
@@ -700,8 +1643,96 @@ def _read_json(path: Path | Any, what: str) -> Any:
         raise ModelConfigError(
             f"malformed JSON in {what}: {e.msg} at line {e.lineno} column {e.colno}"
         ) from None
+    except UnicodeDecodeError:
+        raise ModelConfigError(f"{what} is not UTF-8 text") from None
     except OSError as e:
         raise ModelConfigError(f"cannot read {what}: {e.strerror or e}") from None
+
+
+CONFIG_MAX_BYTES = 1 << 20  # the largest config.json seen is ~30 KB (Phi-3 long-RoPE factor lists)
+
+
+class _NonFinite:
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise ModelConfigError(
+                f"key {k!r} appears twice", "keep one: JSON readers silently keep the last"
+            )
+        out[k] = v
+    return out
+
+
+def _non_finite_path(obj: Any, path: str = "") -> str | None:
+    if isinstance(obj, _NonFinite):
+        return path or "(top level)"
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
+    for k, v in items:
+        hit = _non_finite_path(
+            v, f"{path}.{k}" if path and isinstance(k, str) else f"{path}[{k}]" if path else str(k)
+        )
+        if hit:
+            return hit
+    return None
+
+
+def read_config_file(path: Path) -> dict:
+    """Read a config.json defensively: every problem is one ModelConfigError naming the file and the fix.
+
+    A directory (read for its config.json), a missing file, one over :data:`CONFIG_MAX_BYTES`, binary
+    or non-UTF-8 content, malformed JSON, NaN/Infinity (not JSON), a key given twice, and a top level
+    that is not an object are all refused.
+    """
+    what = f"{str(path)!r}"
+    if path.is_dir():
+        inner = path / "config.json"
+        if not inner.is_file():
+            raise ModelConfigError(
+                f"no config.json in directory {what}", "point at the config.json file or its folder"
+            )
+        path, what = inner, f"{str(inner)!r}"
+    try:
+        size = path.stat().st_size
+        if size > CONFIG_MAX_BYTES:
+            raise ModelConfigError(
+                f"{what} is {size / 1e6:.1f} MB, too large for a config.json (limit {CONFIG_MAX_BYTES // 1024} KiB)",
+                "pass the model's config.json, not a weights or tokenizer file",
+            )
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ModelConfigError(f"cannot read {what}: {e.strerror or e}") from None
+    if b"\0" in raw:
+        raise ModelConfigError(f"{what} is a binary file, not a JSON config", "pass the model's config.json")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ModelConfigError(f"{what} is not UTF-8 text", "pass the model's config.json") from None
+    try:
+        doc = json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_NonFinite)
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(
+            f"malformed JSON in {what}: {e.msg} at line {e.lineno} column {e.colno}", "fix the JSON syntax"
+        ) from None
+    except ModelConfigError as e:
+        raise ModelConfigError(f"{what}: {e.message}", e.hint) from None
+    except RecursionError:
+        raise ModelConfigError(f"{what} is nested too deeply for a config.json") from None
+    if not isinstance(doc, dict):
+        raise ModelConfigError(
+            f"{what} holds a JSON {type(doc).__name__}, not an object",
+            "a config.json is one JSON object {...}",
+        )
+    bad = _non_finite_path(doc)
+    if bad:
+        raise ModelConfigError(
+            f"{what}: field {bad!r} is NaN or Infinity, which JSON does not allow", "write a number"
+        )
+    return doc
 
 
 def _load_preset(pid: str) -> ModelSpec:
@@ -717,7 +1748,7 @@ def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
         return name_or_path
     if isinstance(name_or_path, dict):
         d = name_or_path
-        if any(k in d for k in ("model_type", "architectures", "text_config")):
+        if any(k in d for k in ("model_type", "architectures", *_TEXT_KEYS)):
             return _normalize_hf(d, source=str(d.get("_name_or_path") or ""))
         return _from_raw(d)
     if not isinstance(name_or_path, str | os.PathLike):
@@ -730,18 +1761,17 @@ def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
     if isinstance(name_or_path, str) and key.strip().lower() in presets:
         return _load_preset(key.strip().lower())
     path = Path(key).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
-        if not path.is_file():
-            raise ModelConfigError(f"no config.json in directory {key!r}")
-    if not path.is_file():
+    if not path.exists():
         raise ModelConfigError(
             f"unknown model {key!r}: not a preset and not a file", f"presets: {', '.join(presets)}"
         )
-    cfg = _read_json(path, f"file {str(path)!r}")
-    if not isinstance(cfg, dict):
-        raise ModelConfigError(f"file {str(path)!r} does not hold a JSON object")
-    if not any(k in cfg for k in ("model_type", "architectures", "text_config")):
-        return _from_raw(cfg)
-    name = str(cfg.get("_name_or_path") or path.parent.name or path.stem)
-    return _normalize_hf(cfg, name=name, source=str(path))
+    cfg = read_config_file(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        if not any(k in cfg for k in ("model_type", "architectures", *_TEXT_KEYS)):
+            return _from_raw(cfg)
+        name = str(cfg.get("_name_or_path") or path.parent.name or path.stem)
+        return _normalize_hf(cfg, name=name, source=str(path))
+    except ModelConfigError as e:
+        raise type(e)(f"{str(path)!r}: {e.message}", e.hint) from None

@@ -192,6 +192,7 @@ def predict(
     pipeline_schedule: str | None = None,
     framework: str | None = None,
     memory_headroom: float | None = None,
+    allow_long_context: bool | None = None,
     calibration: str | None = None,
     **layout_kw: Any,
 ) -> Prediction:
@@ -199,7 +200,7 @@ def predict(
 
     The job: ``job=Job(...)`` or the flat keywords (the ``autopar predict`` flag names: model,
     device, num_devices, devices_per_node, seq_len, global_batch, lora, moe_dispatcher,
-    moe_a2a_overlap, pipeline_schedule, framework, memory_headroom, calibration).
+    moe_a2a_overlap, pipeline_schedule, framework, memory_headroom, allow_long_context, calibration).
     The layout: ``layout=Layout(...)`` or the layout keywords of :func:`resolve_layout` (tp, pp,
     vpp, dp, cp, ep, etp, zero, shard_group, sp, micro_batch, recompute, offload, precision;
     defaults: the :class:`Layout` field defaults, ``dp`` what is left of the world size, ``sp`` on
@@ -222,6 +223,7 @@ def predict(
         pipeline_schedule=pipeline_schedule,
         framework=framework,
         memory_headroom=memory_headroom,
+        allow_long_context=allow_long_context,
         calibration=calibration,
     )
     if layout is not None:

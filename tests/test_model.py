@@ -377,9 +377,16 @@ def test_raw_dims_from_csv_like_row_and_round_trip():
 
 
 def test_error_unknown_architecture():
+    # An unknown model_type loads only when every field is understood; the first other one is named.
+    cfg = dict(hf("llama-3.1-8b"), model_type="brand_new", ssm_cfg={"d_state": 16})
     with pytest.raises(UnsupportedArchitecture) as e:
-        load_model({"model_type": "gemma2", "hidden_size": 2304})
-    assert "gemma2" in str(e.value) and "llama" in str(e.value) and "deepseek_v3" in str(e.value)
+        load_model(cfg)
+    msg = str(e.value)
+    assert "brand_new" in msg and "'ssm_cfg'" in msg and "llama" in msg and "deepseek_v3" in msg
+    del cfg["ssm_cfg"]
+    assert load_model(cfg).total_params == load_model("llama-3.1-8b").total_params
+    with pytest.raises(UnsupportedArchitecture, match="hidden_act"):
+        load_model(dict(cfg, hidden_act="gelu"))  # gated or plain MLP cannot be told apart
 
 
 def test_error_missing_field():

@@ -33,6 +33,7 @@ def _job(model: str, n: int, gb: int, framework: str | None = None, memory_headr
         global_batch=gb,
         framework=framework,
         memory_headroom=memory_headroom,
+        allow_long_context=True,  # llama-2-7b (4096 positions) is run at 8192 here
     )
 
 

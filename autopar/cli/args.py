@@ -172,7 +172,7 @@ def add_job_args(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
         add_field_args(
             p, model, fields, defaults=req, helps={f: " (required unless --from-json)" for f in req}
         )
-    add_field_args(p, Job, ("framework", "memory_headroom", "calibration"))
+    add_field_args(p, Job, ("framework", "memory_headroom", "calibration", "allow_long_context"))
 
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
@@ -195,6 +195,7 @@ def job_kwargs(a: argparse.Namespace) -> dict[str, Any]:
         "framework",
         "memory_headroom",
         "calibration",
+        "allow_long_context",
     )
     return {k: getattr(a, k) for k in names if hasattr(a, k)}
 

@@ -36,6 +36,8 @@ def cmd_model(a: argparse.Namespace) -> int:
     if not a.name:
         raise AutoparError("autopar model needs a preset id or a config.json path", "or pass --list")
     spec = load_model(a.name)
+    for w in spec.warnings:  # e.g. a multimodal tower counted apart: never dropped silently
+        sys.stderr.write(f"warning: {w}\n")
     d = spec.to_dict()
     if a.json:
         print_json(d)

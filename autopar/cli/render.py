@@ -31,7 +31,9 @@ def print_model(spec) -> None:
     t.add_row("total parameters", f"{spec.total_params / 1e9:.2f} B")
     t.add_row("active parameters", f"{spec.active_params / 1e9:.2f} B")
     for k, v in spec.to_dict().items():
-        if k in ("total_params", "active_params") or v in (0, "", None, False):
+        if k in ("total_params", "active_params", "warnings") or v in (0, "", None, False, []):
+            continue
+        if k.startswith("mamba_") and not spec.mamba_layers:
             continue
         t.add_row(k, str(v))
     _console.print(t)

@@ -50,7 +50,7 @@ def add_serving_workload_args(p: argparse.ArgumentParser, *, lengths_required: b
         default=None,
         help="$ per device-hour, for $/M output tokens (default: no cost column)",
     )
-    add_field_args(p, Job, ("calibration",))
+    add_field_args(p, Job, ("calibration", "allow_long_context"))
 
 
 def workload_kwargs(a: argparse.Namespace) -> dict[str, Any]:
@@ -105,6 +105,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
             adp=a.adp,
             top=a.top,
             calibration=a.calibration,
+            allow_long_context=a.allow_long_context,
             **workload_kwargs(a),
         )
     except ServingInfeasible as exc:

@@ -390,6 +390,7 @@ def recommend(
     pipeline_schedule: str | None = None,
     framework: str | None = None,
     memory_headroom: float | None = None,
+    allow_long_context: bool | None = None,
     calibration: str | Calibration | None = None,
     top: int = 5,
     objective: str | Sequence[str] = "throughput",
@@ -433,6 +434,7 @@ def recommend(
         pipeline_schedule=pipeline_schedule,
         framework=framework,
         memory_headroom=memory_headroom,
+        allow_long_context=allow_long_context,
         calibration=cal_path,
     )
     return search_layouts(

@@ -731,6 +731,7 @@ def serve(
     chunked_prefill: bool | None = None,
     kv_cache_fraction: float | None = None,
     calibration: str | None = None,
+    allow_long_context: bool | None = None,
     power_caps_w: list[float] | None = None,
     price_per_device_hour: float | None = None,
     disaggregated: bool = True,
@@ -752,7 +753,7 @@ def serve(
     """
     from autopar.coefficients import coefficient_source, load_calibration
     from autopar.hardware import load_cluster
-    from autopar.model import ModelSpec, load_model
+    from autopar.model import ModelSpec, check_context, check_costed, load_model
     from autopar.prediction import job_from_api
 
     spec = model if isinstance(model, ModelSpec) else None
@@ -784,6 +785,7 @@ def serve(
         devices_per_node=devices_per_node,
         **workload_kw,
         calibration=calibration,
+        allow_long_context=allow_long_context,
     )
     workload = decl.workload
     assert isinstance(workload, ServingWorkload)
@@ -796,6 +798,10 @@ def serve(
         if v is not None and (not isinstance(v, int) or v < 1):
             raise AutoparError(f"{name} must be a positive integer, got {v!r}")
     spec = spec or load_model(decl.model)
+    check_costed(spec, "serving memory and latency")
+    check_context(
+        spec, workload.isl + workload.osl, allow_long_context=decl.allow_long_context, what="isl + osl"
+    )
     cluster = load_cluster(decl.cluster.device, num_devices, decl.cluster.devices_per_node)
     dev = cluster.device
     if power_caps_w:
