@@ -215,9 +215,26 @@ def at_depth(spec: ModelSpec, depth: int) -> ModelSpec:
     return ModelSpec(**fields)
 
 
+# Rows whose model_preset cell is blank but whose model has a preset (the data files are not edited):
+# the ``model`` column, lowercased, to the preset id.
+MODEL_PRESETS = {
+    "gpt3-20b": "gpt3-20b",  # NeMo GPTConfig20B
+    "nemotron-8b": "nemotron-8b",  # NeMo Nemotron3Config8B
+    "nemotron-22b": "nemotron-22b",  # NeMo Nemotron3Config22B
+    "nemotron_3_nano": "nemotron-3-nano-30b-a3b",
+}
+
+
+def preset_of(row: dict[str, str]) -> str:
+    """The row's preset id: its model_preset cell, else MODEL_PRESETS by its model name."""
+    return (row.get("model_preset") or "").strip() or MODEL_PRESETS.get(
+        (row.get("model") or "").strip().lower(), ""
+    )
+
+
 def build_model(case: Case):
     row = case.row
-    preset = (row.get("model_preset") or "").strip()
+    preset = preset_of(row)
     proxy = _int(row, "is_proxy_run") == 1
     if preset:
         spec = load_model(preset)
