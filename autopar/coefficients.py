@@ -48,6 +48,10 @@ class DeviceCoefficients(BaseModel):
     scale_out_latency_us: float | None = None
 
 
+# The training stack whose rows set a calibration's global coefficients (autopar.job.Framework).
+REFERENCE_STACK = "megatron"
+
+
 class StackCoefficients(BaseModel):
     """Coefficients of one training stack (``autopar.job.Framework``) that differ from the global ones.
 
@@ -55,8 +59,8 @@ class StackCoefficients(BaseModel):
     that compute, for this stack's overlap mechanism (DeepSpeed's host-synchronized ZeRO-3 fetches,
     FSDP's prefetching streams, Megatron's bucketed overlap); ``kernel_overhead_us``: the stack's
     fixed host cost per layer per micro-batch (module hooks, FSDP unit pre/post-forward and
-    backward callbacks, stream synchronizations) beyond its kernel launches. None takes the global
-    value.
+    backward callbacks, stream synchronizations) beyond its kernel launches. None: see
+    :meth:`Calibration.stack_value`.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -103,10 +107,19 @@ class Calibration(BaseModel):
         return float(self.global_.get(key, GLOBAL_DEFAULTS[key]))
 
     def stack_value(self, stack: str | None, key: str) -> float:
-        """A stack's own coefficient where the calibration has one, else the global value."""
+        """A stack's own coefficient where the calibration has one; else, for the reference stack
+        (Megatron, whose rows set the global values) the global value, and for any other stack the
+        most conservative overlap contention of the stacks that were measured: a stack whose
+        overlap was never seen is not assumed to overlap better than the worst one that was."""
         sc = self.stacks.get(stack) if stack else None
         v = getattr(sc, key) if sc is not None else None
-        return float(v) if v is not None else self.global_value(key)
+        if v is not None:
+            return float(v)
+        g = self.global_value(key)
+        if stack is None or stack == REFERENCE_STACK or key != "overlap_contention":
+            return g
+        known = [getattr(c, key) for c in self.stacks.values() if getattr(c, key) is not None]
+        return float(max([g, *known]))
 
 
 def default_calibration_path() -> Path:

@@ -241,8 +241,17 @@ def test_stack_coefficients_route_to_their_stack_only(tmp_path):
     )
     dev = load_device("a100-80gb")
     assert coefficients_for(dev, cal, "deepspeed")[0].overlap_contention == 0.1
-    assert coefficients_for(dev, cal, "fsdp")[0].overlap_contention == 0.5
+    assert coefficients_for(dev, cal, "megatron")[0].overlap_contention == 0.5  # the global value
     assert coefficients_for(dev, cal)[0].overlap_contention == 0.5
+    # a stack never measured takes the most conservative contention measured (here the global)
+    assert coefficients_for(dev, cal, "fsdp")[0].overlap_contention == 0.5
+    cal2 = cal.model_copy(
+        update={
+            "stacks": {"deepspeed": cal.stacks["deepspeed"].model_copy(update={"overlap_contention": 0.9})}
+        }
+    )
+    assert coefficients_for(dev, cal2, "fsdp")[0].overlap_contention == 0.9
+    assert coefficients_for(dev, cal2, "megatron")[0].overlap_contention == 0.5
     path = tmp_path / "c.yaml"
     write_calibration(cal, path)
     assert load_calibration(path).stacks["deepspeed"].overlap_contention == 0.1

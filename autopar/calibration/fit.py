@@ -21,7 +21,7 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
-from autopar.coefficients import GLOBAL_DEFAULTS, Calibration, DeviceCoefficients
+from autopar.coefficients import GLOBAL_DEFAULTS, REFERENCE_STACK, Calibration, DeviceCoefficients
 from autopar.engine import stage_param_counts, step_breakdown, time_model
 from autopar.job import TrainingJob
 from autopar.layout import LayoutTable
@@ -37,11 +37,11 @@ GLOBAL_PARAMS = (
 # Per training stack (autopar.job.Framework) with at least MIN_STACK_ROWS rows, other than the
 # reference stack whose rows fit the global values: its own overlap contention (how its overlap
 # mechanism shares the device: DeepSpeed's host-synchronized ZeRO-3 fetches are not FSDP's
-# prefetching streams). A stack with fewer rows, or none, takes the global values.
+# prefetching streams). A stack with fewer rows, or none, takes the most conservative fitted
+# contention (coefficients.Calibration.stack_value).
 # (A per-stack kernel_overhead_us was tried: every stack went to the same bound as the global one,
 # so the data does not tell the stacks' host costs apart; it stays global.)
 STACK_PARAMS = (("overlap_contention", 0.0, 1.0),)
-REFERENCE_STACK = "megatron"
 MIN_STACK_ROWS = 6
 # A fitted GEMM efficiency may not exceed the device's measured max-achievable matmul rate (MAMF,
 # its profile value) by more than this factor: end-to-end training cannot beat the microbenchmark.
