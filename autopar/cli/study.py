@@ -11,7 +11,7 @@ STORAGE_HELP = "journal file, *.db (SQLite) or Optuna storage URL (default: auto
 
 
 def register(sub: Any) -> dict[str, Any]:
-    from autopar.cli.args import Parser, add_job_args, nonneg_int, positive_int
+    from autopar.cli.args import Parser, add_job_args, nonneg_int, positive_float, positive_int
     from autopar.cli.recommend import add_search_args
 
     p = sub.add_parser(
@@ -40,8 +40,16 @@ def register(sub: Any) -> dict[str, Any]:
     r.add_argument(
         "--seed", type=int, default=None, help="sampler seed for a new study (default: 0; recorded)"
     )
-    r.add_argument("--n-trials", type=positive_int, default=200, help="complete trials the study should have")
-    r.add_argument("--timeout", type=float, default=None, help="stop this session after this many seconds")
+    r.add_argument(
+        "--n-trials",
+        type=positive_int,
+        default=200,
+        help="finished trials (complete, pruned or failed) the study should have in total, across every "
+        "process running it",
+    )
+    r.add_argument(
+        "--timeout", type=positive_float, default=None, help="stop this session after this many seconds (> 0)"
+    )
     r.add_argument(
         "--batch", type=positive_int, default=8, help="trials asked and scored together (default: 8)"
     )

@@ -752,7 +752,8 @@ def serve(
     """
     from autopar.coefficients import coefficient_source, load_calibration
     from autopar.hardware import load_cluster
-    from autopar.model import ModelSpec, load_model
+    from autopar.job import load_job_model
+    from autopar.model import ModelSpec
     from autopar.prediction import job_from_api
 
     spec = model if isinstance(model, ModelSpec) else None
@@ -795,7 +796,7 @@ def serve(
     for name, v in (("tp", tp), ("pp", pp), ("ep", ep), ("adp", adp)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise AutoparError(f"{name} must be a positive integer, got {v!r}")
-    spec = spec or load_model(decl.model)
+    spec = spec or load_job_model(decl.model)
     cluster = load_cluster(decl.cluster.device, num_devices, decl.cluster.devices_per_node)
     dev = cluster.device
     if power_caps_w:
