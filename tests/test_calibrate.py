@@ -211,7 +211,9 @@ def test_from_raw_cli_and_bad_inputs(tmp_path, capsys):
     raw = tmp_path / "raw.json"
     raw.write_text(json.dumps(synthetic_raw()))
     # --out-dir must exist: it is never created silently (and nothing is measured or written first)
-    assert main(["calibrate", "--from-raw", str(raw), "--name", "syn", "--out-dir", str(tmp_path / "out")]) == 2
+    assert (
+        main(["calibrate", "--from-raw", str(raw), "--name", "syn", "--out-dir", str(tmp_path / "out")]) == 2
+    )
     assert "mkdir -p" in capsys.readouterr().err and not (tmp_path / "out").exists()
     (tmp_path / "out").mkdir()
     rc = main(

@@ -233,14 +233,18 @@ def load_study_layouts(name: str, storage: Any = None, *, top: int = 5) -> Sourc
 
     from autopar.search.study import resolve_storage
 
-    st = resolve_storage(storage) if storage is None or isinstance(storage, str | Path) else storage
+    st = (
+        resolve_storage(storage, must_exist=True)
+        if storage is None or isinstance(storage, str | Path)
+        else storage
+    )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         study = optuna.load_study(study_name=name, storage=st)
     except KeyError:
         raise AutoparError(
             f"no study named {name!r} in {storage or 'the default storage'}",
-            "list studies with `autopar study --list`",
+            "list studies with `autopar study list`",
         ) from None
     done = [t for t in study.trials if t.state.name == "COMPLETE" and t.user_attrs.get("fits", True)]
     if not done:

@@ -22,7 +22,7 @@ def register(sub: Any) -> dict[str, Any]:
     )
     ss = p.add_subparsers(dest="study_command", required=True, parser_class=Parser)
 
-    r = ss.add_parser("run", help="create the study or resume it until it has --n-trials complete trials")
+    r = ss.add_parser("run", help="create the study or resume it until it has --n-trials trials in total")
     r.add_argument("--name", required=True, help="study name (re-running the same command resumes it)")
     add_job_args(r)
     add_search_args(r)
@@ -122,8 +122,11 @@ def _run(a: argparse.Namespace) -> int:
     from autopar.cli.recommend import price
     from autopar.search.recommend import Objectives
     from autopar.search.space import load_space
-    from autopar.search.study import StudyConfig, run_study
+    from autopar.files import check_study_name
+    from autopar.search.study import StudyConfig, resolve_storage, run_study
 
+    check_study_name(a.name)
+    resolve_storage(a.storage)  # a bad storage is refused before the job and space are built
     objectives = Objectives.parse(a.objective, price_per_device_hour=price(a), price_per_kwh=a.price_per_kwh)
     space = load_space(a.space, tuple(a.overrides))
     cfg = StudyConfig(
