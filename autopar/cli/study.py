@@ -120,9 +120,9 @@ def cmd_study(a: argparse.Namespace) -> int:
 def _run(a: argparse.Namespace) -> int:
     from autopar.cli.args import job_from_args
     from autopar.cli.recommend import price
+    from autopar.files import check_study_name
     from autopar.search.recommend import Objectives
     from autopar.search.space import load_space
-    from autopar.files import check_study_name
     from autopar.search.study import StudyConfig, resolve_storage, run_study
 
     check_study_name(a.name)
