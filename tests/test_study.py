@@ -311,7 +311,7 @@ def test_two_processes_starting_the_same_new_study_share_it_and_its_total(tmp_pa
         subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
     ]
     outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
+    for p, (_out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err
         assert "created with" not in err
     reports = [json.loads(out) for out, _ in outs]
