@@ -344,6 +344,11 @@ def load_job_model(ref: Any) -> ModelSpec:
         p = os.path.expanduser(os.fspath(ref))
         if os.path.isdir(p):
             p = os.path.join(p, "config.json")
+            if not os.path.lexists(p):
+                raise AutoparError(
+                    f"model directory {ref!r} has no config.json",
+                    "pass a preset id (`autopar model --list`), a config.json or a directory holding one",
+                )
         if os.path.exists(p):
             cfg = load_json(p, "model config", "pass a preset id or a Hugging Face config.json")
             _check_config_sizes(cfg, p)

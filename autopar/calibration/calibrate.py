@@ -718,6 +718,15 @@ def write_profile_atomic(profile: dict[str, Any], path: str | Path, *, flag: str
     return path
 
 
+def check_name(name: str) -> str:
+    """A calibration name is a plain file stem: no separators, spaces or control characters."""
+    if not name or any(c in name for c in "/\\ ") or name.startswith(".") or not name.isprintable():
+        raise AutoparError(
+            f"calibration name {name!r} is not a plain file name", "pass --name like local-cpu-w4"
+        )
+    return name
+
+
 def calibrate(
     *,
     world_size: int,
@@ -728,22 +737,32 @@ def calibrate(
     timeout_s: float = 900,
     raw: dict[str, Any] | None = None,
     save_raw: str | Path | None = None,
+    create_out_dir: bool = False,
+    announce: Callable[[], None] | None = None,
 ) -> tuple[MicrobenchFit, Path, Path]:
-    """Measure (unless ``raw`` is given), fit, and write ``<out_dir>/<name>.yaml`` and ``<name>.device.yaml``."""
+    """Measure (unless ``raw`` is given), fit, and write ``<out_dir>/<name>.yaml`` and ``<name>.device.yaml``.
+
+    ``out_dir`` must exist, unless ``create_out_dir`` (the CLI's default directory): then it is
+    made, in an existing directory, once the fit has succeeded.
+    """
     from autopar.calibration.microbench import run_microbenchmarks
 
-    if not name or any(c in name for c in "/\\ ") or name.startswith("."):
-        raise AutoparError(
-            f"calibration name {name!r} is not a plain file name", "pass --name like local-cpu-w4"
-        )
+    check_name(name)
     from autopar.files import check_output, check_output_dir
 
-    out = check_output_dir(out_dir, "--out-dir")  # checked before the microbenchmarks run
-    check_output(out / f"{name}.device.yaml", "device profile", "--out-dir")
-    check_output(out / f"{name}.yaml", "calibration", "--out-dir")
+    make = create_out_dir and not os.path.lexists(out_dir)
+    if make:  # checked before the microbenchmarks run: nothing in the way, the parent writable
+        check_output(out_dir, "calibration directory", "--out-dir")
+        out = Path(out_dir)
+    else:
+        out = check_output_dir(out_dir, "--out-dir")
+        check_output(out / f"{name}.device.yaml", "device profile", "--out-dir")
+        check_output(out / f"{name}.yaml", "calibration", "--out-dir")
     if save_raw and raw is None:
         check_output(save_raw, "raw microbenchmark results", "--save-raw")
     if raw is None:
+        if announce is not None:  # everything is checked: say what the long part is doing
+            announce()
         raw = run_microbenchmarks(world_size, sweep=sweep, device=device, timeout_s=timeout_s)
         if save_raw:
             import json
@@ -756,6 +775,8 @@ def calibrate(
                 flag="--save-raw",
             )
     fitted = fit_microbenchmarks(raw, name=name)
+    if make:
+        out.mkdir()
     prof_path = write_profile_atomic(fitted.profile, out / f"{name}.device.yaml")
     cal_path = write_calibration_atomic(fitted.calibration, out / f"{name}.yaml", flag="--out-dir")
     return fitted, cal_path, prof_path

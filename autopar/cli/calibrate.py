@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 
@@ -60,9 +59,9 @@ DEFAULT_OUT_DIR = "autopar-calibration"
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
-    from autopar.calibration.calibrate import calibrate
+    from autopar.calibration.calibrate import calibrate, check_name
     from autopar.errors import AutoparError
-    from autopar.files import load_json, require_mapping
+    from autopar.files import check_output, load_json, require_mapping
 
     raw = None
     if a.from_raw:
@@ -77,26 +76,22 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
             raise AutoparError(
                 f"raw results {a.from_raw}: device must be cpu or cuda, got {raw.get('device')!r}", hint
             )
-    out_dir = a.out_dir
-    if out_dir is None:  # the documented default: ./autopar-calibration, made here if missing
-        out_dir = DEFAULT_OUT_DIR
-        if not Path(out_dir).exists():
-            Path(out_dir).mkdir()
-            sys.stderr.write(f"calibrate: created ./{out_dir}/\n")
     world = int(raw["world_size"]) if raw and "world_size" in raw else a.world_size
     kind = (raw or {}).get("device") or (
         "cuda" if a.run_device == "cuda" else "cpu" if a.run_device == "cpu" else None
     )
     if kind is None:
         kind = "cuda" if _has_cuda() else "cpu"
-    name = a.name or f"local-{kind}-w{world}"
-    if not a.json:
-        what = (
-            f"fitting {a.from_raw}"
-            if raw
-            else (f"running {'quick ' if a.quick else ''}microbenchmarks on {world} rank(s) ({kind})")
-        )
-        sys.stderr.write(f"calibrate: {what} ...\n")
+    name = check_name(a.name or f"local-{kind}-w{world}")
+    if a.save_raw and raw is None:  # checked before anything is measured or created
+        check_output(a.save_raw, "raw microbenchmark results", "--save-raw")
+    out_dir = a.out_dir or DEFAULT_OUT_DIR  # the default is made if missing, once the fit succeeded
+
+    def announce() -> None:  # once every input and destination has been checked
+        if not a.json:
+            what = f"running {'quick ' if a.quick else ''}microbenchmarks on {world} rank(s) ({kind})"
+            sys.stderr.write(f"calibrate: {what} ...\n")
+
     try:
         fitted, cal_path, prof_path = calibrate(
             world_size=world,
@@ -107,6 +102,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
             timeout_s=a.timeout,
             raw=raw,
             save_raw=a.save_raw,
+            create_out_dir=a.out_dir is None,
+            announce=announce,
         )
     except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
         if raw is None:

@@ -124,7 +124,8 @@ def cmd_export(a: argparse.Namespace) -> int:
         if missing:
             raise AutoparError(
                 "autopar export needs --from-json FILE or the job flags; missing: "
-                + ", ".join("--" + m.replace("_", "-") for m in missing)
+                + ", ".join("--" + m.replace("_", "-") for m in missing),
+                "pass --from-json plan.json (from `autopar recommend --json`) or every job flag",
             )
         from autopar.cli.args import job_kwargs, layout_kwargs
         from autopar.prediction import predict

@@ -123,10 +123,10 @@ def _run(a: argparse.Namespace) -> int:
     from autopar.files import check_study_name
     from autopar.search.recommend import Objectives
     from autopar.search.space import load_space
-    from autopar.search.study import StudyConfig, resolve_storage, run_study
+    from autopar.search.study import StudyConfig, check_storage, run_study
 
     check_study_name(a.name)
-    resolve_storage(a.storage)  # a bad storage is refused before the job and space are built
+    check_storage(a.storage)  # a bad storage is refused before the job and space are built
     objectives = Objectives.parse(a.objective, price_per_device_hour=price(a), price_per_kwh=a.price_per_kwh)
     space = load_space(a.space, tuple(a.overrides))
     cfg = StudyConfig(

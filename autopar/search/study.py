@@ -106,6 +106,35 @@ def _check_storage_file(p: Path, *, must_exist: bool, journal: bool) -> None:
             bad = exc.start < len(head) - 4  # a character cut at the end of the sample is fine
         if bad:
             raise AutoparError(f"--storage {p} is not an Optuna journal (binary content)", STORAGE_HINT)
+        _check_journal_lines(p)
+
+
+def _check_journal_lines(p: Path) -> None:
+    """Every complete line of a journal is a JSON object (Optuna would fail on the first that is not,
+    with a traceback, and only once it appends after it)."""
+    with open(p, "rb") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.endswith(b"\n"):
+                break  # a last line still being written: Optuna skips it too
+            try:
+                ok = isinstance(json.loads(line), dict)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise AutoparError(
+                    f"--storage {p} is not an Optuna journal (line {n} is not a JSON log entry)", STORAGE_HINT
+                )
+
+
+def check_storage(storage: str | Path | None, *, must_exist: bool = False) -> None:
+    """The checks of :func:`resolve_storage` that need no storage opened (nothing is created)."""
+    s = str(storage or DEFAULT_STORAGE)
+    if not s.strip():
+        raise AutoparError("--storage is empty", STORAGE_HINT)
+    if "://" in s:
+        return
+    p = Path(s).expanduser()
+    _check_storage_file(p, must_exist=must_exist, journal=p.suffix not in SQLITE_SUFFIXES)
 
 
 def resolve_storage(storage: str | Path | None, *, must_exist: bool = False) -> Any:
@@ -129,7 +158,9 @@ def resolve_storage(storage: str | Path | None, *, must_exist: bool = False) -> 
     # period (it is held only while one line is appended).
     lock = JournalFileSymlinkLock(str(p), grace_period=10)
     try:
-        return JournalStorage(JournalFileBackend(str(p), lock_obj=lock))
+        st = JournalStorage(JournalFileBackend(str(p), lock_obj=lock))
+        st.get_all_studies()  # replays the journal: a corrupt one fails here, as one line
+        return st
     except Exception as exc:  # noqa: BLE001 - a corrupt journal: Optuna's replay raises anything
         raise AutoparError(
             f"--storage {p} is not a readable Optuna journal: {type(exc).__name__}: {_first_line(exc)}",
