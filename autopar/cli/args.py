@@ -91,6 +91,25 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1)
 
 
+def int_range(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high] (a cap keeps a typo from asking for a billion)."""
+
+    def parse(text: str) -> int:
+        v = _int_at_least(text, low)
+        if v > high:
+            raise argparse.ArgumentTypeError(f"{v} must be <= {high:,}")
+        return v
+
+    parse.__name__ = "int"
+    return parse
+
+
+MAX_TOP = 10_000  # results a command lists
+MAX_WORKERS = 256  # scoring processes
+MAX_SEED = 2**32 - 1  # numpy's seed range (Optuna samplers seed a RandomState)
+MAX_LOCAL_RANKS = 256  # processes one local torchrun launch may start (calibrate, validate)
+
+
 def nonneg_int(text: str) -> int:
     return _int_at_least(text, 0)
 

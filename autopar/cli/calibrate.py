@@ -9,7 +9,7 @@ from typing import Any
 
 
 def register(sub: Any) -> dict[str, Any]:
-    from autopar.cli.args import positive_float, positive_int
+    from autopar.cli.args import MAX_LOCAL_RANKS, int_range, positive_float
 
     p = sub.add_parser(
         "calibrate",
@@ -21,9 +21,9 @@ def register(sub: Any) -> dict[str, Any]:
     )
     p.add_argument(
         "--world-size",
-        type=positive_int,
+        type=int_range(1, MAX_LOCAL_RANKS),
         default=2,
-        help="ranks to measure with: the world size of the runs to predict (default: 2)",
+        help=f"ranks to measure with, 1..{MAX_LOCAL_RANKS}: the world size of the runs to predict (default: 2)",
     )
     p.add_argument("--name", default=None, help="device id and file stem (default: local-<cpu|cuda>-w<N>)")
     p.add_argument(

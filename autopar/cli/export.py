@@ -55,10 +55,21 @@ def render_record(record: dict[str, Any], fmt: str) -> str:
 
 
 def _read_records(src: str) -> list[dict[str, Any]]:
-    from autopar.files import parse_json, read_text
+    from autopar.files import MAX_INPUT_BYTES, parse_json, read_text
 
     hint = "pass the output of `autopar recommend --json` or `predict --json`"
-    text = sys.stdin.read() if src == "-" else read_text(src, "--from-json", hint)
+    if src == "-":
+        data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES or b"\x00" in data:
+            raise AutoparError("--from-json -: standard input is binary or too large", hint)
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise AutoparError(
+                f"--from-json -: standard input is not UTF-8 (offset {exc.start})", hint
+            ) from None
+    else:
+        text = read_text(src, "--from-json", hint)
     data = parse_json(text, f"--from-json {src}")
     if isinstance(data, dict) and "results" in data:
         data = data["results"]

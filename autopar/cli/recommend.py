@@ -51,7 +51,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> dict[str, Any]:
-    from autopar.cli.args import add_job_args, positive_int
+    from autopar.cli.args import MAX_TOP, MAX_WORKERS, add_job_args, int_range
 
     p = sub.add_parser(
         "recommend",
@@ -60,7 +60,12 @@ def register(sub: Any) -> dict[str, Any]:
         "memory and time models, and rank those that fit.",
     )
     add_job_args(p)
-    p.add_argument("--top", type=positive_int, default=5, help="how many layouts to return (default: 5)")
+    p.add_argument(
+        "--top",
+        type=int_range(1, MAX_TOP),
+        default=5,
+        help=f"how many layouts to return, 1..{MAX_TOP} (default: 5)",
+    )
     p.add_argument(
         "--objective",
         default="throughput",
@@ -70,7 +75,7 @@ def register(sub: Any) -> dict[str, Any]:
     add_search_args(p)
     p.add_argument(
         "--workers",
-        type=positive_int,
+        type=int_range(1, MAX_WORKERS),
         default=None,
         help="processes that score chunks (default: 1 below 1.5M layouts, else one per core)",
     )

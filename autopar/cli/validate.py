@@ -9,7 +9,7 @@ from typing import Any
 
 
 def register(sub: Any) -> dict[str, Any]:
-    from autopar.cli.args import nonneg_int, positive_float, positive_int
+    from autopar.cli.args import MAX_TOP, int_range, nonneg_int, positive_float, positive_int
 
     p = sub.add_parser(
         "validate",
@@ -28,7 +28,10 @@ def register(sub: Any) -> dict[str, Any]:
     src.add_argument("--study", metavar="NAME", help="validate the best trials of this study")
     p.add_argument("--storage", default=None, help="study storage (default: autopar-studies.log)")
     p.add_argument(
-        "--top", type=positive_int, default=5, help="how many of the study's best trials (default: 5)"
+        "--top",
+        type=int_range(1, MAX_TOP),
+        default=5,
+        help="how many of the study's best trials (default: 5)",
     )
     g = p.add_argument_group("job (overrides what the source records)")
     g.add_argument("--model", default=None, help="preset id, HF config.json or raw-dimensions JSON")
@@ -116,6 +119,13 @@ def cmd_validate(a: argparse.Namespace) -> int:
         )
     derive_grad_accum(source.items, int(info["global_batch"]))
     worlds = sorted({it.layout.num_devices for it in source.items})
+    from autopar.cli.args import MAX_LOCAL_RANKS
+
+    if worlds[-1] > MAX_LOCAL_RANKS:
+        raise AutoparError(
+            f"a layout needs {worlds[-1]:,} ranks; validate launches at most {MAX_LOCAL_RANKS} local processes",
+            "validate layouts of a smaller world size (tp*pp*cp*dp)",
+        )
     if a.refit and len(worlds) != 1:
         raise AutoparError("--refit needs layouts of one world size", "validate one world size at a time")
     cal_path = a.calibration or info.get("calibration")

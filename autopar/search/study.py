@@ -699,8 +699,11 @@ def open_study(cfg: StudyConfig) -> tuple[Any, bool, str, int]:
     names = [TRAINING[n].metric for n in cfg.objectives.names]
     study.set_user_attr("objective_names", names)
     study.set_user_attr("constraint", f"{CONSTRAINT} <= 0")
-    # Optuna's own metric names: optuna-dashboard and study.trials_dataframe() show them.
-    study.set_metric_names(names)
+    # Optuna's own metric names: optuna-dashboard and study.trials_dataframe() show them (the API
+    # is marked experimental, stable since Optuna 3.2: its warning is not for autopar's users).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study.set_metric_names(names)
     study.set_user_attr(READY_ATTR, True)  # last: a process joining the study waits for it
     return study, False, sampler_name, seed
 
