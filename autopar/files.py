@@ -178,7 +178,9 @@ def parse_yaml(text: str, where: str) -> Any:
     if _LOADER is None:
         _LOADER = _yaml_loader()
     try:
-        return yaml.load(text, Loader=_LOADER)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a SafeLoader subclass
+        _check_expanded_size(data, where)
+        return data
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -186,6 +188,40 @@ def parse_yaml(text: str, where: str) -> Any:
         raise FileError(f"{where}: not valid YAML{at}: {problem}", "fix the YAML syntax") from None
     except RecursionError:
         raise FileError(f"{where}: YAML nested too deeply", "flatten the file") from None
+
+
+MAX_EXPANDED_NODES = 1_000_000  # values a YAML document may expand to through its aliases
+
+
+def _check_expanded_size(data: Any, where: str) -> None:
+    """Refuse a recursive document or one whose aliases expand it past MAX_EXPANDED_NODES values
+    (a "billion laughs" file is a few hundred bytes that every consumer would walk in full)."""
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(x: Any) -> int:
+        if not isinstance(x, dict | list):
+            return 1
+        k = id(x)
+        if k in sizes:
+            return sizes[k]
+        if k in active:
+            raise FileError(f"{where}: the document refers to itself (a recursive alias)", "remove the alias")
+        active.add(k)
+        items = list(x.keys()) + list(x.values()) if isinstance(x, dict) else x
+        n = 1
+        for v in items:
+            n += size(v)
+            if n > MAX_EXPANDED_NODES:
+                raise FileError(
+                    f"{where}: the document expands to more than {MAX_EXPANDED_NODES:,} values through its aliases",
+                    "write the values out instead of nesting aliases",
+                )
+        active.discard(k)
+        sizes[k] = n
+        return n
+
+    size(data)
 
 
 def parse_toml(text: str, where: str) -> Any:

@@ -125,9 +125,11 @@ class ServingWorkload(_Frozen):
     """
 
     kind: Literal["serving"] = "serving"
-    isl: int = Field(ge=1, description="prompt (input) tokens per request")
-    osl: int = Field(ge=1, description="generated (output) tokens per request")
-    concurrency: int | None = Field(None, ge=1, description="requests in flight, whole deployment")
+    isl: int = Field(ge=1, le=MAX_SEQ_LEN, description="prompt (input) tokens per request")
+    osl: int = Field(ge=1, le=MAX_SEQ_LEN, description="generated (output) tokens per request")
+    concurrency: int | None = Field(
+        None, ge=1, le=MAX_GLOBAL_BATCH, description="requests in flight, whole deployment"
+    )
     request_rate: float | None = Field(None, gt=0, description="requests/s, whole deployment")
     offline: bool = Field(False, description="max-throughput mode: memory decides the batch")
     weight_precision: WeightPrecision = Field("bf16", description="precision of the linear-layer weights")

@@ -446,6 +446,52 @@ case(
     ],
 )
 
+# ----------------------------------------------------------------------- caps, bombs and huge numbers
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{n}: &{n} [{', '.join(['*' + p] * 10)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+)
+case("cal-alias-bomb", C, **{"c.yaml": BOMB})
+case("cal-recursive-alias", C, **{"c.yaml": "a: &a [*a]\n"})
+case("space-alias-bomb", [*R, "--space", "s.yaml"], **{"s.yaml": BOMB})
+case("sweep-alias-bomb", ["sweep", "w.yaml"], **{"w.yaml": BOMB})
+case("device-alias-bomb", ["predict", *J[:3], "d.yaml", *J[4:]], **{"d.yaml": BOMB})
+case("validate-layouts-alias-bomb", ["validate", "--layouts", "b.yaml"], **{"b.yaml": BOMB})
+case("layout-first-stage-huge", [*P, "--pp", "2", "--first-stage-layers", str(10**26)])
+case("layout-shard-group-huge", [*P, "--shard-group", str(10**26)])
+case("recommend-top-huge", [*R, "--top", str(10**9)])
+case("recommend-workers-huge", [*R, "--workers", str(10**6)])
+case("study-seed-negative", [*S, "--seed", "-1"])
+case("study-seed-huge", [*S, "--seed", str(2**40)])
+case("study-seed-top-k-huge", [*S, "--seed-top-k", str(10**8)])
+case("calibrate-world-huge", ["calibrate", "--world-size", str(10**6)])
+case(
+    "validate-world-huge",
+    ["validate", "--layouts", "b.json"],
+    **{"b.json": _json({**GOOD_LAYOUTS, "layouts": [{"dp": 100000, "zero": 3}]})},
+)
+case("validate-layouts-inf", ["validate", "--layouts", "b.json"], **{"b.json": '[{"dp": 1e999}]'})
+case(
+    "model-layers-inf",
+    ["predict", "--model", "m.json", *J[2:]],
+    **{"m.json": _json(HF)[:-1] + ', "num_hidden_layers": 1e999}'.replace('"num_hidden_layers": 32, ', "")},
+)
+case(
+    "serve-isl-huge",
+    [
+        "serve",
+        "--model",
+        "llama-3.1-8b",
+        "--device",
+        "h100-sxm-80gb",
+        "--num-devices",
+        "8",
+        "--isl",
+        str(10**23),
+        "--osl",
+        "12",
+    ],
+)
+
 
 def _tree(root: Path) -> dict[str, tuple[int, int, int, int]]:
     out = {}
