@@ -89,6 +89,8 @@ def _layout_of(d: dict[str, Any], where: str, *, strict: bool) -> tuple[Layout, 
                 f"allowed keys: {', '.join((*LAYOUT_FIELDS, *ENTRY_EXTRAS))}",
             )
         d = {k: v for k, v in d.items() if k in LAYOUT_FIELDS}
+    else:  # a flat predict/recommend record: its other keys are the prediction and the job
+        d = {k: v for k, v in d.items() if k in LAYOUT_FIELDS}
     if not any(k in d for k in LAYOUT_FIELDS):
         raise AutoparError(
             f"{where}: no layout fields ({', '.join(LAYOUT_FIELDS[:6])}, ...)",
