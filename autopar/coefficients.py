@@ -50,7 +50,8 @@ GLOBAL_RANGES: dict[str, tuple[float, float]] = {
 }
 # An achieved efficiency is a fraction of a peak: (0, 1.05] (5% slack over a datasheet peak).
 MAX_EFFICIENCY = 1.05
-GEMM_PRECISIONS = ("bf16", "fp16", "fp8", "fp32", "tf32", "fp4")  # autopar.hardware.PRECISIONS
+# autopar.hardware.PRECISIONS and the block-scaled layout precisions a fit may calibrate on their own
+GEMM_PRECISIONS = ("bf16", "fp16", "fp8", "fp32", "tf32", "fp4", "mxfp8", "nvfp4")
 
 
 class DeviceCoefficients(BaseModel):

@@ -246,8 +246,13 @@ def write_table(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
 
 def read_table(path: str | Path) -> list[dict[str, str]]:
-    with Path(path).open(newline="") as f:
-        return list(csv.DictReader(f))
+    """A sweep table written as CSV (read through autopar.files: a regular UTF-8 file)."""
+    import io
+
+    from autopar.files import read_text
+
+    text = read_text(path, "sweep table", "pass a .csv written by `autopar sweep`")
+    return list(csv.DictReader(io.StringIO(text, newline="")))
 
 
 __all__ = ["SweepFile", "load_sweep", "run_sweep", "run_point", "write_table", "default_output", "COLUMNS"]
