@@ -59,6 +59,14 @@ def connect(address: Any = "local") -> bool:
                 )
             _info.clear()
             _info.update(mode="embedded", node_ip=_node_ip(ray), dashboard=False)
+        elif _is_loopback_address(str(address)):  # an instance on this machine bound to 127.0.0.1
+            with _loopback_node(ray):
+                ray.init(
+                    address=str(address),
+                    log_to_driver=False,
+                    configure_logging=False,
+                    _node_ip_address=LOOPBACK,
+                )
         else:
             ray.init(address=str(address), log_to_driver=False, configure_logging=False)
             _info.clear()
@@ -92,6 +100,26 @@ def _loopback_node(ray: Any) -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = old
+
+
+def _is_loopback_address(address: str) -> bool:
+    """``127.0.0.1:6379`` or ``localhost:6379``: a cluster whose GCS is on loopback (a Ray Client
+    ``ray://`` address needs no local raylet and is left alone).
+
+    Its driver must say it is on 127.0.0.1 too, or Ray looks for a raylet on the machine's
+    reachable address, where none listens, and the connection hangs.
+    """
+    import ipaddress
+
+    if "://" in address:
+        return False
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _node_ip(ray: Any) -> str | None:
