@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from autopar.errors import AutoparError
 from autopar.frameworks import FrameworkProfile
@@ -36,16 +36,49 @@ GLOBAL_DEFAULTS: dict[str, float] = {
 }
 
 
+# The range of every global coefficient a calibration may set (inclusive). A fraction is in [0, 1];
+# overlap_contention is a slowdown per second of hidden communication (CPU/gloo refits reach ~8);
+# fragmentation is the allocator's slack over the activations (a CPU refit may fit it negative).
+GLOBAL_RANGES: dict[str, tuple[float, float]] = {
+    "overlap_contention": (0.0, 20.0),
+    "kernel_overhead_us": (0.0, 1e6),
+    "tp_overlap": (0.0, 1.0),
+    "tp_collective_overhead_us": (0.0, 1e6),
+    "framework_reserve_gib": (0.0, 1024.0),
+    "comm_buffer_gb": (0.0, 1024.0),
+    "fragmentation": (-1.0, 1.0),
+}
+# An achieved efficiency is a fraction of a peak: (0, 1.05] (5% slack over a datasheet peak).
+MAX_EFFICIENCY = 1.05
+# autopar.hardware.PRECISIONS and the block-scaled layout precisions a fit may calibrate on their own
+GEMM_PRECISIONS = ("bf16", "fp16", "fp8", "fp32", "tf32", "fp4", "mxfp8", "nvfp4")
+
+
 class DeviceCoefficients(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    gemm: dict[str, float] = Field(default_factory=dict)
-    gemm_half_dim: float | None = None
-    attention: float | None = None
-    hbm: float | None = None
-    scale_up_bus: float | None = None
-    scale_out_bus: float | None = None
-    scale_up_latency_us: float | None = None
-    scale_out_latency_us: float | None = None
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    gemm: dict[str, float] = Field(
+        default_factory=dict,
+        description=f"achieved GEMM fraction of peak per precision, (0, {MAX_EFFICIENCY}]",
+    )
+    gemm_half_dim: float | None = Field(None, gt=0, le=1e6)
+    attention: float | None = Field(None, gt=0, le=MAX_EFFICIENCY)
+    hbm: float | None = Field(None, gt=0, le=MAX_EFFICIENCY)
+    scale_up_bus: float | None = Field(None, gt=0, le=MAX_EFFICIENCY)
+    scale_out_bus: float | None = Field(None, gt=0, le=MAX_EFFICIENCY)
+    scale_up_latency_us: float | None = Field(None, ge=0, le=1e7)
+    scale_out_latency_us: float | None = Field(None, ge=0, le=1e7)
+
+    @field_validator("gemm")
+    @classmethod
+    def _gemm(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(GEMM_PRECISIONS))
+        if unknown:
+            raise ValueError(f"unknown precision {unknown[0]!r}; allowed: {', '.join(GEMM_PRECISIONS)}")
+        bad = {k: x for k, x in v.items() if not 0 < x <= MAX_EFFICIENCY}  # NaN fails too
+        if bad:
+            k = next(iter(bad))
+            raise ValueError(f"gemm.{k} = {bad[k]} is not an efficiency in (0, {MAX_EFFICIENCY}]")
+        return v
 
 
 # The training stack whose rows set a calibration's global coefficients (autopar.job.Framework).
@@ -78,20 +111,31 @@ class Transfer(BaseModel):
     microbenchmarks on the devices that were measured.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     same_silicon: dict[str, str] = Field(default_factory=dict)
-    gemm_ratio: float = 1.0
-    attention_ratio: float = 1.0
+    gemm_ratio: float = Field(1.0, gt=0, le=10)
+    attention_ratio: float = Field(1.0, gt=0, le=10)
 
 
 class Calibration(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    schema_: str = Field("autopar.calibration/v1", alias="schema")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+    schema_: Literal["autopar.calibration/v1"] = Field("autopar.calibration/v1", alias="schema")
     provenance: dict[str, Any] = Field(default_factory=dict)
     global_: dict[str, float] = Field(default_factory=dict, alias="global")
     transfer: Transfer = Field(default_factory=Transfer)
     devices: dict[str, DeviceCoefficients] = Field(default_factory=dict)
     stacks: dict[str, StackCoefficients] = Field(default_factory=dict)
+
+    @field_validator("global_")
+    @classmethod
+    def _global(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if k not in GLOBAL_RANGES:
+                raise ValueError(f"unknown global coefficient {k!r}; allowed: {', '.join(GLOBAL_RANGES)}")
+            lo, hi = GLOBAL_RANGES[k]
+            if not lo <= x <= hi:  # NaN fails too
+                raise ValueError(f"global.{k} = {x} is outside [{lo:g}, {hi:g}]")
+        return v
 
     def device(self, device_id: str) -> DeviceCoefficients:
         """Fitted coefficients of a device, or ones carried over from the fit (see Transfer)."""
@@ -126,34 +170,57 @@ def default_calibration_path() -> Path:
     return Path(str(resources.files("autopar.cost_models") / "calibration" / "default.yaml"))
 
 
-@lru_cache(maxsize=16)
-def _load(path: str) -> Calibration:
-    p = Path(path)
-    if not p.is_file():
-        raise AutoparError(f"calibration file {path} does not exist", "pass an existing --calibration FILE")
+# Blocks every calibration file must have (transfer and provenance are optional).
+REQUIRED_BLOCKS = ("schema", "global", "devices")
+SCHEMA_HINT = "see cost_models/calibration/default.yaml for the schema"
+
+
+def parse_calibration(text: str, where: str) -> Calibration:
+    """A calibration from YAML text: every block present, keys known, values in range."""
+    from autopar.files import parse_yaml, require_mapping, validation_message
+
+    raw = require_mapping(
+        parse_yaml(text, f"calibration file {where}"), f"calibration file {where}", SCHEMA_HINT
+    )
+    missing = [b for b in REQUIRED_BLOCKS if b not in raw]
+    if missing:
+        raise AutoparError(f"calibration file {where}: required block {missing[0]!r} is missing", SCHEMA_HINT)
+    for block in ("global", "devices", "transfer", "provenance"):
+        if block in raw and raw[block] is None:
+            raw[block] = {}
     try:
-        raw = yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as exc:
-        raise AutoparError(
-            f"calibration file {path} is not valid YAML: {exc}".splitlines()[0], "fix the YAML syntax"
-        ) from None
-    try:
-        return Calibration.model_validate(raw or {})
+        return Calibration.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        key = ".".join(str(x) for x in err["loc"])
         raise AutoparError(
-            f"calibration file {path}: {key}: {err['msg']}",
-            "see cost_models/calibration/default.yaml for the schema",
+            validation_message(exc, f"calibration file {where}", Calibration), SCHEMA_HINT
         ) from None
+
+
+@lru_cache(maxsize=16)
+def _load(path: str, mtime_ns: int = 0) -> Calibration:  # mtime in the key: edits are reloaded
+    from autopar.files import read_text
+
+    return parse_calibration(read_text(path, "calibration file", "pass an existing --calibration FILE"), path)
 
 
 def load_calibration(path: str | Path | None = None) -> Calibration:
     """The calibration at ``path``, or the shipped default (an empty one if none ships)."""
     if path is None:
         p = default_calibration_path()
-        return _load(str(p)) if p.is_file() else Calibration()
-    return _load(str(Path(path).resolve()))
+        return _load(str(p), _mtime(p)) if p.is_file() else Calibration()
+    if str(path).strip() == "":
+        raise AutoparError(
+            "--calibration is empty", "pass a calibration YAML file, or omit it for the shipped one"
+        )
+    p = Path(path).expanduser().resolve()
+    return _load(str(p), _mtime(p))
+
+
+def _mtime(p: Path) -> int:
+    try:
+        return p.stat().st_mtime_ns
+    except OSError:
+        return 0
 
 
 def expected_error_path() -> Path:

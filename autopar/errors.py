@@ -54,3 +54,8 @@ class InfeasibleError(AutoparError):
 
 class RunError(AutoparError):
     """A validation or calibration run that could not be launched or crashed."""
+
+
+class FileError(AutoparError):
+    """A file autopar cannot read (missing, not a regular file, binary, malformed, invalid) or cannot
+    write (a directory, device or FIFO, a missing or unwritable directory); see :mod:`autopar.files`."""

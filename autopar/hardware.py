@@ -24,7 +24,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autopar.errors import DeviceError
@@ -61,11 +60,10 @@ DEFAULT_PROVENANCE: dict[str, str] = {
 }
 
 _DEVICES_PACKAGE = "autopar.cost_models"
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: ~10x faster
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class HostIslands(_Frozen):
@@ -336,13 +334,13 @@ def list_devices() -> list[str]:
 
 
 def _parse(text: str, where: str, *, builtin: bool) -> DeviceProfile:
+    from autopar.errors import FileError
+    from autopar.files import parse_yaml, validation_message
+
     try:
-        raw = yaml.load(text, Loader=_YAML_LOADER)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise DeviceError(f"{where}: malformed YAML{at}: {problem}", hint="fix the YAML syntax") from exc
+        raw = parse_yaml(text, where)
+    except FileError as exc:  # keep the device error type (and "malformed YAML" wording)
+        raise DeviceError(exc.message.replace("not valid YAML", "malformed YAML"), hint=exc.hint) from None
     if not isinstance(raw, dict):
         raise DeviceError(
             f"{where}: a device profile must be a YAML mapping, got {type(raw).__name__}",
@@ -362,7 +360,7 @@ def _parse(text: str, where: str, *, builtin: bool) -> DeviceProfile:
         profile = DeviceProfile.model_validate(body | {"provenance": prov})
     except ValidationError as exc:
         raise DeviceError(
-            f"{where}: invalid device profile: {_format_validation(exc)}",
+            validation_message(exc, f"{where}: invalid device profile", DeviceProfile),
             hint="see cost_models/devices/h100-sxm-80gb.yaml for the schema",
         ) from None
 
@@ -402,7 +400,14 @@ def _load_builtin(device_id: str) -> DeviceProfile:
 
 @functools.lru_cache(maxsize=64)
 def _load_path(path: str, mtime_ns: int) -> DeviceProfile:  # mtime in the key: edits are reloaded
-    return _parse(Path(path).read_text(encoding="utf-8"), path, builtin=False)
+    from autopar.errors import FileError
+    from autopar.files import read_text
+
+    try:
+        text = read_text(path, "device profile file", "give a device YAML file or a device id")
+    except FileError as exc:
+        raise DeviceError(exc.message, hint=exc.hint) from None
+    return _parse(text, path, builtin=False)
 
 
 def _looks_like_path(s: str) -> bool:
@@ -413,7 +418,7 @@ def load_device(id_or_path: str | Path) -> DeviceProfile:
     """A shipped profile by id (case-insensitive) or a what-if profile from a YAML path."""
     if isinstance(id_or_path, Path) or _looks_like_path(str(id_or_path)):
         p = Path(id_or_path).expanduser()
-        if not p.is_file():
+        if not p.exists():
             raise DeviceError(
                 f"device profile file {str(p)!r} not found",
                 hint=f"give an existing YAML file or one of the device ids: {', '.join(list_devices())}",

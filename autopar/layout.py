@@ -152,6 +152,12 @@ def _scalar(v: np.ndarray) -> Any:
     return int(x) if isinstance(x, float) and x.is_integer() else x
 
 
+# Bounds of a layout's integers: far above any real job, low enough for int64 columns and products.
+MAX_DEGREE = 2**20
+MAX_BATCH = 2**24
+MAX_LAYERS = 10_000
+
+
 class Layout(BaseModel):
     """A fully resolved parallel layout of one training job.
 
@@ -163,27 +169,32 @@ class Layout(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tp: int = Field(1, ge=1, description="tensor-parallel size")
-    pp: int = Field(1, ge=1, description="pipeline-parallel stages")
-    vpp: int = Field(1, ge=1, description="virtual (interleaved) stages per pipeline rank")
+    tp: int = Field(1, ge=1, le=MAX_DEGREE, description="tensor-parallel size")
+    pp: int = Field(1, ge=1, le=MAX_DEGREE, description="pipeline-parallel stages")
+    vpp: int = Field(1, ge=1, le=MAX_DEGREE, description="virtual (interleaved) stages per pipeline rank")
     first_stage_layers: int = Field(
         0,
         ge=0,
+        le=MAX_LAYERS,
         description="decoder layers on the first pipeline stage (0 = even split; Megatron "
         "--decoder-first-pipeline-num-layers); the rest split evenly over the other stages",
     )
     last_stage_layers: int = Field(
         0,
         ge=0,
+        le=MAX_LAYERS,
         description="decoder layers on the last pipeline stage (0 = even split; Megatron "
         "--decoder-last-pipeline-num-layers)",
     )
-    dp: int = Field(1, ge=1, description="data-parallel size (dense)")
-    cp: int = Field(1, ge=1, description="context-parallel size (sequence sharded for attention)")
-    ep: int = Field(1, ge=1, description="expert-parallel size (MoE); divides tp*cp*dp / etp")
+    dp: int = Field(1, ge=1, le=MAX_DEGREE, description="data-parallel size (dense)")
+    cp: int = Field(
+        1, ge=1, le=MAX_DEGREE, description="context-parallel size (sequence sharded for attention)"
+    )
+    ep: int = Field(1, ge=1, le=MAX_DEGREE, description="expert-parallel size (MoE); divides tp*cp*dp / etp")
     etp: int = Field(
         1,
         ge=1,
+        le=MAX_DEGREE,
         description="expert tensor-parallel size (Megatron-Core's expert_tensor_parallel_size; "
         "left blank it is tp, as in ModelParallelConfig)",
     )
@@ -192,10 +203,12 @@ class Layout(BaseModel):
         description="ZeRO stage: 0 DDP, 1 optimizer sharding (Megatron's distributed optimizer), "
         "2 +grads, 3 +params (FSDP)",
     )
-    shard_group: int = Field(0, ge=0, description="ZeRO/FSDP shard-group size (HSDP); 0 = all dp*cp ranks")
+    shard_group: int = Field(
+        0, ge=0, le=MAX_DEGREE, description="ZeRO/FSDP shard-group size (HSDP); 0 = all dp*cp ranks"
+    )
     sp: bool = Field(False, description="Megatron sequence parallelism (needs tp > 1)")
-    micro_batch: int = Field(1, ge=1, description="sequences per micro-batch per rank")
-    grad_accum: int = Field(1, ge=1, description="micro-batches per optimizer step per rank")
+    micro_batch: int = Field(1, ge=1, le=MAX_BATCH, description="sequences per micro-batch per rank")
+    grad_accum: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batches per optimizer step per rank")
     recompute: Recompute = Field(
         "none",
         description="activation recomputation: none, selective (attention core), norm_act (+ norms, "

@@ -191,9 +191,9 @@ def test_calibration_write_is_atomic_and_validated(tmp_path, monkeypatch):
     monkeypatch.setattr(
         cb, "calibration_yaml", lambda cal: "schema: autopar.calibration/v1\nglobal: [1, 2]\n"
     )
-    from pydantic import ValidationError
+    from autopar.errors import AutoparError
 
-    with pytest.raises(ValidationError):
+    with pytest.raises(AutoparError, match="calibration file"):
         write_calibration_atomic(good, path)
     assert path.read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cal.yaml"]  # no temporary file left behind
@@ -210,6 +210,12 @@ def test_calibration_write_is_atomic_and_validated(tmp_path, monkeypatch):
 def test_from_raw_cli_and_bad_inputs(tmp_path, capsys):
     raw = tmp_path / "raw.json"
     raw.write_text(json.dumps(synthetic_raw()))
+    # --out-dir must exist: it is never created silently (and nothing is measured or written first)
+    assert (
+        main(["calibrate", "--from-raw", str(raw), "--name", "syn", "--out-dir", str(tmp_path / "out")]) == 2
+    )
+    assert "mkdir -p" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    (tmp_path / "out").mkdir()
     rc = main(
         ["calibrate", "--from-raw", str(raw), "--name", "syn", "--out-dir", str(tmp_path / "out"), "--json"]
     )

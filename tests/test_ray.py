@@ -133,3 +133,69 @@ def test_cli_sweep(tmp_path: Path) -> None:
         [sys.executable, "-m", "autopar.cli", "sweep", str(f)], capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 2 and "device: unknown key" in r.stderr and "Traceback" not in r.stderr
+
+
+def _listeners(pid: int) -> set[tuple[str, int, str]]:
+    """(ip, port, process name) of the TCP/UDP listening sockets of ``pid`` and its descendants."""
+    psutil = pytest.importorskip("psutil")
+    try:
+        root = psutil.Process(pid)
+        tree = {root.pid: root.name()} | {c.pid: c.name() for c in root.children(recursive=True)}
+    except psutil.Error:
+        return set()
+    out = set()
+    for c in psutil.net_connections(kind="inet"):
+        if c.pid in tree and (c.status == psutil.CONN_LISTEN or (c.type == 2 and c.laddr)):
+            out.add((c.laddr.ip, c.laddr.port, tree[c.pid]))
+    return out
+
+
+def _loopback(ip: str) -> bool:
+    import ipaddress
+
+    a = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(a, "ipv4_mapped", None)
+    return a.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def test_embedded_ray_listens_on_loopback_only(tmp_path: Path) -> None:
+    """``recommend --ray`` (embedded instance): every socket its GCS, raylet, workers and driver
+    listen on is a loopback address (watched with psutil while the command runs), and the JSON says
+    how Ray ran."""
+    import time
+
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "autopar.cli", "recommend", *_JOB_ARGS, "--json", "--top", "2", "--ray"]
+    with out.open("w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.PIPE, text=True)
+        seen: set[tuple[str, int, str]] = set()
+        deadline = time.time() + 240
+        while proc.poll() is None and time.time() < deadline:
+            seen |= _listeners(proc.pid)
+            time.sleep(0.2)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    names = {n for _, _, n in seen}
+    assert any("gcs_server" in n for n in names) and any("raylet" in n for n in names), seen  # it did look
+    exposed = sorted((ip, port, n) for ip, port, n in seen if not _loopback(ip))
+    assert not exposed, f"listening beyond loopback: {exposed}"
+    d = json.loads(out.read_text())
+    assert d["backend"] == "ray" and d["ray"] == {
+        "mode": "embedded",
+        "node_ip": "127.0.0.1",
+        "dashboard": False,
+    }
+
+
+_JOB_ARGS = [
+    "--model",
+    "llama-3.1-8b",
+    "--device",
+    "a100-80gb",
+    "--num-devices",
+    "16",
+    "--seq-len",
+    "4096",
+    "--global-batch",
+    "64",
+]

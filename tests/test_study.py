@@ -264,18 +264,79 @@ def test_killing_a_running_study_loses_no_finished_trial(tmp_path: Path) -> None
     study = optuna.load_study(study_name="killme", storage=resolve_storage(str(storage)))
     complete = {t.number for t in study.get_trials(states=(TrialState.COMPLETE,))}
     assert set(finished) <= complete  # every trial reported finished is in the storage
-    target = len(complete) + 10
+    # --n-trials is the study's total of finished (complete, pruned, failed) and running trials
+    target = len(study.get_trials(states=COUNTED)) + 10
     r = subprocess.run(_study_cmd(storage, target), capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "resumed" in r.stdout
     study = optuna.load_study(study_name="killme", storage=resolve_storage(str(storage)))
     trials = study.get_trials()
     complete2 = {t.number for t in trials if t.state == TrialState.COMPLETE}
-    assert complete <= complete2 and len(complete2) == target
+    assert complete <= complete2 and len([t for t in trials if t.state in COUNTED]) == target
+    assert len(complete2) >= len(complete) + 10 - 1  # the resume ran its 10 (one may still be RUNNING)
     # the killed worker's tagged in-flight trials were failed; at most the one it had not tagged yet
     # (killed between ask() and tagging) is left RUNNING until it is 30 s old
     running = [t for t in trials if t.state == TrialState.RUNNING]
     assert len(running) <= 1 and all("worker" not in t.user_attrs for t in running)
+
+
+COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+
+
+@pytest.mark.slow
+def test_two_processes_starting_the_same_new_study_share_it_and_its_total(tmp_path: Path) -> None:
+    """Both starters succeed (one creates, the other joins once the study's attributes are written;
+    never a false "created with job=None"), and --n-trials is the total across both."""
+    storage = tmp_path / "race.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "autopar.cli",
+        "study",
+        "run",
+        "--name",
+        "race",
+        *CLI_JOB,
+        "--space",
+        "uneven_pipeline",
+        "--storage",
+        str(storage),
+        "--n-trials",
+        "40",
+        "--batch",
+        "4",
+        "--json",
+    ]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err
+        assert "created with" not in err
+    reports = [json.loads(out) for out, _ in outs]
+    assert sorted(r["resumed"] for r in reports) in ([False, True], [True, True])
+    from autopar.search.study import resolve_storage
+
+    study = optuna.load_study(study_name="race", storage=resolve_storage(str(storage)))
+    trials = study.get_trials()
+    assert len(trials) == 40 and all(t.state == TrialState.COMPLETE for t in trials)
+    assert sum(r["new_trials"] for r in reports) == 40
+    assert study.user_attrs["autopar_ready"] is True and len(study.user_attrs["sessions"]) == 2
+
+
+def test_constraints_and_parameter_names_as_optuna_dashboard_reads_them(tmp_path: Path) -> None:
+    from optuna.study._constrained_optimization import _CONSTRAINTS_KEY, _get_feasible_trials
+
+    run_study(_cfg(tmp_path, space="uneven_pipeline", job={**JOB, "num_devices": 32}), n_trials=24)
+    study = _load(tmp_path)
+    done = study.get_trials(states=(TrialState.COMPLETE,))
+    for t in done:  # the list optuna-dashboard shows; > 0 is infeasible, as the study's "fits" says
+        (c,) = t.system_attrs[_CONSTRAINTS_KEY]
+        assert (c <= 0) == t.user_attrs["fits"]
+    assert {t.number for t in _get_feasible_trials(done)} == {t.number for t in done if t.user_attrs["fits"]}
+    names = set().union(*(t.params for t in done))
+    assert "stage0_layer_shift" in names and not any(n.startswith(("shift_", "recompute_")) for n in names)
 
 
 def test_cli_show_list_and_errors(tmp_path: Path) -> None:
@@ -312,6 +373,13 @@ def test_cli_show_list_and_errors(tmp_path: Path) -> None:
         timeout=60,
     )
     assert r.returncode == 2 and "created with job=" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run(
+        base + ["list", "--storage", str(tmp_path / "missing.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2 and "no study storage" in r.stderr and not (tmp_path / "missing.log").exists()
 
 
 def test_fail_stale_trials() -> None:

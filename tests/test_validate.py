@@ -86,8 +86,9 @@ def test_sources_recommend_json_list_and_job_file(tmp_path):
     for text, match in (
         ("{oops", "not valid JSON"),
         ("[]", "no layouts"),
-        ('[{"color": 1}]', "no layout fields"),
-        ('[{"tp": 0}]', "not a valid layout"),
+        ('[{"color": 1}]', r"unknown key 'color' \(allowed keys: tp, pp"),
+        ('[{"rank": 1}]', "no layout fields"),
+        ('[{"tp": 0}]', "entry 0: tp: Input should be greater than or equal to 1"),
         ('"x"', "expected a list"),
     ):
         bad = tmp_path / "bad.json"

@@ -39,7 +39,6 @@ import datetime as _dt
 import math
 import os
 import platform
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -636,25 +635,22 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _atomic_write(path: Path, text: str, check: Callable[[Path], Any]) -> None:
+def _atomic_write(
+    path: Path,
+    text: str,
+    check: Callable[[Path], Any],
+    *,
+    what: str = "calibration output",
+    flag: str = "--out-dir",
+) -> None:
     """Write ``text`` to a temporary file next to ``path``, ``check`` it, then rename it over ``path``.
 
-    A reader sees the old file or the new, complete and valid one; on any error nothing is left.
+    A reader sees the old file or the new, complete and valid one; on any error nothing is left
+    (:func:`autopar.files.write_text`: regular files only, no directory created, umask modes).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        check(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    from autopar.files import write_text
+
+    write_text(path, text, what, flag, check=check)
 
 
 def calibration_yaml(cal: Calibration) -> str:
@@ -691,27 +687,44 @@ def _plain(x: Any) -> Any:
 
 
 def _check_calibration(p: Path) -> None:
-    Calibration.model_validate(yaml.safe_load(p.read_text()) or {})
+    from autopar.coefficients import parse_calibration
+
+    parse_calibration(p.read_text(), str(p))
 
 
-def write_calibration_atomic(cal: Calibration, path: str | Path) -> Path:
+def write_calibration_atomic(cal: Calibration, path: str | Path, *, flag: str = "--refit") -> Path:
     """Write a calibration atomically and only if it reloads as a valid calibration."""
     path = Path(path)
-    _atomic_write(path, calibration_yaml(cal), _check_calibration)
+    _atomic_write(path, calibration_yaml(cal), _check_calibration, what="calibration", flag=flag)
     from autopar import coefficients as _calmod
 
     _calmod._load.cache_clear()  # load_calibration caches by path: make it see the new file
     return path
 
 
-def write_profile_atomic(profile: dict[str, Any], path: str | Path) -> Path:
+def write_profile_atomic(profile: dict[str, Any], path: str | Path, *, flag: str = "--out-dir") -> Path:
     """Write a device profile atomically and only if :func:`autopar.hardware.load_device` accepts it."""
     from autopar.hardware import _parse
 
     path = Path(path)
     text = SCHEMA_PROFILE_COMMENT + yaml.safe_dump(_plain(profile), sort_keys=False)
-    _atomic_write(path, text, lambda p: _parse(p.read_text(), str(path), builtin=False))
+    _atomic_write(
+        path,
+        text,
+        lambda p: _parse(p.read_text(), str(path), builtin=False),
+        what="device profile",
+        flag=flag,
+    )
     return path
+
+
+def check_name(name: str) -> str:
+    """A calibration name is a plain file stem: no separators, spaces or control characters."""
+    if not name or any(c in name for c in "/\\ ") or name.startswith(".") or not name.isprintable():
+        raise AutoparError(
+            f"calibration name {name!r} is not a plain file name", "pass --name like local-cpu-w4"
+        )
+    return name
 
 
 def calibrate(
@@ -724,24 +737,48 @@ def calibrate(
     timeout_s: float = 900,
     raw: dict[str, Any] | None = None,
     save_raw: str | Path | None = None,
+    create_out_dir: bool = False,
+    announce: Callable[[], None] | None = None,
 ) -> tuple[MicrobenchFit, Path, Path]:
-    """Measure (unless ``raw`` is given), fit, and write ``<out_dir>/<name>.yaml`` and ``<name>.device.yaml``."""
+    """Measure (unless ``raw`` is given), fit, and write ``<out_dir>/<name>.yaml`` and ``<name>.device.yaml``.
+
+    ``out_dir`` must exist, unless ``create_out_dir`` (the CLI's default directory): then it is
+    made, in an existing directory, once the fit has succeeded.
+    """
     from autopar.calibration.microbench import run_microbenchmarks
 
-    if not name or any(c in name for c in "/\\ ") or name.startswith("."):
-        raise AutoparError(
-            f"calibration name {name!r} is not a plain file name", "pass --name like local-cpu-w4"
-        )
+    check_name(name)
+    from autopar.files import check_output, check_output_dir
+
+    make = create_out_dir and not os.path.lexists(out_dir)
+    if make:  # checked before the microbenchmarks run: nothing in the way, the parent writable
+        check_output(out_dir, "calibration directory", "--out-dir")
+        out = Path(out_dir)
+    else:
+        out = check_output_dir(out_dir, "--out-dir")
+        check_output(out / f"{name}.device.yaml", "device profile", "--out-dir")
+        check_output(out / f"{name}.yaml", "calibration", "--out-dir")
+    if save_raw and raw is None:
+        check_output(save_raw, "raw microbenchmark results", "--save-raw")
     if raw is None:
+        if announce is not None:  # everything is checked: say what the long part is doing
+            announce()
         raw = run_microbenchmarks(world_size, sweep=sweep, device=device, timeout_s=timeout_s)
         if save_raw:
             import json
 
-            _atomic_write(Path(save_raw), json.dumps(raw, indent=1), lambda p: None)
+            _atomic_write(
+                Path(save_raw),
+                json.dumps(raw, indent=1),
+                lambda p: None,
+                what="raw results",
+                flag="--save-raw",
+            )
     fitted = fit_microbenchmarks(raw, name=name)
-    out = Path(out_dir)
+    if make:
+        out.mkdir()
     prof_path = write_profile_atomic(fitted.profile, out / f"{name}.device.yaml")
-    cal_path = write_calibration_atomic(fitted.calibration, out / f"{name}.yaml")
+    cal_path = write_calibration_atomic(fitted.calibration, out / f"{name}.yaml", flag="--out-dir")
     return fitted, cal_path, prof_path
 
 

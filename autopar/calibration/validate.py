@@ -51,6 +51,7 @@ class Item:
     trial: int | None = None  # Optuna trial number, when the layout came from a study
     label: str = ""
     prediction: dict[str, float] = field(default_factory=dict)  # predicted_* fields, shown as runs finish
+    derive_grad_accum: bool = False  # the source gave no grad_accum: derived from the global batch
 
 
 @dataclass
@@ -62,55 +63,118 @@ class Source:
 
 
 # ------------------------------------------------------------------------------------- sources
-def _layout_of(d: dict[str, Any], where: str) -> Layout:
+# Keys a bare layout entry (a list item or an item of ``layouts:``) may carry besides the Layout fields.
+ENTRY_EXTRAS = ("rank", "label", "step_time_s", "memory_gib_per_device")
+# Top-level keys of the ``{job, layouts}`` form.
+FILE_KEYS = ("schema_version", "job", "layouts")
+
+
+def _layout_of(d: dict[str, Any], where: str, *, strict: bool) -> tuple[Layout, bool]:
+    """The entry's Layout and whether its grad_accum is to be derived (the entry has none).
+
+    ``strict``: a bare layout entry, whose unknown keys are refused (a typo would otherwise be
+    dropped silently); a recommend/validate record keeps its extra keys, its ``layout`` is strict.
+    """
+    from pydantic import ValidationError
+
+    from autopar.files import validation_message
+
     if "layout" in d and isinstance(d["layout"], dict):
-        d = d["layout"]
-    fields = {k: d[k] for k in LAYOUT_FIELDS if k in d}
-    if not fields:
+        d, where = d["layout"], f"{where}.layout"
+    elif strict:
+        unknown = sorted(str(k) for k in d if k not in LAYOUT_FIELDS and k not in ENTRY_EXTRAS)
+        if unknown:
+            raise AutoparError(
+                f"{where}: unknown key {unknown[0]!r}",
+                f"allowed keys: {', '.join((*LAYOUT_FIELDS, *ENTRY_EXTRAS))}",
+            )
+        d = {k: v for k, v in d.items() if k in LAYOUT_FIELDS}
+    else:  # a flat predict/recommend record: its other keys are the prediction and the job
+        d = {k: v for k, v in d.items() if k in LAYOUT_FIELDS}
+    if not any(k in d for k in LAYOUT_FIELDS):
         raise AutoparError(
             f"{where}: no layout fields ({', '.join(LAYOUT_FIELDS[:6])}, ...)",
             "give layouts as dicts of Layout fields",
         )
     try:
-        return Layout(**fields)
-    except Exception as exc:  # pydantic ValidationError
-        msg = str(exc).splitlines()
-        raise AutoparError(
-            f"{where}: not a valid layout: {' '.join(msg[:3])}", "fix the layout fields"
-        ) from None
+        return Layout.model_validate(d), "grad_accum" not in d
+    except ValidationError as exc:
+        raise AutoparError(validation_message(exc, where, Layout), "fix the layout fields") from None
 
 
 def _read_structured(path: Path) -> Any:
-    if not path.is_file():
-        raise AutoparError(f"layouts file {path} does not exist", "pass an existing --layouts FILE")
-    text = path.read_text()
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
+    from autopar.files import load_structured
 
-            return yaml.safe_load(text)
-        return json.loads(text)
-    except Exception as exc:  # noqa: BLE001 - JSON or YAML syntax error
-        raise AutoparError(
-            f"layouts file {path} is not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}:"
-            f" {str(exc).splitlines()[0]}",
-            "fix the file",
-        ) from None
+    return load_structured(path, "layouts file", "pass an existing --layouts FILE", default="json")
+
+
+def derive_grad_accum(items: Sequence[Item], global_batch: int) -> None:
+    """Give every item whose source had no ``grad_accum`` the one the global batch implies."""
+    for it in items:
+        if not it.derive_grad_accum:
+            continue
+        lay = it.layout
+        per = lay.micro_batch * lay.dp
+        if global_batch % per:
+            raise AutoparError(
+                f"layout {lay.short()}: global batch {global_batch} is not divisible by "
+                f"micro_batch*dp = {lay.micro_batch}*{lay.dp}",
+                "give grad_accum, or a micro_batch and dp whose product divides the global batch",
+            )
+        it.layout = lay.model_copy(update={"grad_accum": global_batch // per})
+        it.derive_grad_accum = False
 
 
 def flat_job(d: Any) -> dict[str, Any]:
     """A source's job as flat keywords: a :class:`~autopar.job.Job` dump (``cluster``/``workload``)
     is flattened; a flat (possibly partial) dict is kept as it is."""
+    from pydantic import ValidationError
+
+    from autopar.files import validation_message
     from autopar.job import Job
 
-    if not isinstance(d, dict):
+    if d is None:
         return {}
+    if not isinstance(d, dict):
+        raise AutoparError(
+            f"the source's job is a {type(d).__name__}, not a mapping", "give job: {model: ..., ...}"
+        )
     if "cluster" in d or "workload" in d:
         try:
             return {k: v for k, v in Job.model_validate(d).flat().items() if v is not None}
-        except Exception as exc:  # pydantic ValidationError
-            raise AutoparError(f"the source's job is not valid: {str(exc).splitlines()[0]}") from None
+        except ValidationError as exc:
+            raise AutoparError(validation_message(exc, "the source's job", Job), "fix the job") from None
+    allowed = FLAT_JOB_KEYS
+    unknown = sorted(str(k) for k in d if k not in allowed)
+    if unknown:
+        raise AutoparError(
+            f"the source's job: unknown key {unknown[0]!r}", f"allowed keys: {', '.join(allowed)}"
+        )
+    for k in ("num_devices", "devices_per_node", "seq_len", "global_batch"):
+        v = d.get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise AutoparError(f"the source's job: {k} must be a positive integer, got {v!r}", f"fix job.{k}")
+    for k in ("model", "device", "calibration"):
+        v = d.get(k)
+        if v is not None and (not isinstance(v, str) or not v.strip()):
+            raise AutoparError(f"the source's job: {k} must be a non-empty string, got {v!r}", f"fix job.{k}")
     return dict(d)
+
+
+FLAT_JOB_KEYS = (
+    "model",
+    "device",
+    "num_devices",
+    "devices_per_node",
+    "seq_len",
+    "global_batch",
+    "lora",
+    "moe_dispatcher",
+    "moe_a2a_overlap",
+    "framework",
+    "memory_headroom",
+    "calibration",
+)
 
 
 def load_layouts_file(path: str | Path) -> Source:
@@ -120,15 +184,26 @@ def load_layouts_file(path: str | Path) -> Source:
     raw = _read_structured(p)
     job: dict[str, Any] = {}
     kind = "file"
+    strict = True
+    if raw is None:
+        raise AutoparError(f"layouts file {p} is empty", "give a list of layouts or recommend --json output")
     if isinstance(raw, dict) and isinstance(raw.get("results"), list):  # recommend --json
+        strict = False
         kind = "recommend"
         entries = raw["results"]
         first = entries[0] if entries else {}
         job = flat_job(raw.get("job") or first.get("job") or {k: first[k] for k in JOB_KEYS if k in first})
     elif isinstance(raw, dict) and isinstance(raw.get("layouts"), list):
+        unknown = sorted(str(k) for k in raw if k not in FILE_KEYS)
+        if unknown:
+            raise AutoparError(
+                f"layouts file {p}: unknown top-level key {unknown[0]!r}",
+                f"allowed keys: {', '.join(FILE_KEYS)}",
+            )
         entries = raw["layouts"]
         job = flat_job(raw.get("job"))
     elif isinstance(raw, dict) and isinstance(raw.get("records"), list):
+        strict = False
         entries = raw["records"]
         job = flat_job(raw.get("job"))
     elif isinstance(raw, list):
@@ -147,7 +222,8 @@ def load_layouts_file(path: str | Path) -> Source:
             pred["step_time_s"] = e["step_time_s"]
         if "memory_gib_per_device" in e:
             pred["memory_gib_per_device"] = e["memory_gib_per_device"]
-        items.append(Item(_layout_of(e, f"{p} entry {i}"), pred, label=str(e.get("rank", i + 1))))
+        lay, derive = _layout_of(e, f"layouts file {p}: entry {i}", strict=strict)
+        items.append(Item(lay, pred, label=str(e.get("rank", i + 1)), derive_grad_accum=derive))
     if not items:
         raise AutoparError(f"layouts file {p} holds no layouts", "give at least one layout")
     return Source(items, job, kind)
@@ -159,14 +235,18 @@ def load_study_layouts(name: str, storage: Any = None, *, top: int = 5) -> Sourc
 
     from autopar.search.study import resolve_storage
 
-    st = resolve_storage(storage) if storage is None or isinstance(storage, str | Path) else storage
+    st = (
+        resolve_storage(storage, must_exist=True)
+        if storage is None or isinstance(storage, str | Path)
+        else storage
+    )
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         study = optuna.load_study(study_name=name, storage=st)
     except KeyError:
         raise AutoparError(
             f"no study named {name!r} in {storage or 'the default storage'}",
-            "list studies with `autopar study --list`",
+            "list studies with `autopar study list`",
         ) from None
     done = [t for t in study.trials if t.state.name == "COMPLETE" and t.user_attrs.get("fits", True)]
     if not done:
@@ -230,8 +310,16 @@ def predict_items(job: TrainingJob, layouts: Sequence[Layout], cal: Calibration)
 class Progress:
     """One line per finished layout on stderr; a ticking line while a launch runs (on a terminal)."""
 
-    def __init__(self, total: int, enabled: bool = True, stream: Any = None) -> None:
+    def __init__(
+        self,
+        total: int,
+        enabled: bool = True,
+        stream: Any = None,
+        on_record: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        """``on_record(rec)`` is called as each layout's record is final (``validate --json`` saves it)."""
         self.total, self.enabled, self.done = total, enabled, 0
+        self.on_record = on_record
         self.stream = stream or sys.stderr
         self.t0 = time.perf_counter()
         self._stop = threading.Event()
@@ -264,6 +352,8 @@ class Progress:
 
     def record(self, rec: dict[str, Any]) -> None:
         self.done += 1
+        if self.on_record is not None:
+            self.on_record(rec)
         if rec["status"] == "ok":
             pt, mt = rec.get("predicted_step_time_s"), rec["measured_step_time_s"]
             err = f" ({100 * (pt / mt - 1):+.0f}%)" if pt else ""

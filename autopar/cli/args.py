@@ -42,8 +42,72 @@ def _int_at_least(text: str, low: int) -> int:
     return v
 
 
+def track_given(p: argparse.ArgumentParser, dests: Any) -> None:
+    """Record on the namespace (``_given``, a set) which of ``dests`` the command line set.
+
+    argparse cannot tell ``--tp 1`` from the default 1; a command that must refuse flags it would
+    otherwise ignore (``export --from-json``) asks this set instead.
+    """
+    for action in p._actions:
+        if action.dest in dests and action.option_strings:
+            base = type(action)
+
+            def call(
+                self: Any, parser: Any, namespace: Any, values: Any, option_string: Any = None, _b=base
+            ) -> None:
+                given = getattr(namespace, "_given", None)
+                if given is None:
+                    given = set()
+                    namespace._given = given
+                given.add(self.dest)
+                _b.__call__(self, parser, namespace, values, option_string)
+
+            action.__class__ = type(f"Tracked{base.__name__}", (base,), {"__call__": call})
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (``nan``, ``inf``, 0 and negatives refused)."""
+    return _finite(text, lambda v: v > 0, "> 0")
+
+
+def nonneg_float(text: str) -> float:
+    """A finite number >= 0."""
+    return _finite(text, lambda v: v >= 0, ">= 0")
+
+
+def _finite(text: str, ok: Callable[[float], bool], rule: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
+    if not ok(v):
+        raise argparse.ArgumentTypeError(f"{v:g} must be {rule}")
+    return v
+
+
 def positive_int(text: str) -> int:
     return _int_at_least(text, 1)
+
+
+def int_range(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high] (a cap keeps a typo from asking for a billion)."""
+
+    def parse(text: str) -> int:
+        v = _int_at_least(text, low)
+        if v > high:
+            raise argparse.ArgumentTypeError(f"{v} must be <= {high:,}")
+        return v
+
+    parse.__name__ = "int"
+    return parse
+
+
+MAX_TOP = 10_000  # results a command lists
+MAX_WORKERS = 256  # scoring processes
+MAX_SEED = 2**32 - 1  # numpy's seed range (Optuna samplers seed a RandomState)
+MAX_LOCAL_RANKS = 256  # processes one local torchrun launch may start (calibrate, validate)
 
 
 def nonneg_int(text: str) -> int:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 
 def register(sub: Any) -> dict[str, Any]:
-    from autopar.cli.args import positive_int
+    from autopar.cli.args import MAX_LOCAL_RANKS, int_range, positive_float
 
     p = sub.add_parser(
         "calibrate",
@@ -22,15 +21,16 @@ def register(sub: Any) -> dict[str, Any]:
     )
     p.add_argument(
         "--world-size",
-        type=positive_int,
+        type=int_range(1, MAX_LOCAL_RANKS),
         default=2,
-        help="ranks to measure with: the world size of the runs to predict (default: 2)",
+        help=f"ranks to measure with, 1..{MAX_LOCAL_RANKS}: the world size of the runs to predict (default: 2)",
     )
     p.add_argument("--name", default=None, help="device id and file stem (default: local-<cpu|cuda>-w<N>)")
     p.add_argument(
         "--out-dir",
-        default="autopar-calibration",
-        help="where to write (relative to the working directory; never into the installed package)",
+        default=None,
+        help="an existing directory to write into (default: ./autopar-calibration, created if missing; "
+        "never the installed package)",
     )
     p.add_argument("--quick", action="store_true", help="a small sweep (seconds; for CI and smoke tests)")
     p.add_argument(
@@ -40,7 +40,7 @@ def register(sub: Any) -> dict[str, Any]:
         help="benchmark on the CPU or the GPUs (default: GPUs when present)",
     )
     p.add_argument(
-        "--timeout", type=float, default=900.0, help="seconds before the microbenchmarks are stopped"
+        "--timeout", type=positive_float, default=900.0, help="seconds before the microbenchmarks are stopped"
     )
     p.add_argument(
         "--from-raw",
@@ -55,45 +55,64 @@ def register(sub: Any) -> dict[str, Any]:
     return {"calibrate": cmd_calibrate}
 
 
+DEFAULT_OUT_DIR = "autopar-calibration"
+
+
 def cmd_calibrate(a: argparse.Namespace) -> int:
-    from autopar.calibration.calibrate import calibrate
+    from autopar.calibration.calibrate import calibrate, check_name
     from autopar.errors import AutoparError
+    from autopar.files import check_output, load_json, require_mapping
 
     raw = None
     if a.from_raw:
-        path = Path(a.from_raw)
-        if not path.is_file():
-            raise AutoparError(f"raw results {path} do not exist", "pass a file written by --save-raw")
-        try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
+        hint = "pass a file written by --save-raw"
+        raw = require_mapping(load_json(a.from_raw, "raw results", hint), f"raw results {a.from_raw}", hint)
+        ws = raw.get("world_size")
+        if "world_size" in raw and (not isinstance(ws, int) or isinstance(ws, bool) or ws < 1):
             raise AutoparError(
-                f"raw results {path} are not valid JSON: {exc.msg}", "pass a --save-raw file"
-            ) from None
+                f"raw results {a.from_raw}: world_size must be a positive integer, got {ws!r}", hint
+            )
+        if raw.get("device") not in (None, "cpu", "cuda"):
+            raise AutoparError(
+                f"raw results {a.from_raw}: device must be cpu or cuda, got {raw.get('device')!r}", hint
+            )
     world = int(raw["world_size"]) if raw and "world_size" in raw else a.world_size
     kind = (raw or {}).get("device") or (
         "cuda" if a.run_device == "cuda" else "cpu" if a.run_device == "cpu" else None
     )
     if kind is None:
         kind = "cuda" if _has_cuda() else "cpu"
-    name = a.name or f"local-{kind}-w{world}"
-    if not a.json:
-        what = (
-            f"fitting {a.from_raw}"
-            if raw
-            else (f"running {'quick ' if a.quick else ''}microbenchmarks on {world} rank(s) ({kind})")
+    name = check_name(a.name or f"local-{kind}-w{world}")
+    if a.save_raw and raw is None:  # checked before anything is measured or created
+        check_output(a.save_raw, "raw microbenchmark results", "--save-raw")
+    out_dir = a.out_dir or DEFAULT_OUT_DIR  # the default is made if missing, once the fit succeeded
+
+    def announce() -> None:  # once every input and destination has been checked
+        if not a.json:
+            what = f"running {'quick ' if a.quick else ''}microbenchmarks on {world} rank(s) ({kind})"
+            sys.stderr.write(f"calibrate: {what} ...\n")
+
+    try:
+        fitted, cal_path, prof_path = calibrate(
+            world_size=world,
+            name=name,
+            out_dir=out_dir,
+            sweep="quick" if a.quick else "full",
+            device=a.run_device,
+            timeout_s=a.timeout,
+            raw=raw,
+            save_raw=a.save_raw,
+            create_out_dir=a.out_dir is None,
+            announce=announce,
         )
-        sys.stderr.write(f"calibrate: {what} ...\n")
-    fitted, cal_path, prof_path = calibrate(
-        world_size=world,
-        name=name,
-        out_dir=a.out_dir,
-        sweep="quick" if a.quick else "full",
-        device=a.run_device,
-        timeout_s=a.timeout,
-        raw=raw,
-        save_raw=a.save_raw,
-    )
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError) as exc:
+        if raw is None:
+            raise
+        raise AutoparError(
+            f"raw results {a.from_raw} are not microbenchmark results autopar can fit "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'malformed entry'})",
+            "pass a file written by `autopar calibrate --save-raw`",
+        ) from None
     out = {
         "device_id": fitted.device_id,
         "calibration": str(cal_path),

@@ -115,7 +115,10 @@ def register(sub) -> dict:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from autopar.whatif.compare import compare, write_outputs
+    from autopar.whatif.compare import compare, output_paths, write_outputs
+
+    if a.out:
+        output_paths(a.out)  # a bad destination is refused before the comparison runs
 
     prices: dict[str, Any] = {}
     if a.price_per_device_hour is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,15 +21,22 @@ def add_export_output_args(p: argparse.ArgumentParser, *, required: bool) -> Non
     p.add_argument("--out", type=Path, default=None, help="write here instead of stdout")
 
 
+def check_out(out: Path | None) -> None:
+    """Refuse a bad ``--out`` before any work (autopar.files.check_output)."""
+    if out is not None:
+        from autopar.files import check_output
+
+        check_output(out, "launcher file", "--out")
+
+
 def write_output(text: str, out: Path | None) -> None:
-    """stdout, or an atomic write of ``out`` (no half-written file on failure)."""
+    """stdout, or an atomic write of ``out`` (autopar.files: no half-written file on failure)."""
     if out is None:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(out)
+    from autopar.files import write_text
+
+    write_text(out, text if text.endswith("\n") else text + "\n", "launcher file", "--out")
 
 
 def render_record(record: dict[str, Any], fmt: str) -> str:
@@ -39,36 +46,40 @@ def render_record(record: dict[str, Any], fmt: str) -> str:
     layout, job = layout_and_job_from_json(record)
     if job.num_layers is None:
         try:
-            from autopar.model import load_model
+            from autopar.job import load_job_model
 
-            job = job.model_copy(update={"num_layers": load_model(job.model).layers})
+            job = job.model_copy(update={"num_layers": load_job_model(job.model).layers})
         except AutoparError:
             pass  # a model we cannot load here: formats that need the depth will say so
     return export(layout, fmt, job)
 
 
 def _read_records(src: str) -> list[dict[str, Any]]:
-    text = sys.stdin.read() if src == "-" else None
-    if text is None:
-        p = Path(src)
-        if not p.is_file():
+    from autopar.files import MAX_INPUT_BYTES, parse_json, read_text
+
+    hint = "pass the output of `autopar recommend --json` or `predict --json`"
+    if src == "-":
+        data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        if len(data) > MAX_INPUT_BYTES or b"\x00" in data:
+            raise AutoparError("--from-json -: standard input is binary or too large", hint)
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
             raise AutoparError(
-                f"--from-json {src}: no such file", "pass the output of `autopar recommend --json`"
-            )
-        text = p.read_text()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise AutoparError(
-            f"--from-json {src}: not valid JSON ({exc.msg} at line {exc.lineno})",
-            "pass the output of `autopar recommend --json` or `predict --json`",
-        ) from None
+                f"--from-json -: standard input is not UTF-8 (offset {exc.start})", hint
+            ) from None
+    else:
+        text = read_text(src, "--from-json", hint)
+    data = parse_json(text, f"--from-json {src}")
     if isinstance(data, dict) and "results" in data:
         data = data["results"]
     if isinstance(data, dict):
         data = [data]
     if not isinstance(data, list) or not data:
         raise AutoparError(f"--from-json {src}: no layout records found", "expected predict/recommend JSON")
+    bad = next((i for i, r in enumerate(data) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise AutoparError(f"--from-json {src}: record {bad} is not an object", hint)
     return data
 
 
@@ -83,6 +94,19 @@ def _framework_format(record: dict[str, Any]) -> str:
     return FRAMEWORK_EXPORT_FORMAT[framework]
 
 
+@functools.cache
+def _job_and_layout_dests() -> frozenset[str]:
+    from autopar.cli.args import JOB_TOP_FIELDS, JOB_TRAINING_FIELDS
+    from autopar.job import ClusterSpec
+    from autopar.layout import LAYOUT_ARGS
+
+    return frozenset(
+        (*JOB_TOP_FIELDS, *ClusterSpec.model_fields, *JOB_TRAINING_FIELDS)
+        + ("framework", "memory_headroom", "calibration")
+        + tuple(LAYOUT_ARGS)
+    )
+
+
 def cmd_export(a: argparse.Namespace) -> int:
     from autopar.export import EXPORTERS
 
@@ -91,7 +115,15 @@ def cmd_export(a: argparse.Namespace) -> int:
             desc = getattr(EXPORTERS[name], "description", "")
             sys.stdout.write(f"{name:<16} {desc}\n")
         return 0
+    check_out(a.out)
     if a.from_json:
+        given = sorted(getattr(a, "_given", set()) & _job_and_layout_dests())
+        if given:
+            flags = ", ".join("--" + d.replace("_", "-") for d in given)
+            raise AutoparError(
+                f"--from-json carries the job and the layout, so {flags} would be ignored",
+                "drop " + flags + ", or export from the job and layout flags without --from-json",
+            )
         records = _read_records(a.from_json)
         if not 0 <= a.record < len(records):
             raise AutoparError(f"--record {a.record} is out of range (0..{len(records) - 1})")
@@ -103,7 +135,8 @@ def cmd_export(a: argparse.Namespace) -> int:
         if missing:
             raise AutoparError(
                 "autopar export needs --from-json FILE or the job flags; missing: "
-                + ", ".join("--" + m.replace("_", "-") for m in missing)
+                + ", ".join("--" + m.replace("_", "-") for m in missing),
+                "pass --from-json plan.json (from `autopar recommend --json`) or every job flag",
             )
         from autopar.cli.args import job_kwargs, layout_kwargs
         from autopar.prediction import predict
@@ -137,4 +170,7 @@ def register(sub) -> dict:
     add_job_args(p, optional=True)
     add_layout_args(p)
     add_export_output_args(p, required=False)
+    from autopar.cli.args import track_given
+
+    track_given(p, _job_and_layout_dests())
     return {"export": cmd_export}

@@ -24,7 +24,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
 
 def cmd_model(a: argparse.Namespace) -> int:
-    from autopar.model import list_presets, load_model
+    from autopar.model import list_presets
 
     if a.list:
         names = list_presets()
@@ -35,7 +35,9 @@ def cmd_model(a: argparse.Namespace) -> int:
         return 0
     if not a.name:
         raise AutoparError("autopar model needs a preset id or a config.json path", "or pass --list")
-    spec = load_model(a.name)
+    from autopar.job import load_job_model
+
+    spec = load_job_model(a.name)
     for w in spec.warnings:  # e.g. a multimodal tower counted apart: never dropped silently
         sys.stderr.write(f"warning: {w}\n")
     d = spec.to_dict()

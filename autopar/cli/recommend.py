@@ -26,15 +26,17 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
         help="override one axis of the space: --set tp=1,2,4,8 (candidate list; one value pins it), "
         "--set cp.max=16 (a field), --set sp=both; repeatable",
     )
+    from autopar.cli.args import nonneg_float, positive_float
+
     p.add_argument(
         "--price-per-device-hour",
-        type=float,
+        type=positive_float,
         default=None,
         help="USD per device-hour for the cost objective (default: 2.0)",
     )
     p.add_argument(
         "--price-per-kwh",
-        type=float,
+        type=nonneg_float,
         default=0.0,
         help="USD per kWh added to the cost objective (default: 0: included in the device price)",
     )
@@ -49,7 +51,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> dict[str, Any]:
-    from autopar.cli.args import add_job_args, positive_int
+    from autopar.cli.args import MAX_TOP, MAX_WORKERS, add_job_args, int_range
 
     p = sub.add_parser(
         "recommend",
@@ -58,7 +60,12 @@ def register(sub: Any) -> dict[str, Any]:
         "memory and time models, and rank those that fit.",
     )
     add_job_args(p)
-    p.add_argument("--top", type=positive_int, default=5, help="how many layouts to return (default: 5)")
+    p.add_argument(
+        "--top",
+        type=int_range(1, MAX_TOP),
+        default=5,
+        help=f"how many layouts to return, 1..{MAX_TOP} (default: 5)",
+    )
     p.add_argument(
         "--objective",
         default="throughput",
@@ -68,7 +75,7 @@ def register(sub: Any) -> dict[str, Any]:
     add_search_args(p)
     p.add_argument(
         "--workers",
-        type=positive_int,
+        type=int_range(1, MAX_WORKERS),
         default=None,
         help="processes that score chunks (default: 1 below 1.5M layouts, else one per core)",
     )
@@ -118,6 +125,9 @@ def cmd_recommend(a: argparse.Namespace) -> int:
         raise AutoparError("--export with --json needs --out PATH", "stdout carries the JSON")
     if a.out is not None and a.export is None:
         raise AutoparError("--out is for the launcher file of --export", "add --export FMT")
+    from autopar.cli.export import check_out
+
+    check_out(a.out)  # a bad destination is refused before the search runs
 
     started = _maybe_start_ray(a.ray)
     try:

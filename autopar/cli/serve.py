@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from autopar.cli.args import add_field_args, positive_int
+from autopar.cli.args import MAX_TOP, add_field_args, int_range, positive_int
 from autopar.job import ClusterSpec, Job, ServingWorkload
 
 
@@ -82,7 +82,7 @@ def register(sub) -> dict:
     )
     for d in ("tp", "pp", "ep", "adp"):
         p.add_argument(f"--{d}", type=positive_int, default=None, help=f"pin {d} (default: searched)")
-    p.add_argument("--top", type=positive_int, default=10, help="how many layouts to list")
+    p.add_argument("--top", type=int_range(1, MAX_TOP), default=10, help="how many layouts to list")
     p.add_argument("--json", action="store_true", help="machine-readable output (shape of recommend --json)")
     return {"serve": cmd_serve}
 

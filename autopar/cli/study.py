@@ -11,7 +11,15 @@ STORAGE_HELP = "journal file, *.db (SQLite) or Optuna storage URL (default: auto
 
 
 def register(sub: Any) -> dict[str, Any]:
-    from autopar.cli.args import Parser, add_job_args, nonneg_int, positive_int
+    from autopar.cli.args import (
+        MAX_SEED,
+        MAX_TOP,
+        Parser,
+        add_job_args,
+        int_range,
+        positive_float,
+        positive_int,
+    )
     from autopar.cli.recommend import add_search_args
 
     p = sub.add_parser(
@@ -22,7 +30,7 @@ def register(sub: Any) -> dict[str, Any]:
     )
     ss = p.add_subparsers(dest="study_command", required=True, parser_class=Parser)
 
-    r = ss.add_parser("run", help="create the study or resume it until it has --n-trials complete trials")
+    r = ss.add_parser("run", help="create the study or resume it until it has --n-trials trials in total")
     r.add_argument("--name", required=True, help="study name (re-running the same command resumes it)")
     add_job_args(r)
     add_search_args(r)
@@ -38,16 +46,27 @@ def register(sub: Any) -> dict[str, Any]:
         help="Optuna sampler for a new study (default: tpe); a resumed study keeps its recorded one",
     )
     r.add_argument(
-        "--seed", type=int, default=None, help="sampler seed for a new study (default: 0; recorded)"
+        "--seed",
+        type=int_range(0, MAX_SEED),
+        default=None,
+        help=f"sampler seed for a new study, 0..{MAX_SEED} (default: 0; recorded)",
     )
-    r.add_argument("--n-trials", type=positive_int, default=200, help="complete trials the study should have")
-    r.add_argument("--timeout", type=float, default=None, help="stop this session after this many seconds")
     r.add_argument(
-        "--batch", type=positive_int, default=8, help="trials asked and scored together (default: 8)"
+        "--n-trials",
+        type=positive_int,
+        default=200,
+        help="finished trials (complete, pruned or failed) the study should have in total, across every "
+        "process running it",
+    )
+    r.add_argument(
+        "--timeout", type=positive_float, default=None, help="stop this session after this many seconds (> 0)"
+    )
+    r.add_argument(
+        "--batch", type=int_range(1, MAX_TOP), default=8, help="trials asked and scored together (default: 8)"
     )
     r.add_argument(
         "--seed-top-k",
-        type=nonneg_int,
+        type=int_range(0, 1000),
         default=10,
         help="enqueue the exhaustive top-k of the enumerable sub-space as first trials (0: off)",
     )
@@ -61,7 +80,7 @@ def register(sub: Any) -> dict[str, Any]:
         default=None,
         help="journal file path (default: autopar-studies.log), *.db for SQLite, or an Optuna storage URL",
     )
-    r.add_argument("--top", type=positive_int, default=5, help="how many best trials to report")
+    r.add_argument("--top", type=int_range(1, MAX_TOP), default=5, help="how many best trials to report")
     r.add_argument("--verbose", action="store_true", help="print every finished trial")
     r.add_argument(
         "--json", action="store_true", help="machine-readable output (schema_version, job, trials)"
@@ -70,7 +89,7 @@ def register(sub: Any) -> dict[str, Any]:
     s = ss.add_parser("show", help="the best feasible trials of a study")
     s.add_argument("--name", required=True, help="study name")
     s.add_argument("--storage", default=None, help=STORAGE_HELP)
-    s.add_argument("--top", type=positive_int, default=5, help="how many best trials to show")
+    s.add_argument("--top", type=int_range(1, MAX_TOP), default=5, help="how many best trials to show")
     s.add_argument(
         "--json", action="store_true", help="machine-readable output (schema_version, job, trials)"
     )
@@ -112,10 +131,13 @@ def cmd_study(a: argparse.Namespace) -> int:
 def _run(a: argparse.Namespace) -> int:
     from autopar.cli.args import job_from_args
     from autopar.cli.recommend import price
+    from autopar.files import check_study_name
     from autopar.search.recommend import Objectives
     from autopar.search.space import load_space
-    from autopar.search.study import StudyConfig, run_study
+    from autopar.search.study import StudyConfig, check_storage, run_study
 
+    check_study_name(a.name)
+    check_storage(a.storage)  # a bad storage is refused before the job and space are built
     objectives = Objectives.parse(a.objective, price_per_device_hour=price(a), price_per_kwh=a.price_per_kwh)
     space = load_space(a.space, tuple(a.overrides))
     cfg = StudyConfig(

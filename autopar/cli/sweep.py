@@ -34,10 +34,11 @@ def register(sub: Any) -> dict[str, Any]:
 
 
 def cmd_sweep(a: argparse.Namespace) -> int:
-    from autopar.search.sweep import default_output, load_sweep, run_sweep, write_table
+    from autopar.search.sweep import check_table_path, default_output, load_sweep, run_sweep, write_table
 
     sw = load_sweep(a.file)
     out = a.out or default_output(sw)
+    check_table_path(out)  # before the sweep runs
     started = False
     if a.ray is not None:
         from autopar.search.ray_backend import connect

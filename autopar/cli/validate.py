@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 
 def register(sub: Any) -> dict[str, Any]:
-    from autopar.cli.args import positive_int
+    from autopar.cli.args import MAX_TOP, int_range, nonneg_int, positive_float, positive_int
 
     p = sub.add_parser(
         "validate",
@@ -29,7 +28,10 @@ def register(sub: Any) -> dict[str, Any]:
     src.add_argument("--study", metavar="NAME", help="validate the best trials of this study")
     p.add_argument("--storage", default=None, help="study storage (default: autopar-studies.log)")
     p.add_argument(
-        "--top", type=positive_int, default=5, help="how many of the study's best trials (default: 5)"
+        "--top",
+        type=int_range(1, MAX_TOP),
+        default=5,
+        help="how many of the study's best trials (default: 5)",
     )
     g = p.add_argument_group("job (overrides what the source records)")
     g.add_argument("--model", default=None, help="preset id, HF config.json or raw-dimensions JSON")
@@ -52,8 +54,10 @@ def register(sub: Any) -> dict[str, Any]:
     g.add_argument("--calibration", default=None, help="calibration YAML for the predictions")
     r = p.add_argument_group("runs")
     r.add_argument("--steps", type=positive_int, default=7, help="optimizer steps per run, warm-up included")
-    r.add_argument("--warmup", type=int, default=2, help="steps left out of the median (default: 2)")
-    r.add_argument("--timeout", type=float, default=300.0, help="seconds per layout before a run is failed")
+    r.add_argument("--warmup", type=nonneg_int, default=2, help="steps left out of the median (default: 2)")
+    r.add_argument(
+        "--timeout", type=positive_float, default=300.0, help="seconds per layout before a run is failed"
+    )
     r.add_argument(
         "--batch-size", type=positive_int, default=6, help="layouts per torchrun launch (default: 6)"
     )
@@ -76,6 +80,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
     from autopar.calibration.validate import (
         Progress,
         attach_to_study,
+        derive_grad_accum,
         format_summary,
         load_layouts_file,
         load_study_layouts,
@@ -87,11 +92,19 @@ def cmd_validate(a: argparse.Namespace) -> int:
     )
     from autopar.coefficients import load_calibration
     from autopar.errors import AutoparError
+    from autopar.files import check_output, check_study_name, write_text
     from autopar.job import SCHEMA_VERSION, Job
     from autopar.memory import GIB
 
     if a.warmup < 0 or a.steps <= a.warmup:
         raise AutoparError(f"--steps {a.steps} must exceed --warmup {a.warmup} (>= 0)", "raise --steps")
+    # Every destination is checked before any run: a bad path must not cost the measurements.
+    json_out = check_output(a.json, "validation results", "--json") if a.json else None
+    refit_out = check_output(a.refit, "refitted calibration", "--refit") if a.refit else None
+    if json_out is not None and json_out == refit_out:
+        raise AutoparError("--json and --refit name the same file", "write them to two files")
+    if a.study is not None:
+        check_study_name(a.study, "--study")
     source = load_study_layouts(a.study, a.storage, top=a.top) if a.study else load_layouts_file(a.layouts)
     info = dict(source.job)
     for k in ("model", "device", "devices_per_node", "seq_len", "global_batch"):
@@ -104,7 +117,17 @@ def cmd_validate(a: argparse.Namespace) -> int:
             f"the {source.kind} does not say the job's {', '.join(missing)}",
             "pass " + " ".join(f"--{k.replace('_', '-')}" for k in missing),
         )
+    derive_grad_accum(source.items, int(info["global_batch"]))
     worlds = sorted({it.layout.num_devices for it in source.items})
+    from autopar.cli.args import MAX_LOCAL_RANKS
+
+    if worlds[-1] > MAX_LOCAL_RANKS:
+        raise AutoparError(
+            f"a layout needs {worlds[-1]:,} ranks; validate launches at most {MAX_LOCAL_RANKS} local processes",
+            "validate layouts of a smaller world size (tp*pp*cp*dp)",
+        )
+    if a.refit and len(worlds) != 1:
+        raise AutoparError("--refit needs layouts of one world size", "validate one world size at a time")
     cal_path = a.calibration or info.get("calibration")
     cal = load_calibration(cal_path)
     jobs = {}
@@ -131,7 +154,21 @@ def cmd_validate(a: argparse.Namespace) -> int:
                 "predicted_step_time_s": float(res["step_time_s"][i]),
                 "predicted_peak_memory_gib": float(res["memory_bytes"][i]) / GIB,
             }
-    progress = Progress(len(source.items), enabled=not a.no_progress)
+    head: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "job": jobs[worlds[0]].info(),
+        "calibration": cal_path or "default",
+        "source": source.kind,
+    }
+    finished: list[dict[str, Any]] = []
+
+    def save(rec: dict[str, Any]) -> None:  # each measurement is on disk as soon as it exists
+        finished.append(rec)
+        if json_out is not None:
+            partial = {**head, "complete": False, "records": finished}
+            write_text(json_out, json.dumps(partial, indent=1, default=float), "validation results", "--json")
+
+    progress = Progress(len(source.items), enabled=not a.no_progress, on_record=save)
     records = run_items(
         source.items,
         runner_model,
@@ -145,14 +182,9 @@ def cmd_validate(a: argparse.Namespace) -> int:
         progress=progress,
     )
     summary = summarize(records)
-    out: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "job": jobs[worlds[0]].info(),
-        "calibration": cal_path or "default",
-        "source": source.kind,
-        "summary": summary,
-        "records": records,
-    }
+    out: dict[str, Any] = {**head, "complete": True, "summary": summary, "records": records}
+    if json_out is not None:  # the measurements first, before the refit can fail
+        write_text(json_out, json.dumps(out, indent=1, default=float), "validation results", "--json")
     lines = [format_summary(summary, "validate")]
     if summary.get("n_ok"):
         lines.append(
@@ -161,21 +193,19 @@ def cmd_validate(a: argparse.Namespace) -> int:
     if source.study is not None:
         n = attach_to_study(source.study, records, summary)
         lines.append(f"  attached {n} measurement(s) to study {a.study!r} (user attrs validation.trial_<n>)")
-    if a.refit:
-        if len(worlds) != 1:
-            raise AutoparError("--refit needs layouts of one world size", "validate one world size at a time")
+    if refit_out is not None:
         new, info_fit = refit_calibration(
             records, jobs[worlds[0]], cal, provenance={"refit_from": a.layouts or f"study {a.study}"}
         )
-        path = write_calibration_atomic(new, Path(a.refit))
+        path = write_calibration_atomic(new, refit_out)
         out["refit"] = {"path": str(path), **info_fit}
         t = info_fit["time_after"]
         lines.append(
             f"  refit: step-time residual median {t.get('median_abs_pct')}%, max {t.get('max_abs_pct')}% "
             f"-> wrote {path}"
         )
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=1, default=float))
+    if json_out is not None:
+        write_text(json_out, json.dumps(out, indent=1, default=float), "validation results", "--json")
         lines.append(f"  wrote {a.json}")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0 if summary.get("n_ok") else 2

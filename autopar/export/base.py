@@ -29,7 +29,6 @@ from autopar.errors import AutoparError
 from autopar.job import Framework, GlobalBatch, ModelRef, NumDevices, SeqLen, job_error
 from autopar.job import Job as CoreJob
 from autopar.layout import COLUMNS, RECOMPUTE_MODULES, Layout
-from autopar.model import load_model
 from autopar.schedules import PIPELINE_SCHEDULE_DESCRIPTION, PipelineSchedule
 
 HEADER_TAG = "autopar-export"
@@ -55,7 +54,9 @@ _MODULE_NEEDS: dict[str, str] = {
 
 def model_features(model_ref: Any) -> tuple[ModelFeature, ...]:
     """The :data:`ModelFeature` s of a model (preset id, config path or loaded spec)."""
-    m = load_model(model_ref)
+    from autopar.job import load_job_model
+
+    m = load_job_model(model_ref)
     out: list[ModelFeature] = []
     if m.is_moe:
         out.append("moe")

@@ -382,9 +382,32 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(payload, fh, indent=1)
         if args.dump_grads and code == 0:
             torch.save(grads[0] if single else grads, args.dump_grads)
-    if dist.is_initialized() and code == 0:
-        dist.destroy_process_group()
+    grads.clear()
+    _teardown(ok=code == 0)
     return code
+
+
+def _teardown(*, ok: bool) -> None:
+    """Shut the process group down in an order that cannot abort the process.
+
+    The last layout's FSDP2 modules, optimizer and gloo async work can sit in reference cycles
+    (hooks point back at their modules); left to the interpreter's shutdown they are destroyed after
+    the process group, and gloo work freed then takes the GIL of a finalizing interpreter: "terminate
+    called without an active exception", SIGABRT (the single-launch ZeRO-3 aborts of issue 12; in a
+    batched launch the next layout's allocations collect the cycles first). So: collect now, while
+    the group is alive; wait for every rank (no rank destroys the group while a peer still
+    talks to it); then destroy the group. After a failure the group is left alone, as before: a peer
+    may be blocked in a collective, and destroying under it can hang (torchtitan #1342); the exit
+    status says the run failed either way.
+    """
+    import gc
+
+    gc.collect()
+    if not dist.is_initialized() or not ok:
+        return
+    dist.barrier()
+    dist.destroy_process_group()
+    gc.collect()
 
 
 def _job(item: dict[str, Any], cfg: RunnerModelConfig) -> tuple[Layout, RunnerModelConfig]:

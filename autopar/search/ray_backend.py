@@ -1,14 +1,18 @@
 """Ray scale-out: scoring chunks and whole sweep points as Ray tasks (``--ray`` / ``--ray ADDRESS``).
 
 ``connect("local")`` starts an embedded single-node Ray sized for this machine (no dashboard, a
-small object store, usage stats off); any other value is the address of an existing cluster. Ray
-is an optional extra (``pip install 'autopar[ray]'``) imported only here.
+small object store, usage stats off) that listens on the loopback interface only: its node IP is
+127.0.0.1 (``_node_ip_address``; Ray would otherwise swap a loopback address for the machine's
+reachable one, and its GCS, raylet and workers would listen on every interface). Any other value
+is the address of an existing cluster, whose network exposure is the cluster's. Ray is an optional
+extra (``pip install 'autopar[ray]'``) imported only here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from autopar.errors import AutoparError
@@ -16,7 +20,9 @@ from autopar.search.scoring import ScoringState, Summary, score_chunks
 
 LOCAL = ("local", "True", "true", "1")
 OBJECT_STORE_BYTES = 200 * 1024 * 1024
+LOOPBACK = "127.0.0.1"
 _started_here = False
+_info: dict[str, Any] = {}
 
 
 def _ray() -> Any:
@@ -42,15 +48,29 @@ def connect(address: Any = "local") -> bool:
         return False
     try:
         if address is True or str(address) in LOCAL:
-            ray.init(
-                num_cpus=local_cpus(),
-                include_dashboard=False,
-                object_store_memory=OBJECT_STORE_BYTES,
-                log_to_driver=False,
-                configure_logging=False,
-            )
+            with _loopback_node(ray):
+                ray.init(
+                    num_cpus=local_cpus(),
+                    include_dashboard=False,
+                    object_store_memory=OBJECT_STORE_BYTES,
+                    log_to_driver=False,
+                    configure_logging=False,
+                    _node_ip_address=LOOPBACK,
+                )
+            _info.clear()
+            _info.update(mode="embedded", node_ip=_node_ip(ray), dashboard=False)
+        elif _is_loopback_address(str(address)):  # an instance on this machine bound to 127.0.0.1
+            with _loopback_node(ray):
+                ray.init(
+                    address=str(address),
+                    log_to_driver=False,
+                    configure_logging=False,
+                    _node_ip_address=LOOPBACK,
+                )
         else:
             ray.init(address=str(address), log_to_driver=False, configure_logging=False)
+            _info.clear()
+            _info.update(mode="cluster", address=str(address), node_ip=_node_ip(ray))
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise AutoparError(
             f"cannot start or reach Ray at {address!r}: {str(exc).splitlines()[0]}",
@@ -58,6 +78,60 @@ def connect(address: Any = "local") -> bool:
         ) from None
     _started_here = True
     return True
+
+
+@contextlib.contextmanager
+def _loopback_node(ray: Any) -> Iterator[None]:
+    """Keep ``_node_ip_address="127.0.0.1"`` as given while the embedded instance starts.
+
+    Ray replaces a loopback node address by the machine's reachable IP unless
+    ``ray._private.ray_constants.ENABLE_RAY_CLUSTER`` is off (its single-machine mode on macOS and
+    Windows; read when ``ray.init`` resolves the address). With it off, the GCS, the raylet and every
+    worker bind 127.0.0.1.
+    """
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # pragma: no cover - a Ray without it binds as it binds
+        yield
+        return
+    old = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old
+
+
+def _is_loopback_address(address: str) -> bool:
+    """``127.0.0.1:6379`` or ``localhost:6379``: a cluster whose GCS is on loopback (a Ray Client
+    ``ray://`` address needs no local raylet and is left alone).
+
+    Its driver must say it is on 127.0.0.1 too, or Ray looks for a raylet on the machine's
+    reachable address, where none listens, and the connection hangs.
+    """
+    import ipaddress
+
+    if "://" in address:
+        return False
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _node_ip(ray: Any) -> str | None:
+    try:
+        return str(ray.util.get_node_ip_address())
+    except Exception:  # noqa: BLE001 - informational only
+        return None
+
+
+def describe() -> dict[str, Any]:
+    """How Ray runs (recorded in --json): embedded on 127.0.0.1 without a dashboard, or a cluster."""
+    return dict(_info) if _info else {"mode": "not started"}
 
 
 def shutdown() -> None:

@@ -217,7 +217,13 @@ class SearchResult:
             "space_fingerprint": self.space_fingerprint,
             "candidates_total": self.candidates_total,
             "elapsed_s": self.elapsed_s,
+            "backend": self.backend,
+            "workers": self.workers,
         }
+        if self.backend == "ray":
+            from autopar.search.ray_backend import describe
+
+            out["ray"] = describe()
         if len(self.objectives.names) > 1:
             out["pareto"] = [rec(i, p) for i, p in enumerate(self.pareto)]
             out["pareto_size"] = self.pareto_size

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import tomllib
 from functools import reduce
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autopar.errors import SearchSpaceError
@@ -292,16 +290,17 @@ def parse_space(raw: Any, where: str) -> SearchSpace:
 
 
 def _read(path: Path) -> Any:
-    text = path.read_text()
+    """The file's mapping (autopar.files: regular UTF-8 file, no repeated keys); errors as SearchSpaceError."""
+    from autopar.errors import FileError
+    from autopar.files import load_structured
+
     try:
-        if path.suffix == ".toml":
-            return tomllib.loads(text)
-        return yaml.safe_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        first = str(exc).splitlines()[0]
-        raise SearchSpaceError(
-            f"search space {path}: not valid {path.suffix.lstrip('.').upper()}: {first}", "fix the syntax"
-        ) from None
+        return load_structured(path, "search space", SPACE_HINT)
+    except FileError as exc:
+        raise SearchSpaceError(exc.message, exc.hint) from None
+
+
+SPACE_HINT = "pass a YAML/TOML space file (see search_spaces/README.md) or a built-in space name"
 
 
 def load_space_raw(name_or_path: str | Path | None) -> tuple[dict[str, Any], str]:
@@ -310,14 +309,23 @@ def load_space_raw(name_or_path: str | Path | None) -> tuple[dict[str, Any], str
         name_or_path = "default"
     s = str(name_or_path)
     p = Path(s)
-    if p.suffix in (".yaml", ".yml", ".toml") or p.is_file() or "/" in s:
-        if not p.is_file():
+    if not s.strip():
+        raise SearchSpaceError(
+            "--space is empty", f"pass a YAML/TOML file or one of: {', '.join(builtin_spaces())}"
+        )
+    if p.suffix in (".yaml", ".yml", ".toml") or p.exists() or "/" in s:
+        if not p.exists():
             raise SearchSpaceError(
                 f"search space file {s} does not exist",
                 f"pass a YAML/TOML file or one of: {', '.join(builtin_spaces())}",
             )
         raw = _read(p)
-        return (raw if raw is not None else {}), str(p)
+        if raw is None or raw == {}:
+            raise SearchSpaceError(
+                f"search space file {s} is empty",
+                "give at least a name and axes (see search_spaces/default.yaml), or omit --space for the default",
+            )
+        return raw, str(p)
     root = resources.files("autopar.search_spaces")
     for ext in (".yaml", ".yml", ".toml"):
         f = root / f"{s}{ext}"

@@ -16,12 +16,13 @@ trial; running the same command again resumes it (``--n-trials`` is the study's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,26 +54,157 @@ SAMPLERS = ("tpe", "nsga2", "random", "gp", "bruteforce")
 CONSTRAINT = "memory_over_capacity_gib"
 
 
+def constraints_key() -> str:
+    """The trial system attribute Optuna's samplers and optuna-dashboard read constraints from."""
+    try:
+        from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
+
+        return str(_CONSTRAINTS_KEY)
+    except ImportError:  # pragma: no cover - older Optuna
+        return "constraints"
+
+
 # ------------------------------------------------------------------------------------ storage
-def resolve_storage(storage: str | Path | None) -> Any:
-    """An Optuna storage: a URL as is, ``*.db``/``*.sqlite`` as SQLite, any other path a journal file."""
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+STORAGE_HINT = "pass --storage FILE.log (journal), FILE.db (SQLite) or an Optuna storage URL"
+
+
+def storage_file(storage: str | Path | None) -> Path | None:
+    """The local file behind a storage spec (journal or SQLite), or None for a URL."""
+    s = str(storage or DEFAULT_STORAGE)
+    return None if "://" in s else Path(s).expanduser()
+
+
+def _check_storage_file(p: Path, *, must_exist: bool, journal: bool) -> None:
+    """A storage file must be a regular file (a journal also UTF-8 text) or, if new, creatable."""
+    import stat as _stat
+
+    from autopar.files import check_output
+
+    what = "study journal" if journal else "SQLite study database"
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        if must_exist:
+            raise AutoparError(
+                f"no study storage at {p}", "run `autopar study run` first, or pass the right --storage"
+            ) from None
+        check_output(p, what, "--storage")  # the directory exists and is writable; not a device/dir
+        return
+    except OSError as exc:
+        raise AutoparError(f"--storage {p}: {exc.strerror}", STORAGE_HINT) from None
+    if not _stat.S_ISREG(st.st_mode):
+        kind = "a directory" if _stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise AutoparError(f"--storage {p} is {kind}", STORAGE_HINT)
+    if journal:
+        with open(p, "rb") as fh:
+            head = fh.read(1 << 16)
+        try:
+            head.decode("utf-8")
+            bad = b"\x00" in head
+        except UnicodeDecodeError as exc:
+            bad = exc.start < len(head) - 4  # a character cut at the end of the sample is fine
+        if bad:
+            raise AutoparError(f"--storage {p} is not an Optuna journal (binary content)", STORAGE_HINT)
+        _check_journal_lines(p)
+
+
+def _check_journal_lines(p: Path) -> None:
+    """Every complete line of a journal is a JSON object (Optuna would fail on the first that is not,
+    with a traceback, and only once it appends after it)."""
+    with open(p, "rb") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.endswith(b"\n"):
+                break  # a last line still being written: Optuna skips it too
+            try:
+                ok = isinstance(json.loads(line), dict)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise AutoparError(
+                    f"--storage {p} is not an Optuna journal (line {n} is not a JSON log entry)", STORAGE_HINT
+                )
+
+
+def check_storage(storage: str | Path | None, *, must_exist: bool = False) -> None:
+    """The checks of :func:`resolve_storage` that need no storage opened (nothing is created)."""
+    s = str(storage or DEFAULT_STORAGE)
+    if not s.strip():
+        raise AutoparError("--storage is empty", STORAGE_HINT)
+    if "://" in s:
+        return
+    p = Path(s).expanduser()
+    _check_storage_file(p, must_exist=must_exist, journal=p.suffix not in SQLITE_SUFFIXES)
+
+
+def resolve_storage(storage: str | Path | None, *, must_exist: bool = False) -> Any:
+    """An Optuna storage: a URL (opened here, so a missing driver is one line), ``*.db``/``*.sqlite``
+    as SQLite, any other path a journal file (checked: regular UTF-8 file, or a new one in an
+    existing directory; ``must_exist`` for commands that only read)."""
     from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
 
     s = str(storage or DEFAULT_STORAGE)
+    if not s.strip():
+        raise AutoparError("--storage is empty", STORAGE_HINT)
     if "://" in s:
-        return s
-    p = Path(s)
-    if p.suffix in (".db", ".sqlite", ".sqlite3"):
-        return f"sqlite:///{p.resolve()}"
-    if p.parent and not p.parent.exists():
-        raise AutoparError(
-            f"storage directory {p.parent} does not exist", "create it or pass another --storage"
-        )
+        return _rdb(s, s)
+    p = Path(s).expanduser()
+    if p.suffix in SQLITE_SUFFIXES:
+        _check_storage_file(p, must_exist=must_exist, journal=False)
+        return _rdb(f"sqlite:///{p.resolve()}", str(p))
+    _check_storage_file(p, must_exist=must_exist, journal=True)
     # Optuna's default lock kind (so other Optuna writers of the same file interoperate). A writer
     # killed while holding it leaves the lock behind; the next writer breaks it after the grace
     # period (it is held only while one line is appended).
     lock = JournalFileSymlinkLock(str(p), grace_period=10)
-    return JournalStorage(JournalFileBackend(str(p), lock_obj=lock))
+    try:
+        st = JournalStorage(JournalFileBackend(str(p), lock_obj=lock))
+        st.get_all_studies()  # replays the journal: a corrupt one fails here, as one line
+        return st
+    except Exception as exc:  # noqa: BLE001 - a corrupt journal: Optuna's replay raises anything
+        raise AutoparError(
+            f"--storage {p} is not a readable Optuna journal: {type(exc).__name__}: {_first_line(exc)}",
+            STORAGE_HINT,
+        ) from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else "no detail"
+
+
+def _rdb(url: str, shown: str) -> Any:
+    import optuna
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return optuna.storages.RDBStorage(url)
+    except Exception as exc:  # noqa: BLE001 - a missing driver, a bad URL, a file that is no database
+        raise AutoparError(
+            f"cannot open study storage {shown}: {type(exc).__name__}: {_first_line(exc)}", STORAGE_HINT
+        ) from None
+
+
+@contextlib.contextmanager
+def _ask_lock(cfg_storage: Any) -> Iterator[None]:
+    """Serialize "count the trials, then ask one" across processes sharing a local storage file.
+
+    With it, ``--n-trials`` is an exact total however many processes run the study; an Optuna URL
+    (a database server) has no such lock and may overshoot by a trial per extra process.
+    """
+    p = None if _is_storage_obj(cfg_storage) else storage_file(cfg_storage)
+    if p is None or not p.exists():
+        yield
+        return
+    import fcntl
+
+    with open(p, "rb") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
 def make_sampler(name: str, seed: int, *, multi: bool) -> Any:
@@ -124,12 +256,28 @@ def _log2(x: np.ndarray) -> np.ndarray:
     return np.log2(np.maximum(np.asarray(x, dtype=np.float64), 1.0))
 
 
+def shift_param(i: int) -> str:
+    """Optuna parameter: layers of pipeline stage ``i`` minus its even share."""
+    return f"stage{i}_layer_shift"
+
+
+def recompute_param(i: int) -> str:
+    """Optuna parameter: the recompute mode of pipeline stage ``i``."""
+    return f"stage{i}_recompute"
+
+
+def stages_param(mode: str) -> str:
+    """Optuna parameter (monotone recompute): how many stages run recompute ``mode``."""
+    return f"stages_with_{mode}_recompute"
+
+
 class TrialSpace:
     """Optuna parameters of a search space and the map from a proposal to a legal layout.
 
     Uniform axes are one categorical parameter each (axes with a single value are not suggested);
-    an uneven space adds ``shift_i`` (layers of stage i minus the even split, i < pp-1; the last
-    stage takes the rest) and ``recompute_i`` per stage.
+    an uneven space adds ``stage<i>_layer_shift`` (layers of stage i minus the even split,
+    i < pp-1; the last stage takes the rest) and ``stage<i>_recompute`` per stage, or, with monotone
+    recompute, ``stages_with_<mode>_recompute`` (how many stages, heaviest mode first).
     """
 
     def __init__(self, job: TrainingJob, space: SearchSpace) -> None:
@@ -211,7 +359,7 @@ class TrialSpace:
         if self.uneven is not None:
             p, L, k = layout.pp, self.job.model.layers, self.uneven.max_shift
             base = even_split(L, p)
-            shifts = [trial.suggest_int(f"shift_{i}", -k, k) for i in range(p - 1)]
+            shifts = [trial.suggest_int(shift_param(i), -k, k) for i in range(p - 1)]
             recs = self._stage_recompute(trial, p) if self.stage_recompute else [layout.recompute] * p
             layers, fixed = _repair_split(base, shifts, k)
             plan = StagePlan(tuple(layers), tuple(RECOMPUTE_CODES.index(r) for r in recs))
@@ -222,10 +370,10 @@ class TrialSpace:
 
     def _stage_recompute(self, trial: Any, p: int) -> list[str]:
         if not self.monotone:
-            return [trial.suggest_categorical(f"recompute_{i}", self.stage_recompute) for i in range(p)]
+            return [trial.suggest_categorical(recompute_param(i), self.stage_recompute) for i in range(p)]
         out: list[str] = []
         for mode in self.modes_heavy_first[:-1]:
-            n = min(trial.suggest_int(f"stages_{mode}", 0, self.pp_max), p - len(out))
+            n = min(trial.suggest_int(stages_param(mode), 0, self.pp_max), p - len(out))
             out += [mode] * n
         return out + [self.modes_heavy_first[-1]] * (p - len(out))
 
@@ -295,7 +443,7 @@ class TrialSpace:
             even = even_split(L, p)
             layers = list(plan.layers) if plan is not None else even
             for i in range(p - 1):
-                out[f"shift_{i}"] = layers[i] - even[i]
+                out[shift_param(i)] = layers[i] - even[i]
             recs: list[str] = (
                 [RECOMPUTE_CODES[r] for r in plan.recompute]
                 if plan is not None
@@ -303,10 +451,10 @@ class TrialSpace:
             )
             if self.stage_recompute and self.monotone:
                 for mode in self.modes_heavy_first[:-1]:
-                    out[f"stages_{mode}"] = recs.count(mode)
+                    out[stages_param(mode)] = recs.count(mode)
             elif self.stage_recompute:
                 for i in range(p):
-                    out[f"recompute_{i}"] = recs[i]
+                    out[recompute_param(i)] = recs[i]
         return out
 
 
@@ -495,6 +643,9 @@ def open_study(cfg: StudyConfig) -> tuple[Any, bool, str, int]:
     import optuna
     from optuna.exceptions import DuplicatedStudyError
 
+    from autopar.files import check_study_name
+
+    check_study_name(cfg.name)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = resolve_storage(cfg.storage) if not _is_storage_obj(cfg.storage) else cfg.storage
     directions: list[Any] = [TRAINING[n].direction for n in cfg.objectives.names]
@@ -506,7 +657,7 @@ def open_study(cfg: StudyConfig) -> tuple[Any, bool, str, int]:
     except KeyError:
         existing = None
     if existing is not None:
-        ua = existing.user_attrs
+        ua = _wait_until_ready(existing, cfg.name)
         for k, v in attrs.items():
             if ua.get(k) != json.loads(json.dumps(v)):
                 raise AutoparError(
@@ -536,7 +687,7 @@ def open_study(cfg: StudyConfig) -> tuple[Any, bool, str, int]:
             directions=directions,
             sampler=make_sampler(sampler_name, seed, multi=len(directions) > 1),
         )
-    except DuplicatedStudyError:  # pragma: no cover - created concurrently by another worker
+    except DuplicatedStudyError:  # created concurrently by another process: join it
         return open_study(cfg)
     for k, v in attrs.items():
         study.set_user_attr(k, v)
@@ -548,9 +699,41 @@ def open_study(cfg: StudyConfig) -> tuple[Any, bool, str, int]:
     names = [TRAINING[n].metric for n in cfg.objectives.names]
     study.set_user_attr("objective_names", names)
     study.set_user_attr("constraint", f"{CONSTRAINT} <= 0")
-    # Optuna's own metric names: optuna-dashboard and study.trials_dataframe() show them.
-    study.set_metric_names(names)
+    # Optuna's own metric names: optuna-dashboard and study.trials_dataframe() show them (the API
+    # is marked experimental, stable since Optuna 3.2: its warning is not for autopar's users).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study.set_metric_names(names)
+    study.set_user_attr(READY_ATTR, True)  # last: a process joining the study waits for it
     return study, False, sampler_name, seed
+
+
+READY_ATTR = "autopar_ready"
+READY_WAIT_S = 30.0
+
+
+def _ready(ua: dict[str, Any]) -> bool:
+    # "constraint" was the last attribute set before READY_ATTR existed (older studies lack it).
+    return bool(ua.get(READY_ATTR)) or "constraint" in ua
+
+
+def _wait_until_ready(study: Any, name: str) -> dict[str, Any]:
+    """The study's user attributes once its creator has written them all.
+
+    A process that loads a study another process is still creating would otherwise compare its job
+    with attributes that are not there yet (and report a false mismatch).
+    """
+    deadline = time.monotonic() + READY_WAIT_S
+    ua = study.user_attrs
+    while not _ready(ua):
+        if time.monotonic() > deadline:
+            raise AutoparError(
+                f"study {name!r} exists but its creation never finished (no {READY_ATTR} attribute)",
+                "its creator was interrupted: run with another --name, or delete the study",
+            )
+        time.sleep(0.2)
+        ua = study._storage.get_study_user_attrs(study._study_id)
+    return ua
 
 
 def _is_storage_obj(s: Any) -> bool:
@@ -634,13 +817,19 @@ def run_study(
     on_trial: Callable[[int, Candidate, dict[str, Any], bool], None] | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> StudyReport:
-    """Create or resume the study and run it until it has ``n_trials`` complete trials (or timeout).
+    """Create or resume the study and run it until it has ``n_trials`` trials (or timeout).
+
+    ``n_trials`` is the study's total over every process running it: finished trials (complete,
+    pruned, failed) plus those in flight; with a local journal or SQLite file the count and the
+    ask are one locked step, so concurrent processes stop at exactly ``n_trials``.
 
     ``on_trial(number, candidate, result, cached)`` is called after each trial is stored; ``stop()``
     is checked between batches.
     """
     from optuna.trial import TrialState
 
+    if timeout is not None and not timeout > 0:
+        raise AutoparError(f"timeout {timeout} must be > 0 seconds", "pass --timeout > 0, or omit it")
     t0 = time.perf_counter()
     cal = load_calibration(cfg.calibration)
     tspace = TrialSpace(cfg.job, cfg.space)
@@ -655,31 +844,38 @@ def run_study(
     # the trials already in the study (deterministic, and recorded).
     session_seed = seed + len(study.get_trials(deepcopy=False))
     study.sampler = make_sampler(sampler_name, session_seed, multi=len(cfg.objectives.names) > 1)
-    sessions = list(study.user_attrs.get("sessions", []))
-    sessions.append(
-        {
-            "seed": session_seed,
-            "complete_before": done,
-            "worker": _worker_id(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        }
-    )
-    study.set_user_attr("sessions", sessions)
+    with _ask_lock(cfg.storage):  # read-modify-write of one attribute shared by every process
+        sessions = list(study._storage.get_study_user_attrs(study._study_id).get("sessions", []))
+        sessions.append(
+            {
+                "seed": session_seed,
+                "complete_before": done,
+                "worker": _worker_id(),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            }
+        )
+        study.set_user_attr("sessions", sessions)
     if not resumed:
         enqueue_seeds(study, tspace, cfg, cal)
     scorer = TrialScorer(cfg.job, cfg.objectives, cal)
     cache = _cache_from_storage(study)
+    ckey = constraints_key()
+    # --n-trials counts finished trials (complete, pruned, failed) plus those in flight, over every
+    # process that runs the study (Optuna's MaxTrialsCallback counts the same way when told these states).
+    counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
     new = 0
     worker = _worker_id()
-    while (
-        done < n_trials and (timeout is None or time.perf_counter() - t0 < timeout) and not (stop and stop())
-    ):
-        k = max(1, min(cfg.batch, n_trials - done))
+    while (timeout is None or time.perf_counter() - t0 < timeout) and not (stop and stop()):
         trials = []
-        for _ in range(k):
-            t = study.ask()
+        for _ in range(cfg.batch):
+            with _ask_lock(cfg.storage):  # count and ask as one step across processes
+                if len(study.get_trials(deepcopy=False, states=counted)) >= n_trials:
+                    break
+                t = study.ask()
             t.set_user_attr("worker", worker)
             trials.append(t)
+        if not trials:
+            break
         cands = [tspace.suggest(t) for t in trials]
         todo = [i for i, c in enumerate(cands) if c.key not in cache]
         uniq: dict[str, int] = {}
@@ -697,9 +893,11 @@ def run_study(
             cached = i not in uniq.values()
             t.set_user_attr("cached", cached)
             t.set_user_attr("repaired", c.repaired)
-            t.set_constraint(CONSTRAINT, float(r["constraint"]))
+            # Optuna's constraints system attribute (what a sampler's constraints_func writes, and
+            # what optuna-dashboard reads): one value, feasible when <= 0; its name is the study's
+            # "constraint" attribute.
+            study._storage.set_trial_system_attr(t._trial_id, ckey, [float(r["constraint"])])
             study.tell(t, r["values"])
-            done += 1
             new += 1
             if on_trial is not None:
                 on_trial(t.number, c, r, cached)
@@ -770,16 +968,11 @@ def study_report(study: Any, *, top: int = 5) -> StudyReport:
 def load_report(name: str, storage: Any = None, *, top: int = 5) -> StudyReport:
     import optuna
 
+    from autopar.files import check_study_name
+
+    check_study_name(name)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if (
-        not _is_storage_obj(storage)
-        and "://" not in str(storage or "")
-        and not Path(storage or DEFAULT_STORAGE).exists()
-    ):
-        raise AutoparError(
-            f"no study storage at {storage or DEFAULT_STORAGE}", "pass --storage or run a study first"
-        )
-    st = resolve_storage(storage) if not _is_storage_obj(storage) else storage
+    st = resolve_storage(storage, must_exist=True) if not _is_storage_obj(storage) else storage
     try:
         study = optuna.load_study(study_name=name, storage=st, sampler=optuna.samplers.RandomSampler(0))
     except KeyError:
@@ -792,13 +985,7 @@ def load_report(name: str, storage: Any = None, *, top: int = 5) -> StudyReport:
 def list_studies(storage: Any = None) -> list[dict[str, Any]]:
     import optuna
 
-    if (
-        not _is_storage_obj(storage)
-        and "://" not in str(storage or "")
-        and not Path(storage or DEFAULT_STORAGE).exists()
-    ):
-        return []
-    st = resolve_storage(storage) if not _is_storage_obj(storage) else storage
+    st = resolve_storage(storage, must_exist=True) if not _is_storage_obj(storage) else storage
     out = []
     for s in optuna.get_all_study_summaries(storage=st, include_best_trial=False):
         out.append(

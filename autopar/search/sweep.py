@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autopar.errors import AutoparError, SearchSpaceError
 from autopar.layout import Layout
+
+MAX_POINTS = 10_000  # jobs in one sweep grid
 
 # The layout columns of a sweep row: the Layout's own fields, in their declared order.
 LAYOUT_FIELDS = tuple(Layout.model_fields)
@@ -49,9 +50,9 @@ COLUMNS = (
 class SweepFile(BaseModel):
     """The sweep file schema: lists of job dimensions and the search settings shared by every point."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
-    name: str = "sweep"
+    name: str = Field("sweep", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
     description: str = ""
     models: list[str] = Field(min_length=1)
     devices: list[str] = Field(min_length=1)
@@ -74,6 +75,14 @@ class SweepFile(BaseModel):
             raise ValueError(f"values must be >= 1, got {bad}")
         return v
 
+    @model_validator(mode="after")
+    def _bounded(self) -> SweepFile:
+        n = len(self.models) * len(self.devices) * len(self.num_devices) * len(self.seq_len)
+        n *= len(self.global_batch)
+        if n > MAX_POINTS:
+            raise ValueError(f"the grid has {n:,} points, more than {MAX_POINTS:,}")
+        return self
+
     def points(self) -> list[dict[str, Any]]:
         return [
             dict(model=m, device=d, num_devices=n, seq_len=s, global_batch=b)
@@ -84,21 +93,10 @@ class SweepFile(BaseModel):
 
 
 def load_sweep(path: str | Path) -> SweepFile:
-    p = Path(path)
-    if not p.is_file():
-        raise AutoparError(
-            f"sweep file {path} does not exist", "pass a YAML file like studies/sweeps/example.yaml"
-        )
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise AutoparError(
-            f"sweep file {path} is not valid YAML: {str(exc).splitlines()[0]}", "fix the syntax"
-        ) from None
-    if not isinstance(raw, dict):
-        raise AutoparError(
-            f"sweep file {path}: the top level must be a mapping", "see studies/sweeps/example.yaml"
-        )
+    from autopar.files import load_yaml, require_mapping
+
+    hint = "pass a YAML file like studies/sweeps/example.yaml"
+    raw = require_mapping(load_yaml(path, "sweep file", hint), f"sweep file {path}", hint)
     allowed = [f.alias or n for n, f in SweepFile.model_fields.items()]
     unknown = [k for k in raw if k not in allowed]
     if unknown:
@@ -213,31 +211,48 @@ def default_output(sw: SweepFile) -> Path:
     return Path(f"sweep-{sw.name}.{'parquet' if has_pyarrow() else 'csv'}")
 
 
-def write_table(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """One table: Parquet for a .parquet path (needs pyarrow), otherwise CSV."""
-    p = Path(path)
-    if p.suffix == ".parquet":
-        if not has_pyarrow():
-            raise AutoparError(
-                f"writing {p} needs pyarrow, which is not installed", "pip install pyarrow, or write a .csv"
-            )
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+def check_table_path(path: str | Path) -> Path:
+    """Refuse a bad output table before the sweep runs (format, pyarrow, autopar.files rules)."""
+    from autopar.files import check_output
 
-        table = pa.Table.from_pylist([{k: r.get(k) for k in COLUMNS} for r in rows])
-        pq.write_table(table, p)
-        return p
-    with p.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(COLUMNS))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k) for k in COLUMNS})
+    p = Path(path)
+    if p.suffix == ".parquet" and not has_pyarrow():
+        raise AutoparError(
+            f"writing {p} needs pyarrow, which is not installed", "pip install pyarrow, or write a .csv"
+        )
+    check_output(p, "sweep table", "--out")
+    return p
+
+
+def write_table(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """One table: Parquet for a .parquet path (needs pyarrow), otherwise CSV; written atomically."""
+    from autopar.files import atomic_path
+
+    p = check_table_path(path)
+    with atomic_path(p, "sweep table", "--out") as tmp:
+        if p.suffix == ".parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            table = pa.Table.from_pylist([{k: r.get(k) for k in COLUMNS} for r in rows])
+            pq.write_table(table, tmp)
+        else:
+            with tmp.open("w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(COLUMNS))
+                w.writeheader()
+                for r in rows:
+                    w.writerow({k: r.get(k) for k in COLUMNS})
     return p
 
 
 def read_table(path: str | Path) -> list[dict[str, str]]:
-    with Path(path).open(newline="") as f:
-        return list(csv.DictReader(f))
+    """A sweep table written as CSV (read through autopar.files: a regular UTF-8 file)."""
+    import io
+
+    from autopar.files import read_text
+
+    text = read_text(path, "sweep table", "pass a .csv written by `autopar sweep`")
+    return list(csv.DictReader(io.StringIO(text, newline="")))
 
 
 __all__ = ["SweepFile", "load_sweep", "run_sweep", "run_point", "write_table", "default_output", "COLUMNS"]

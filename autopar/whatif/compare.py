@@ -197,12 +197,12 @@ def compare(
     if workload == "training" and any(b is None for b in batches):
         raise AutoparError("training comparison needs --global-batch (or --batches)")
     from autopar.hardware import load_device
-    from autopar.model import load_model
+    from autopar.job import load_job_model
 
     for d in devices:
         load_device(d)  # fail fast on a typo
     for m in models:
-        load_model(m)
+        load_job_model(m)
     key, hi = METRICS[metric]
     cells, winners = [], []
     skw = dict(serving_kwargs or {})
@@ -315,20 +315,33 @@ _COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
 
 def write_outputs(res: CompareResult, prefix: str | Path) -> list[Path]:
     """Write ``PREFIX.csv`` (every cell) and ``PREFIX.svg`` (the plot); returns the paths."""
-    prefix = Path(prefix)
-    if prefix.parent and not prefix.parent.exists():
-        raise AutoparError(
-            f"output directory {prefix.parent} does not exist", "create it or pick another --out"
-        )
-    csv_path = prefix.with_name(prefix.name + ".csv")
-    with csv_path.open("w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        wr.writeheader()
-        for c in res.cells:
-            wr.writerow({k: ("" if c.get(k) is None else c.get(k)) for k in CSV_FIELDS})
-    svg_path = prefix.with_name(prefix.name + ".svg")
-    svg_path.write_text(_svg(res))
+    import io
+
+    from autopar.files import write_text
+
+    csv_path, svg_path = output_paths(prefix)
+    buf = io.StringIO()
+    wr = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    wr.writeheader()
+    for c in res.cells:
+        wr.writerow({k: ("" if c.get(k) is None else c.get(k)) for k in CSV_FIELDS})
+    write_text(csv_path, buf.getvalue(), "comparison table", "--out")
+    write_text(svg_path, _svg(res), "comparison plot", "--out")
     return [csv_path, svg_path]
+
+
+def output_paths(prefix: str | Path) -> tuple[Path, Path]:
+    """``PREFIX.csv`` and ``PREFIX.svg``, checked (autopar.files.check_output) before any work."""
+    from autopar.files import check_output
+
+    prefix = Path(prefix)
+    if not prefix.name:
+        raise AutoparError(f"--out {prefix} has no file name", "pass a prefix like results/compare")
+    csv_path = prefix.with_name(prefix.name + ".csv")
+    svg_path = prefix.with_name(prefix.name + ".svg")
+    check_output(csv_path, "comparison table", "--out")
+    check_output(svg_path, "comparison plot", "--out")
+    return csv_path, svg_path
 
 
 def _svg(res: CompareResult) -> str:
