@@ -29,6 +29,7 @@ HBM traffic. Backward is twice the forward, as for the engine's other memory-bou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -74,8 +75,8 @@ def blocks(model, n_dense, n_moe) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------- GEMMs
-def mixer_gemms(model, f, T, tp) -> np.ndarray:
-    """Forward linear GEMMs of one block's recurrent mixers (averaged over the mix), ``f(M, N, K)``.
+def mixer_gemm_shapes(model, tp) -> list[tuple[float, Any, Any]]:
+    """(blocks share, N, K) of each forward linear GEMM of the recurrent mixers, per rank, M = tokens.
 
     Gated DeltaNet: in_proj_qkvz h -> 2 key_dim + 2 value_dim, in_proj_ba h -> 2 v_heads,
     out_proj value_dim -> h. Mamba2: in_proj h -> 2 d_inner + 2 groups d_state + heads, out_proj.
@@ -84,22 +85,54 @@ def mixer_gemms(model, f, T, tp) -> np.ndarray:
     """
     mx = mix(model)
     h = float(model.hidden)
-    out = np.zeros(np.shape(tp))
+    out: list[tuple[float, Any, Any]] = []
     if model.linear_attn_layers:
         kd = model.linear_k_heads * model.linear_k_head_dim
         vd = model.linear_v_heads * model.linear_v_head_dim
-        g = f(T, (2 * kd + 2 * vd) / tp, h) + f(T, 2 * model.linear_v_heads / tp, h) + f(T, h, vd / tp)
-        out = out + mx.linear * g
+        out += [
+            (mx.linear, (2 * kd + 2 * vd) / tp, h),
+            (mx.linear, 2 * model.linear_v_heads / tp, h),
+            (mx.linear, h, vd / tp),
+        ]
     if model.mamba_layers:
         di, n = model.mamba_inner, model.mamba_state
         if model.mamba_version == 2:
             w = 2 * di + 2 * model.mamba_groups * n + model.mamba_heads
-            g = f(T, w / tp, h) + f(T, h, di / tp)
+            out += [(mx.mamba, w / tp, h), (mx.mamba, h, di / tp)]
         else:
             r = model.mamba_dt_rank
-            g = f(T, 2 * di / tp, h) + f(T, r + 2 * n, di / tp) + f(T, di / tp, r) + f(T, h, di / tp)
-        out = out + mx.mamba * g
+            out += [
+                (mx.mamba, 2 * di / tp, h),
+                (mx.mamba, float(r + 2 * n), di / tp),
+                (mx.mamba, di / tp, float(r)),
+                (mx.mamba, h, di / tp),
+            ]
     return out
+
+
+def mixer_gemms(model, f, T, tp) -> np.ndarray:
+    """Forward linear GEMMs of one block's recurrent mixers (averaged over the mix): the sum of
+    ``f(T, N, K)`` over :func:`mixer_gemm_shapes`."""
+    out = np.zeros(np.shape(tp))
+    for w, N, K in mixer_gemm_shapes(model, tp):
+        out = out + w * f(T, N, K)
+    return out
+
+
+def decode_state_step(model, tp) -> tuple[np.ndarray, np.ndarray]:
+    """(FLOPs, 16-bit state elements read + written) per decoded token per rank of one block's
+    recurrent mixers, mix-averaged: the recurrent form reads and rewrites the whole state (conv
+    window and SSM / delta-rule state) once per token (:attr:`ModelSpec.ssm_core_flops_per_token`,
+    :attr:`ModelSpec.linear_attn_core_flops_per_token`)."""
+    mx = mix(model)
+    tp = np.asarray(tp, dtype=np.float64)
+    lin, mamba = recurrent_state_elems_per_layer(model)
+    flops = 0.0
+    if model.linear_attn_layers:
+        flops += mx.linear * model.linear_attn_core_flops_per_token
+    if model.mamba_layers:
+        flops += mx.mamba * model.ssm_core_flops_per_token
+    return flops / tp, 2.0 * (mx.linear * lin + mx.mamba * mamba) / tp
 
 
 def scan_flops_per_token(model, tp=1.0):
