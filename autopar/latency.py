@@ -336,6 +336,7 @@ def stage_slot(
         quant_b = (n_layers * (mx.attn * sa_b + q_mix_b) + n_dense * sd_b + n_moe * sm_b) / co.hbm_bw
     else:
         scan_f = np.zeros(n)
+        mixer_g = np.zeros(n)
         gemm_f = n_dense * (attn_gemm + dense_mlp) + n_moe * (attn_gemm + moe_mlp)
         attn_tot_f = n_layers * attn_f
         quant_f = (n_dense * (sa_f + sd_f) + n_moe * (sa_f + sm_f)) / co.hbm_bw
@@ -547,6 +548,9 @@ def stage_slot(
         fwd=fwd,
         bwd=bwd,
         wgrad=wgrad * gemm_f,  # the weight-gradient GEMMs (zero-bubble schedules defer them)
+        # the recurrent mixers' share of "gemm" (projections) and of "attention" (chunked scans)
+        mixer_gemm=(2.0 + wgrad) * n_layers * mixer_g,
+        scan=3.0 * scan_tot_f,
         n_layers=n_layers,
         tp_raw=tp_raw,
         tp_exposed=tp_raw * (1.0 - tp_ov),
