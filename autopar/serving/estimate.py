@@ -415,6 +415,8 @@ def instance_memory(
         if not m.is_mla
         else (m.heads * (m.qk_head_dim + m.v_dim) + m.kv_lora_rank)
     )
+    if m.is_hybrid:  # the widest mixer input projection (Mamba in_proj, Gated DeltaNet in_proj_qkvz)
+        qkv = max([qkv] + [N for _, N, K in hybrid.mixer_gemm_shapes(m, 1.0) if K == m.hidden])
     per_tok = ACT_BYTES * (4.0 * m.hidden + qkv / ta + 3.0 * F / ta)
     workspace = budget / adp * per_tok + bcap / adp * m.vocab / tp * LOGIT_BYTES
     groups = (tp > 1).astype(float) + (pp > 1).astype(float) + ((adp > 1) & (tp > 1)).astype(float)
