@@ -21,6 +21,7 @@ from autopar.prediction import training_job
 from autopar.serving.estimate import (
     ServingTable,
     _kv_seq_bytes_per_device,
+    iteration,
     make_context,
     make_workload,
     recurrent_state_bytes_per_device,
@@ -193,3 +194,29 @@ def test_still_refused_what_is_not_priced() -> None:
     bare = m.model_copy(update={"no_ffn_layers": m.layers, "moe_layers": 0, "num_experts": 0})
     with pytest.raises(UnsupportedArchitecture, match="without any feed-forward part"):
         check_costed(bare, "training step time and memory")
+
+
+def test_decode_reads_kv_of_attention_layers_and_the_whole_state() -> None:
+    m = load_model(NANO)
+    ctx = make_context(m, load_device("h100-sxm-80gb"), make_workload(isl=1024, osl=256), devices_per_node=8)
+    tab = ServingTable({"tp": [1]})
+    B = 16.0
+
+    def dec(n_dec, c):
+        return iteration(
+            ctx, tab, n_dec=n_dec, n_pre=0.0, dec_ctx=c, pre_ctx=0.0, pre_len=1.0, logit_rows=n_dec
+        )
+
+    kv_tok = 6 * (2 * 2 * 128) * 2  # bytes per cached token: the 6 attention layers only
+    grow = dec(B, 2000.0)["bytes_per_device"][0] - dec(B, 1000.0)["bytes_per_device"][0]
+    assert grow == pytest.approx(B * 1000 * kv_tok, rel=1e-9)
+    # each decoding sequence reads and rewrites its whole recurrent state (23 Mamba2 layers)
+    state = 23 * (3 * (4096 + 2 * 8 * 128) + 4096 * 128) * 2
+    st_fl, st_el = hybrid.decode_state_step(m, np.array([1.0]))
+    assert 52 * st_el[0] * 2 == pytest.approx(2 * state, rel=1e-12)
+    # prefill runs the chunked scan: its FLOPs are in the iteration's count
+    pre = iteration(
+        ctx, tab, n_dec=0.0, n_pre=4096.0, dec_ctx=0.0, pre_ctx=2048.0, pre_len=4096.0, logit_rows=1.0
+    )
+    scan = 52 * hybrid.scan_flops_per_token(m, 1.0) * 4096
+    assert pre["flops_per_device"][0] > scan > 0
