@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from autopar import collectives as C
-from autopar import moe
+from autopar import hybrid, moe
 from autopar import precision as P
 from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, LayoutTable
@@ -195,7 +195,8 @@ def stage_slot(
             attn = up + down
         else:
             up = zero
-            attn = f(T, (a * model.head_dim + 2 * g * model.head_dim) / tp, h) + f(
+            q_mult = 2 if model.attn_output_gate else 1  # gated attention: q_proj also emits the gate
+            attn = f(T, (q_mult * a * model.head_dim + 2 * g * model.head_dim) / tp, h) + f(
                 T, h, a * model.head_dim / tp
             )
 
@@ -268,7 +269,7 @@ def stage_slot(
         attn_bwd_mult = 2.0
     elif window and model.sliding_window_layers:
         # FlashAttention: fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd.
-        frac_sw = model.sliding_window_layers / model.layers
+        frac_sw = model.sliding_window_layers / max(model.attn_layers, 1)
         attn_f = (1 - frac_sw) * attn_fwd(s_kv_full) + frac_sw * attn_fwd(min(window, s_kv_full), False)
         attn_bwd_mult = 2.5
     else:
@@ -289,14 +290,61 @@ def stage_slot(
 
     n_dense = np.asarray(n_dense, dtype=np.float64)
     n_moe = np.asarray(n_moe, dtype=np.float64)
-    n_layers = n_dense + n_moe
+    # Blocks of the stage: n_dense + n_moe, or for a hybrid model every block of the stage with its
+    # mixer-only blocks (autopar.hybrid: each stage holds the model's mix of block kinds).
+    n_layers = hybrid.blocks(model, n_dense, n_moe)
 
-    gemm_f = n_dense * (attn_gemm + dense_mlp) + n_moe * (attn_gemm + moe_mlp)
-    attn_tot_f = n_layers * attn_f
+    if model.is_hybrid:
+        # Per block of the mix: attention on a share mx.attn of the blocks, recurrent mixers on theirs,
+        # norms and residual adds per sublayer; the MLPs ride on n_dense / n_moe as for any model.
+        mx = hybrid.mix(model)
+        geff_scan = np.where(is_fp32, co.gemm_eff.get("fp32", co.gemm_eff["bf16"]), co.gemm_eff["bf16"])
+
+        def gt_scan(M, N, K):  # noqa: E306  (chunk-local matmuls: 16-bit, never FP8)
+            return gemm_time(co, attn_peak, geff_scan, M, N, K, elem)
+
+        scan_f = hybrid.scan_time(model, gt_scan, T, tp)
+        w_in, w_out = hybrid.mixer_in_out_widths(model)
+        sub = mx.mixer_sub + mx.ffn_sub
+        f_d, f_m = model.dense_layers / model.layers, model.moe_layers / model.layers
+        per_tok_h = (
+            sub * (2 * h + 3 * h) / sp_div  # a norm (read + write) and a residual add per sublayer
+            + mx.attn * 2 * (a + g) * model.qk_head_dim / tp  # RoPE on q and k
+            + hybrid.mixer_elementwise_elems(model, tp)
+            + (act_mult / tp) * (f_d * model.ffn_hidden + f_m * model.moe_ffn_hidden * model.moe_topk)
+        )
+        casts_h = np.where(
+            is_fp8,
+            1.5
+            * (
+                2 * mx.attn * h
+                + (mx.linear + mx.mamba) * h
+                + w_out
+                + f_d * (h + model.ffn_hidden)
+                + f_m * (h + model.moe_ffn_hidden * model.moe_topk)
+            )
+            / tp,
+            0.0,
+        )
+        elem_f = (T * elem * (per_tok_h + casts_h) + T * hybrid.state_pass_bytes(model, tp)) / co.hbm_bw
+        mixer_g = hybrid.mixer_gemms(model, gt, T, tp)
+        gemm_f = n_layers * (mx.attn * attn_gemm + mixer_g) + n_dense * dense_mlp + n_moe * moe_mlp
+        attn_tot_f = n_layers * mx.attn * attn_f
+        q_mix_f = hybrid.mixer_gemms(model, scale_fwd, T, tp)
+        q_mix_b = hybrid.mixer_gemms(model, scale_bwd, T, tp)
+        quant_f = (n_layers * (mx.attn * sa_f + q_mix_f) + n_dense * sd_f + n_moe * sm_f) / co.hbm_bw
+        quant_b = (n_layers * (mx.attn * sa_b + q_mix_b) + n_dense * sd_b + n_moe * sm_b) / co.hbm_bw
+    else:
+        scan_f = np.zeros(n)
+        mixer_g = np.zeros(n)
+        gemm_f = n_dense * (attn_gemm + dense_mlp) + n_moe * (attn_gemm + moe_mlp)
+        attn_tot_f = n_layers * attn_f
+        quant_f = (n_dense * (sa_f + sd_f) + n_moe * (sa_f + sm_f)) / co.hbm_bw
+        quant_b = (n_dense * (sa_b + sd_b) + n_moe * (sa_b + sm_b)) / co.hbm_bw
     elem_tot_f = n_layers * elem_f
+    # Chunked scans of the recurrent mixers (GEMM-class, 16-bit); backward 2x forward.
+    scan_tot_f = n_layers * scan_f
     perm_f = n_moe * moe_elem
-    quant_f = (n_dense * (sa_f + sd_f) + n_moe * (sa_f + sm_f)) / co.hbm_bw
-    quant_b = (n_dense * (sa_b + sd_b) + n_moe * (sa_b + sm_b)) / co.hbm_bw
     # LM head + loss on the last stage (vocab-parallel over tp). Megatron's output layer is a
     # tensor_parallel.ColumnParallelLinear, not a TE module, so it runs in bf16 under every FP8/FP4
     # recipe (the NVFP4 paper keeps the output head in bf16 too).
@@ -307,14 +355,22 @@ def stage_slot(
     head_f = np.where(head, head_f, 0.0)
     gemm_f = gemm_f + head_f
 
-    fwd = gemm_f + attn_tot_f + elem_tot_f + perm_f + quant_f
+    fwd = gemm_f + attn_tot_f + scan_tot_f + elem_tot_f + perm_f + quant_f
     wgrad = 0.0 if frozen_weights else 1.0  # weight-gradient GEMMs, as many FLOPs as the forward
-    bwd = (1.0 + wgrad) * gemm_f + attn_bwd_mult * attn_tot_f + 2.0 * elem_tot_f + perm_f + quant_b
+    bwd = (
+        (1.0 + wgrad) * gemm_f
+        + attn_bwd_mult * attn_tot_f
+        + 2.0 * scan_tot_f
+        + 2.0 * elem_tot_f
+        + perm_f
+        + quant_b
+    )
     # Selective modes recompute in backward what they dropped (memory.activation_bytes_per_layer):
     # the attention core; + norm_act: the two norms, the routed experts' activation and MLA's
     # up-projection GEMMs (+ RoPE); + norm_act_mlp: the dense MLP's and shared experts' forward.
     drop_core, drop_norm, drop_mlp = recompute_drops(rec)
-    norm_rec = T * elem * (2 * 2 * h / sp_div) / co.hbm_bw
+    n_norms = (hybrid.mix(model).mixer_sub + hybrid.mix(model).ffn_sub) if model.is_hybrid else 2.0
+    norm_rec = T * elem * (n_norms * 2 * h / sp_div) / co.hbm_bw
     # MLA up-projections and the RoPE on q and k that follows them
     up_rec = gemms["attn_up"] + (
         T * elem * 2 * (a + g) * model.qk_head_dim / tp / co.hbm_bw if model.is_mla else 0.0
@@ -352,6 +408,25 @@ def stage_slot(
     # reduce-scatters after (fwd AG+RS, bwd RS+AG; recomputed forward adds one more AG+RS).
     moe_tp_coll = per_layer * (0.5 + (0.5 if model.shared_expert_ffn else 0.0))
     tp_raw = (n_dense * per_layer + n_moe * moe_tp_coll) * tp_one
+    if model.is_hybrid:
+        # Per sublayer one collective forward and one backward (+1 when full recompute reruns the
+        # forward; +1 for the dense MLP and shared experts that norm_act_mlp recomputes). Every mixer
+        # of the block counts (attention and Falcon-H1's parallel Mamba each have their own
+        # row-parallel output: an upper bound where a stack fuses them).
+        full_ = np.where(rec == REC_FULL, 1.0, 0.0)
+        ffn_c = 2.0 + np.where(rec == REC_FULL, 1.0, np.where(drop_mlp, 1.0, 0.0))
+        mixers = mx.attn + mx.linear + mx.mamba
+        tp_raw = (
+            n_layers * mixers * (2.0 + full_)
+            + n_dense * ffn_c
+            + n_moe * (ffn_c if model.shared_expert_ffn else 0.0)
+        ) * tp_one
+        xproj = hybrid.mamba1_xproj_elems(model)
+        if xproj:  # Mamba1's row-parallel x_proj: an all-reduce forward (and in a recomputed forward)
+            tp_raw = tp_raw + n_layers * (1.0 + full_) * (
+                C.all_reduce(links, T * xproj * elem, tp, np.ones(n))
+                + np.where(tp > 1, co.tp_collective_overhead_s, 0.0)
+            )
     if model.is_moe:
         etp_bytes = moe.expert_rows_per_rank(model, T, sp_div, etp) * h * elem
         etp_one = C.all_gather(links, etp_bytes, etp, np.ones(n))
@@ -379,6 +454,14 @@ def stage_slot(
         regather = n_dense * (
             np.maximum(ag_one - dgrad_qkv, 0.0) + np.maximum(ag_one - dgrad_fc1, 0.0)
         ) + n_moe * np.maximum(ag_one - dgrad_qkv, 0.0)
+        if model.is_hybrid:
+            rec_mix = mx.linear + mx.mamba
+            dgrad_mix = gt(T, h, w_in / max(rec_mix, 1e-12) / tp) if rec_mix else np.zeros(n)
+            regather = (
+                n_layers * (mx.attn * np.maximum(ag_one - dgrad_qkv, 0.0))
+                + n_layers * rec_mix * np.maximum(ag_one - dgrad_mix, 0.0)
+                + n_dense * np.maximum(ag_one - dgrad_fc1, 0.0)
+            )
         regather = np.where(sp_on, regather, 0.0)
         tp_raw = tp_raw + regather
         tp_comm = tp_comm + regather
@@ -390,7 +473,8 @@ def stage_slot(
     kv_elems = (model.kv_lora_rank + model.qk_rope_head_dim) if model.is_mla else 2 * g * model.head_dim
     cp_chunk = mb * s_loc * kv_elems * elem / np.where(model.is_mla, 1.0, tp)
     bw_cp, _ = C.bus_bandwidth(links, cp, tp)
-    cp_bytes = np.where(cp > 1, 3.0 * (cp - 1.0) * cp_chunk, 0.0) * n_layers
+    attn_blocks = n_layers * (hybrid.mix(model).attn if model.is_hybrid else 1.0)
+    cp_bytes = np.where(cp > 1, 3.0 * (cp - 1.0) * cp_chunk, 0.0) * attn_blocks
     cp_raw = cp_bytes / bw_cp
     cp_comm = np.maximum(cp_raw - (attn_tot_f * (1.0 + attn_bwd_mult)), 0.0)
     # What the hidden ring costs the attention it overlaps: the exchange is an NCCL send/recv pair
@@ -442,7 +526,8 @@ def stage_slot(
     head_slot = (2.0 + wgrad) * head_f
     parts = {
         "gemm": (2.0 + wgrad) * gemm_f,
-        "attention": (1.0 + attn_bwd_mult) * attn_tot_f,
+        # The mixer cores: attention, and the chunked scans of Mamba2 / Gated DeltaNet blocks.
+        "attention": (1.0 + attn_bwd_mult) * attn_tot_f + 3.0 * scan_tot_f,
         # Launch/sync costs (the calibrated per-layer overhead and the host floor's wait) with the
         # memory-bound work: neither is a FLOP.
         "elementwise": 3.0 * elem_tot_f
@@ -463,6 +548,9 @@ def stage_slot(
         fwd=fwd,
         bwd=bwd,
         wgrad=wgrad * gemm_f,  # the weight-gradient GEMMs (zero-bubble schedules defer them)
+        # the recurrent mixers' share of "gemm" (projections) and of "attention" (chunked scans)
+        mixer_gemm=(2.0 + wgrad) * n_layers * mixer_g,
+        scan=3.0 * scan_tot_f,
         n_layers=n_layers,
         tp_raw=tp_raw,
         tp_exposed=tp_raw * (1.0 - tp_ov),

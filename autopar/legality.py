@@ -6,6 +6,7 @@ the launchers' own validation (Megatron-LM ``validate_args``, torchtitan ``Paral
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -118,6 +119,19 @@ def _schedule_reason(lay, c: Context, i: int) -> str:
     return why or f"pipeline schedule {c.pipeline_schedule} cannot run this layout"
 
 
+def _mixer_units(model) -> int:
+    """What TP splits the recurrent mixers over (gcd of the counts that must divide; 0 if none)."""
+    units = 0
+    if model.linear_attn_layers:
+        units = math.gcd(units, model.linear_k_heads, model.linear_v_heads)
+    if model.mamba_layers:
+        if model.mamba_version == 2:
+            units = math.gcd(units, model.mamba_heads, model.mamba_groups)
+        else:
+            units = math.gcd(units, model.mamba_inner)
+    return units
+
+
 def _rules() -> list[Rule]:
     def kv_heads(model) -> int:
         return model.heads if model.is_mla else model.kv_heads
@@ -149,6 +163,21 @@ def _rules() -> list[Rule]:
             "tp must divide the hidden and FFN sizes",
             lambda m, L, c: (m.hidden % L["tp"] != 0) | ((m.ffn_hidden or 0) % L["tp"] != 0),
             ("tp",),
+        ),
+        Rule(
+            "tp_mixer_heads",
+            "tp must divide the heads of the Mamba / Gated DeltaNet mixers (Megatron MambaMixer: "
+            "Mamba2 heads and B/C groups; Gated DeltaNet key heads; Mamba1 d_inner)",
+            lambda m, L, c: _mixer_units(m) % L["tp"] != 0,
+            ("tp",),
+        ),
+        Rule(
+            "cp_recurrent",
+            "context parallelism (ring attention over sequence chunks) is not modeled for Mamba / Gated "
+            "DeltaNet blocks: their recurrence carries a state from one chunk of the sequence to the "
+            "next, which the ring CP model does not split; use cp = 1",
+            lambda m, L, c: (L["cp"] > 1) & bool(m.mamba_layers or m.linear_attn_layers),
+            ("cp",),
         ),
         Rule(
             "pp_layers",
@@ -286,6 +315,10 @@ def reasons_for_row(model, lay: LayoutTable, ctx: Context, i: int) -> list[Reaso
 def _allowed(code: str, model, lay: LayoutTable, ctx: Context, i: int):
     from autopar.layout import divisors
 
+    if code == "tp_mixer_heads":
+        return divisors(_mixer_units(model))
+    if code == "cp_recurrent":
+        return [1]
     if code in ("tp_heads", "tp_kv_heads", "tp_hidden"):
         kv = model.heads if model.is_mla else model.kv_heads
         return [

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from autopar import hybrid
 from autopar import precision as P
 from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, RECOMPUTE_MODULES, LayoutTable
@@ -88,7 +89,14 @@ class StageShape:
 
 
 def _dense_moe(model, start: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(dense, MoE) layers among the contiguous layers [start, start + n)."""
+    """(dense, MoE) layers among the contiguous layers [start, start + n).
+
+    Hybrid models: the stage's blocks with a dense MLP and with MoE in the model's proportions
+    (fractional; :mod:`autopar.hybrid`), the rest are blocks without a feed-forward part.
+    """
+    if model.is_hybrid:
+        nf = np.asarray(n, dtype=np.float64)
+        return nf * model.dense_layers / model.layers, nf * model.moe_layers / model.layers
     if model.moe_layers == 0:
         return n, n * 0
     if model.first_dense_layers or model.moe_layers == model.layers:
@@ -114,9 +122,23 @@ def stage_shape(model, lay: LayoutTable) -> StageShape:
 
 
 def layer_params_per_rank(model, lay: LayoutTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dense layer, MoE layer non-expert part, MoE layer routed-expert part) parameters per rank."""
+    """(dense layer, MoE layer non-expert part, MoE layer routed-expert part) parameters per rank.
+
+    Hybrid models: per block with a dense MLP / with MoE, carrying the mixer and norm parameters
+    of the mixer-only blocks that come with it in the model's mix (:func:`autopar.hybrid.blocks`),
+    so ``n_dense * dense + n_moe * moe`` is the stage's whole.
+    """
     tp = lay["tp"].astype(np.float64)
-    attn = model.attn_params_per_layer / tp + model.norm_params_per_layer
+    if model.is_hybrid:
+        mx = hybrid.mix(model)
+        mixers = (
+            mx.attn * model.attn_params_per_layer
+            + mx.linear * model.linear_attn_params_per_layer
+            + mx.mamba * model.mamba_params_per_layer
+        )
+        attn = mx.ffn_to_blocks * (mixers / tp + model.norm_params_per_layer)
+    else:
+        attn = model.attn_params_per_layer / tp + model.norm_params_per_layer
     dense = attn + model.dense_mlp_params / tp
     moe_shared = (
         attn
@@ -218,6 +240,13 @@ def activation_bytes_per_layer(
     up-projected Q/K/V (the compressed latents stay) and the routed experts' activation output;
     ``norm_act_mlp`` also the dense MLP's and the shared experts' intermediates; ``full`` keeps the
     layer input only.
+
+    ``model.is_hybrid``: bytes per block with a feed-forward part of the given kind, carrying its
+    share of the mix's mixers and mixer-only blocks (:mod:`autopar.hybrid`): a sublayer keeps its
+    norm input and the norm output its GEMMs read; attention blocks their Q, K, V, output and core
+    terms; Mamba / Gated DeltaNet mixers what their kernels save
+    (:func:`autopar.hybrid.mixer_activation_elems`; selective modes recompute no scan); full
+    recompute keeps each block's input.
     """
     s = np.asarray(seq_len, dtype=np.float64) / cp
     b = micro_batch.astype(np.float64)
@@ -261,6 +290,22 @@ def activation_bytes_per_layer(
         mlp = np.where(drop_mlp, 0.0, mlp_terms(model.ffn_hidden))
     full = norm_in + np.where(drop_norm, 0.0, gemm_in) + qkv + attn_out + np.where(drop_core, 0.0, core) + mlp
     checkpoint_only = 2.0 * sb * h / sp_div  # full recompute keeps the layer input only
+    if model.is_hybrid:
+        mx = hybrid.mix(model)
+        if model.attn_output_gate:
+            attn_out = attn_out + 2.0 * sb * model.heads * model.head_dim / t  # the gate
+        norm_one = norm_in / 2.0  # one sublayer's norm input (and dropout mask)
+        mixer_in = 2.0 * sb * h / sp_div * gi  # the norm output the mixer's GEMMs read
+        attn_part = qkv + attn_out + np.where(drop_core, 0.0, core)
+        block = (
+            mx.mixer_sub * (norm_one + np.where(drop_norm, 0.0, mixer_in))
+            + mx.attn * attn_part
+            + 2.0 * sb * hybrid.mixer_activation_elems(model, t, gi)
+        )
+        ffn_in = 2.0 * sb * h / sp_div * (1.0 if moe else gi)
+        ffn = norm_one + np.where(drop_norm, 0.0, ffn_in) + mlp
+        full = mx.ffn_to_blocks * block + ffn
+        checkpoint_only = mx.ffn_to_blocks * checkpoint_only
     return np.where(rec == REC_FULL, checkpoint_only, full)
 
 

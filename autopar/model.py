@@ -1570,27 +1570,25 @@ def check_context(spec: ModelSpec, tokens: int, *, allow_long_context: bool, wha
 
 
 def check_costed(spec: ModelSpec, what: str) -> None:
-    """Refuse step-time/memory costing of block kinds the latency and memory models do not price yet.
+    """Refuse step-time/memory costing of block kinds the latency and memory models do not price.
 
-    Parameters, FLOPs per token, KV cache and recurrent state of hybrid models are exact
-    (:class:`ModelSpec`); the per-layer step-time, activation-memory and serving models still assume
-    attention + MLP/MoE blocks, so pricing Mamba or linear-attention blocks with them would be wrong.
+    Hybrid blocks (Gated DeltaNet, Mamba1/Mamba2, Falcon-H1's parallel Mamba, mixer-only and
+    MLP-only blocks) are priced by :mod:`autopar.hybrid` in training and serving. Still refused:
+    MLA attention in a hybrid stack, and a stack with no feed-forward part at all (the engine
+    counts a stage's blocks from its dense and MoE ones).
     """
-    kinds = [
-        (spec.linear_attn_layers, "Gated DeltaNet linear-attention blocks (layer_types 'linear_attention')"),
-        (spec.mamba_layers, f"Mamba{spec.mamba_version or ''} blocks"),
-        (
-            spec.no_mixer_layers or spec.no_ffn_layers,
-            "mixer-only / MLP-only blocks (hybrid_override_pattern)",
-        ),
-    ]
-    for n, kind in kinds:
-        if n:
-            raise UnsupportedArchitecture(
-                f"{spec.name}: {what} of {n} {kind} is not modeled yet",
-                "`autopar model` reports its parameters, FLOPs per token and recurrent state; the "
-                "training, memory and serving models price attention + MLP/MoE blocks only",
-            )
+    if not spec.is_hybrid:
+        return
+    why = None
+    if spec.is_mla:
+        why = "MLA attention beside hybrid blocks"
+    elif spec.no_ffn_layers >= spec.layers:
+        why = f"{spec.layers} blocks without any feed-forward part"
+    if why:
+        raise UnsupportedArchitecture(
+            f"{spec.name}: {what} of {why} is not modeled",
+            "`autopar model` reports its parameters, FLOPs per token and recurrent state",
+        )
 
 
 # ================================================================================ raw dims

@@ -46,7 +46,19 @@ SPACE_RULES: dict[str, tuple[str, Callable[..., np.ndarray]]] = {
 
 # Rule codes checked at each generation stage, in this order (a candidate is counted under the first).
 STAGE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("tp*pp*cp", ("world_size", "tp_heads", "tp_kv_heads", "tp_hidden", "pp_layers", "cp_seq")),
+    (
+        "tp*pp*cp",
+        (
+            "world_size",
+            "tp_heads",
+            "tp_kv_heads",
+            "tp_hidden",
+            "tp_mixer_heads",
+            "pp_layers",
+            "cp_seq",
+            "cp_recurrent",
+        ),
+    ),
     ("ep,etp", ("ep_dense", "ep_experts", "ep_ranks")),
     ("micro_batch", ("batch",)),
     (

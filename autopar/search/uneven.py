@@ -62,6 +62,12 @@ def check_model(model) -> None:
             f"{model.dense_layers} dense and {model.moe_layers} MoE layers",
             "use a uniform search space for this model",
         )
+    if model.no_ffn_layers or model.no_mixer_layers:
+        raise SearchSpaceError(
+            f"uneven pipeline splits are not modeled for {model.name}'s blocks without a mixer or "
+            "without a feed-forward part (each stage's mix of block kinds is assumed proportional)",
+            "use a uniform search space for this model",
+        )
     if model.sliding_window_layers not in (0, model.layers):
         raise SearchSpaceError(
             f"uneven pipeline splits are not modeled for {model.name}'s mix of sliding-window "

@@ -43,6 +43,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from autopar import collectives as C
+from autopar import hybrid
 from autopar.coefficients import (
     DEFAULT_MEMORY_CONSTANTS,
     Calibration,
@@ -298,15 +299,31 @@ def kv_bytes_per_token_per_device(ctx: ServingContext, tab: ServingTable) -> np.
 
 
 def _kv_seq_bytes_per_device(ctx: ServingContext, tab: ServingTable, seq_len: float) -> np.ndarray:
-    """Bytes one sequence of ``seq_len`` tokens reserves on one device (pages; sliding-window cap)."""
+    """Bytes one sequence of ``seq_len`` tokens reserves on one device (pages; sliding-window cap).
+
+    Linear-attention and Mamba layers hold a fixed-size recurrent state per sequence instead of a KV
+    cache (:func:`recurrent_state_bytes_per_device`).
+    """
     m = ctx.model
     paged = math.ceil(seq_len / KV_PAGE_TOKENS) * KV_PAGE_TOKENS
     per_full_token = kv_bytes_per_token_per_device(ctx, tab)
-    full = m.layers - m.sliding_window_layers
+    full = m.attn_layers - m.sliding_window_layers
     sw = m.sliding_window_layers
     # Sliding-window layers keep at most window (+1 page) tokens.
     sw_tokens = min(paged, (math.ceil(m.sliding_window / KV_PAGE_TOKENS) + 1) * KV_PAGE_TOKENS) if sw else 0
-    return per_full_token * (full * paged + sw * sw_tokens) / m.layers
+    kv = per_full_token * (full * paged + sw * sw_tokens) / max(m.attn_layers, 1)
+    return kv + recurrent_state_bytes_per_device(ctx, tab)
+
+
+def recurrent_state_bytes_per_device(ctx: ServingContext, tab: ServingTable) -> np.ndarray:
+    """Recurrent state of one sequence on one device: the Mamba / Gated DeltaNet layers' conv and SSM
+    (delta-rule) states (:meth:`ModelSpec.recurrent_state_bytes`), 16-bit (vLLM's mamba cache dtype
+    "auto" is the model dtype; the KV-cache dtype does not apply), split over the attention-TP ranks
+    by heads, pipeline stages splitting the layers."""
+    m = ctx.model
+    ta = tab["tp"] / tab["adp"]
+    layers_dev = np.ceil(m.layers / tab["pp"]) / m.layers
+    return m.recurrent_state_bytes(ACT_BYTES) / ta * layers_dev
 
 
 def trtllm_max_num_tokens(batch: np.ndarray, isl: int, osl: int) -> np.ndarray:
@@ -341,6 +358,24 @@ def weights_per_device(ctx: ServingContext, tab: ServingTable) -> np.ndarray:
         moe_layer = 0.0
     lps = np.ceil(m.layers / pp)
     avg_layer = (m.dense_layers * dense_layer + m.moe_layers * moe_layer) / m.layers
+    if m.is_hybrid:
+        # Per block of the mix: attention on its share of the blocks, the recurrent mixers' GEMM
+        # weights at the weight precision (their conv, gates and norms 16-bit), norms per block,
+        # and the FFN parts without the attention the formulas above put in every layer.
+        mx = hybrid.mix(m)
+        mix_all = mx.linear * m.linear_attn_params_per_layer + mx.mamba * m.mamba_params_per_layer
+        mix_gemm = sum(w * N * K for w, N, K in hybrid.mixer_gemm_shapes(m, 1.0))
+        blk = (
+            mx.attn * (wb * attn + 2.0 * (attn_16 - m.norm_params_per_layer))
+            + wb * mix_gemm / ta
+            + 2.0 * (mix_all - mix_gemm) / ta
+            + 2.0 * m.norm_params_per_layer
+        )
+        ffn_attn = wb * attn + 2.0 * attn_16
+        avg_layer = (
+            blk
+            + (m.dense_layers * (dense_layer - ffn_attn) + m.moe_layers * (moe_layer - ffn_attn)) / m.layers
+        )
     # Embedding on the first stage, head + final norm on the last; both 16-bit, vocab-parallel.
     embed = 2.0 * m.embedding_params / tp
     head = 2.0 * (m.head_params / tp + m.final_norm_params)
@@ -380,6 +415,8 @@ def instance_memory(
         if not m.is_mla
         else (m.heads * (m.qk_head_dim + m.v_dim) + m.kv_lora_rank)
     )
+    if m.is_hybrid:  # the widest mixer input projection (Mamba in_proj, Gated DeltaNet in_proj_qkvz)
+        qkv = max([qkv] + [N for _, N, K in hybrid.mixer_gemm_shapes(m, 1.0) if K == m.hidden])
     per_tok = ACT_BYTES * (4.0 * m.hidden + qkv / ta + 3.0 * F / ta)
     workspace = budget / adp * per_tok + bcap / adp * m.vocab / tp * LOGIT_BYTES
     groups = (tp > 1).astype(float) + (pp > 1).astype(float) + ((adp > 1) & (tp > 1)).astype(float)
@@ -528,17 +565,46 @@ def iteration(
         kvh = np.ceil(m.kv_heads / ta)
         attn_parts += [gemm(M, (a / ta + 2.0 * kvh) * d, h), gemm(M, h, a * d / ta)]
     layers = n_dense + n_moe
-    add(tuple(sum(p[i] for p in attn_parts) for i in range(5)), layers)
+    # Attention layers of the stage: every layer, or a hybrid model's attention share of its blocks
+    # (each stage holds the model's mix, autopar.hybrid).
+    mx = hybrid.mix(m) if m.is_hybrid else None
+    if mx is not None:
+        layers = lps
+    attn_l = layers * (mx.attn if mx is not None else 1.0)
+    add(tuple(sum(p[i] for p in attn_parts) for i in range(5)), attn_l)
+    if mx is not None:
+        # Recurrent mixers: projection GEMMs of every token; the prefill tokens' chunked scan as in
+        # training's forward (GEMM-class chunk-local matmuls, fp32 state passing); decoding tokens
+        # read and rewrite their sequence's state (the recurrent form), memory-bound.
+        mparts = [tuple(w * x for x in gemm(M, N, K)) for w, N, K in hybrid.mixer_gemm_shapes(m, ta) if w]
+        add(tuple(sum(p[i] for p in mparts) for i in range(5)), lps)
+
+        def gt16(Mx, N, K):
+            return gemm_time(co, peak16, np.asarray(eff16, dtype=np.float64), Mx, N, K)
+
+        scan_t = hybrid.scan_time(m, gt16, pre_a, ta)
+        scan_fl = hybrid.scan_flops_per_token(m, ta) * pre_a
+        pass_b = pre_a * hybrid.state_pass_bytes(m, ta)
+        st_fl, st_el = hybrid.decode_state_step(m, ta)
+        dec_fl = dec_a * st_fl
+        dec_b = dec_a * st_el * ACT_BYTES
+        dec_tc_r, dec_tm_r = dec_fl / (peak16 * eff16), dec_b / co.hbm_bw
+        rec_t = scan_t + pass_b / co.hbm_bw + np.maximum(dec_tc_r, dec_tm_r)
+        add(
+            (rec_t, scan_fl + dec_fl, pass_b + dec_b, scan_t + dec_tc_r, (pass_b + dec_b) / co.hbm_bw),
+            lps,
+        )
 
     # ---- attention core ---------------------------------------------------------------------------
-    full_l = m.layers - m.sliding_window_layers
+    full_l = m.attn_layers - m.sliding_window_layers
     sw_l = m.sliding_window_layers
     win = float(m.sliding_window or 0)
 
     def mean_ctx(c):
-        return (full_l * c + sw_l * np.minimum(c, win if win else c)) / m.layers
+        return (full_l * c + sw_l * np.minimum(c, win if win else c)) / max(m.attn_layers, 1)
 
-    kv_tok_dev = kv_bytes_per_token_per_device(ctx, tab) / np.ceil(m.layers / pp)  # per layer per device
+    # KV bytes per cached token of one attention layer on a device
+    kv_tok_dev = kv_bytes_per_token_per_device(ctx, tab) / np.maximum(attn_l, 1e-30)
     dec_c = mean_ctx(dec_ctx)
     dec_bytes = dec_a * dec_c * kv_tok_dev
     if m.is_mla:  # absorbed MLA decode: scores and values over the 576/512-wide latent per head
@@ -555,9 +621,9 @@ def iteration(
     pre_b = pre_a * kv_tok_dev * 2.0
     add(
         (dec_t + pre_t, dec_flops + pre_flops, dec_bytes + pre_b, dec_tc + pre_t, dec_tm + pre_b / co.hbm_bw),
-        layers,
+        attn_l,
     )
-    t_attn_dec, t_attn_pre = layers * dec_t, layers * pre_t
+    t_attn_dec, t_attn_pre = attn_l * dec_t, attn_l * pre_t
 
     # ---- MLPs -------------------------------------------------------------------------------------
     if m.dense_layers:
@@ -581,6 +647,14 @@ def iteration(
     # ---- elementwise (norms, residuals, activation function, RoPE), memory-bound ------------------
     act_f = m.ffn_hidden if m.ffn_hidden else m.moe_ffn_hidden * max(m.moe_topk, 1)
     per_tok = ACT_BYTES * (10.0 * h + 3.0 * act_f / ta + 2.0 * (a + m.kv_heads) * m.qk_head_dim / ta)
+    if mx is not None:
+        f_d, f_m = m.dense_layers / m.layers, m.moe_layers / m.layers
+        per_tok = ACT_BYTES * (
+            (mx.mixer_sub + mx.ffn_sub) * 5.0 * h  # a norm and a residual add per sublayer
+            + 3.0 * (f_d * m.ffn_hidden + f_m * m.moe_ffn_hidden * m.moe_topk) / ta
+            + mx.attn * 2.0 * (a + m.kv_heads) * m.qk_head_dim / ta
+            + hybrid.mixer_elementwise_elems(m, ta)
+        )
     t_el = M * per_tok / co.hbm_bw
     add((t_el, np.zeros(n), M * per_tok, np.zeros(n), t_el), layers)
 
@@ -606,6 +680,14 @@ def iteration(
         comm = n_moe * moe_comm + n_dense * dense_comm
     else:
         comm = layers * 2.0 * ar_tp
+    if mx is not None:
+        # One all-reduce per mixer (attention, Mamba, Gated DeltaNet: row-parallel out_proj) and per
+        # dense MLP; MoE as above less its attention's.
+        ar_mix = ar_attn if m.is_moe else ar_tp
+        mixers = mx.attn + mx.linear + mx.mamba
+        comm = lps * mixers * np.where(adp > 1, ar_mix, ar_tp) + n_dense * ar_tp
+        if m.is_moe:
+            comm = comm + n_moe * np.where(adp > 1, 2.0 * a2a, ar_tp)
     inter_pp = tp >= ctx.devices_per_node
     p2p = np.where(pp > 1, C.p2p(links, tok_mb * h * ACT_BYTES, inter_pp), 0.0)
 
