@@ -53,6 +53,15 @@ class Mix:
     ffn_to_blocks: float  # blocks per block with a feed-forward part (n_dense + n_moe -> blocks)
 
 
+def gdn_widths(model) -> tuple[int, int, int]:
+    """Gated DeltaNet widths: total key width, total value width and value heads."""
+    return (
+        model.linear_k_heads * model.linear_k_head_dim,
+        model.linear_v_heads * model.linear_v_head_dim,
+        model.linear_v_heads,
+    )
+
+
 def mix(model) -> Mix:
     L = float(model.layers)
     with_ffn = model.layers - model.no_ffn_layers
@@ -208,9 +217,7 @@ def mixer_elementwise_elems(model, tp) -> np.ndarray:
     tp = np.asarray(tp, dtype=np.float64)
     e = np.zeros(np.shape(tp))
     if model.linear_attn_layers:
-        kd = model.linear_k_heads * model.linear_k_head_dim
-        vd = model.linear_v_heads * model.linear_v_head_dim
-        vh = model.linear_v_heads
+        kd, vd, vh = gdn_widths(model)
         e = e + mx.linear * (2 * (2 * kd + vd) + 2 * 2 * kd + 2 * 2 * vh + 3 * vd) / tp
     if model.mamba_layers:
         di, n = model.mamba_inner, model.mamba_state
@@ -287,9 +294,7 @@ def mixer_activation_elems(model, tp, gi) -> np.ndarray:
     tp = np.asarray(tp, dtype=np.float64)
     e = np.zeros(np.shape(tp))
     if model.linear_attn_layers:
-        kd = model.linear_k_heads * model.linear_k_head_dim
-        vd = model.linear_v_heads * model.linear_v_head_dim
-        vh = model.linear_v_heads
+        kd, vd, vh = gdn_widths(model)
         inproj = 2 * kd + 2 * vd + 2 * vh
         e = e + mx.linear * (inproj + (2 * kd + vd) + vh * GDN_CHUNK + 2 * vh + vd + vd * gi) / tp
     if model.mamba_layers:

@@ -99,7 +99,12 @@ def test_llama3_405b_mfu_is_plausible(seq, gb, cp, published_mfu, monkeypatch) -
     """TP8 PP16 with interleaving and one layer less on the end stages, as the paper ran it.
 
     Meta's stack is not Transformer Engine: its attention is a FlashAttention-2-class kernel, not
-    TE's cuDNN one, so the Megatron profile runs here with ``attention="flash"``.
+    TE's cuDNN one, so the Megatron profile runs here with ``attention="flash"``. Without any
+    recompute this exact layout needs ~91 GiB (16 micro-batches of 8 layers in flight on stage 1),
+    so Meta ran it with some memory saving the paper does not state, which costs time: the
+    no-recompute MFU bounds the run's from above, and may exceed the published figure by the
+    price of that saving (a recompute of the MLP forward is ~10% of the step). The plan that fits
+    is held to 15% in test_llama3_405b_paper_degrees_have_a_fitting_plan.
     """
     monkeypatch.setitem(PROFILES, "megatron", PROFILES["megatron"].model_copy(update={"attention": "flash"}))
     job = _job(seq=seq, gb=gb)
@@ -114,8 +119,8 @@ def test_llama3_405b_mfu_is_plausible(seq, gb, cp, published_mfu, monkeypatch) -
         last_stage_layers=7,
     )
     res = evaluate(job, LayoutTable.from_layouts([lay]))
-    assert res["legal"][0]
-    assert abs(res["mfu"][0] / published_mfu - 1.0) < 0.15
+    assert res["legal"][0] and not res["fits"][0]
+    assert 0.85 < res["mfu"][0] / published_mfu < 1.20
 
 
 def test_minus_one_axis_enumerates_only_legal_layouts() -> None:

@@ -19,6 +19,19 @@ from autopar.search.sweep import SweepFile, read_table, run_sweep, write_table  
 
 pytestmark = pytest.mark.slow
 
+_JOB_ARGS = [
+    "--model",
+    "llama-3.1-8b",
+    "--device",
+    "a100-80gb",
+    "--num-devices",
+    "16",
+    "--seq-len",
+    "4096",
+    "--global-batch",
+    "64",
+]
+
 MOE = dict(model="qwen3-30b-a3b", device="h100-sxm-80gb", num_devices=32, seq_len=4096, global_batch=64)
 
 
@@ -83,16 +96,7 @@ def test_cli_connects_to_an_existing_cluster(ray_local) -> None:
     addr = ray_local.get_runtime_context().gcs_address
     args = [
         "recommend",
-        "--model",
-        "llama-3.1-8b",
-        "--device",
-        "a100-80gb",
-        "--num-devices",
-        "16",
-        "--seq-len",
-        "4096",
-        "--global-batch",
-        "64",
+        *_JOB_ARGS,
         "--json",
         "--top",
         "2",
@@ -185,17 +189,3 @@ def test_embedded_ray_listens_on_loopback_only(tmp_path: Path) -> None:
         "node_ip": "127.0.0.1",
         "dashboard": False,
     }
-
-
-_JOB_ARGS = [
-    "--model",
-    "llama-3.1-8b",
-    "--device",
-    "a100-80gb",
-    "--num-devices",
-    "16",
-    "--seq-len",
-    "4096",
-    "--global-batch",
-    "64",
-]
