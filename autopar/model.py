@@ -1682,7 +1682,8 @@ def _non_finite_path(obj: Any, path: str = "") -> str | None:
 def read_config_file(path: Path) -> dict:
     """Read a config.json defensively: every problem is one ModelConfigError naming the file and the fix.
 
-    A directory (read for its config.json), a missing file, one over :data:`CONFIG_MAX_BYTES`, binary
+    A directory (read for its config.json), a missing file, a FIFO or device (not a regular file),
+    one over :data:`CONFIG_MAX_BYTES`, binary
     or non-UTF-8 content, malformed JSON, NaN/Infinity (not JSON), a key given twice, and a top level
     that is not an object are all refused.
     """
@@ -1694,6 +1695,10 @@ def read_config_file(path: Path) -> dict:
                 f"no config.json in directory {what}", "point at the config.json file or its folder"
             )
         path, what = inner, f"{str(inner)!r}"
+    if path.exists() and not path.is_file():  # a FIFO or device would block or never end
+        raise ModelConfigError(
+            f"{what} is not a regular file", "pass the model's config.json (a regular file) or its folder"
+        )
     try:
         size = path.stat().st_size
         if size > CONFIG_MAX_BYTES:
