@@ -302,6 +302,13 @@ class Job(_Frozen):
 
 JOB_TOP_KEYS = ("model", "framework", "memory_headroom", "calibration", "allow_long_context")
 
+
+def flat_job_keys() -> tuple[str, ...]:
+    """Every flat keyword of a training job (:meth:`Job.flat` / :meth:`Job.from_flat`)."""
+    work = tuple(k for k in TrainingWorkload.model_fields if k != "kind")
+    return ("model", *ClusterSpec.model_fields, *work, *JOB_TOP_KEYS[1:])
+
+
 # The largest architecture sizes a job accepts (far above any real model): what a config may say
 # before autopar builds per-layer lists and arrays from it.
 MAX_MODEL_SIZES: dict[str, int] = {

@@ -370,3 +370,24 @@ def test_a_real_timeout_is_recorded_as_failed(local):
         device="cpu",
     )
     assert recs[0]["status"] == "failed" and recs[0]["timed_out"] and "timed out" in recs[0]["error"]
+
+
+def test_validate_refuses_layouts_scored_for_another_pipeline_schedule(tmp_path, capsys):
+    """The reference runner runs 1F1B: layouts scored for a zero-bubble schedule are refused before
+    any run, with one line, instead of being validated against a schedule they did not assume."""
+    src = tmp_path / "layouts.json"
+    job = dict(
+        model="llama-3.1-8b",
+        device="a100-80gb",
+        num_devices=4,
+        seq_len=128,
+        global_batch=8,
+        framework="torchtitan",
+        pipeline_schedule="zb",
+    )
+    src.write_text(
+        json.dumps({"job": job, "layouts": [dict(tp=1, pp=2, vpp=2, dp=2, zero=2, micro_batch=1)]})
+    )
+    assert main(["validate", "--layouts", str(src)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pipeline schedule zb" in err[0] and "1F1B" in err[0]

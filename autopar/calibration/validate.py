@@ -34,7 +34,7 @@ import numpy as np
 from autopar.coefficients import Calibration
 from autopar.engine import evaluate
 from autopar.errors import AutoparError, RunError
-from autopar.job import TrainingJob
+from autopar.job import TrainingJob, flat_job_keys
 from autopar.layout import COLUMNS, Layout, LayoutTable
 from autopar.memory import GIB
 
@@ -161,20 +161,8 @@ def flat_job(d: Any) -> dict[str, Any]:
     return dict(d)
 
 
-FLAT_JOB_KEYS = (
-    "model",
-    "device",
-    "num_devices",
-    "devices_per_node",
-    "seq_len",
-    "global_batch",
-    "lora",
-    "moe_dispatcher",
-    "moe_a2a_overlap",
-    "framework",
-    "memory_headroom",
-    "calibration",
-)
+# The flat job keys a layouts file may carry: the core Job's own flat keywords (Job.flat).
+FLAT_JOB_KEYS = flat_job_keys()
 
 
 def load_layouts_file(path: str | Path) -> Source:

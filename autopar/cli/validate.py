@@ -128,6 +128,12 @@ def cmd_validate(a: argparse.Namespace) -> int:
         )
     if a.refit and len(worlds) != 1:
         raise AutoparError("--refit needs layouts of one world size", "validate one world size at a time")
+    if info.get("pipeline_schedule", "1f1b") != "1f1b":
+        raise AutoparError(
+            f"the layouts were scored for pipeline schedule {info['pipeline_schedule']}; the reference "
+            "runner runs 1F1B (interleaved when vpp > 1)",
+            "validate them as --pipeline-schedule 1f1b layouts, or run them with torchtitan",
+        )
     cal_path = a.calibration or info.get("calibration")
     cal = load_calibration(cal_path)
     jobs = {}
@@ -142,6 +148,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
             global_batch=int(info["global_batch"]),
             lora=info.get("lora"),
             framework=info.get("framework"),
+            allow_long_context=info.get("allow_long_context"),
             calibration=cal_path,
         ).resolve()
     spec = jobs[worlds[0]].model
