@@ -14,7 +14,7 @@ import numpy as np
 
 from autopar.layout import PRECISION_CODES, LayoutTable, ParallelDims, Reason
 from autopar.precision import REQUIRES
-from autopar.schedules import schedule_problem
+from autopar.schedules import schedule_problem, schedule_unfit
 
 
 @dataclass(frozen=True)
@@ -101,15 +101,8 @@ def stage_split_problems(model, L) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _schedule_unfit(m, L, c: Context) -> np.ndarray:
-    """Layouts the job's pipeline schedule cannot run (``autopar.schedules.schedule_problem``)."""
-    sched = c.pipeline_schedule
-    pp, vpp, ga = L["pp"], L["vpp"], L["grad_accum"]
-    if sched == "1f1b":
-        return np.zeros(len(pp), dtype=bool)
-    bad = (vpp < 2) if sched == "zb" else (vpp != 2)  # V-shaped zbv, dualpipev: exactly 2
-    if sched == "dualpipev":
-        bad = bad | (ga < 2 * pp)
-    return (pp > 1) & bad  # pp = 1: no pipeline, the schedule does not apply
+    """Layouts the job's pipeline schedule cannot run (``autopar.schedules.REQUIREMENTS``)."""
+    return schedule_unfit(c.pipeline_schedule, L["pp"], L["vpp"], L["grad_accum"])
 
 
 def _schedule_reason(lay, c: Context, i: int) -> str:

@@ -13,7 +13,8 @@ simulates them with unit F, B, W and counts the idle time and the live activatio
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import numpy as np
 
@@ -54,17 +55,46 @@ V_SHAPED = ("zbv", "dualpipev")
 TORCHTITAN_NAMES = {"zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
 
 
+# What each schedule needs of a pipeline (pp > 1), as torch's schedules check it: a vectorized test of
+# (pp, vpp, grad_accum) that is True where the layout breaks it, and the sentence that says why.
+REQUIREMENTS: dict[str, tuple[tuple[Callable[..., Any], str], ...]] = {
+    "1f1b": (),
+    "zb": (
+        (
+            lambda pp, v, m: v < 2,
+            "pipeline schedule zb (InterleavedZeroBubble) needs vpp >= 2 stages per rank",
+        ),
+    ),
+    "zbv": (
+        (lambda pp, v, m: v != 2, "pipeline schedule zbv is V-shaped: it needs vpp = 2 stages per rank"),
+    ),
+    "dualpipev": (
+        (
+            lambda pp, v, m: v != 2,
+            "pipeline schedule dualpipev is V-shaped: it needs vpp = 2 stages per rank",
+        ),
+        (
+            lambda pp, v, m: m < 2 * pp,
+            "pipeline schedule dualpipev needs grad_accum >= 2*pp micro-batches (torch's DualPipeV)",
+        ),
+    ),
+}
+
+
+def schedule_unfit(schedule: str, pp, vpp, grad_accum) -> np.ndarray:
+    """Where ``schedule`` cannot run the pipeline (vectorized; pp = 1 has no pipeline: always fine)."""
+    pp, vpp, ga = (np.asarray(x) for x in (pp, vpp, grad_accum))
+    bad = np.zeros(np.broadcast(pp, vpp, ga).shape, dtype=bool)
+    for test, _ in REQUIREMENTS[schedule]:
+        bad = bad | test(pp, vpp, ga)
+    return (pp > 1) & bad
+
+
 def schedule_problem(schedule: str, pp: int, vpp: int, grad_accum: int) -> str | None:
-    """Why ``schedule`` cannot run this pipeline (None when it can), as torch's schedules check it."""
-    if schedule == "1f1b" or pp < 2:  # pp = 1: no pipeline, the schedule does not apply
+    """Why ``schedule`` cannot run this pipeline (None when it can)."""
+    if pp < 2:  # no pipeline: the schedule does not apply
         return None
-    if schedule == "zb" and vpp < 2:
-        return "pipeline schedule zb (InterleavedZeroBubble) needs vpp >= 2 stages per rank"
-    if schedule in ("zbv", "dualpipev") and vpp != 2:
-        return f"pipeline schedule {schedule} is V-shaped: it needs vpp = 2 stages per rank"
-    if schedule == "dualpipev" and grad_accum < 2 * pp:
-        return "pipeline schedule dualpipev needs grad_accum >= 2*pp micro-batches (torch's DualPipeV)"
-    return None
+    return next((why for test, why in REQUIREMENTS[schedule] if test(pp, vpp, grad_accum)), None)
 
 
 def inflight_chunks(schedule: str, p, v, i, m) -> np.ndarray:
