@@ -309,94 +309,6 @@ def flat_job_keys() -> tuple[str, ...]:
     return ("model", *ClusterSpec.model_fields, *work, *JOB_TOP_KEYS[1:])
 
 
-# The largest architecture sizes a job accepts (far above any real model): what a config may say
-# before autopar builds per-layer lists and arrays from it.
-MAX_MODEL_SIZES: dict[str, int] = {
-    "layers": 10_000,
-    "hidden": 1_000_000,
-    "heads": 100_000,
-    "kv_heads": 100_000,
-    "head_dim": 100_000,
-    "ffn_hidden": 10_000_000,
-    "vocab": 10_000_000,
-    "num_experts": 100_000,
-    "moe_topk": 100_000,
-    "moe_ffn_hidden": 10_000_000,
-    "shared_expert_ffn": 10_000_000,
-}
-# Keys of a HF config.json that set those sizes (checked before the config is normalized).
-_HF_SIZE_KEYS: dict[str, str] = {
-    "num_hidden_layers": "layers",
-    "n_layer": "layers",
-    "num_layers": "layers",
-    "hidden_size": "hidden",
-    "n_embd": "hidden",
-    "d_model": "hidden",
-    "num_attention_heads": "heads",
-    "n_head": "heads",
-    "num_key_value_heads": "kv_heads",
-    "head_dim": "head_dim",
-    "intermediate_size": "ffn_hidden",
-    "ffn_hidden_size": "ffn_hidden",
-    "vocab_size": "vocab",
-    "num_local_experts": "num_experts",
-    "n_routed_experts": "num_experts",
-    "num_experts": "num_experts",
-    "num_experts_per_tok": "moe_topk",
-    "moe_intermediate_size": "moe_ffn_hidden",
-    "first_k_dense_replace": "layers",
-    "num_nextn_predict_layers": "layers",
-}
-
-
-def _check_config_sizes(cfg: Any, where: str, depth: int = 0) -> None:
-    if depth > 4 or not isinstance(cfg, dict):
-        return
-    for k, v in cfg.items():
-        if isinstance(v, dict):
-            _check_config_sizes(v, where, depth + 1)
-        elif k in _HF_SIZE_KEYS and v is not None and not isinstance(v, bool | str):
-            cap = MAX_MODEL_SIZES[_HF_SIZE_KEYS[k]]
-            if not isinstance(v, int | float) or v != v or not -cap <= v <= cap:
-                raise AutoparError(
-                    f"model config {where}: {k} = {v!r} is not a size autopar can model (at most {cap:,})",
-                    f"fix {k} in the config",
-                )
-
-
-def load_job_model(ref: Any) -> ModelSpec:
-    """The job's model (:func:`autopar.model.load_model`), its sizes bounded before and after.
-
-    A config file is read through :func:`autopar.model.read_config_file` first (regular UTF-8 file,
-    no repeated keys, no NaN) and its size keys checked, so an absurd ``num_hidden_layers: 1e12`` is refused instead
-    of building a trillion-entry list; the normalized spec is checked against :data:`MAX_MODEL_SIZES`.
-    """
-    import os
-    from pathlib import Path
-
-    from autopar.model import list_presets, read_config_file
-
-    if isinstance(ref, str | os.PathLike) and str(ref).strip().lower() not in list_presets():
-        p = Path(os.path.expanduser(os.fspath(ref)))
-        if p.exists():
-            # model.read_config_file: the one config.json reader (regular UTF-8 file, size, repeated
-            # keys, NaN named by field, top level), then the sizes are bounded before normalizing
-            _check_config_sizes(read_config_file(p), str(p))
-    elif isinstance(ref, dict):
-        _check_config_sizes(ref, "(dict)")
-    try:
-        spec = load_model(ref)
-    except (MemoryError, OverflowError):
-        raise AutoparError(f"model {ref!r}: sizes too large to build", "fix the model's sizes") from None
-    for f, cap in MAX_MODEL_SIZES.items():
-        v = getattr(spec, f, 0)
-        if v > cap:
-            raise AutoparError(
-                f"model {spec.name!r}: {f} = {v:,} is more than autopar models ({cap:,})", f"fix {f}"
-            )
-    return spec
-
-
 def job_error(exc: ValidationError) -> AutoparError:
     """One line naming the first invalid field and its flag."""
     err = exc.errors()[0]
@@ -427,7 +339,7 @@ class TrainingJob:
     ) -> TrainingJob:
         """Load the model and device of ``job`` (unless given) and resolve the node size."""
         job.training  # noqa: B018  (raises for a non-training job)
-        spec = model if model is not None else load_job_model(job.model)
+        spec = model if model is not None else load_model(job.model)
         check_costed(spec, "training step time and memory")
         check_context(spec, job.training.seq_len, allow_long_context=job.allow_long_context, what="seq_len")
         cluster = load_cluster(

@@ -1679,6 +1679,62 @@ def _non_finite_path(obj: Any, path: str = "") -> str | None:
     return None
 
 
+# The largest architecture sizes autopar accepts (far above any real model): a config is checked
+# against them before anything is built from it (per-layer lists, arrays), so an absurd
+# ``num_hidden_layers: 1e12`` is refused instead of exhausting memory.
+MAX_MODEL_SIZES: dict[str, int] = {
+    "layers": 10_000,
+    "hidden": 1_000_000,
+    "heads": 100_000,
+    "kv_heads": 100_000,
+    "head_dim": 100_000,
+    "ffn_hidden": 10_000_000,
+    "vocab": 10_000_000,
+    "num_experts": 100_000,
+    "moe_topk": 100_000,
+    "moe_ffn_hidden": 10_000_000,
+    "shared_expert_ffn": 10_000_000,
+}
+# HF keys (canonical spelling; their _ALIASES are added below) that set those sizes.
+_HF_SIZES: dict[str, str] = {
+    "num_hidden_layers": "layers",
+    "hidden_size": "hidden",
+    "num_attention_heads": "heads",
+    "num_key_value_heads": "kv_heads",
+    "head_dim": "head_dim",
+    "intermediate_size": "ffn_hidden",
+    "vocab_size": "vocab",
+    "num_local_experts": "num_experts",
+    "n_routed_experts": "num_experts",
+    "num_experts": "num_experts",
+    "num_experts_per_tok": "moe_topk",
+    "moe_intermediate_size": "moe_ffn_hidden",
+    "first_k_dense_replace": "layers",
+    "num_nextn_predict_layers": "layers",
+}
+_HF_SIZES.update(
+    {alias: _HF_SIZES[k] for k, aliases in _ALIASES.items() if k in _HF_SIZES for alias in aliases}
+)
+
+
+def check_sizes(cfg: Any, where: str, depth: int = 0) -> None:
+    """Refuse a config (or raw dimensions) whose sizes exceed :data:`MAX_MODEL_SIZES`, nested too."""
+    if depth > 4 or not isinstance(cfg, dict):
+        return
+    for k, v in cfg.items():
+        if isinstance(v, dict):
+            check_sizes(v, where, depth + 1)
+            continue
+        field = _HF_SIZES.get(k, k if k in MAX_MODEL_SIZES else None)
+        if field is not None and v is not None and not isinstance(v, bool | str):
+            cap = MAX_MODEL_SIZES[field]
+            if not isinstance(v, int | float) or v != v or not -cap <= v <= cap:
+                raise ModelConfigError(
+                    f"model config {where}: {k} = {v!r} is not a size autopar can model (at most {cap:,})",
+                    f"fix {k} in the config",
+                )
+
+
 def read_config_file(path: Path) -> dict:
     """Read a config.json defensively: every problem is one ModelConfigError naming the file and the fix.
 
@@ -1751,6 +1807,7 @@ def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
         return name_or_path
     if isinstance(name_or_path, dict):
         d = name_or_path
+        check_sizes(d, "(dict)")
         if any(k in d for k in ("model_type", "architectures", *_TEXT_KEYS)):
             return _normalize_hf(d, source=str(d.get("_name_or_path") or ""))
         return _from_raw(d)
@@ -1771,6 +1828,7 @@ def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
     cfg = read_config_file(path)
     if path.is_dir():
         path = path / "config.json"
+    check_sizes(cfg, str(path))
     try:
         if not any(k in cfg for k in ("model_type", "architectures", *_TEXT_KEYS)):
             return _from_raw(cfg)

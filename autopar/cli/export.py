@@ -46,9 +46,9 @@ def render_record(record: dict[str, Any], fmt: str) -> str:
     layout, job = layout_and_job_from_json(record)
     if job.num_layers is None:
         try:
-            from autopar.job import load_job_model
+            from autopar.model import load_model
 
-            job = job.model_copy(update={"num_layers": load_job_model(job.model).layers})
+            job = job.model_copy(update={"num_layers": load_model(job.model).layers})
         except AutoparError:
             pass  # a model we cannot load here: formats that need the depth will say so
     return export(layout, fmt, job)

@@ -35,9 +35,9 @@ def cmd_model(a: argparse.Namespace) -> int:
         return 0
     if not a.name:
         raise AutoparError("autopar model needs a preset id or a config.json path", "or pass --list")
-    from autopar.job import load_job_model
+    from autopar.model import load_model
 
-    spec = load_job_model(a.name)
+    spec = load_model(a.name)
     for w in spec.warnings:  # e.g. a multimodal tower counted apart: never dropped silently
         sys.stderr.write(f"warning: {w}\n")
     d = spec.to_dict()

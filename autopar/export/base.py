@@ -54,9 +54,9 @@ _MODULE_NEEDS: dict[str, str] = {
 
 def model_features(model_ref: Any) -> tuple[ModelFeature, ...]:
     """The :data:`ModelFeature` s of a model (preset id, config path or loaded spec)."""
-    from autopar.job import load_job_model
+    from autopar.model import load_model
 
-    m = load_job_model(model_ref)
+    m = load_model(model_ref)
     out: list[ModelFeature] = []
     if m.is_moe:
         out.append("moe")

@@ -753,8 +753,7 @@ def serve(
     """
     from autopar.coefficients import coefficient_source, load_calibration
     from autopar.hardware import load_cluster
-    from autopar.job import load_job_model
-    from autopar.model import ModelSpec, check_context, check_costed
+    from autopar.model import ModelSpec, check_context, check_costed, load_model
     from autopar.prediction import job_from_api
 
     spec = model if isinstance(model, ModelSpec) else None
@@ -798,7 +797,7 @@ def serve(
     for name, v in (("tp", tp), ("pp", pp), ("ep", ep), ("adp", adp)):
         if v is not None and (not isinstance(v, int) or v < 1):
             raise AutoparError(f"{name} must be a positive integer, got {v!r}")
-    spec = spec or load_job_model(decl.model)
+    spec = spec or load_model(decl.model)
     check_costed(spec, "serving memory and latency")
     check_context(
         spec, workload.isl + workload.osl, allow_long_context=decl.allow_long_context, what="isl + osl"

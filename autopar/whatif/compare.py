@@ -197,12 +197,12 @@ def compare(
     if workload == "training" and any(b is None for b in batches):
         raise AutoparError("training comparison needs --global-batch (or --batches)")
     from autopar.hardware import load_device
-    from autopar.job import load_job_model
+    from autopar.model import load_model
 
     for d in devices:
         load_device(d)  # fail fast on a typo
     for m in models:
-        load_job_model(m)
+        load_model(m)
     key, hi = METRICS[metric]
     cells, winners = [], []
     skw = dict(serving_kwargs or {})
