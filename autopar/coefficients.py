@@ -90,15 +90,13 @@ class StackCoefficients(BaseModel):
 
     ``overlap_contention``: how much a second of communication hidden behind compute still slows
     that compute, for this stack's overlap mechanism (DeepSpeed's host-synchronized ZeRO-3 fetches,
-    FSDP's prefetching streams, Megatron's bucketed overlap); ``kernel_overhead_us``: the stack's
-    fixed host cost per layer per micro-batch (module hooks, FSDP unit pre/post-forward and
-    backward callbacks, stream synchronizations) beyond its kernel launches. None: see
-    :meth:`Calibration.stack_value`.
+    FSDP's prefetching streams, Megatron's bucketed overlap). None: see
+    :meth:`Calibration.stack_value`. (A per-stack kernel overhead was tried and went to the same
+    bound for every stack: the host cost per layer stays global.)
     """
 
     model_config = ConfigDict(extra="forbid")
     overlap_contention: float | None = Field(None, ge=0.0, le=1.0)
-    kernel_overhead_us: float | None = Field(None, ge=0.0, le=10_000.0)
 
 
 class Transfer(BaseModel):
@@ -160,7 +158,7 @@ class Calibration(BaseModel):
         if v is not None:
             return float(v)
         g = self.global_value(key)
-        if stack is None or stack == REFERENCE_STACK or key != "overlap_contention":
+        if stack is None or stack == REFERENCE_STACK:
             return g
         known = [getattr(c, key) for c in self.stacks.values() if getattr(c, key) is not None]
         return float(max([g, *known]))
@@ -394,7 +392,7 @@ def coefficients_for(
         hbm_bw=device.memory_bw_gbps * 1e9 * hbm,
         overlap_contention=cal.stack_value(stack, "overlap_contention"),
         tp_overlap=cal.global_value("tp_overlap"),
-        kernel_overhead_s=cal.stack_value(stack, "kernel_overhead_us") * 1e-6,
+        kernel_overhead_s=cal.global_value("kernel_overhead_us") * 1e-6,
         tp_collective_overhead_s=cal.global_value("tp_collective_overhead_us") * 1e-6,
         fused_attention_speedup=eff.fused_attention_speedup,
     )

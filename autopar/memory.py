@@ -315,7 +315,7 @@ def _inflight(lay: LayoutTable, stage: np.ndarray, m_: np.ndarray, schedule: str
     m = np.asarray(m_, dtype=np.float64)
     i = np.asarray(stage, dtype=np.float64)
     if schedule != "1f1b":  # zero-bubble / DualPipeV: torch's schedules (autopar.schedules)
-        return np.where(p > 1, inflight_chunks(schedule, p, v, i, m) / v, np.minimum(1.0, m))
+        return np.where(p > 1, inflight_chunks(schedule, p, v, m) / v, np.minimum(1.0, m))
     one_f_one_b = np.minimum(p - i, m)
     # Interleaved 1F1B (Megatron-Core pipeline_parallel/schedules.py, get_pp_rank_microbatches,
     # mcore 0.16, microbatch_group_size_per_vp_stage = p): rank i runs 2(p-i-1) + (v-1)p warm-up

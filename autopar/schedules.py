@@ -97,22 +97,16 @@ def schedule_problem(schedule: str, pp: int, vpp: int, grad_accum: int) -> str |
     return next((why for test, why in REQUIREMENTS[schedule] if test(pp, vpp, grad_accum)), None)
 
 
-def inflight_chunks(schedule: str, p, v, i, m) -> np.ndarray:
-    """Model chunks (1/v of a stage) whose activations rank ``i`` holds at its peak.
+def inflight_chunks(schedule: str, p, v, m) -> np.ndarray:
+    """Model chunks (1/v of a stage) whose activations every rank holds at its peak.
 
     Counted from torch's op lists as chunks forwarded whose weight gradient has not run (the
     deferred W still needs the layers' inputs): InterleavedZeroBubble and ZB-V p*v on every rank,
     DualPipeV 2p + 1; all capped at the m*v chunks of the step. (1F1B: ``autopar.memory``.)
     """
-    p = np.asarray(p, dtype=np.float64)
-    v = np.asarray(v, dtype=np.float64)
-    m = np.asarray(m, dtype=np.float64)
+    p, v, m = (np.asarray(x, dtype=np.float64) for x in (p, v, m))
     if schedule in ("zb", "zbv"):
-        return np.broadcast_to(np.minimum(p * v, m * v), np.broadcast(p, np.asarray(i)).shape).astype(
-            np.float64
-        )
+        return np.minimum(p * v, m * v)
     if schedule == "dualpipev":
-        return np.broadcast_to(np.minimum(2.0 * p + 1.0, m * v), np.broadcast(p, np.asarray(i)).shape).astype(
-            np.float64
-        )
+        return np.minimum(2.0 * p + 1.0, m * v)
     raise ValueError(f"no in-flight count for schedule {schedule!r}")

@@ -44,8 +44,6 @@ GLOBAL_PARAMS = (
 # mechanism shares the device: DeepSpeed's host-synchronized ZeRO-3 fetches are not FSDP's
 # prefetching streams). A stack with fewer rows, or none, takes the most conservative fitted
 # contention (coefficients.Calibration.stack_value).
-# (A per-stack kernel_overhead_us was tried: every stack went to the same bound as the global one,
-# so the data does not tell the stacks' host costs apart; it stays global.)
 STACK_PARAMS = (("overlap_contention", MIN_OVERLAP_CONTENTION, 1.0),)
 MIN_STACK_ROWS = 6
 # A fitted GEMM efficiency may not exceed the device's measured max-achievable matmul rate (MAMF,
