@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from autopar.errors import ModelConfigError, UnsupportedArchitecture
+from autopar.files import read_text
 
 __all__ = [
     "ModelSpec",
@@ -1751,10 +1752,6 @@ def read_config_file(path: Path) -> dict:
                 f"no config.json in directory {what}", "point at the config.json file or its folder"
             )
         path, what = inner, f"{str(inner)!r}"
-    if path.exists() and not path.is_file():  # a FIFO or device would block or never end
-        raise ModelConfigError(
-            f"{what} is not a regular file", "pass the model's config.json (a regular file) or its folder"
-        )
     try:
         size = path.stat().st_size
         if size > CONFIG_MAX_BYTES:
@@ -1762,15 +1759,10 @@ def read_config_file(path: Path) -> dict:
                 f"{what} is {size / 1e6:.1f} MB, too large for a config.json (limit {CONFIG_MAX_BYTES // 1024} KiB)",
                 "pass the model's config.json, not a weights or tokenizer file",
             )
-        raw = path.read_bytes()
     except OSError as e:
         raise ModelConfigError(f"cannot read {what}: {e.strerror or e}") from None
-    if b"\0" in raw:
-        raise ModelConfigError(f"{what} is a binary file, not a JSON config", "pass the model's config.json")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise ModelConfigError(f"{what} is not UTF-8 text", "pass the model's config.json") from None
+    # autopar.files: a regular file (a FIFO or device would block), no NUL byte, UTF-8 text
+    text = read_text(path, "model config", "pass the model's config.json", max_bytes=CONFIG_MAX_BYTES)
     try:
         doc = json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_NonFinite)
     except json.JSONDecodeError as e:
