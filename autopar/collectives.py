@@ -37,6 +37,7 @@ class Links:
     devices_per_node: int
     island: int = 0  # devices per host island of a PCIe node (0: no islands)
     island_bw: float = 0.0  # achieved bytes/s per direction between islands, shared
+    island_a2a_bw: float = 0.0  # the same for all-to-all traffic (0: island_bw)
     peer_memory: bool = True  # devices map each other's memory (TE userbuffers comm overlap)
 
     @classmethod
@@ -60,6 +61,7 @@ class Links:
             devices_per_node=int(devices_per_node),
             island=su.domain // hi.count if hi is not None else 0,
             island_bw=hi.link_gbps * 1e9 if hi is not None else 0.0,
+            island_a2a_bw=(hi.all_to_all_link_gbps or hi.link_gbps) * 1e9 if hi is not None else 0.0,
             peer_memory=bool(su.peer_memory),
         )
 
@@ -140,20 +142,21 @@ def all_gather(links: Links, nbytes, n, stride) -> np.ndarray:
 reduce_scatter = all_gather
 
 
-def all_to_all(links: Links, nbytes, n, stride, inter_share=1.0) -> np.ndarray:
+def all_to_all(links: Links, nbytes, n, stride, inter_share=1.0, intra_share=1.0) -> np.ndarray:
     """All-to-all where each rank sends ``nbytes`` in total, spread evenly over the n ranks.
 
-    ``inter_share`` scales the bytes that leave the node (a dispatcher that de-duplicates copies
-    bound for one node, e.g. DeepEP, sends fewer).
+    ``inter_share`` scales the bytes that leave the node and ``intra_share`` those sent to peers in
+    the node (a dispatcher that de-duplicates the copies bound for one node or one rank, e.g.
+    DeepEP, sends fewer).
     """
     n = np.asarray(n, dtype=np.float64)
     g = ranks_per_node(n, stride, links.devices_per_node)
-    intra = nbytes * (g - 1.0) / n / _intra_bw(links, g)
+    intra = nbytes * intra_share * (g - 1.0) / n / _intra_bw(links, g)
     if links.island:
         # The share bound for the other islands leaves every rank of an island over one link.
         g_isl = island_members(links, g, stride)
         ranks = min(links.island, links.devices_per_node)
-        cross = ranks * nbytes * (g - g_isl) / n / links.island_bw
+        cross = ranks * nbytes * intra_share * (g - g_isl) / n / (links.island_a2a_bw or links.island_bw)
         intra = np.maximum(intra, cross)
     inter = nbytes * (n - g) / n * inter_share / links.out_nic
     alpha = _tree_alpha(links, n, g < n) / 2.0  # pairwise exchanges run concurrently

@@ -150,6 +150,15 @@ class FrameworkProfile(BaseModel):
     pipeline_schedules: tuple[str, ...] = Field(
         ("1f1b",), description="pipeline schedules the stack runs (autopar.schedules)"
     )
+    grad_reduce_fp32: bool = Field(
+        description="16-bit training reduces its gradients in fp32 (4 bytes on the wire per "
+        "gradient element; else the model's 16-bit dtype)"
+    )
+    param_gather_overlap: bool = Field(
+        False,
+        description="the ZeRO-1/2 parameter all-gather after the optimizer step overlaps the next "
+        "step's forward (Megatron --overlap-param-gather); else it shares the backward's window",
+    )
     zero3_fetch_gbps: float | None = Field(
         default=None,
         gt=0,
@@ -179,6 +188,14 @@ MEGATRON = FrameworkProfile(
     kernels_per_layer=36,
     launch_latency_us=_EAGER_LAUNCH_US,
     tp_comm_overlap=True,
+    # Megatron-LM arguments.py: bf16 turns on accumulate_allreduce_grads_in_fp32 (DDP
+    # grad_reduce_in_fp32): the fp32 main_grad buffer is what the reduce-scatter moves; fp16 keeps
+    # the 16-bit buffer (the flag's default) and reduces in fp16.
+    grad_reduce_fp32=True,
+    # --overlap-param-gather: the distributed optimizer gathers each bucket's updated parameters in
+    # the next forward's pre-hooks (Megatron-Core DistributedDataParallel); the NeMo / Megatron-Bridge
+    # recipes and Megatron-LM's published scaling runs turn it on with --overlap-grad-reduce.
+    param_gather_overlap=True,
     **_ALLOCATOR,
 )
 _FSDP = dict(
@@ -198,12 +215,16 @@ _FSDP = dict(
 TORCHTITAN = FrameworkProfile(
     name="torchtitan",
     reported_basis="reserved",
+    # torchtitan's FSDP2 MixedPrecisionPolicy: reduce_dtype = training.mixed_precision_reduce, "float32".
+    grad_reduce_fp32=True,
     kernels_per_layer=99,
     pipeline_schedules=("1f1b", "zb", "zbv", "dualpipev"),
     **_FSDP,
 )
+# llm-foundry's benchmark configs run Composer FSDP with mixed_precision PURE (param, reduce and
+# buffer dtypes all bf16).
 FSDP = FrameworkProfile(
-    name="fsdp", reported_basis="allocated", kernels_per_layer=39, **_FSDP
+    name="fsdp", reported_basis="allocated", kernels_per_layer=39, grad_reduce_fp32=False, **_FSDP
 )  # Composer/accelerate memory monitors
 # DeepSpeed 0.3.x (2021) ZeRO-3 fetch rate: 5.1 B fp16 parameters (10.2 GB) gathered in a forward of
 # 480 ms against 60 ms of compute under ZeRO-2 on one 8x A100 NVLink node, i.e. 24 GB/s although
@@ -223,6 +244,7 @@ _DEEPSPEED = dict(
     kernels_per_layer=57,
     launch_latency_us=_EAGER_LAUNCH_US,
     tp_comm_overlap=False,
+    grad_reduce_fp32=False,  # DeepSpeed communication_data_type defaults to the model's dtype
     zero3_fetch_gbps=_DEEPSPEED_ZERO3_FETCH_GBPS,
     **_ALLOCATOR,
 )

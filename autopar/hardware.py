@@ -81,6 +81,12 @@ class HostIslands(_Frozen):
         description="achieved GB/s per direction between islands, shared by all traffic crossing "
         "(a measured bus bandwidth: the scale-up bus efficiency is not applied again)",
     )
+    all_to_all_link_gbps: float | None = Field(
+        None,
+        gt=0,
+        description="achieved GB/s per direction between islands under all-to-all traffic, where "
+        "every rank exchanges with every other at once (None: link_gbps, the ring collectives' rate)",
+    )
 
 
 class ScaleUp(_Frozen):

@@ -487,17 +487,15 @@ def stage_slot(
     cp_contention = 2.0 * (cp_raw - cp_comm) * bw_cp / co.hbm_bw
     # ---- EP all-to-all: dispatch + combine, fwd and bwd, per MoE layer ----------------------------
     # Over the EP group (ep ranks placed etp apart, Megatron's expert order etp, ep, edp), each
-    # rank sends its T/sp * k copies of h (16-bit; fp32 when training in fp32). DeepEP crosses the
-    # network once per destination node. With the EP-overlap schedule the all-to-all of one
+    # rank sends its T/sp * k copies of h (16-bit; fp32 when training in fp32). DeepEP / HybridEP
+    # send a token once per destination rank in the node and once per destination node across. With the EP-overlap schedule the all-to-all of one
     # micro-batch hides behind the other direction's compute of its partner micro-batch.
     if model.is_moe:
         a2a_bytes = moe.dispatch_bytes(model, T, sp_div, elem)
-        share = (
-            moe.deepep_internode_share(model, ep, etp, links.devices_per_node)
-            if opts.dispatcher == "deepep"
-            else 1.0
-        )
-        a2a_one = C.all_to_all(links, a2a_bytes, ep, etp, inter_share=share)
+        deepep = opts.dispatcher == "deepep"
+        share = moe.deepep_internode_share(model, ep, etp, links.devices_per_node) if deepep else 1.0
+        share_in = moe.deepep_intranode_share(model, ep) if deepep else 1.0
+        a2a_one = C.all_to_all(links, a2a_bytes, ep, etp, inter_share=share, intra_share=share_in)
         n_a2a = 4.0 + np.where(rec == REC_FULL, 2.0, 0.0)  # recomputed forward dispatches again
         ep_raw = n_moe * n_a2a * a2a_one
         if opts.a2a_overlap:
@@ -644,7 +642,11 @@ def data_parallel_tail(
     shard = lay.dims.shard_size.astype(np.float64)
     replicas = dpcp / shard
     edp = lay.dims.expert_dp
-    gbytes = elem  # bf16 gradients on the wire (fp32 when training in fp32)
+    # Gradients on the wire: the stack's reduce dtype (fp32 where it reduces 16-bit training's
+    # gradients in fp32: Megatron with bf16, torchtitan), else the model's 16-bit dtype; fp16
+    # training keeps fp16 gradients in Megatron (its fp32 reduction is bf16-only).
+    fp16 = lay["precision"] == PRECISION_CODES.index("fp16")
+    gbytes = np.where(profile.grad_reduce_fp32 & ~fp16, FP32_BYTES, elem)
     stride_dp = tp
 
     def grad_sync(params, group, stride):
@@ -664,27 +666,40 @@ def data_parallel_tail(
             fetch = np.where(group_size > 1, params * elem / (profile.zero3_fetch_gbps * 1e9), 0.0)
         z3_ag, z3_rs = ag + fetch, rs + fetch
         per_mb = np.select([zero >= 3, zero == 2], [2.0 * z3_ag + z3_rs + ar_rep, rs + ar_rep], default=0.0)
-        per_step = np.select(
+        reduce_step = np.select(
             [zero >= 3, zero == 2, zero == 1],
-            [0.0, ag, rs + ar_rep + ag],
+            [0.0, 0.0, rs + ar_rep],
             default=C.all_reduce(links, params * gbytes, group_size * rep, stride_dp),
         )
+        # The updated parameters' all-gather of ZeRO-1/2 (the distributed optimizer's param gather).
+        gather_step = np.where((zero == 1) | (zero == 2), ag, 0.0)
         if frozen_weights:  # only ZeRO-3's parameter gathers remain
             per_mb = np.where(zero >= 3, 2.0 * z3_ag, 0.0)
-            per_step = np.zeros_like(per_step)
-        return per_mb, per_step
+            reduce_step = np.zeros_like(reduce_step)
+            gather_step = np.zeros_like(gather_step)
+        return per_mb, reduce_step, gather_step
 
-    d_mb, d_step = dp_costs(dense_params, shard, replicas, stride_dp)
+    d_mb, d_red, d_gat = dp_costs(dense_params, shard, replicas, stride_dp)
     e_shard = lay.dims.expert_shard
     # Expert-data-parallel groups (Megatron expert order etp, ep, edp) are spaced ep*etp apart.
-    e_mb, e_step = dp_costs(exp_params, e_shard, edp / e_shard, ep * etp) if model.is_moe else (0.0, 0.0)
+    e_mb, e_red, e_gat = (
+        dp_costs(exp_params, e_shard, edp / e_shard, ep * etp) if model.is_moe else (0.0, 0.0, 0.0)
+    )
     dp_per_mb = d_mb + e_mb
-    dp_per_step = d_step + e_step
+    reduce_step = d_red + e_red
+    gather_step = d_gat + e_gat
+    dp_per_step = reduce_step + gather_step
     # Overlap windows: ZeRO-3 gathers/reductions hide behind each micro-batch's compute; the
-    # once-per-step gradient reduction hides behind the last micro-batch's backward.
+    # once-per-step gradient reduction hides behind the last micro-batch's backward. A stack that
+    # overlaps the distributed optimizer's parameter all-gather with the next step's forward
+    # (Megatron --overlap-param-gather) hides it behind the first micro-batch's forward; otherwise
+    # it shares the backward's window (issued bucket by bucket as the reduction finishes).
     mb_compute = fwd + bwd + recompute
     exposed_mb = np.maximum(dp_per_mb - mb_compute, 0.0)
-    exposed_step = np.maximum(dp_per_step - bwd, 0.0)
+    if profile.param_gather_overlap:
+        exposed_step = np.maximum(reduce_step - bwd, 0.0) + np.maximum(gather_step - fwd, 0.0)
+    else:
+        exposed_step = np.maximum(dp_per_step - bwd, 0.0)
     dp_exposed = m * exposed_mb + exposed_step
     dp_hidden = (m * dp_per_mb + dp_per_step) - dp_exposed
     dp_comm = dp_exposed + co.overlap_contention * dp_hidden

@@ -36,9 +36,10 @@ from autopar.collectives import ranks_per_node
 
 Dispatcher = Literal["alltoall", "deepep"]
 DISPATCHER_DESCRIPTION = (
-    "MoE token dispatcher: alltoall (Megatron --moe-token-dispatcher-type alltoall, the MoE recipes' "
-    "choice) or deepep (flex dispatcher with DeepEP: a token crosses the network once per destination "
-    "node, then fans out over NVLink)"
+    "MoE token dispatcher: alltoall (Megatron --moe-token-dispatcher-type alltoall: one copy per "
+    "chosen expert) or deepep (the flex dispatcher with the DeepEP or HybridEP backend: a token is "
+    "sent once per destination rank inside a node and crosses the network once per destination node, "
+    "then fans out over NVLink)"
 )
 A2A_OVERLAP_DESCRIPTION = (
     "hide each micro-batch's EP all-to-all behind another micro-batch's compute (Megatron "
@@ -76,12 +77,41 @@ def dispatch_bytes(model, T, sp_div, elem) -> np.ndarray:
     return routed_tokens(T, sp_div) * model.moe_topk * float(model.hidden) * np.asarray(elem)
 
 
+def distinct_share(model, groups) -> np.ndarray:
+    """Distinct destinations per routed token over its ``k`` copies, balanced uniform routing.
+
+    The ``E`` experts sit evenly on ``groups`` destinations (ranks or nodes), ``E/groups`` each. A
+    token whose ``k`` experts are drawn without replacement misses a given destination with
+    probability ``C(E - E/groups, k) / C(E, k)``, so it reaches ``groups * (1 - that)`` distinct
+    destinations on average, against the ``k`` copies the all-to-all dispatcher sends.
+    """
+    groups = np.maximum(np.asarray(groups, dtype=np.float64), 1.0)
+    E = float(model.num_experts)
+    k = int(model.moe_topk)
+    per = E / groups
+    miss = np.ones_like(groups)
+    for i in range(k):
+        miss = miss * np.maximum(E - per - i, 0.0) / (E - i)
+    return np.minimum(groups * (1.0 - miss) / k, 1.0)
+
+
+def deepep_intranode_share(model, ep) -> np.ndarray:
+    """Bytes of DeepEP's / HybridEP's dispatch to one peer rank relative to the all-to-all's.
+
+    Both send a token to each destination rank once, with the list of its local experts, and the
+    receiver expands it into per-expert copies (DeepEP ``is_token_in_rank``; Megatron's flex
+    dispatcher with the ``deepep`` or ``hybridep`` backend), where the all-to-all dispatcher sends
+    one copy per chosen expert: ``ep * (1 - miss) / k`` of the bytes (:func:`distinct_share` over
+    the ``ep`` ranks). With one expert per rank nothing is de-duplicated.
+    """
+    return distinct_share(model, ep)
+
+
 def deepep_internode_share(model, ep, etp, devices_per_node: int) -> np.ndarray:
     """Inter-node bytes of DeepEP's dispatch relative to the all-to-all's, balanced uniform routing.
 
     The EP group spans ``N = ep / g`` nodes (``g`` of its ranks per node), each holding ``E/N``
-    experts. A token whose ``k`` experts are drawn without replacement misses a given node with
-    probability ``C(E - E/N, k) / C(E, k)``, so it reaches ``N * (1 - that)`` distinct nodes on average
+    experts; a token reaches ``N * (1 - miss)`` distinct nodes on average (:func:`distinct_share`)
     while the all-to-all sends ``k`` copies; the remote share is (N-1)/N of both. DeepEP sends one
     copy per node over RDMA and fans out over NVLink (DeepSeek-V3 report, Sec. 3.2.2), so the
     network carries ``N * (1 - miss) / k`` of the all-to-all's inter-node bytes. Node-limited
@@ -90,13 +120,7 @@ def deepep_internode_share(model, ep, etp, devices_per_node: int) -> np.ndarray:
     ep = np.asarray(ep, dtype=np.float64)
     g = ranks_per_node(ep, etp, devices_per_node)
     nodes = np.maximum(ep / g, 1.0)
-    E = float(model.num_experts)
-    k = int(model.moe_topk)
-    per_node = E / nodes
-    miss = np.ones_like(nodes)
-    for i in range(k):
-        miss = miss * np.maximum(E - per_node - i, 0.0) / (E - i)
-    return np.where(nodes > 1, np.minimum(nodes * (1.0 - miss) / k, 1.0), 1.0)  # one node: nothing leaves
+    return np.where(nodes > 1, distinct_share(model, nodes), 1.0)  # one node: nothing leaves
 
 
 def permutation_bytes(model, T, sp_div, ep, etp, elem) -> np.ndarray:

@@ -138,6 +138,25 @@ def framework_of(case: Case) -> str:
     return name
 
 
+# Megatron-Bridge's performance recipes for MoE models on Blackwell NVL72 racks run the flex token
+# dispatcher with the HybridEP backend: every GB200/GB300/B200/B300 preset of DeepSeek-V3, Qwen3 MoE,
+# GPT-OSS and Nemotron 3 Nano in scripts/performance/configs/*/ *_workload_base_configs.py sets
+# moe_flex_dispatcher_backend="hybridep". A convention of the source, applied to its rows as stated.
+BLACKWELL_DEVICES = ("gb200-nvl72", "gb300-nvl72", "b200", "b300")
+
+
+def moe_dispatcher_of(case: Case, model) -> str:
+    """The MoE token dispatcher a row ran with: the source's documented recipe, else all-to-all."""
+    fw = (case.row.get("orig_framework") or "").lower()
+    dev = (case.row.get("device") or "").strip()
+    if model.is_moe and "megatron-bridge" in fw and dev in BLACKWELL_DEVICES:
+        case.assumptions.append(
+            "moe_dispatcher=deepep (Megatron-Bridge Blackwell MoE recipes: flex dispatcher, HybridEP backend)"
+        )
+        return "deepep"
+    return "alltoall"
+
+
 def memory_basis(row: dict[str, str], reported: str) -> str:
     """What a row's ``memory_gib_per_device`` measures: allocated or reserved memory.
 
@@ -523,6 +542,7 @@ def run_case(case: Case, calibration=None) -> None:
             global_batch=gb,
             lora=lora,
             framework=framework_of(case),
+            moe_dispatcher=moe_dispatcher_of(case, model),
             allow_long_context=True,  # a measured run: past the position limit it was extension work
         ).resolve(model=model, device=dev)
         if lora:

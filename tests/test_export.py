@@ -232,6 +232,8 @@ KEYS: dict[str, set[str]] = {
         "--recompute-method",
         "--recompute-num-layers",
         "--use-distributed-optimizer",
+        "--overlap-grad-reduce",
+        "--overlap-param-gather",
         "--use-megatron-fsdp",
         "--data-parallel-sharding-strategy",
         "--ckpt-format",
@@ -530,3 +532,20 @@ def test_shard_group_equal_to_dp_cp_is_written_as_the_default() -> None:
 
         assert body(export(full, fmt, job)) == body(export(layout, fmt, job))
         assert parse(export(full, fmt, job), fmt)[0] == layout
+
+
+def test_megatron_exports_the_data_parallel_overlap_the_cost_model_assumes() -> None:
+    """autopar prices Megatron's gradient reduction behind the backward and the distributed
+    optimizer's parameter all-gather behind the next forward: the launch must ask for both."""
+    job = J(64, 256, layers=80)
+    zero1 = resolve_layout(num_devices=64, global_batch=256, tp=8, pp=2, zero=1, micro_batch=1)
+    text = export(zero1, "megatron", job)
+    assert "--overlap-grad-reduce" in text and "--overlap-param-gather" in text
+    bridge = export(zero1, "megatron_bridge", job)
+    assert "ddp.overlap_grad_reduce=true" in bridge and "ddp.overlap_param_gather=true" in bridge
+    ddp = resolve_layout(num_devices=64, global_batch=256, tp=8, pp=2, zero=0, micro_batch=1)
+    text = export(ddp, "megatron", job)
+    assert "--overlap-grad-reduce" in text and "--overlap-param-gather" not in text
+    # No data parallelism: nothing to overlap, no flag.
+    alone = resolve_layout(num_devices=64, global_batch=256, tp=8, pp=8, zero=1, micro_batch=1)
+    assert "--overlap-grad-reduce" not in export(alone, "megatron", J(64, 256, layers=80))

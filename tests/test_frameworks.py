@@ -175,3 +175,27 @@ def test_published_memory_basis() -> None:
     assert P.memory_basis(row, "reserved") == "allocated"
     assert P.memory_basis({"normalization_notes": "max reserved"}, "allocated") == "reserved"
     assert P.memory_basis({}, "reserved") == "reserved"
+
+
+def test_gradient_reduce_dtype_per_stack() -> None:
+    """Megatron reduces bf16 training's gradients in fp32 (Megatron-LM turns on
+    accumulate_allreduce_grads_in_fp32 for bf16) and fp16 training's in fp16; llm-foundry's FSDP
+    (mixed_precision PURE) in bf16. With ZeRO-1 over dp16 the step's communication is the gradient
+    reduce-scatter plus the 16-bit parameter all-gather: equal bytes in 16 bits, the reduce-scatter
+    doubled in fp32."""
+
+    def comm(precision: str, framework: str) -> float:
+        return predict(
+            model="llama-3.1-8b",
+            device="h100-sxm-80gb",
+            num_devices=16,
+            seq_len=4096,
+            global_batch=16,
+            precision=precision,
+            framework=framework,
+        ).comm_total_s
+
+    half = comm("bf16", "fsdp")  # reduce-scatter + all-gather, both 16-bit
+    assert comm("fp16", "megatron") == pytest.approx(half)
+    assert comm("bf16", "megatron") == pytest.approx(1.5 * half, rel=0.01)  # RS doubled, AG not
+    assert PROFILES["torchtitan"].grad_reduce_fp32 and not PROFILES["deepspeed"].grad_reduce_fp32

@@ -81,6 +81,38 @@ def test_deepep_internode_share_by_hand() -> None:
     assert float(moe.deepep_internode_share(m, 8, 1, 8)) == pytest.approx(1.0)
 
 
+def test_deepep_intranode_share_by_hand() -> None:
+    # Qwen3-30B-A3B shape: 128 experts, top-8, EP8 -> 16 experts per rank. A token misses a rank with
+    # probability C(112, 8) / C(128, 8) and so reaches 8 (1 - miss) ~ 5.3 ranks: DeepEP / HybridEP send
+    # it once to each, the all-to-all dispatcher sends 8 copies.
+    m = load_model("qwen3-30b-a3b")
+    miss = math.comb(128 - 16, 8) / math.comb(128, 8)
+    want = 8 * (1 - miss) / 8
+    assert float(moe.deepep_intranode_share(m, 8)) == pytest.approx(want)
+    assert 0.6 < want < 0.7
+    # One expert per rank (ep = E): every copy goes to a different rank, nothing to de-duplicate.
+    assert float(moe.deepep_intranode_share(m, 128)) == pytest.approx(1.0)
+
+
+def test_deepep_sends_fewer_bytes_inside_the_node() -> None:
+    kw = dict(
+        model="qwen3-30b-a3b",
+        device="gb200-nvl72",
+        num_devices=8,
+        seq_len=4096,
+        global_batch=64,
+        ep=8,
+        micro_batch=4,
+    )
+    a2a = predict(**kw).time_breakdown["ep_comm"]
+    dedup = predict(**kw, moe_dispatcher="deepep").time_breakdown["ep_comm"]
+    m = load_model("qwen3-30b-a3b")
+    share = float(moe.deepep_intranode_share(m, 8))
+    # Same latency terms, bytes scaled by the share: the bandwidth part shrinks by exactly that.
+    assert dedup < a2a
+    assert dedup == pytest.approx(a2a * share, rel=0.05)
+
+
 def test_paired_fraction() -> None:
     assert float(moe.paired_fraction(1, 8)) == pytest.approx(7 / 8)
     assert float(moe.paired_fraction(16, 120)) == pytest.approx(104 / 120)

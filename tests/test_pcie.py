@@ -2,7 +2,8 @@
 
 Figures of ``cost_models/devices/a100-pcie-80gb.yaml``: 32 GB/s per direction x16 link at 0.65 bus
 efficiency (20.8 GB/s) inside an island of 4 GPUs, 14 GB/s between the two islands shared by every
-group crossing, 5 us per PCIe step.
+ring collective crossing, 18.9 GB/s under all-to-all traffic (SimuMax's measured 8-GPU all2all),
+5 us per PCIe step.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from autopar.model import load_model
 M = 4096 * 4096 * 2.0  # one micro-batch of 4096 tokens x hidden 4096 in bf16
 PCIE_ISLAND = 32e9 * 0.65
 LINK = 14e9
+A2A_LINK = 18.9e9
 LAT = 5e-6
 
 
@@ -60,8 +62,26 @@ def test_strided_data_parallel_groups_share_the_link(n: int, stride: int, sharin
 
 
 def test_all_to_all_bounded_by_the_cross_island_share() -> None:
-    # ep8: each rank sends half its bytes to the other island; 4 ranks share the link.
+    # ep8: each rank sends half its bytes to the other island; 4 ranks share the link at its
+    # all-to-all rate.
     t = _one(C.all_to_all(_links(), M, np.array([8.0]), np.array([1.0])))
+    assert t == pytest.approx(4 * M * 4 / 8 / A2A_LINK + 3 * LAT)
+    # SimuMax's nccl-tests fit it comes from: 8 GPUs, busbw 0.2754 x 30 GB/s at (n-1)/n.
+    assert 4 * M * 4 / 8 / A2A_LINK == pytest.approx(M * 7 / 8 / (0.2754 * 30e9), rel=0.01)
+
+
+def test_all_to_all_link_defaults_to_the_ring_rate() -> None:
+    dev = load_device("a100-pcie-80gb")
+    hi = dev.scale_up.host_islands
+    assert hi is not None
+    plain = dev.model_copy(
+        update={
+            "scale_up": dev.scale_up.model_copy(
+                update={"host_islands": hi.model_copy(update={"all_to_all_link_gbps": None})}
+            )
+        }
+    )
+    t = _one(C.all_to_all(C.Links.from_cluster(plain, 8), M, np.array([8.0]), np.array([1.0])))
     assert t == pytest.approx(4 * M * 4 / 8 / LINK + 3 * LAT)
 
 

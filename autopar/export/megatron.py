@@ -102,6 +102,8 @@ BOOL_FLAGS = (
     "--account-for-loss-in-pipeline-split",
     "--sequence-parallel",
     "--use-distributed-optimizer",
+    "--overlap-grad-reduce",
+    "--overlap-param-gather",
     "--use-megatron-fsdp",
     "--no-gradient-accumulation-fusion",
     "--optimizer-cpu-offload",
@@ -171,6 +173,13 @@ def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
         ]
     if layout.zero >= 1:
         a.append(flag("--use-distributed-optimizer"))
+    if layout.zero <= 1 and layout.dp * layout.cp > 1:
+        # What autopar's cost model assumes of Megatron's data-parallel communication: the gradient
+        # reduction overlaps the backward and (distributed optimizer) the parameter all-gather the
+        # next forward (autopar.frameworks MEGATRON.param_gather_overlap).
+        a.append(flag("--overlap-grad-reduce"))
+        if layout.zero == 1:
+            a.append(flag("--overlap-param-gather"))
     if layout.zero >= 2:
         a += [
             flag("--use-megatron-fsdp"),

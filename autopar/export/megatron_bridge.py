@@ -75,6 +75,8 @@ KEYS = (
     "train.global_batch_size",
     "ddp.use_distributed_optimizer",
     "optimizer.use_distributed_optimizer",
+    "ddp.overlap_grad_reduce",
+    "ddp.overlap_param_gather",
     "dist.use_megatron_fsdp",
     "ddp.use_megatron_fsdp",
     "ddp.data_parallel_sharding_strategy",
@@ -156,6 +158,9 @@ def bridge_overrides(layout: Layout, job: Job) -> dict[str, Any]:
         "train.global_batch_size": job.global_batch,
         "ddp.use_distributed_optimizer": layout.zero >= 1,
         "optimizer.use_distributed_optimizer": layout.zero >= 1,
+        # The data-parallel overlap autopar's cost model assumes (see the megatron exporter).
+        "ddp.overlap_grad_reduce": layout.zero <= 1 and layout.dp * layout.cp > 1,
+        "ddp.overlap_param_gather": layout.zero == 1 and layout.dp * layout.cp > 1,
         "dist.use_megatron_fsdp": fsdp,
         "ddp.use_megatron_fsdp": fsdp,
         "ddp.data_parallel_sharding_strategy": FSDP_STRATEGY[layout.zero],
