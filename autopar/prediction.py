@@ -49,6 +49,19 @@ class Prediction:
         return self.expected_error.p90 if self.expected_error else None
 
     @property
+    def mfu_basis(self) -> str:
+        """The peak MFU is quoted against: the dense peak of the layout's GEMM precision."""
+        from autopar.precision import PEAK_KEY
+
+        return f"{PEAK_KEY[self.layout.precision]} dense peak"
+
+    def mfu_text(self) -> str:
+        """MFU with its basis, as every table prints it: ``41.2% (bf16 peak)``."""
+        from autopar.precision import PEAK_KEY
+
+        return f"{self.mfu:.1%} ({PEAK_KEY[self.layout.precision]} peak)"
+
+    @property
     def assumptions(self) -> list[str]:
         return Job.model_validate(self.job).assumptions
 
@@ -60,6 +73,7 @@ class Prediction:
             step_time_s=self.step_time_s,
             tokens_per_s_per_device=self.tokens_per_s_per_device,
             mfu=self.mfu,
+            mfu_basis=self.mfu_basis,
             memory_gib_per_device=self.memory_gib_per_device,
             memory_allocated_gib=self.memory_allocated_gib,
             memory_reserved_gib=self.memory_reserved_gib,
@@ -80,7 +94,56 @@ class Prediction:
             expected_error_basis=self.expected_error.to_dict() if self.expected_error else None,
             assumptions=self.assumptions,
         )
+        if self.extra.get("also"):
+            d["also"] = self.extra["also"]
         return d
+
+
+def _same_figures(a: Prediction, b: Prediction, rel: float = 1e-9) -> bool:
+    def close(x: float, y: float) -> bool:
+        return abs(x - y) <= rel * max(abs(x), abs(y))
+
+    return (
+        close(a.step_time_s, b.step_time_s)
+        and close(a.memory_gib_per_device, b.memory_gib_per_device)
+        and close(a.energy_j_per_step, b.energy_j_per_step)
+    )
+
+
+def collapse_equivalent(preds: list[Prediction], limit: int | None = None) -> list[Prediction]:
+    """Group layouts whose step time, memory and energy agree within 1e-9 relative (their difference
+    changes no figure, e.g. a ZeRO stage without data parallelism) and keep the first of each group,
+    in order, at most ``limit`` groups. The kept one's ``extra["also"]`` names the fields in which the
+    others differ and their values, e.g. ``{"zero": [0, 2, 3]}``.
+    """
+    groups: list[list[Prediction]] = []
+    for p in preds:
+        for g in groups:
+            if _same_figures(g[0], p):
+                g.append(p)
+                break
+        else:
+            groups.append([p])
+    out = []
+    for g in groups[:limit]:
+        head = g[0]
+        also: dict[str, list[Any]] = {}
+        ref = head.layout.model_dump()
+        for other in g[1:]:
+            for k, v in other.layout.model_dump().items():
+                if v != ref[k] and v not in also.setdefault(k, []):
+                    also[k].append(v)
+        if also:
+            head.extra["also"] = {k: sorted(v, key=str) for k, v in also.items() if v}
+        out.append(head)
+    return out
+
+
+def also_text(also: dict[str, list[Any]] | None) -> str:
+    """``zero=0,2,3; offload=True`` (empty when nothing was collapsed)."""
+    if not also:
+        return ""
+    return "; ".join(f"{k}={','.join(str(x) for x in v)}" for k, v in also.items())
 
 
 def prediction_from_row(

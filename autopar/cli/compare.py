@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from autopar.cli.args import add_field_args, positive_int
@@ -111,14 +112,19 @@ def register(sub) -> dict:
     add_field_args(p, Job, ("memory_headroom", "calibration"))
     p.add_argument("--out", default=None, help="write PREFIX.csv and PREFIX.svg")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    from autopar.cli.recommend import add_html_arg
+
+    add_html_arg(p)
     return {"compare": cmd_compare}
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
+    from autopar.report import check_html_path
     from autopar.whatif.compare import compare, output_paths, write_outputs
 
     if a.out:
         output_paths(a.out)  # a bad destination is refused before the comparison runs
+    check_html_path(a.html)
 
     prices: dict[str, Any] = {}
     if a.price_per_device_hour is not None:
@@ -148,6 +154,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
         ),
     )
     written = write_outputs(res, a.out) if a.out else []
+    if a.html:
+        from autopar.cli.report import compare_report
+
+        compare_report(res).write(a.html)
+        written.append(Path(a.html))
     if a.json:
         d = res.to_dict()
         d["files"] = [str(p) for p in written]

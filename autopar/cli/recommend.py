@@ -96,7 +96,17 @@ def register(sub: Any) -> dict[str, Any]:
         default=None,
         help="with --export: write the launcher file here (default: stdout after the report)",
     )
+    add_html_arg(p)
     return {"recommend": cmd_recommend}
+
+
+def add_html_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--html",
+        default=None,
+        metavar="PATH",
+        help="also write a self-contained HTML report (plots, tables, assumptions; opens offline)",
+    )
 
 
 def price(a: argparse.Namespace) -> float:
@@ -128,13 +138,20 @@ def cmd_recommend(a: argparse.Namespace) -> int:
     from autopar.cli.export import check_out
 
     check_out(a.out)  # a bad destination is refused before the search runs
+    from autopar.report import check_html_path
+
+    check_html_path(a.html)
+    objective = a.objective
+    if a.html and "," not in objective:
+        # the report's Pareto plot needs a front: keep the one against memory (the ranking is unchanged)
+        objective += ",memory" if objective.strip() != "memory" else ",throughput"
 
     started = _maybe_start_ray(a.ray)
     try:
         res = recommend(
             **job_kwargs(a),
             top=a.top,
-            objective=a.objective,
+            objective=objective,
             space=a.space,
             overrides=tuple(a.overrides),
             price_per_device_hour=price(a),
@@ -168,6 +185,12 @@ def cmd_recommend(a: argparse.Namespace) -> int:
         from autopar.cli.export import write_output
 
         write_output(rendered, a.out)
+    if a.html:
+        from autopar.cli.report import search_report
+
+        search_report(res, export_format=a.export).write(a.html)
+        if not a.json:
+            print(f"wrote {a.html}")
     return 0
 
 
@@ -204,7 +227,7 @@ def _ranked_table(title: str, preds: list, res, extra_cols: list[str]):
             p.layout.short(),
             _fmt_s(p.step_time_s),
             f"{p.tokens_per_s_per_device:,.0f}",
-            f"{p.mfu:.1%}",
+            p.mfu_text(),
             f"{p.memory_gib_per_device:.1f} / {p.memory_capacity_gib:.0f} GiB",
             f"{p.exposed_comm_fraction:.1%}",
         ]

@@ -100,7 +100,7 @@ def print_summary(sw: Any, rows: list[dict[str, Any]], path: Any, elapsed: float
                 str(r["global_batch"]),
                 r["layout"],
                 f"{r['tokens_per_s_per_device']:,.0f}",
-                f"{r['mfu']:.1%}",
+                f"{r['mfu']:.1%} ({r['mfu_basis'].split()[0]} peak)",
                 f"{r['memory_gib_per_device']:.1f} GiB",
             )
         else:
@@ -122,6 +122,6 @@ def print_summary(sw: Any, rows: list[dict[str, Any]], path: Any, elapsed: float
             best[r["model"]] = r
     for m, r in best.items():
         con.print(
-            f"highest MFU for {m}: {r['mfu']:.1%} on {r['num_devices']} x {r['device']} "
+            f"highest MFU for {m}: {r['mfu']:.1%} ({r['mfu_basis']}) on {r['num_devices']} x {r['device']} "
             f"(seq {r['seq_len']}, batch {r['global_batch']}): {r['layout']}"
         )

@@ -151,6 +151,7 @@ def _training_cell(
         "tokens_per_joule": tokens / best.energy_j_per_step,
         "step_time_s": best.step_time_s,
         "mfu": best.mfu,
+        "mfu_basis": best.mfu_basis,
         "j_per_step": best.energy_j_per_step,
         "cost_per_mtok": None if price is None else float(cost_per_mtok(t, price)),
     }
@@ -306,6 +307,7 @@ CSV_FIELDS = (
     "tpot_ms",
     "step_time_s",
     "mfu",
+    "mfu_basis",
     "j_per_step",
     "reason",
 )

@@ -1,0 +1,356 @@
+"""The ``--html`` report of each command: which results, plots and notes go on the page.
+
+The page itself (escaping, CSS, atomic write) is :mod:`autopar.report`; the plots are
+:mod:`autopar.plots`, drawn from the figures the engine computed (nothing is recomputed here).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Any
+
+from autopar.report import Report
+
+TOP_PLOTTED = 5  # layouts drawn in the breakdown plots
+
+
+def _command_line() -> str:
+    return "autopar " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _fmt_s(x: float) -> str:
+    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.3f} s"
+
+
+def _export_snippet(record: dict[str, Any], fmt: str) -> str:
+    from autopar.cli.export import render_record
+    from autopar.errors import AutoparError
+
+    try:
+        return render_record(record, fmt)
+    except AutoparError as exc:
+        return f"# {fmt} cannot run this layout: {exc}"
+
+
+def _assumptions_and_error(rep: Report, assumptions: list[str], expected: Any) -> None:
+    rep.heading("Assumptions and expected error")
+    items = list(assumptions)
+    if expected is not None:
+        items.insert(0, f"expected error of tokens/s: {expected.describe()}")
+    else:
+        items.insert(0, "expected error: no out-of-sample error figure covers this device and stack")
+    rep.bullets(items)
+
+
+# ------------------------------------------------------------------------------------ training
+def search_report(res: Any, *, export_format: str | None = None, title: str = "recommend") -> Report:
+    """recommend (and study show): the winner and why, the top-k, the front, both breakdowns."""
+    from autopar import plots
+    from autopar.job import FRAMEWORK_EXPORT_FORMAT, Job
+
+    job, c, w = res.job, res.job["cluster"], res.job["workload"]
+    win = res.results[0]
+    rep = Report(
+        f"autopar {title}: {job['model']} on {c['num_devices']:,} x {c['device']}",
+        f"seq {w['seq_len']:,}, global batch {w['global_batch']:,} = {w['seq_len'] * w['global_batch']:,} "
+        f"tokens/step, framework {job['framework']}"
+        + (", LoRA (base weights frozen)" if w.get("lora") else "")
+        + f"; {res.layouts_enumerated:,} legal layouts scored, {res.layouts_feasible:,} fit",
+    )
+    ob = res.objective_report(win)
+    rep.winner(
+        win.layout.short(),
+        {
+            "tokens/s per device": f"{win.tokens_per_s_per_device:,.0f}",
+            "MFU": win.mfu_text(),
+            "memory per device": f"{win.memory_gib_per_device:.1f} / {win.memory_capacity_gib:.0f} GiB",
+            "step time": _fmt_s(win.step_time_s),
+            "energy per token": f"{ob['energy_j_per_token']:.3f} J",
+            "cost": f"${ob['cost_usd_per_million_tokens']:.3f} / M tokens",
+        },
+        res.why(),
+    )
+    names = list(res.objectives.names)
+    rep.heading(f"Top {len(res.results)} by {names[0]}")
+    cols, rows = res.table()
+    rep.table(cols, rows, left=("layout", "also (same figures)"), highlight_first=True)
+    rep.text(
+        "A layout whose difference from a listed one changes no figure (time, memory and energy equal "
+        "within 1e-9) is not repeated: its values are under 'also'.",
+        "note",
+    )
+    excl = sorted(res.infeasible_by_reason.items(), key=lambda kv: -kv[1])
+    if excl:
+        rep.text("excluded: " + ", ".join(f"{k} {v:,}" for k, v in excl), "note")
+
+    def point(p: Any) -> dict[str, Any]:
+        o = res.objective_report(p)
+        return {
+            "short": p.layout.short(),
+            "tokens_per_s_per_device": p.tokens_per_s_per_device,
+            "memory_gib_per_device": p.memory_gib_per_device,
+            "energy_j_per_token": o["energy_j_per_token"],
+            "cost_usd_per_million_tokens": o["cost_usd_per_million_tokens"],
+        }
+
+    front = res.pareto if res.pareto else res.results
+    what = (
+        f"Pareto front of {', '.join(names)} ({len(front)} of {res.pareto_size} layouts)"
+        if res.pareto
+        else f"top {len(front)} layouts"
+    )
+    rep.heading("Throughput against memory, energy and cost")
+    rep.plot(
+        plots.pareto(
+            [point(p) for p in front],
+            point(win),
+            ("tokens_per_s_per_device", "tokens/s per device"),
+            [
+                ("memory_gib_per_device", "memory per device (GiB)"),
+                ("energy_j_per_token", "energy per token (J)"),
+                (
+                    "cost_usd_per_million_tokens",
+                    f"$ per M tokens (${res.objectives.price_per_device_hour:g}/h)",
+                ),
+            ],
+            points_label=what,
+        ),
+        "the star is the chosen layout; energy and cost are those of the same layouts.",
+    )
+    top = res.results[:TOP_PLOTTED]
+    labels = [f"#{i} {p.layout.short()}" for i, p in enumerate(top, 1)]
+    rep.heading("Where the step time goes")
+    rep.plot(
+        plots.stacked_bars(
+            list(zip(labels, [p.time_breakdown for p in top], strict=True)),
+            xlabel="seconds per step",
+            title="time per step (communication terms: exposed part + slowdown of the compute it overlaps)",
+        )
+    )
+    rep.plot(
+        plots.stacked_bars(
+            [
+                (lab, {"exposed": p.comm_exposed_s, "hidden (overlapped)": p.comm_total_s - p.comm_exposed_s})
+                for lab, p in zip(labels, top, strict=True)
+            ],
+            xlabel="seconds per step",
+            title="communication per step: exposed vs hidden behind compute",
+        )
+    )
+    rep.heading("What fills memory")
+    rep.plot(
+        plots.stacked_bars(
+            list(zip(labels, [p.memory_breakdown for p in top], strict=True)),
+            xlabel="GiB per device (loaded pipeline stage)",
+            title=f"memory per device (capacity {win.memory_capacity_gib:.0f} GiB, limit {win.memory_limit_gib:.1f} GiB)",
+        )
+    )
+    _assumptions_and_error(rep, Job.model_validate(job).assumptions, win.expected_error)
+    fmt = export_format or FRAMEWORK_EXPORT_FORMAT.get(job["framework"], "megatron")
+    rep.code(_export_snippet(win.to_dict(), fmt), f"Launch it ({fmt})")
+    rep.code(_command_line(), "Reproduce")
+    return rep
+
+
+# ------------------------------------------------------------------------------------- serving
+def _serving_parts(r: dict[str, Any], key: str) -> dict[str, float]:
+    d = r.get(key) or {}
+    if not isinstance(d, dict):
+        return {}
+    skip = {"capacity", "kv_cache_available"}
+    return {k: float(v) for k, v in d.items() if k not in skip and isinstance(v, int | float)}
+
+
+def serving_report(res: Any) -> Report:
+    from autopar import plots
+
+    w, job, c = res.workload, res.job, res.job["cluster"]
+    best = res.best
+    rep = Report(
+        f"autopar serve: {job['model']} on {c['num_devices']} x {c['device']}",
+        f"isl {w['isl']}, osl {w['osl']}; weights {w['weight_precision']}, KV {res.costing.get('kv_precision')}; "
+        f"{res.layouts_enumerated} candidates, {res.layouts_feasible} feasible",
+    )
+    targets = [
+        f"TTFT <= {w['ttft_ms']:g} ms" if w.get("ttft_ms") else "",
+        f"TPOT <= {w['tpot_ms']:g} ms" if w.get("tpot_ms") else "",
+    ]
+    tgt = " and ".join(t for t in targets if t) or "no latency target"
+    rep.winner(
+        best["short"],
+        {
+            "output tok/s per device": f"{best['output_tokens_per_s_per_device']:,.0f}",
+            "output tok/s per user": f"{best['output_tokens_per_s_per_user']:,.1f}",
+            "TTFT": f"{best['ttft_ms']:,.1f} ms",
+            "TPOT": f"{best['tpot_ms']:,.2f} ms",
+            "output tokens per joule": f"{best['output_tokens_per_joule']:.2f}",
+        },
+        f"the highest output tokens/s per device of the {res.layouts_feasible} layouts that meet {tgt}"
+        + (
+            f"; runner-up {res.results[1]['short']} at {res.results[1]['output_tokens_per_s_per_device']:,.0f}"
+            if len(res.results) > 1
+            else ""
+        )
+        + ".",
+    )
+    rep.heading(f"Top {len(res.results)} serving layouts")
+    cols = ["#", "layout", "devices", "TTFT ms", "TPOT ms", "tok/s/device", "tok/s/user", "tok/J", "$/Mtok"]
+
+    def f(x: Any, nd: int = 1) -> str:
+        return "-" if x is None else f"{x:,.{nd}f}" if isinstance(x, float) else str(x)
+
+    rows = [
+        [
+            str(i),
+            r["short"],
+            str(r["devices"]),
+            f(r["ttft_ms"]),
+            f(r["tpot_ms"], 2),
+            f(r["output_tokens_per_s_per_device"], 0),
+            f(r["output_tokens_per_s_per_user"]),
+            f(r["output_tokens_per_joule"], 2),
+            f(r["cost_per_mtok"], 3),
+        ]
+        for i, r in enumerate(res.results, 1)
+    ]
+    rep.table(cols, rows, highlight_first=True)
+    rep.heading("Throughput per device against speed per user")
+    rep.plot(
+        plots.pareto(
+            res.pareto or res.results,
+            best,
+            ("output_tokens_per_s_per_device", "output tokens/s per device"),
+            [
+                ("output_tokens_per_s_per_user", "output tokens/s per user"),
+                ("output_tokens_per_joule", "output tokens per joule"),
+            ],
+        ),
+        f"Pareto front of tokens/s per device and per user ({len(res.pareto)} points); the star is the chosen layout.",
+    )
+    top = res.results[:TOP_PLOTTED]
+    labels = [f"#{i} {r['short']}" for i, r in enumerate(top, 1)]
+    rep.heading("Where an iteration's time goes and what fills memory")
+    rep.plot(
+        plots.stacked_bars(
+            list(zip(labels, [_serving_parts(r, "time_ms_per_iteration") for r in top], strict=True)),
+            xlabel="ms per decode iteration",
+            title="time per iteration",
+        )
+    )
+    rep.plot(
+        plots.stacked_bars(
+            list(zip(labels, [_serving_parts(r, "memory_gib_per_device") for r in top], strict=True)),
+            xlabel="GiB per device",
+            title="memory per device",
+        )
+    )
+    rep.bullets(
+        [f"coefficients: {res.costing.get('coefficients', 'default')}", *res.notes],
+        "Assumptions and expected error",
+    )
+    rep.text(
+        "expected error: serving predictions carry no out-of-sample error figure yet (none was measured).",
+        "note",
+    )
+    rep.code(_command_line(), "Reproduce")
+    return rep
+
+
+# ------------------------------------------------------------------------------------- compare
+def compare_report(res: Any) -> Report:
+    from autopar import plots
+
+    unit = "output tok" if res.workload == "serving" else "tok"
+    rep = Report(
+        f"autopar compare ({res.workload}): {', '.join(res.devices)}",
+        f"winner of each cell by {res.metric}",
+    )
+    ok = [c for c in res.cells if c["feasible"]]
+    wins = [c for c in res.cells if c.get("winner")]
+    if wins:
+        w0 = wins[0]
+        kpis = {
+            f"{unit}/s per device": f"{w0['tokens_per_s_per_device']:,.0f}",
+            f"{unit} per joule": f"{w0['tokens_per_joule']:.2f}",
+        }
+        if w0.get("mfu") is not None:
+            kpis["MFU"] = f"{w0['mfu']:.1%} ({w0['mfu_basis']})"
+        if w0.get("cost_per_mtok") is not None:
+            kpis["$/M tokens"] = f"{w0['cost_per_mtok']:.3f}"
+        rep.winner(
+            f"{w0['device']}: {w0['layout']}",
+            kpis,
+            "; ".join(res.changes) if res.changes else f"{w0['device']} wins every cell by {res.metric}.",
+        )
+    rep.heading("Best layout per device")
+    cols = ["model", "seq", "batch", "device", "layout", f"{unit}/s/device", f"{unit}/J", "$/Mtok", "MFU", ""]
+    rows = []
+    for c in res.cells:
+        if not c["feasible"]:
+            rows.append(
+                [
+                    c["model"],
+                    c["seq_len"],
+                    c["batch"] or "max",
+                    c["device"],
+                    "infeasible",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "",
+                ]
+            )
+            continue
+        cost = c.get("cost_per_mtok")
+        rows.append(
+            [
+                c["model"],
+                c["seq_len"],
+                c["batch"] or "max",
+                c["device"],
+                c["layout"],
+                f"{c['tokens_per_s_per_device']:,.0f}",
+                f"{c['tokens_per_joule']:.2f}",
+                "-" if cost is None else f"{cost:.3f}",
+                f"{c['mfu']:.1%} ({c['mfu_basis'].split()[0]} peak)" if c.get("mfu") is not None else "-",
+                "winner" if c["winner"] else "",
+            ]
+        )
+    rep.table(cols, rows, left=("model", "device", "layout"))
+    cats = list(dict.fromkeys(f"{c['model']} s{c['seq_len']} b{c['batch'] or 'max'}" for c in res.cells))
+
+    def series(key: str) -> dict[str, list[float | None]]:
+        out: dict[str, list[float | None]] = {}
+        for d in res.devices:
+            vals: list[float | None] = []
+            for cat in cats:
+                hit = [
+                    c
+                    for c in ok
+                    if c["device"] == d and f"{c['model']} s{c['seq_len']} b{c['batch'] or 'max'}" == cat
+                ]
+                vals.append(hit[0].get(key) if hit else None)
+            out[d] = vals
+        return out
+
+    rep.heading("Per device")
+    rep.plot(
+        plots.grouped_bars(
+            cats,
+            series("tokens_per_s_per_device"),
+            ylabel=f"{unit}/s per device",
+            title="throughput per device",
+        ),
+        "a missing bar: nothing fits on that device",
+    )
+    rep.plot(
+        plots.grouped_bars(
+            cats, series("tokens_per_joule"), ylabel=f"{unit} per joule", title="energy efficiency"
+        )
+    )
+    if any(c.get("cost_per_mtok") is not None for c in ok):
+        rep.plot(plots.grouped_bars(cats, series("cost_per_mtok"), ylabel="$ per M tokens", title="cost"))
+    rep.code(_command_line(), "Reproduce")
+    return rep
