@@ -77,18 +77,20 @@ def pareto(
     label: str = "short",
     title: str = "",
     points_label: str = "Pareto front",
+    connect: bool = True,
 ) -> str:
     """One panel per ``xs`` (key, axis label): ``y`` against it for every point, the chosen one starred.
 
     ``points`` are flat dicts holding the keys; a missing or None value leaves the point out.
     """
-    fig = _figure(4.0 * len(xs), 3.9)
+    fig = _figure(max(6.0, 4.0 * len(xs)), 3.9)
     axes = fig.subplots(1, len(xs), squeeze=False)[0]
     for ax, (xk, xl) in zip(axes, xs, strict=True):
         pts = [(p[xk], p[y[0]]) for p in points if p.get(xk) is not None and p.get(y[0]) is not None]
         if pts:
             px, py = zip(*sorted(pts), strict=True)
-            ax.plot(px, py, "-", color="#9db7d5", linewidth=1, zorder=1)
+            if connect:
+                ax.plot(px, py, "-", color="#9db7d5", linewidth=1, zorder=1)
             ax.scatter(px, py, s=22, color=PALETTE[0], zorder=2, label=_t(points_label))
         if chosen.get(xk) is not None:
             ax.scatter(
@@ -106,7 +108,9 @@ def pareto(
         ax.set_ylabel(_t(y[1]))
         _style(ax)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    fig.legend(
+        handles, labels, loc="outside lower center", ncol=2 if len(xs) > 1 else 1, fontsize=8, frameon=False
+    )
     if title:
         fig.suptitle(_t(title), fontsize=10)
     return to_svg(fig)

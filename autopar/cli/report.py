@@ -337,6 +337,22 @@ def compare_report(res: Any) -> Report:
 
     rep.heading("Per device")
     rep.plot(
+        plots.pareto(
+            [dict(c, short=f"{c['device']} {c['layout']}") for c in ok],
+            dict(wins[0], short=f"{wins[0]['device']} {wins[0]['layout']}") if wins else {},
+            ("tokens_per_s_per_device", f"{unit}/s per device"),
+            [("tokens_per_joule", f"{unit} per joule")]
+            + (
+                [("cost_per_mtok", "$ per M tokens")]
+                if any(c.get("cost_per_mtok") is not None for c in ok)
+                else []
+            ),
+            points_label="best layout of each device and cell",
+            connect=False,
+        ),
+        "the star is the first cell's winner",
+    )
+    rep.plot(
         plots.grouped_bars(
             cats,
             series("tokens_per_s_per_device"),
@@ -352,5 +368,24 @@ def compare_report(res: Any) -> Report:
     )
     if any(c.get("cost_per_mtok") is not None for c in ok):
         rep.plot(plots.grouped_bars(cats, series("cost_per_mtok"), ylabel="$ per M tokens", title="cost"))
+    win_cells = [c for c in ok if c.get("winner")][:TOP_PLOTTED] or ok[:TOP_PLOTTED]
+    best = {c["device"]: c for c in reversed(ok)}  # each device's first cell
+    shown = list(best.values())[:TOP_PLOTTED] if len(win_cells) < 2 else win_cells
+    labels = [f"{c['device']} {c['layout']}" for c in shown]
+    rep.heading("Where the time goes and what fills memory (each device's best layout)")
+    if res.workload == "training":
+        tparts = [c.get("time_breakdown") or {} for c in shown]
+        mparts = [c.get("memory_breakdown") or {} for c in shown]
+        tx = "seconds per step"
+    else:
+        tparts = [_serving_parts(c, "time_ms_per_iteration") for c in shown]
+        mparts = [_serving_parts(c, "memory_gib_per_device") for c in shown]
+        tx = "ms per decode iteration"
+    rep.plot(plots.stacked_bars(list(zip(labels, tparts, strict=True)), xlabel=tx, title="time"))
+    rep.plot(
+        plots.stacked_bars(
+            list(zip(labels, mparts, strict=True)), xlabel="GiB per device", title="memory per device"
+        )
+    )
     rep.code(_command_line(), "Reproduce")
     return rep

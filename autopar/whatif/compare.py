@@ -101,6 +101,8 @@ def _serving_cell(
         "tpot_ms": best["tpot_ms"],
         "tokens_per_joule": best["output_tokens_per_joule"],
         "cost_per_mtok": best.get("cost_per_mtok"),
+        "time_ms_per_iteration": best.get("time_ms_per_iteration"),
+        "memory_gib_per_device": best.get("memory_gib_per_device"),
     }
 
 
@@ -152,6 +154,8 @@ def _training_cell(
         "step_time_s": best.step_time_s,
         "mfu": best.mfu,
         "mfu_basis": best.mfu_basis,
+        "time_breakdown": best.time_breakdown,
+        "memory_breakdown": best.memory_breakdown,
         "j_per_step": best.energy_j_per_step,
         "cost_per_mtok": None if price is None else float(cost_per_mtok(t, price)),
     }
