@@ -157,16 +157,18 @@ def lines(
     ylabel: str,
     title: str,
     logx: bool = False,
-    markers: bool = True,
+    style: Mapping[str, str] | None = None,
 ) -> str:
-    """One line per series of (x, y) points."""
+    """One line per series of (x, y) points; ``style`` maps a series to a marker/line format
+    ("-", ".", "x"; default: line with dots)."""
     fig = _figure(7.0, 3.8)
     ax = fig.subplots()
     for j, (name, pts) in enumerate(series.items()):
         if not pts:
             continue
         x, y = zip(*pts, strict=True)
-        ax.plot(x, y, marker="o" if markers else None, ms=4, color=PALETTE[j % len(PALETTE)], label=_t(name))
+        fmt = (style or {}).get(name, "-o")
+        ax.plot(x, y, fmt, ms=4, color=PALETTE[j % len(PALETTE)], label=_t(name))
     if logx:
         ax.set_xscale("log", base=2)
     ax.set_xlabel(_t(xlabel))
@@ -256,8 +258,14 @@ def parity(
             )
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(_t(f"measured ({unit})"))
     ax.set_ylabel(_t(f"predicted ({unit})"))
     ax.set_title(_t(title), fontsize=10)

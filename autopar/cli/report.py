@@ -389,3 +389,232 @@ def compare_report(res: Any) -> Report:
     )
     rep.code(_command_line(), "Reproduce")
     return rep
+
+
+# --------------------------------------------------------------------------------------- sweep
+def sweep_report(sw: Any, rows: list[dict[str, Any]]) -> Report:
+    """The winner of every point, and how throughput scales with the device count."""
+    from autopar import plots
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    rep = Report(
+        f"autopar sweep {sw.name}: {len(rows)} points",
+        f"{len(ok)} ok, {len(rows) - len(ok)} without a fitting layout or in error; objective {sw.objective}"
+        + (f"; {sw.description}" if sw.description else ""),
+    )
+    if ok:
+        b = max(ok, key=lambda r: r["mfu"])
+        rep.winner(
+            f"{b['model']} on {b['num_devices']} x {b['device']}: {b['layout']}",
+            {
+                "tokens/s per device": f"{b['tokens_per_s_per_device']:,.0f}",
+                "MFU": f"{b['mfu']:.1%} ({b['mfu_basis']})",
+                "memory per device": f"{b['memory_gib_per_device']:.1f} GiB",
+            },
+            f"the highest MFU of the sweep (seq {b['seq_len']:,}, global batch {b['global_batch']:,}).",
+        )
+    rep.heading("Best layout per point")
+    cols = ["model", "device", "devices", "seq", "batch", "layout", "tokens/s/device", "MFU", "memory"]
+    table = []
+    for r in rows:
+        head = [r["model"], r["device"], r["num_devices"], r["seq_len"], r["global_batch"]]
+        if r["status"] == "ok":
+            table.append(
+                head
+                + [
+                    r["layout"],
+                    f"{r['tokens_per_s_per_device']:,.0f}",
+                    f"{r['mfu']:.1%} ({r['mfu_basis'].split()[0]} peak)",
+                    f"{r['memory_gib_per_device']:.1f} GiB",
+                ]
+            )
+        else:
+            table.append(head + [f"{r['status']}: {r['message'] or ''}", "-", "-", "-"])
+    rep.table(cols, table, left=("model", "device", "layout"))
+    series: dict[str, list[tuple[float, float]]] = {}
+    mfu: dict[str, list[tuple[float, float]]] = {}
+    for r in ok:
+        name = f"{r['model']} {r['device']} s{r['seq_len']} b{r['global_batch']}"
+        series.setdefault(name, []).append((r["num_devices"], r["tokens_per_s_per_device"]))
+        mfu.setdefault(name, []).append((r["num_devices"], 100 * r["mfu"]))
+    rep.heading("Scaling with the number of devices")
+    for data, ylabel in ((series, "tokens/s per device"), (mfu, "MFU (%)")):
+        rep.plot(
+            plots.lines(
+                {k: sorted(v) for k, v in data.items()},
+                xlabel="devices",
+                ylabel=ylabel,
+                title=f"{ylabel} of each point's best layout",
+                logx=True,
+            )
+        )
+    rep.code(_command_line(), "Reproduce")
+    return rep
+
+
+# ------------------------------------------------------------------------------------ validate
+def validate_report(out: dict[str, Any]) -> Report:
+    """Measured against predicted step time and peak memory (``validate --json``'s content)."""
+    from autopar import plots
+
+    job = out.get("job") or {}
+    c = job.get("cluster") or {}
+    s = out.get("summary") or {}
+    recs = out.get("records") or []
+    ok = [r for r in recs if r.get("status") == "ok" and r.get("measured_step_time_s")]
+    rep = Report(
+        f"autopar validate: {job.get('model')} on {c.get('num_devices')} x {c.get('device')}",
+        f"{len(recs)} layouts run, {len(ok)} measured; calibration {out.get('calibration', 'default')}",
+    )
+    if ok:
+        rep.winner(
+            str(s.get("measured_best")),
+            {
+                "step-time MAPE": f"{s['step_time_mape']:.1%}",
+                "Spearman (rank)": f"{s['spearman']:.3f}",
+                "top-1 regret": f"{s['top1_regret']:.3f}",
+                **({"memory MAPE": f"{s['memory_mape']:.1%}"} if "memory_mape" in s else {}),
+            },
+            f"the fastest measured layout; the prediction ranked {s.get('predicted_best')} first "
+            f"(top-1 regret {s['top1_regret']:.3f}: its measured time over the fastest).",
+        )
+        rep.heading("Measured against predicted")
+        rep.plot(
+            plots.parity(
+                [r["measured_step_time_s"] for r in ok],
+                [r["predicted_step_time_s"] for r in ok],
+                unit="s per step",
+                title="step time",
+                band=0.2,
+            )
+        )
+        mem = [r for r in ok if r.get("measured_peak_memory_gib") and r.get("predicted_peak_memory_gib")]
+        if mem:
+            rep.plot(
+                plots.parity(
+                    [r["measured_peak_memory_gib"] for r in mem],
+                    [r["predicted_peak_memory_gib"] for r in mem],
+                    unit="GiB peak per rank",
+                    title="peak memory",
+                    band=0.2,
+                )
+            )
+    rep.heading("Runs")
+    cols = ["layout", "status", "predicted step", "measured step", "error", "predicted GiB", "measured GiB"]
+
+    def g(x: Any, f: str) -> str:
+        return "-" if x is None else format(x, f)
+
+    rows = []
+    for r in recs:
+        p, m = r.get("predicted_step_time_s"), r.get("measured_step_time_s")
+        rows.append(
+            [
+                r.get("layout_short"),
+                r.get("status")
+                if r.get("status") == "ok"
+                else f"{r.get('status')}: {r.get('error') or ''}"[:80],
+                g(p, ".4f"),
+                g(m, ".4f"),
+                "-" if not (p and m) else f"{p / m - 1:+.1%}",
+                g(r.get("predicted_peak_memory_gib"), ".3f"),
+                g(r.get("measured_peak_memory_gib"), ".3f"),
+            ]
+        )
+    rep.table(cols, rows, left=("layout", "status"))
+    rep.text(
+        "These errors are in-sample for the calibration the runs were predicted with if it was fitted to "
+        "them (--refit); on a fresh calibration they are out-of-sample.",
+        "note",
+    )
+    rep.code(_command_line(), "Reproduce")
+    return rep
+
+
+# --------------------------------------------------------------------------------------- study
+def study_report(rep_: Any) -> Report:
+    """The best trials of a study and how the search progressed, trial by trial."""
+    from autopar import plots
+    from autopar.job import FRAMEWORK_EXPORT_FORMAT, Job
+
+    job = rep_.attrs.get("job") or {}
+    c = job.get("cluster") or {}
+    rep = Report(
+        f"autopar study {rep_.name}: {job.get('model')} on {c.get('num_devices')} x {c.get('device')}",
+        f"space {rep_.attrs.get('space')}, objectives {', '.join(rep_.objectives)}; sampler {rep_.sampler} "
+        f"seed {rep_.seed}; {rep_.n_complete} complete trials, {rep_.n_failed} failed",
+    )
+    if rep_.best:
+        b = rep_.best[0]
+        rep.winner(
+            str(b["layout"]),
+            {
+                "tokens/s per device": f"{b.get('tokens_per_s_per_device') or 0:,.0f}",
+                "memory per device": f"{b.get('memory_gib_per_device') or 0:.1f} GiB",
+                "step time": _fmt_s(b.get("step_time_s") or 0.0),
+            },
+            f"the best feasible trial (#{b['trial']}) of {rep_.n_complete} by {rep_.objectives[0]}.",
+        )
+    rep.heading("Best feasible trials")
+    rep.table(
+        ["#", "trial", "layout", "tokens/s/device", "memory", "step time"],
+        [
+            [
+                i,
+                b["trial"],
+                b["layout"],
+                f"{b.get('tokens_per_s_per_device') or 0:,.0f}",
+                f"{b.get('memory_gib_per_device') or 0:.1f} GiB",
+                _fmt_s(b.get("step_time_s") or 0.0),
+            ]
+            for i, b in enumerate(rep_.best, 1)
+        ],
+        highlight_first=True,
+    )
+    hist = [h for h in rep_.history if h.get("tokens_per_s_per_device") is not None]
+    if hist:
+        fits = [(h["trial"], h["tokens_per_s_per_device"]) for h in hist if h["fits"]]
+        over = [(h["trial"], h["tokens_per_s_per_device"]) for h in hist if not h["fits"]]
+        best_so_far: list[tuple[float, float]] = []
+        top = 0.0
+        for t, v in fits:
+            top = max(top, v)
+            best_so_far.append((t, top))
+        rep.heading("History")
+        rep.plot(
+            plots.lines(
+                {"trial (fits)": fits, "trial (out of memory)": over, "best feasible so far": best_so_far},
+                xlabel="trial number",
+                ylabel="tokens/s per device",
+                title="study history",
+                style={"trial (fits)": ".", "trial (out of memory)": "x", "best feasible so far": "-"},
+            )
+        )
+        feas = [dict(h, short="") for h in hist if h["fits"]]
+        if rep_.best:
+            rep.plot(
+                plots.pareto(
+                    feas,
+                    {
+                        "short": rep_.best[0]["layout"],
+                        "tokens_per_s_per_device": rep_.best[0].get("tokens_per_s_per_device"),
+                        "memory_gib_per_device": rep_.best[0].get("memory_gib_per_device"),
+                    },
+                    ("tokens_per_s_per_device", "tokens/s per device"),
+                    [("memory_gib_per_device", "memory per device (GiB)")],
+                    points_label="feasible trials",
+                    connect=False,
+                ),
+                "every feasible trial; the star is the best.",
+            )
+    if job:
+        try:
+            assumptions = Job.model_validate(job).assumptions
+        except ValueError:  # a study written by another version: its job may not validate here
+            assumptions = []
+        rep.bullets(assumptions or ["none beyond the job above"], "Assumptions")
+    if rep_.best and job:
+        fmt = FRAMEWORK_EXPORT_FORMAT.get(job.get("framework", "megatron"), "megatron")
+        rep.code(_export_snippet({**rep_.best[0], "job": job}, fmt), f"Launch it ({fmt})")
+    rep.code(_command_line(), "Reproduce")
+    return rep

@@ -93,6 +93,9 @@ def register(sub: Any) -> dict[str, Any]:
     s.add_argument(
         "--json", action="store_true", help="machine-readable output (schema_version, job, trials)"
     )
+    from autopar.cli.recommend import add_html_arg
+
+    add_html_arg(s)
 
     li = ss.add_parser("list", help="studies in a storage")
     li.add_argument("--storage", default=None, help=STORAGE_HELP)
@@ -104,10 +107,18 @@ def cmd_study(a: argparse.Namespace) -> int:
     if a.study_command == "run":
         return _run(a)
     if a.study_command == "show":
+        from autopar.report import check_html_path
         from autopar.search.study import load_report
 
+        check_html_path(a.html)
         rep = load_report(a.name, a.storage, top=a.top)
         _emit(rep, a.json)
+        if a.html:
+            from autopar.cli.report import study_report
+
+            study_report(rep).write(a.html)
+            if not a.json:
+                print(f"wrote {a.html}")
         return 0
     from autopar.search.study import list_studies
 

@@ -30,6 +30,9 @@ def register(sub: Any) -> dict[str, Any]:
         metavar="ADDRESS",
         help="run each point as a Ray task: embedded local Ray (no value) or a cluster ADDRESS",
     )
+    from autopar.cli.recommend import add_html_arg
+
+    add_html_arg(p)
     return {"sweep": cmd_sweep}
 
 
@@ -39,6 +42,9 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     sw = load_sweep(a.file)
     out = a.out or default_output(sw)
     check_table_path(out)  # before the sweep runs
+    from autopar.report import check_html_path
+
+    check_html_path(a.html)
     started = False
     if a.ray is not None:
         from autopar.search.ray_backend import connect
@@ -65,6 +71,11 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         sys.stderr.write("\n")
     path = write_table(rows, out)
     print_summary(sw, rows, path, time.perf_counter() - t0, "ray" if a.ray is not None else "in-process")
+    if a.html:
+        from autopar.cli.report import sweep_report
+
+        sweep_report(sw, rows).write(a.html)
+        print(f"wrote {a.html}")
     return 0
 
 
