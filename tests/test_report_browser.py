@@ -151,3 +151,63 @@ def test_compare_report_in_chromium(tmp_path: Path, capsys: pytest.CaptureFixtur
     win = next(c for c in d["cells"] if c["winner"])
     assert f"{win['tokens_per_s_per_device']:,.0f}" in dom and f"{win['mfu']:.1%}" in dom
     assert dom.count("<svg") >= 4
+
+
+@needs_chromium
+def test_sweep_report_in_chromium(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text(
+        "name: tiny\nmodels: [llama-3.1-8b]\ndevices: [h100-sxm-80gb]\nnum_devices: [8, 16]\n"
+        "seq_len: [4096]\nglobal_batch: [64]\ntop: 1\n"
+    )
+    out = tmp_path / "sw.html"
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "t.csv"), "--html", str(out)]) == 0
+    capsys.readouterr()
+    assert_offline(out.read_text())
+    img, dom = _chromium(out, tmp_path)
+    assert_not_blank(img)
+    import csv
+
+    with (tmp_path / "t.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2
+    for r in rows:
+        assert r["layout"] in dom and f"{float(r['tokens_per_s_per_device']):,.0f}" in dom
+    assert "Scaling with the number of devices" in dom and dom.count("<svg") >= 2
+
+
+@needs_chromium
+def test_study_show_report_in_chromium(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "s.log")
+    job = ["--model", "llama-3.1-8b", "--device", "h100-sxm-80gb", "--num-devices", "16"]
+    job += ["--seq-len", "4096", "--global-batch", "64"]
+    assert main(["study", "run", "--name", "s", "--storage", store, *job, "--n-trials", "15"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "st.html"
+    d = _run_cli(["study", "show", "--name", "s", "--storage", store, "--html", str(out)], capsys)
+    assert_offline(out.read_text())
+    img, dom = _chromium(out, tmp_path)
+    assert_not_blank(img)
+    assert d["best"][0]["layout"] in dom and f"{d['best'][0]['tokens_per_s_per_device']:,.0f}" in dom
+    assert "History" in dom and dom.count("<svg") >= 2
+
+
+@needs_chromium
+def test_validate_report_in_chromium(tmp_path: Path) -> None:
+    """The validate report of the CPU validation study's measurements (no runs needed here)."""
+    from autopar.calibration.validate import summarize
+    from autopar.cli.report import validate_report
+
+    src = json.loads((Path(__file__).parent.parent / "studies/results/cpu_validation.json").read_text())
+    res = {
+        "job": {"model": "cpu-validation-llama", "cluster": {"device": "cpu", "num_devices": 4}},
+        "summary": summarize(src["records"]),
+        "records": src["records"],
+    }
+    out = tmp_path / "v.html"
+    validate_report(res).write(out)
+    assert_offline(out.read_text())
+    img, dom = _chromium(out, tmp_path)
+    assert_not_blank(img)
+    assert f"{res['summary']['step_time_mape']:.1%}" in dom and res["summary"]["measured_best"] in dom
+    assert dom.count("<svg") == 2

@@ -283,6 +283,7 @@ class SearchResult:
         rows = []
         for p in self.results:
             d = p.layout.model_dump()
+            d.update(self.objective_report(p))
             d.update(
                 layout=p.layout.short(),
                 step_time_s=p.step_time_s,
@@ -293,7 +294,6 @@ class SearchResult:
                 exposed_comm_fraction=p.exposed_comm_fraction,
                 energy_j_per_step=p.energy_j_per_step,
                 also=also_text(p.extra.get("also")),
-                **self.objective_report(p),
             )
             rows.append(d)
         return frame(rows)
