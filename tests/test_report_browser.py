@@ -93,7 +93,9 @@ def _chromium(html: Path, tmp: Path) -> tuple[np.ndarray, str]:
         "--window-size=1280,2400",
     ]
     png = tmp / "shot.png"
-    subprocess.run([*base, f"--screenshot={png}", html.as_uri()], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [*base, f"--screenshot={png}", html.as_uri()], check=True, capture_output=True, timeout=120
+    )
     dom = subprocess.run(
         [*base, "--dump-dom", html.as_uri()], check=True, capture_output=True, text=True, timeout=120
     ).stdout

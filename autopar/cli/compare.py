@@ -76,8 +76,9 @@ def register(sub) -> dict:
     p.add_argument(
         "--workload",
         choices=["serving", "training"],
-        default="serving",
-        help="what the devices are compared on",
+        required=True,
+        help="what the devices are compared on: training (--seq-len, --global-batch) or serving "
+        "(--isl, --osl, --concurrency)",
     )
     p.add_argument(
         "--seq-len",
@@ -133,7 +134,35 @@ def cmd_compare(a: argparse.Namespace) -> int:
     batches = a.batches if a.batches is not None else [None]
     if a.workload == "training" and a.batches is None:
         raise AutoparError("training comparison needs --global-batch", "e.g. --global-batch 256,1024")
-    res = compare(
+    from autopar.progress import Bar
+
+    bar = Bar(len(a.models) * len(a.seq_lens) * len(batches) * len(a.devices), "compare cells")
+    try:
+        res = _compare(a, compare, batches, prices, bar)
+    finally:
+        bar.close()
+    written = write_outputs(res, a.out) if a.out else []
+    if a.html:
+        from autopar.cli.report import compare_report
+
+        compare_report(res).write(a.html)
+        written.append(Path(a.html))
+    if a.json:
+        d = res.to_dict()
+        d["files"] = [str(p) for p in written]
+        sys.stdout.write(json.dumps(d, indent=2, default=float) + "\n")
+        return 0
+    _print(res)
+    for p in written:
+        print(f"wrote {p}")
+    return 0
+
+
+def _compare(
+    a: argparse.Namespace, compare: Any, batches: list[Any], prices: dict[str, Any], bar: Any
+) -> Any:
+    return compare(
+        on_cell=lambda what: bar.advance(1, what),
         models=a.models,
         devices=[d.lower() for d in a.devices],
         num_devices=a.num_devices,
@@ -153,21 +182,6 @@ def cmd_compare(a: argparse.Namespace) -> int:
             tpot_ms=a.tpot_ms,
         ),
     )
-    written = write_outputs(res, a.out) if a.out else []
-    if a.html:
-        from autopar.cli.report import compare_report
-
-        compare_report(res).write(a.html)
-        written.append(Path(a.html))
-    if a.json:
-        d = res.to_dict()
-        d["files"] = [str(p) for p in written]
-        sys.stdout.write(json.dumps(d, indent=2, default=float) + "\n")
-        return 0
-    _print(res)
-    for p in written:
-        print(f"wrote {p}")
-    return 0
 
 
 def _print(res) -> None:

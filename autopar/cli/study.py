@@ -165,7 +165,15 @@ def _run(a: argparse.Namespace) -> int:
         structured_seeds=not a.no_structured_seeds,
     )
 
+    from autopar.progress import Bar
+
+    bar = Bar(a.n_trials, f"study {a.name}: trials", enabled=not a.verbose)
+    best = [0.0]
+
     def on_trial(number: int, cand: Any, r: dict[str, Any], cached: bool) -> None:
+        if r["fits"]:
+            best[0] = max(best[0], r["tokens_per_s_per_device"])
+        bar.advance(1, f"best {best[0]:,.0f} tokens/s/device" if best[0] else "nothing fits yet")
         if a.verbose:
             fits = "fits" if r["fits"] else "does not fit"
             print(
@@ -174,7 +182,10 @@ def _run(a: argparse.Namespace) -> int:
                 flush=True,
             )
 
-    rep = run_study(cfg, n_trials=a.n_trials, timeout=a.timeout, on_trial=on_trial)
+    try:
+        rep = run_study(cfg, n_trials=a.n_trials, timeout=a.timeout, on_trial=on_trial)
+    finally:
+        bar.close()
     _emit(rep, a.json)
     return 0
 

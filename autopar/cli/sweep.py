@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
@@ -51,24 +50,21 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
         started = connect(a.ray)
     t0 = time.perf_counter()
-    n = len(sw.points())
-    done = [0]
+    from autopar.progress import Bar
+
+    bar = Bar(len(sw.points()), "sweep points")
 
     def on_point(i: int, row: Any) -> None:
-        done[0] += 1
-        if sys.stderr.isatty():
-            sys.stderr.write(f"\r{done[0]}/{n} points")
-            sys.stderr.flush()
+        bar.advance(1, f"{row['model']} {row['num_devices']} x {row['device']}: {row['status']}")
 
     try:
         rows = run_sweep(sw, ray=a.ray, on_point=on_point)
     finally:
+        bar.close()
         if started:
             from autopar.search.ray_backend import shutdown
 
             shutdown()
-    if sys.stderr.isatty():
-        sys.stderr.write("\n")
     path = write_table(rows, out)
     print_summary(sw, rows, path, time.perf_counter() - t0, "ray" if a.ray is not None else "in-process")
     if a.html:

@@ -180,7 +180,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
             partial = {**head, "complete": False, "records": finished}
             write_text(json_out, json.dumps(partial, indent=1, default=float), "validation results", "--json")
 
-    progress = Progress(len(source.items), enabled=not a.no_progress, on_record=save)
+    progress = Progress(len(source.items), enabled=not (a.no_progress or a.quiet), on_record=save)
     records = run_items(
         source.items,
         runner_model,

@@ -10,7 +10,6 @@ does, so ``predict`` of a returned layout reproduces its numbers bit for bit.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,7 +61,9 @@ class _Progress:
     """A rich progress bar on stderr that appears only once the work has taken over ~1 s."""
 
     def __init__(self, total: int, enabled: bool, label: str) -> None:
-        self.total, self.enabled, self.label = total, enabled and sys.stderr.isatty(), label
+        from autopar import progress
+
+        self.total, self.enabled, self.label = total, enabled and progress.enabled(), label
         self.t0 = time.perf_counter()
         self.done = 0
         self.bar: Any = None

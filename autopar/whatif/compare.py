@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,7 @@ def compare(
     calibration: str | None = None,
     memory_headroom: float | None = None,
     serving_kwargs: dict[str, Any] | None = None,
+    on_cell: Callable[[str], None] | None = None,
 ) -> CompareResult:
     """Best layout per device on every (model, seq_len, batch) cell and the winner of each cell.
 
@@ -218,6 +220,8 @@ def compare(
             for b in batches:
                 row_cells = []
                 for d in devices:
+                    if on_cell is not None:
+                        on_cell(f"{m} seq {s} batch {b or 'max'} on {d}")
                     if workload == "serving":
                         c = _serving_cell(m, d, num_devices, s, osl, b, prices.get(d), metric, skw)
                     else:
