@@ -29,6 +29,7 @@ def register(sub: Any) -> dict[str, Any]:
         metavar="ADDRESS",
         help="run each point as a Ray task: embedded local Ray (no value) or a cluster ADDRESS",
     )
+    p.add_argument("--json", action="store_true", help="machine-readable output: every point's row")
     from autopar.cli.recommend import add_html_arg
 
     add_html_arg(p)
@@ -66,11 +67,21 @@ def cmd_sweep(a: argparse.Namespace) -> int:
 
             shutdown()
     path = write_table(rows, out)
-    print_summary(sw, rows, path, time.perf_counter() - t0, "ray" if a.ray is not None else "in-process")
     if a.html:
         from autopar.cli.report import sweep_report
 
         sweep_report(sw, rows).write(a.html)
+    if a.json:
+        import json
+        import sys
+
+        from autopar.job import SCHEMA_VERSION
+
+        doc = {"schema_version": SCHEMA_VERSION, "sweep": sw.name, "table": str(path), "rows": rows}
+        sys.stdout.write(json.dumps(doc, indent=2, default=float) + "\n")
+        return 0
+    print_summary(sw, rows, path, time.perf_counter() - t0, "ray" if a.ray is not None else "in-process")
+    if a.html:
         print(f"wrote {a.html}")
     return 0
 

@@ -104,6 +104,7 @@ def _serving_cell(
         "cost_per_mtok": best.get("cost_per_mtok"),
         "time_ms_per_iteration": best.get("time_ms_per_iteration"),
         "memory_gib_per_device": best.get("memory_gib_per_device"),
+        "record": {**best, "job": res.job},  # what `autopar export --from-json` reads
     }
 
 
@@ -157,6 +158,7 @@ def _training_cell(
         "mfu_basis": best.mfu_basis,
         "time_breakdown": best.time_breakdown,
         "memory_breakdown": best.memory_breakdown,
+        "record": {**best.layout.model_dump(), "job": r.job},  # what `autopar export --from-json` reads
         "j_per_step": best.energy_j_per_step,
         "cost_per_mtok": None if price is None else float(cost_per_mtok(t, price)),
     }
