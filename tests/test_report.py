@@ -115,3 +115,137 @@ def test_search_result_frame_and_notebook_table(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setitem(sys.modules, "pandas", None)
     with pytest.raises(AutoparError, match=r"pip install 'autopar\[frame\]'"):
         res.to_frame()
+
+
+SERVE = ["serve", "--model", "llama-3.1-8b", "--device", "h100-sxm-80gb", "--num-devices", "8"]
+SERVE += ["--isl", "1024", "--osl", "256"]
+COMPARE = ["compare", "--model", "llama-3.1-8b", "--devices", "h100-sxm-80gb,a100-80gb", "--num-devices", "8"]
+
+
+def _json_of(args: list[str], capsys: pytest.CaptureFixture[str], path: Path) -> dict:
+    assert main([*args, "--json"]) == 0
+    text = capsys.readouterr().out
+    path.write_text(text)
+    return json.loads(text)
+
+
+def _export(path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
+    rc = main(["export", "--from-json", str(path), *extra])
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_export_reads_every_commands_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # recommend and predict: the winner / the record
+    rec = _json_of(["recommend", *SMALL], capsys, tmp_path / "r.json")
+    rc, out, _ = _export(tmp_path / "r.json", capsys, "--format", "env")
+    assert rc == 0 and f"AUTOPAR_TP={rec['results'][0]['tp']}" in out
+    # serve: the best aggregated layout as vLLM engines
+    sv = _json_of(SERVE, capsys, tmp_path / "s.json")
+    best = sv["results"][0]
+    rc, out, _ = _export(tmp_path / "s.json", capsys)
+    assert rc == 0 and "vllm serve" in out and f"--tensor-parallel-size {best['tp']}" in out
+    assert f"--max-num-seqs {round(best['concurrency_per_instance'] / (best.get('adp') or 1))}" in out
+    dis = next((i for i, r in enumerate(sv["results"]) if r["mode"] != "aggregated"), None)
+    if dis is not None:
+        rc, out, err = _export(tmp_path / "s.json", capsys, "--record", str(dis))
+        assert rc == 2 and out == "" and "disaggregated" in err and len(err.strip().splitlines()) == 1
+    # compare: the winning cell first
+    cmp = _json_of(
+        [*COMPARE, "--workload", "training", "--seq-len", "4096", "--global-batch", "64"],
+        capsys,
+        tmp_path / "c.json",
+    )
+    win = next(c for c in cmp["cells"] if c["winner"])
+    rc, out, _ = _export(tmp_path / "c.json", capsys, "--format", "env")
+    assert rc == 0 and f"AUTOPAR_DEVICE={win['device']}" in out
+    assert f"# autopar layout: {win['layout']}" in out
+    # study show: the best trial, or the n-th
+    store = str(tmp_path / "st.log")
+    job = ["--model", "llama-3.1-8b", "--device", "h100-sxm-80gb", "--num-devices", "16"]
+    job += ["--seq-len", "4096", "--global-batch", "64"]
+    assert main(["study", "run", "--name", "s", "--storage", store, *job, "--n-trials", "12", "--json"]) == 0
+    capsys.readouterr()
+    st = _json_of(["study", "show", "--name", "s", "--storage", store], capsys, tmp_path / "st.json")
+    rc, out, _ = _export(tmp_path / "st.json", capsys, "--format", "env", "--record", "1")
+    assert rc == 0 and f"# autopar layout: {st['best'][1]['layout']}" in out
+    # sweep: the points that found a layout
+    sweep = tmp_path / "sw.yaml"
+    sweep.write_text(
+        "name: t\nmodels: [llama-3.1-8b]\ndevices: [h100-sxm-80gb]\nnum_devices: [8]\nseq_len: [4096]\n"
+        "global_batch: [64]\ntop: 1\n"
+    )
+    sw = _json_of(["sweep", str(sweep), "--out", str(tmp_path / "t.csv")], capsys, tmp_path / "sw.json")
+    rc, out, _ = _export(tmp_path / "sw.json", capsys, "--format", "env")
+    assert rc == 0 and f"# autopar layout: {sw['rows'][0]['layout']}" in out
+
+
+def test_export_of_a_json_without_a_layout_is_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for doc in ({"schema_version": 1, "cells": []}, {"rows": [{"status": "infeasible"}]}, {"best": []}):
+        (tmp_path / "e.json").write_text(json.dumps(doc))
+        rc, out, err = _export(tmp_path / "e.json", capsys)
+        assert rc == 2 and out == "" and "no exportable layout" in err and len(err.strip().splitlines()) == 1
+
+
+def test_compare_requires_the_workload(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main([*COMPARE, "--seq-len", "4096", "--global-batch", "128"])
+    assert e.value.code == 2 and "--workload" in capsys.readouterr().err
+
+
+def test_serving_and_compare_frames_and_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    import autopar
+
+    sv = autopar.serve(model="llama-3.1-8b", device="h100-sxm-80gb", num_devices=8, isl=1024, osl=256, top=4)
+    df = sv.to_frame()
+    assert (
+        len(df) == 4
+        and df["output_tokens_per_s_per_device"].iloc[0] == sv.results[0]["output_tokens_per_s_per_device"]
+    )
+    assert "time_ms_compute" in df.columns and sv.results[0]["short"] in sv._repr_html_()
+    cmp = autopar.compare(
+        models=["llama-3.1-8b"],
+        devices=["h100-sxm-80gb", "a100-80gb"],
+        num_devices=8,
+        workload="training",
+        seq_lens=[4096],
+        batches=[64],
+    )
+    cf = cmp.to_frame()
+    assert len(cf) == 2 and set(cf["device"]) == {"h100-sxm-80gb", "a100-80gb"}
+    assert cmp._repr_html_().count("<tr") == 3
+
+
+def test_help_is_plain_text_with_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    from autopar.cli.main import build_parser
+
+    parser, _ = build_parser()
+    top = parser.format_help()
+    assert "``" not in top and ":func:" not in top and "examples:" in top
+    for cmd in ("recommend", "serve", "compare", "sweep", "validate", "predict", "export", "calibrate"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        out = capsys.readouterr().out
+        assert "examples:\n  autopar " in out and "--quiet" in out, cmd
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_completion_scripts(shell: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["completion", shell]) == 0
+    script = capsys.readouterr().out
+    assert "recommend" in script and "--html" in script and "--global-batch" in script
+    if shell == "bash":
+        import shutil
+        import subprocess
+
+        if shutil.which("bash") is None:
+            pytest.skip("bash is not installed")
+        (tmp_path / "c.bash").write_text(script)
+        probe = (
+            f"source {tmp_path / 'c.bash'}; COMP_WORDS=(autopar recommend --ht); COMP_CWORD=2; "
+            '_shtab_autopar autopar --ht recommend; echo "${COMPREPLY[@]}"'
+        )
+        r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
+        assert r.stdout.split() == ["--html"], r.stderr

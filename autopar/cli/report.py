@@ -195,25 +195,7 @@ def serving_report(res: Any) -> Report:
         + ".",
     )
     rep.heading(f"Top {len(res.results)} serving layouts")
-    cols = ["#", "layout", "devices", "TTFT ms", "TPOT ms", "tok/s/device", "tok/s/user", "tok/J", "$/Mtok"]
-
-    def f(x: Any, nd: int = 1) -> str:
-        return "-" if x is None else f"{x:,.{nd}f}" if isinstance(x, float) else str(x)
-
-    rows = [
-        [
-            str(i),
-            r["short"],
-            str(r["devices"]),
-            f(r["ttft_ms"]),
-            f(r["tpot_ms"], 2),
-            f(r["output_tokens_per_s_per_device"], 0),
-            f(r["output_tokens_per_s_per_user"]),
-            f(r["output_tokens_per_joule"], 2),
-            f(r["cost_per_mtok"], 3),
-        ]
-        for i, r in enumerate(res.results, 1)
-    ]
+    cols, rows = res.table()
     rep.table(cols, rows, highlight_first=True)
     rep.heading("Throughput per device against speed per user")
     rep.plot(
@@ -284,40 +266,7 @@ def compare_report(res: Any) -> Report:
             "; ".join(res.changes) if res.changes else f"{w0['device']} wins every cell by {res.metric}.",
         )
     rep.heading("Best layout per device")
-    cols = ["model", "seq", "batch", "device", "layout", f"{unit}/s/device", f"{unit}/J", "$/Mtok", "MFU", ""]
-    rows = []
-    for c in res.cells:
-        if not c["feasible"]:
-            rows.append(
-                [
-                    c["model"],
-                    c["seq_len"],
-                    c["batch"] or "max",
-                    c["device"],
-                    "infeasible",
-                    "-",
-                    "-",
-                    "-",
-                    "-",
-                    "",
-                ]
-            )
-            continue
-        cost = c.get("cost_per_mtok")
-        rows.append(
-            [
-                c["model"],
-                c["seq_len"],
-                c["batch"] or "max",
-                c["device"],
-                c["layout"],
-                f"{c['tokens_per_s_per_device']:,.0f}",
-                f"{c['tokens_per_joule']:.2f}",
-                "-" if cost is None else f"{cost:.3f}",
-                f"{c['mfu']:.1%} ({c['mfu_basis'].split()[0]} peak)" if c.get("mfu") is not None else "-",
-                "winner" if c["winner"] else "",
-            ]
-        )
+    cols, rows = res.table()
     rep.table(cols, rows, left=("model", "device", "layout"))
     cats = list(dict.fromkeys(f"{c['model']} s{c['seq_len']} b{c['batch'] or 'max'}" for c in res.cells))
 

@@ -42,6 +42,58 @@ class CompareResult:
     winners: list[dict[str, Any]]
     changes: list[str] = field(default_factory=list)
 
+    def table(self) -> tuple[list[str], list[list[Any]]]:
+        """Every cell (columns, formatted rows), as the HTML report and notebooks show it."""
+        unit = "output tok" if self.workload == "serving" else "tok"
+        cols = [
+            "model",
+            "seq",
+            "batch",
+            "device",
+            "layout",
+            f"{unit}/s/device",
+            f"{unit}/J",
+            "$/Mtok",
+            "MFU",
+            "",
+        ]
+        rows: list[list[Any]] = []
+        for c in self.cells:
+            head = [c["model"], c["seq_len"], c["batch"] or "max", c["device"]]
+            if not c["feasible"]:
+                rows.append(head + ["infeasible", "-", "-", "-", "-", ""])
+                continue
+            cost, mfu = c.get("cost_per_mtok"), c.get("mfu")
+            rows.append(
+                head
+                + [
+                    c["layout"],
+                    f"{c['tokens_per_s_per_device']:,.0f}",
+                    f"{c['tokens_per_joule']:.2f}",
+                    "-" if cost is None else f"{cost:.3f}",
+                    "-" if mfu is None else f"{mfu:.1%} ({c['mfu_basis'].split()[0]} peak)",
+                    "winner" if c["winner"] else "",
+                ]
+            )
+        return cols, rows
+
+    def _repr_html_(self) -> str:
+        from autopar.report import table_html
+
+        cols, rows = self.table()
+        return table_html(
+            cols,
+            rows,
+            left=("model", "device", "layout"),
+            caption=f"best layout per device ({self.workload})",
+        )
+
+    def to_frame(self) -> Any:
+        """Every cell as a pandas DataFrame, one row per (model, seq, batch, device) (needs pandas)."""
+        from autopar.report import frame
+
+        return frame([{k: v for k, v in c.items() if not isinstance(v, dict | list)} for c in self.cells])
+
     def to_dict(self) -> dict[str, Any]:
         from autopar.job import SCHEMA_VERSION
 
