@@ -262,13 +262,18 @@ def parity(
 
         ax.set_xscale("log")
         ax.set_yscale("log")
+        import math
+
+        subs = (1.0, 2.0, 5.0) if math.log10(hi / lo) <= 2.5 else (1.0,)
         for axis in (ax.xaxis, ax.yaxis):
-            axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            axis.set_major_locator(LogLocator(subs=subs))
             axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
             axis.set_minor_formatter(NullFormatter())
+    import textwrap
+
     ax.set_xlabel(_t(f"measured ({unit})"))
     ax.set_ylabel(_t(f"predicted ({unit})"))
-    ax.set_title(_t(title), fontsize=10)
+    ax.set_title(_t(textwrap.fill(title, 60)), fontsize=9)
     _style(ax)
     ax.legend(loc="upper left", fontsize=7, frameon=False, ncol=1 if len(order) < 6 else 2)
     return to_svg(fig)

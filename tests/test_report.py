@@ -249,3 +249,22 @@ def test_completion_scripts(shell: str, capsys: pytest.CaptureFixture[str], tmp_
         )
         r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=30)
         assert r.stdout.split() == ["--html"], r.stderr
+
+
+def test_accuracy_study_writes_its_plot(tmp_path: Path) -> None:
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "acc.svg"
+    r = subprocess.run(
+        [sys.executable, str(root / "studies" / "accuracy.py"), "--no-loso", "--plot", str(out)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = out.read_text()
+    assert text.startswith("<?xml") and "<svg" in text and f"wrote {out}" in r.stdout
+    n = int(re.search(r"n=(\d+)  MAPE", r.stdout).group(1))  # type: ignore[union-attr]
+    assert text.count("<use") >= n  # one marker per predicted row (and the legend's)
