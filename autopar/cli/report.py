@@ -43,6 +43,23 @@ def _assumptions_and_error(rep: Report, assumptions: list[str], expected: Any) -
     rep.bullets(items)
 
 
+def _expected_errors(jobs: list[dict[str, Any]]) -> list[str]:
+    """The expected error of tokens/s that each distinct (device, calibration, stack) quotes."""
+    from autopar.coefficients import expected_error, load_calibration
+
+    out: dict[tuple[Any, ...], str] = {}
+    for job in jobs:
+        dev = (job.get("cluster") or {}).get("device")
+        key = (dev, job.get("calibration"), job.get("framework"))
+        if dev is None or key in out:
+            continue
+        e = expected_error(dev, load_calibration(job.get("calibration")), job.get("framework"))
+        out[key] = f"expected error of tokens/s on {dev}: " + (
+            e.describe() if e else "no out-of-sample error figure covers this device and stack"
+        )
+    return list(out.values())
+
+
 # ------------------------------------------------------------------------------------ training
 def search_report(res: Any, *, export_format: str | None = None, title: str = "recommend") -> Report:
     """recommend (and study show): the winner and why, the top-k, the front, both breakdowns."""
@@ -336,6 +353,26 @@ def compare_report(res: Any) -> Report:
             list(zip(labels, mparts, strict=True)), xlabel="GiB per device", title="memory per device"
         )
     )
+    recs = [c["record"] for c in ok if isinstance(c.get("record"), dict)]
+    if res.workload == "training":
+        rep.bullets(_expected_errors([r["job"] for r in recs]), "Expected error")
+    else:
+        rep.bullets(
+            ["serving predictions carry no out-of-sample error figure yet (none was measured)."],
+            "Expected error",
+        )
+    if wins and isinstance(wins[0].get("record"), dict):
+        from autopar.cli.export import records_of, serving_export_record
+        from autopar.errors import AutoparError
+
+        rec = records_of({"cells": [wins[0]]}, "compare")[0]
+        fmt = "vllm" if res.workload == "serving" else "megatron"
+        try:
+            rec = serving_export_record(rec) if res.workload == "serving" else rec
+            snippet = _export_snippet(rec, fmt)
+        except AutoparError as exc:  # a refusal is shown in the report, not raised
+            snippet = f"# {fmt} cannot run this layout: {exc}"
+        rep.code(snippet, f"Launch the first winner ({fmt})")
     rep.code(_command_line(), "Reproduce")
     return rep
 
@@ -344,6 +381,7 @@ def compare_report(res: Any) -> Report:
 def sweep_report(sw: Any, rows: list[dict[str, Any]]) -> Report:
     """The winner of every point, and how throughput scales with the device count."""
     from autopar import plots
+    from autopar.job import FRAMEWORK_EXPORT_FORMAT
 
     ok = [r for r in rows if r["status"] == "ok"]
     rep = Report(
@@ -397,6 +435,11 @@ def sweep_report(sw: Any, rows: list[dict[str, Any]]) -> Report:
                 logx=True,
             )
         )
+    rep.bullets(_expected_errors([r["job"] for r in ok if isinstance(r.get("job"), dict)]), "Expected error")
+    if ok and isinstance(ok[0].get("job"), dict):
+        b = max(ok, key=lambda r: r["mfu"])
+        fmt = FRAMEWORK_EXPORT_FORMAT.get(b["job"].get("framework", "megatron"), "megatron")
+        rep.code(_export_snippet(b, fmt), f"Launch the highest-MFU point ({fmt})")
     rep.code(_command_line(), "Reproduce")
     return rep
 
