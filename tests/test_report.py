@@ -268,3 +268,24 @@ def test_accuracy_study_writes_its_plot(tmp_path: Path) -> None:
     assert text.startswith("<?xml") and "<svg" in text and f"wrote {out}" in r.stdout
     n = int(re.search(r"n=(\d+)  MAPE", r.stdout).group(1))  # type: ignore[union-attr]
     assert text.count("<use") >= n  # one marker per predicted row (and the legend's)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        SERVE,
+        [*COMPARE, "--workload", "training", "--seq-len", "4096", "--global-batch", "64"],
+        ["study", "show", "--name", "nope"],
+        ["validate", "--layouts", "nope.json"],
+    ],
+    ids=["serve", "compare", "study-show", "validate"],
+)
+def test_every_html_destination_is_checked_first(
+    args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "adir").mkdir()
+    assert main([*args, "--html", "adir"]) == 2
+    cap = capsys.readouterr()
+    assert cap.out == "" and "--html" in cap.err and len(cap.err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"] and not any((tmp_path / "adir").iterdir())
