@@ -122,8 +122,10 @@ def stacked_bars(
     xlabel: str,
     title: str,
     scale: float = 1.0,
+    colors: Mapping[str, str] | None = None,
 ) -> str:
-    """Horizontal stacked bars, one per (label, parts) row; parts <= 0 are left out of the legend."""
+    """Horizontal stacked bars, one per (label, parts) row; parts <= 0 are left out of the legend.
+    ``colors`` maps a part to its colour (default: the palette in order)."""
     keys: list[str] = []
     for _, parts in rows:
         keys += [k for k, v in parts.items() if v > 0 and k not in keys]
@@ -137,7 +139,7 @@ def stacked_bars(
             labels,
             vals,
             left=left,
-            color=PALETTE[j % len(PALETTE)],
+            color=(colors or {}).get(k, PALETTE[j % len(PALETTE)]),
             label=_t(k.replace("_", " ")),
             height=0.6,
         )

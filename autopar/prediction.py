@@ -9,7 +9,7 @@ from autopar.coefficients import ExpectedError
 from autopar.engine import evaluate
 from autopar.errors import AutoparError, LayoutError
 from autopar.job import SCHEMA_VERSION, Job, TrainingJob
-from autopar.latency import TIME_COMPONENTS
+from autopar.latency import COMM_KINDS, TIME_COMPONENTS
 from autopar.layout import LAYOUT_ARGS, Layout, LayoutTable, Reason, resolve_layout
 from autopar.legality import Context, reasons_for_row
 from autopar.memory import GIB, MEMORY_COMPONENTS
@@ -43,6 +43,9 @@ class Prediction:
     # the 90th-percentile |error| of tokens/s this prediction should expect, and where it comes from
     expected_error: ExpectedError | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # each collective's seconds per step: {"tp": {"exposed": s, "hidden": s}, ...} (sums to
+    # comm_exposed_s and comm_total_s - comm_exposed_s)
+    comm_breakdown: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def expected_error_p90(self) -> float | None:
@@ -89,6 +92,7 @@ class Prediction:
             avg_power_w=self.avg_power_w,
             time_breakdown=self.time_breakdown,
             memory_breakdown=self.memory_breakdown,
+            comm_breakdown=self.comm_breakdown,
             coefficients=self.coefficients,
             expected_error_p90=self.expected_error_p90,
             expected_error_basis=self.expected_error.to_dict() if self.expected_error else None,
@@ -210,6 +214,13 @@ def prediction_from_row(
         memory_limit_gib=limit_gib,
         coefficients=coefficient_source(job.device.id, calibration),
         expected_error=expected_error(job.device.id, calibration, job.framework.name),
+        comm_breakdown={
+            k: {
+                "exposed": float(res[f"comm_exposed_{k}_s"][i]),
+                "hidden": float(res[f"comm_total_{k}_s"][i] - res[f"comm_exposed_{k}_s"][i]),
+            }
+            for k in COMM_KINDS
+        },
     )
 
 

@@ -289,3 +289,21 @@ def test_every_html_destination_is_checked_first(
     cap = capsys.readouterr()
     assert cap.out == "" and "--html" in cap.err and len(cap.err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"] and not any((tmp_path / "adir").iterdir())
+
+
+@pytest.mark.parametrize("layout", [dict(tp=8), dict(tp=2, pp=2, cp=2), dict(tp=1, zero=3)])
+def test_each_collectives_exposed_and_hidden_sum_to_the_totals(layout: dict) -> None:
+    from autopar.prediction import predict
+
+    p = predict(
+        model="llama-3.1-8b", device="h100-sxm-80gb", num_devices=8, seq_len=4096, global_batch=8, **layout
+    )
+    cb = p.comm_breakdown
+    assert set(cb) == {"tp", "cp", "ep", "pp", "dp"}
+    assert sum(v["exposed"] for v in cb.values()) == pytest.approx(p.comm_exposed_s, rel=1e-9, abs=1e-15)
+    total = sum(v["exposed"] + v["hidden"] for v in cb.values())
+    assert total == pytest.approx(p.comm_total_s, rel=1e-9, abs=1e-15)
+    if layout.get("tp", 1) == 1:
+        assert cb["tp"] == {"exposed": 0.0, "hidden": 0.0}
+    else:
+        assert cb["tp"]["exposed"] + cb["tp"]["hidden"] > 0

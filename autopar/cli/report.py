@@ -148,12 +148,25 @@ def search_report(res: Any, *, export_format: str | None = None, title: str = "r
     rep.plot(
         plots.stacked_bars(
             [
-                (lab, {"exposed": p.comm_exposed_s, "hidden (overlapped)": p.comm_total_s - p.comm_exposed_s})
+                (
+                    lab,
+                    {
+                        f"{k} {part}": max(0.0, v[part])
+                        for part in ("exposed", "hidden")
+                        for k, v in p.comm_breakdown.items()
+                    },
+                )
                 for lab, p in zip(labels, top, strict=True)
             ],
             xlabel="seconds per step",
-            title="communication per step: exposed vs hidden behind compute",
-        )
+            title="each collective per step: exposed (solid), and hidden behind compute (light)",
+            colors={
+                f"{k} {part}": plots.PALETTE[j] + ("" if part == "exposed" else "59")
+                for j, k in enumerate(("tp", "cp", "ep", "pp", "dp"))
+                for part in ("exposed", "hidden")
+            },
+        ),
+        "tp/cp/ep/pp/dp: tensor, context, expert, pipeline and data parallel communication.",
     )
     rep.heading("What fills memory")
     rep.plot(
