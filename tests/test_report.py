@@ -3,6 +3,8 @@ destination rules, near-duplicate collapsing, MFU's basis, DataFrames and notebo
 
 from __future__ import annotations
 
+import argparse
+import io
 import json
 import re
 import sys
@@ -307,3 +309,39 @@ def test_each_collectives_exposed_and_hidden_sum_to_the_totals(layout: dict) -> 
         assert cb["tp"] == {"exposed": 0.0, "hidden": 0.0}
     else:
         assert cb["tp"]["exposed"] + cb["tp"]["hidden"] > 0
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_shows_on_a_terminal_and_never_under_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autopar import progress
+
+    for quiet, shown in ((False, True), (True, False)):
+        err = _Tty()
+        monkeypatch.setattr(sys, "stderr", err)
+        progress.set_quiet(quiet)
+        try:
+            with progress.Bar(3, "scoring things", delay_s=0.0) as bar:
+                for _ in range(3):
+                    bar.advance(1, "a note")
+        finally:
+            progress.set_quiet(False)
+        assert ("scoring things" in err.getvalue()) is shown
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # a pipe: never a bar
+    assert not progress.enabled()
+
+
+def test_quiet_is_accepted_by_every_command() -> None:
+    from autopar.cli.main import build_parser
+
+    parser, _ = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    leaves = []
+    for name, p in sub.choices.items():
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        leaves += [(f"{name} {n}", q) for s in subs for n, q in s.choices.items()] if subs else [(name, p)]
+    missing = [n for n, p in leaves if "--quiet" not in p._option_string_actions]
+    assert len(leaves) >= 12 and not missing, missing
