@@ -15,7 +15,7 @@ from typing import Any
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:0;
 background:#f6f7f9;color:#1d2430;font-size:14px;line-height:1.45}
-main{max-width:1180px;margin:0 auto;padding:20px 28px 40px}
+main{max-width:1320px;margin:0 auto;padding:20px 28px 40px}
 h1{font-size:22px;margin:8px 0 4px}h2{font-size:17px;margin:26px 0 8px;border-bottom:1px solid #d5dae1;
 padding-bottom:4px}
 .sub{color:#4a5566;margin:0 0 12px}
@@ -50,7 +50,12 @@ def table_html(
     highlight_first: bool = False,
     caption: str = "",
 ) -> str:
-    """An HTML table of already-formatted cells (escaped here); ``left`` columns are left-aligned."""
+    """An HTML table of already-formatted cells (escaped here); ``left`` columns are left-aligned.
+    A column with a header but no value in any row (e.g. "also" when nothing was collapsed) is
+    left out."""
+    keep = [i for i, c in enumerate(columns) if not rows or any(str(r[i]) != "" for r in rows) or not c]
+    columns = [columns[i] for i in keep]
+    rows = [[r[i] for i in keep] for r in rows]
     lefts = {i for i, c in enumerate(columns) if c in left}
     out = ["<div class=tw><table>"]
     if caption:
