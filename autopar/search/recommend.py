@@ -38,7 +38,8 @@ from autopar.search.space import SearchSpace, load_space
 
 TARGET_CELLS = 100_000  # grid cells per engine call (fits the caches; see studies/search_speed.py)
 POOL_MIN_LAYOUTS = 1_500_000
-DUPLICATE_FETCH = 4  # layouts scored per returned one, room for collapsing near-duplicates  # below this a process pool costs more than it saves on 2 cores
+DUPLICATE_FETCH = 4  # layouts kept per returned one, room for collapsing near-duplicates...
+DUPLICATE_EXTRA_MAX = 200  # ...but at most this many extra (each is re-predicted one by one)  # below this a process pool costs more than it saves on 2 cores
 
 
 # ---------------------------------------------------------------------------------- executors
@@ -417,7 +418,7 @@ def search_layouts(
         raise InfeasibleError(_no_legal_message(en, reasons), "widen the search space or change the job")
     # Near-duplicates (layouts whose difference changes no figure) are collapsed into one row, so the
     # scoring keeps a few more than ``top`` to still return ``top`` distinct ones.
-    fetch = max(top * DUPLICATE_FETCH, 2)
+    fetch = max(top + min((DUPLICATE_FETCH - 1) * top, DUPLICATE_EXTRA_MAX), 2)
     state = ScoringState(en, cal, objectives, fetch)
     t1 = time.perf_counter()
     summary, backend, n_workers = run_scoring(state, workers=workers, ray=ray, progress=progress)
