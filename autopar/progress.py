@@ -80,3 +80,38 @@ class Bar:
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
+
+
+class Spinner:
+    """An elapsed-time bar for work that reports no steps; it appears only after ``delay_s``."""
+
+    def __init__(self, label: str, *, delay_s: float = 1.0) -> None:
+        import threading
+
+        self.bar = Bar(None, label)
+        self.lock = threading.Lock()
+        self.done = False
+        self.timer = threading.Timer(delay_s, self._show)
+        self.timer.daemon = True
+
+    def _show(self) -> None:
+        with self.lock:
+            if not self.done:
+                self.bar.start()
+
+    def start(self) -> Spinner:
+        if self.bar.on:
+            self.timer.start()
+        return self
+
+    def stop(self) -> None:
+        self.timer.cancel()
+        with self.lock:
+            self.done = True
+            self.bar.close()
+
+    def __enter__(self) -> Spinner:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

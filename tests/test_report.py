@@ -345,3 +345,16 @@ def test_quiet_is_accepted_by_every_command() -> None:
         leaves += [(f"{name} {n}", q) for s in subs for n, q in s.choices.items()] if subs else [(name, p)]
     missing = [n for n, p in leaves if "--quiet" not in p._option_string_actions]
     assert len(leaves) >= 12 and not missing, missing
+
+
+def test_spinner_appears_only_after_its_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from autopar import progress
+
+    for wait, shown in ((0.0, False), (0.6, True)):
+        err = _Tty()
+        monkeypatch.setattr(sys, "stderr", err)
+        with progress.Spinner("searching things", delay_s=0.2):
+            time.sleep(wait)
+        assert ("searching things" in err.getvalue()) is shown

@@ -95,6 +95,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from autopar.serving.search import ServingInfeasible, serve
 
     check_html_path(a.html)
+    from autopar.progress import Spinner
+
+    spinner = Spinner("serve: searching layouts").start()
     try:
         res = serve(
             model=a.model,
@@ -117,6 +120,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
         if a.json and exc.result is not None:
             sys.stdout.write(json.dumps(exc.result.to_dict(), indent=2, default=float) + "\n")
         raise
+    finally:
+        spinner.stop()
     if a.json:
         sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=float) + "\n")
     else:
