@@ -79,6 +79,8 @@ def test_near_duplicates_collapse_into_also(capsys: pytest.CaptureFixture[str]) 
     res = json.loads(capsys.readouterr().out)["results"]
     assert len(res) == 4
     assert res[0]["dp"] == 1 and res[0]["also"] == {"zero": [1, 2]}
+    assert main(["recommend", *SMALL, *NO_DP, "--top", "4"]) == 0
+    assert "also (same figures)" in (table := capsys.readouterr().out) and "zero=1,2" in table
     figures = [(r["step_time_s"], r["memory_gib_per_device"], r["energy_j_per_step"]) for r in res]
     assert len(set(figures)) == len(figures)  # no two rows are the same layout in effect
     from autopar.prediction import predict

@@ -220,6 +220,9 @@ def _ranked_table(title: str, preds: list, res, extra_cols: list[str]):
     t.add_column("exposed comm", justify="right")
     for c in extra_cols:
         t.add_column(c, justify="right")
+    also = any(p.extra.get("also") for p in preds)
+    if also:  # layouts that differ from the row in a setting that changes no figure
+        t.add_column("also (same figures)")
     for i, p in enumerate(preds, 1):
         ob = res.objective_report(p)
         row = [
@@ -235,6 +238,10 @@ def _ranked_table(title: str, preds: list, res, extra_cols: list[str]):
             row.append(f"{ob['energy_j_per_token']:.3f}")
         if "$/M tokens" in extra_cols:
             row.append(f"{ob['cost_usd_per_million_tokens']:.3f}")
+        if also:
+            from autopar.prediction import also_text
+
+            row.append(also_text(p.extra.get("also")))
         t.add_row(*row)
     return t
 
