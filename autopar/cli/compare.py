@@ -76,9 +76,9 @@ def register(sub) -> dict:
     p.add_argument(
         "--workload",
         choices=["serving", "training"],
-        required=True,
+        default=None,
         help="what the devices are compared on: training (--seq-len, --global-batch) or serving "
-        "(--isl, --osl, --concurrency)",
+        "(--isl, --osl, --concurrency) (default: none, it must be named)",
     )
     p.add_argument(
         "--seq-len",
@@ -122,6 +122,10 @@ def register(sub) -> dict:
 def cmd_compare(a: argparse.Namespace) -> int:
     from autopar.report import check_html_path
     from autopar.whatif.compare import compare, output_paths, write_outputs
+
+    if a.workload is None and getattr(a, "per", None) is None:
+        # never guessed: a --global-batch read as a serving concurrency gave a silently wrong answer
+        raise AutoparError("compare needs --workload training or --workload serving", "name the workload")
 
     if a.out:
         output_paths(a.out)  # a bad destination is refused before the comparison runs
