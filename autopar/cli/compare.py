@@ -123,10 +123,6 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from autopar.report import check_html_path
     from autopar.whatif.compare import compare, output_paths, write_outputs
 
-    if a.workload is None and getattr(a, "per", None) is None:
-        # never guessed: a --global-batch read as a serving concurrency gave a silently wrong answer
-        raise AutoparError("compare needs --workload training or --workload serving", "name the workload")
-
     if a.out:
         output_paths(a.out)  # a bad destination is refused before the comparison runs
     check_html_path(a.html)
@@ -136,6 +132,9 @@ def cmd_compare(a: argparse.Namespace) -> int:
         prices = {d.lower(): a.price_per_device_hour for d in a.devices}
     prices.update(a.prices or {})
     batches = a.batches if a.batches is not None else [None]
+    if a.workload is None and getattr(a, "per", None) is None:
+        # never guessed: a --global-batch read as a serving concurrency gave a silently wrong answer
+        raise AutoparError("compare needs --workload training or --workload serving", "name the workload")
     if a.workload == "training" and a.batches is None:
         raise AutoparError("training comparison needs --global-batch", "e.g. --global-batch 256,1024")
     from autopar.progress import Bar
