@@ -13,6 +13,7 @@ from autopar.coefficients import Calibration, coefficients_for, load_calibration
 from autopar.energy import energy_per_step
 from autopar.job import TrainingJob
 from autopar.latency import (
+    COMM_KINDS,
     SLOT_PARTS,
     TIME_COMPONENTS,
     Coefficients,
@@ -153,6 +154,9 @@ def evaluate(
         out[f"mem_{k}"] = mem[k]
     for k in TIME_COMPONENTS:
         out[f"time_{k}"] = t[k]
+    for k in COMM_KINDS:
+        out[f"comm_total_{k}_s"] = np.broadcast_to(t[f"comm_total_{k}"], (n,))
+        out[f"comm_exposed_{k}_s"] = np.broadcast_to(t[f"comm_exposed_{k}"], (n,))
     return out
 
 

@@ -46,6 +46,9 @@ TIME_COMPONENTS = (
     "pipeline_bubble",
     "optimizer",
 )
+# The collectives whose seconds per step are reported in full and exposed (``comm_total_<k>``,
+# ``comm_exposed_<k>``): tensor, context, expert, pipeline and data parallel.
+COMM_KINDS = ("tp", "cp", "ep", "pp", "dp")
 # The components of one micro-batch on one stage (``stage_slot``); the step holds m of them.
 SLOT_PARTS = ("gemm", "attention", "elementwise", "recompute", "tp_comm", "cp_comm", "ep_comm")
 
@@ -834,5 +837,23 @@ def step_time_breakdown(
     exposed_comm = m * (sl["tp_exposed"] + sl["cp_comm"] + sl["ep_exposed"]) + pp_comm + tail["dp_exposed"]
     out["comm_total"] = total_comm
     out["comm_exposed"] = exposed_comm
+    # The same two sums per collective (their terms, so they add up to comm_total / comm_exposed).
+    per_total = {
+        "tp": m * sl["tp_raw"],
+        "cp": m * sl["cp_raw"],
+        "ep": m * sl["ep_raw"],
+        "pp": pp_comm,
+        "dp": m * tail["dp_per_mb"] + tail["dp_per_step"],
+    }
+    per_exposed = {
+        "tp": m * sl["tp_exposed"],
+        "cp": m * sl["cp_comm"],
+        "ep": m * sl["ep_exposed"],
+        "pp": pp_comm,
+        "dp": tail["dp_exposed"],
+    }
+    for k in COMM_KINDS:
+        out[f"comm_total_{k}"] = per_total[k]
+        out[f"comm_exposed_{k}"] = per_exposed[k]
     out["compute_busy"] = m * (sl["fwd"] + sl["bwd"] + sl["recompute"])
     return out

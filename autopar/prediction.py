@@ -9,7 +9,7 @@ from autopar.coefficients import ExpectedError
 from autopar.engine import evaluate
 from autopar.errors import AutoparError, LayoutError
 from autopar.job import SCHEMA_VERSION, Job, TrainingJob
-from autopar.latency import TIME_COMPONENTS
+from autopar.latency import COMM_KINDS, TIME_COMPONENTS
 from autopar.layout import LAYOUT_ARGS, Layout, LayoutTable, Reason, resolve_layout
 from autopar.legality import Context, reasons_for_row
 from autopar.memory import GIB, MEMORY_COMPONENTS
@@ -43,10 +43,26 @@ class Prediction:
     # the 90th-percentile |error| of tokens/s this prediction should expect, and where it comes from
     expected_error: ExpectedError | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # each collective's seconds per step: {"tp": {"exposed": s, "hidden": s}, ...} (sums to
+    # comm_exposed_s and comm_total_s - comm_exposed_s)
+    comm_breakdown: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def expected_error_p90(self) -> float | None:
         return self.expected_error.p90 if self.expected_error else None
+
+    @property
+    def mfu_basis(self) -> str:
+        """The peak MFU is quoted against: the dense peak of the layout's GEMM precision."""
+        from autopar.precision import PEAK_KEY
+
+        return f"{PEAK_KEY[self.layout.precision]} dense peak"
+
+    def mfu_text(self) -> str:
+        """MFU with its basis, as every table prints it: ``41.2% (bf16 peak)``."""
+        from autopar.precision import PEAK_KEY
+
+        return f"{self.mfu:.1%} ({PEAK_KEY[self.layout.precision]} peak)"
 
     @property
     def assumptions(self) -> list[str]:
@@ -60,6 +76,7 @@ class Prediction:
             step_time_s=self.step_time_s,
             tokens_per_s_per_device=self.tokens_per_s_per_device,
             mfu=self.mfu,
+            mfu_basis=self.mfu_basis,
             memory_gib_per_device=self.memory_gib_per_device,
             memory_allocated_gib=self.memory_allocated_gib,
             memory_reserved_gib=self.memory_reserved_gib,
@@ -75,12 +92,62 @@ class Prediction:
             avg_power_w=self.avg_power_w,
             time_breakdown=self.time_breakdown,
             memory_breakdown=self.memory_breakdown,
+            comm_breakdown=self.comm_breakdown,
             coefficients=self.coefficients,
             expected_error_p90=self.expected_error_p90,
             expected_error_basis=self.expected_error.to_dict() if self.expected_error else None,
             assumptions=self.assumptions,
         )
+        if self.extra.get("also"):
+            d["also"] = self.extra["also"]
         return d
+
+
+def _same_figures(a: Prediction, b: Prediction, rel: float = 1e-9) -> bool:
+    def close(x: float, y: float) -> bool:
+        return abs(x - y) <= rel * max(abs(x), abs(y))
+
+    return (
+        close(a.step_time_s, b.step_time_s)
+        and close(a.memory_gib_per_device, b.memory_gib_per_device)
+        and close(a.energy_j_per_step, b.energy_j_per_step)
+    )
+
+
+def collapse_equivalent(preds: list[Prediction], limit: int | None = None) -> list[Prediction]:
+    """Group layouts whose step time, memory and energy agree within 1e-9 relative (their difference
+    changes no figure, e.g. a ZeRO stage without data parallelism) and keep the first of each group,
+    in order, at most ``limit`` groups. The kept one's ``extra["also"]`` names the fields in which the
+    others differ and their values, e.g. ``{"zero": [0, 2, 3]}``.
+    """
+    groups: list[list[Prediction]] = []
+    for p in preds:
+        for g in groups:
+            if _same_figures(g[0], p):
+                g.append(p)
+                break
+        else:
+            groups.append([p])
+    out = []
+    for g in groups[:limit]:
+        head = g[0]
+        also: dict[str, list[Any]] = {}
+        ref = head.layout.model_dump()
+        for other in g[1:]:
+            for k, v in other.layout.model_dump().items():
+                if v != ref[k] and v not in also.setdefault(k, []):
+                    also[k].append(v)
+        if also:
+            head.extra["also"] = {k: sorted(v, key=str) for k, v in also.items() if v}
+        out.append(head)
+    return out
+
+
+def also_text(also: dict[str, list[Any]] | None) -> str:
+    """``zero=0,2,3; offload=True`` (empty when nothing was collapsed)."""
+    if not also:
+        return ""
+    return "; ".join(f"{k}={','.join(str(x) for x in v)}" for k, v in also.items())
 
 
 def prediction_from_row(
@@ -147,6 +214,13 @@ def prediction_from_row(
         memory_limit_gib=limit_gib,
         coefficients=coefficient_source(job.device.id, calibration),
         expected_error=expected_error(job.device.id, calibration, job.framework.name),
+        comm_breakdown={
+            k: {
+                "exposed": float(res[f"comm_exposed_{k}_s"][i]),
+                "hidden": float(res[f"comm_total_{k}_s"][i] - res[f"comm_exposed_{k}_s"][i]),
+            }
+            for k in COMM_KINDS
+        },
     )
 
 

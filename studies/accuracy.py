@@ -23,7 +23,10 @@ read. For training rows it prints:
   predictions quote (the shipped one: ``cost_models/calibration/expected_error.yaml``).
 
 All error figures use the shipped calibration (``cost_models/calibration/default.yaml``) unless
-``--calibration`` names another. ``--json OUT`` writes every record and every table.
+``--calibration`` names another. ``--json OUT`` writes every record and every table. ``--plot
+OUT.svg`` draws predicted against measured tokens/s per device (in-sample: the shipped calibration
+was fitted on these rows) and, with the refits, ``OUT.out_of_sample.svg`` (each row under the fit
+that left its source out).
 """
 
 from __future__ import annotations
@@ -409,6 +412,21 @@ def _pct(x: float) -> str:
     return "     -" if x != x else f"{x:6.1%}"
 
 
+def _plot(measured: list[Any], predicted_: list[Any], groups: list[str], title: str, path: Path) -> None:
+    from autopar import plots
+
+    svg = plots.parity(
+        [float(x) for x in measured],
+        [float(x) for x in predicted_],
+        groups=groups,
+        unit="tokens/s per device",
+        title=title,
+        band=LOSO_LINE,
+    )
+    plots.write_svg(svg, path, "accuracy plot", "--plot")
+    print(f"wrote {path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -428,7 +446,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH",
         help="write the out-of-sample expected-error table (shipped: " + str(SHIPPED_TABLE) + ")",
     )
+    ap.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="OUT.svg",
+        help="write predicted vs measured tokens/s (and OUT.out_of_sample.svg with the refits)",
+    )
     a = ap.parse_args(argv)
+    if a.plot is not None:
+        from autopar.files import check_output
+
+        check_output(a.plot, "accuracy plot", "--plot")
     if a.write_expected_error and a.no_loso:
         print(
             "error: --write-expected-error needs the leave-one-source-out refits (drop --no-loso)",
@@ -518,6 +547,14 @@ def main(argv: list[str] | None = None) -> int:
         if not predicted(c):
             skipped[c.skipped or "not predicted"].append(c.run_id)
     tables["skipped"] = {k: v for k, v in skipped.items()}
+    if a.plot is not None:
+        _plot(
+            [c.measured_tps for c in done],
+            [c.prediction["predicted_tokens_per_s_per_device"] for c in done],  # type: ignore[index]
+            [group_key(c, "device") for c in done],
+            f"in-sample: the shipped calibration on its own fit rows (n={len(done)}, MAPE {overall['mape']:.1%})",
+            a.plot,
+        )
     print(f"== training rows with a target that are not predicted: {sum(map(len, skipped.values()))} ==")
     for reason, ids in sorted(skipped.items(), key=lambda kv: -len(kv[1])):
         print(f"  {len(ids):>3} x {reason[:150]}: runs {', '.join(ids[:8])}{' ...' if len(ids) > 8 else ''}")
@@ -536,6 +573,15 @@ def main(argv: list[str] | None = None) -> int:
         }
         print_loso(table, fits, time.perf_counter() - t1, a.max_nfev)
         held = out_of_sample_errors(rows, fits)
+        if a.plot is not None:
+            oos = float(np.mean([abs(e) for _, e in held])) if held else float("nan")
+            _plot(
+                [c.measured_tps for c, _ in held],
+                [c.measured_tps * (1.0 + e) for c, e in held],  # type: ignore[operator]
+                [group_key(c, "device") for c, _ in held],
+                f"out-of-sample: each source under the fit without it (n={len(held)}, MAPE {oos:.1%})",
+                a.plot.with_name(a.plot.stem + ".out_of_sample.svg"),
+            )
         groups = expected_error_groups(held)
         tables["expected_error"] = groups
         print(

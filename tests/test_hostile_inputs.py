@@ -407,7 +407,7 @@ case(
 case("sweep-directory", ["sweep", "adir"])
 # ----------------------------------------------------------------------------- compare and serve
 CMP = ["compare", "--model", "llama-3.1-8b", "--devices", "h100-sxm-80gb", "--num-devices", "8"]
-CMP += ["--seq-len", "4096", "--global-batch", "64"]
+CMP += ["--workload", "training", "--seq-len", "4096", "--global-batch", "64"]
 case("compare-out-missing-dir", [*CMP, "--out", "missing/cmp"])
 case("compare-out-csv-is-dir", [*CMP, "--out", "cmp"], **{"cmp.csv__keep": ""})
 case("compare-device-unknown", [*CMP[:3], "--devices", "h999", *CMP[5:]])

@@ -87,10 +87,15 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         check_output(a.save_raw, "raw microbenchmark results", "--save-raw")
     out_dir = a.out_dir or DEFAULT_OUT_DIR  # the default is made if missing, once the fit succeeded
 
+    from autopar.progress import Bar
+
+    what = f"running {'quick ' if a.quick else ''}microbenchmarks on {world} rank(s) ({kind})"
+    bar = Bar(None, f"calibrate: {what}")
+
     def announce() -> None:  # once every input and destination has been checked
-        if not a.json:
-            what = f"running {'quick ' if a.quick else ''}microbenchmarks on {world} rank(s) ({kind})"
+        if not a.json and not a.quiet:
             sys.stderr.write(f"calibrate: {what} ...\n")
+            bar.start()  # an elapsed-time bar: the microbenchmarks report nothing until they end
 
     try:
         fitted, cal_path, prof_path = calibrate(
@@ -113,6 +118,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
             f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'malformed entry'})",
             "pass a file written by `autopar calibrate --save-raw`",
         ) from None
+    finally:
+        bar.close()
     out = {
         "device_id": fitted.device_id,
         "calibration": str(cal_path),

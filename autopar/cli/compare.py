@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from autopar.cli.args import add_field_args, positive_int
@@ -75,8 +76,9 @@ def register(sub) -> dict:
     p.add_argument(
         "--workload",
         choices=["serving", "training"],
-        default="serving",
-        help="what the devices are compared on",
+        default=None,
+        help="what the devices are compared on: training (--seq-len, --global-batch) or serving "
+        "(--isl, --osl, --concurrency) (default: none, it must be named)",
     )
     p.add_argument(
         "--seq-len",
@@ -111,23 +113,59 @@ def register(sub) -> dict:
     add_field_args(p, Job, ("memory_headroom", "calibration"))
     p.add_argument("--out", default=None, help="write PREFIX.csv and PREFIX.svg")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    from autopar.cli.recommend import add_html_arg
+
+    add_html_arg(p)
     return {"compare": cmd_compare}
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
+    from autopar.report import check_html_path
     from autopar.whatif.compare import compare, output_paths, write_outputs
 
     if a.out:
         output_paths(a.out)  # a bad destination is refused before the comparison runs
+    check_html_path(a.html)
 
     prices: dict[str, Any] = {}
     if a.price_per_device_hour is not None:
         prices = {d.lower(): a.price_per_device_hour for d in a.devices}
     prices.update(a.prices or {})
     batches = a.batches if a.batches is not None else [None]
+    if a.workload is None and getattr(a, "per", None) is None:
+        # never guessed: a --global-batch read as a serving concurrency gave a silently wrong answer
+        raise AutoparError("compare needs --workload training or --workload serving", "name the workload")
     if a.workload == "training" and a.batches is None:
         raise AutoparError("training comparison needs --global-batch", "e.g. --global-batch 256,1024")
-    res = compare(
+    from autopar.progress import Bar
+
+    bar = Bar(len(a.models) * len(a.seq_lens) * len(batches) * len(a.devices), "compare cells")
+    try:
+        res = _compare(a, compare, batches, prices, bar)
+    finally:
+        bar.close()
+    written = write_outputs(res, a.out) if a.out else []
+    if a.html:
+        from autopar.cli.report import compare_report
+
+        compare_report(res).write(a.html)
+        written.append(Path(a.html))
+    if a.json:
+        d = res.to_dict()
+        d["files"] = [str(p) for p in written]
+        sys.stdout.write(json.dumps(d, indent=2, default=float) + "\n")
+        return 0
+    _print(res)
+    for p in written:
+        print(f"wrote {p}")
+    return 0
+
+
+def _compare(
+    a: argparse.Namespace, compare: Any, batches: list[Any], prices: dict[str, Any], bar: Any
+) -> Any:
+    return compare(
+        on_cell=lambda what: bar.advance(1, what),
         models=a.models,
         devices=[d.lower() for d in a.devices],
         num_devices=a.num_devices,
@@ -147,16 +185,6 @@ def cmd_compare(a: argparse.Namespace) -> int:
             tpot_ms=a.tpot_ms,
         ),
     )
-    written = write_outputs(res, a.out) if a.out else []
-    if a.json:
-        d = res.to_dict()
-        d["files"] = [str(p) for p in written]
-        sys.stdout.write(json.dumps(d, indent=2, default=float) + "\n")
-        return 0
-    _print(res)
-    for p in written:
-        print(f"wrote {p}")
-    return 0
 
 
 def _print(res) -> None:

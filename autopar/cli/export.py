@@ -71,22 +71,109 @@ def _read_records(src: str) -> list[dict[str, Any]]:
     else:
         text = read_text(src, "--from-json", hint)
     data = parse_json(text, f"--from-json {src}")
-    if isinstance(data, dict) and "results" in data:
-        data = data["results"]
-    if isinstance(data, dict):
-        data = [data]
-    if not isinstance(data, list) or not data:
-        raise AutoparError(f"--from-json {src}: no layout records found", "expected predict/recommend JSON")
-    bad = next((i for i, r in enumerate(data) if not isinstance(r, dict)), None)
+    recs = records_of(data, f"--from-json {src}")
+    bad = next((i for i, r in enumerate(recs) if not isinstance(r, dict)), None)
     if bad is not None:
         raise AutoparError(f"--from-json {src}: record {bad} is not an object", hint)
-    return data
+    return recs
+
+
+def records_of(data: Any, where: str) -> list[dict[str, Any]]:
+    """The exportable layout records of any command's ``--json``, best first.
+
+    predict: the record itself; recommend and serve: ``results``; study show: ``best``; compare:
+    the winning cells, then the other feasible ones; sweep: the points that found a layout. A
+    record without its own ``job`` takes the file's; a serving record becomes the layout and job
+    the serving launchers (vllm, sglang) read.
+    """
+    hint = "pass the --json output of predict, recommend, serve, compare, study show or sweep"
+    if isinstance(data, list):
+        return data
+    if not isinstance(data, dict):
+        raise AutoparError(f"{where}: no layout records found", hint)
+    top_job = data.get("job")
+    if "results" in data:
+        recs = data["results"]
+    elif "best" in data:
+        recs = data["best"]
+    elif "cells" in data:
+        cells = [c for c in data["cells"] if isinstance(c, dict) and c.get("record")]
+        recs = [c["record"] for c in sorted(cells, key=lambda c: not c.get("winner"))]
+    elif "rows" in data:
+        recs = [r for r in data["rows"] if isinstance(r, dict) and r.get("status") == "ok"]
+    else:
+        recs = [data]
+    if not isinstance(recs, list) or not recs:
+        raise AutoparError(
+            f"{where}: the JSON has no exportable layout (nothing fitted, or not a result)", hint
+        )
+    out = []
+    for r in recs:
+        if isinstance(r, dict):
+            r = dict(r)
+            if not isinstance(r.get("job"), dict) and isinstance(top_job, dict):
+                r["job"] = top_job
+        out.append(r)
+    return out
+
+
+def _is_serving(r: dict[str, Any]) -> bool:
+    w = (r.get("job") or {}).get("workload") if isinstance(r.get("job"), dict) else None
+    return isinstance(w, dict) and w.get("kind") == "serving"
+
+
+def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
+    """A ``serve`` result as the layout + job the serving exporters read: tp, pp, ep; every
+    replica (and attention-DP rank) a data-parallel engine; the concurrency per engine as
+    ``micro_batch`` (vLLM --max-num-seqs); isl + osl as ``seq_len`` (--max-model-len)."""
+    job, w = r["job"], r["job"]["workload"]
+    if r.get("mode") != "aggregated":
+        raise AutoparError(
+            f"{r.get('short', 'this layout')} is a disaggregated prefill/decode deployment: two "
+            "pools that no single launcher command runs",
+            "export an aggregated layout (pick one with --record N, or serve --no-disaggregated)",
+        )
+    try:
+        tp, pp, devices = int(r["tp"]), int(r["pp"]), int(r["devices"])
+        dp = devices // (tp * pp)
+        engines = max(1, int(r.get("adp") or 1))
+        conc = float(r["concurrency_per_instance"]) / engines
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        raise AutoparError(
+            "a serving record lacks tp/pp/devices/concurrency_per_instance", "pass serve --json"
+        ) from None
+    micro = max(1, round(conc))
+    cluster = dict(job.get("cluster") or {}, num_devices=devices)
+    return {
+        "tp": tp,
+        "pp": pp,
+        "dp": dp,
+        "ep": int(r.get("ep") or 1),
+        "micro_batch": micro,
+        "grad_accum": 1,
+        "zero": 0,
+        "sp": False,
+        "precision": "fp8" if w.get("weight_precision") == "fp8" else "bf16",
+        "serving": True,
+        "job": {
+            "model": job["model"],
+            "cluster": cluster,
+            "workload": {
+                "kind": "training",
+                "seq_len": int(w["isl"]) + int(w["osl"]),
+                "global_batch": micro * dp,
+            },
+            "allow_long_context": job.get("allow_long_context", False),
+        },
+    }
 
 
 def _framework_format(record: dict[str, Any]) -> str:
     """The export format of the record's training stack (``Job.framework``)."""
     from autopar.job import FRAMEWORK_EXPORT_FORMAT
 
+    if isinstance(record, dict) and record.get("serving"):
+        return "vllm"
     job = record.get("job") if isinstance(record, dict) else None
     framework = job.get("framework", "megatron") if isinstance(job, dict) else None
     if framework not in FRAMEWORK_EXPORT_FORMAT:
@@ -128,6 +215,8 @@ def cmd_export(a: argparse.Namespace) -> int:
         if not 0 <= a.record < len(records):
             raise AutoparError(f"--record {a.record} is out of range (0..{len(records) - 1})")
         record = records[a.record]
+        if _is_serving(record):
+            record = serving_export_record(record)
     else:
         missing = [
             f for f in ("model", "device", "num_devices", "seq_len", "global_batch") if getattr(a, f) is None
@@ -161,10 +250,13 @@ def register(sub) -> dict:
     )
     p.add_argument("--list-formats", action="store_true", help="list the formats and exit")
     p.add_argument(
-        "--from-json", default=None, metavar="FILE", help="a predict/recommend --json output ('-' for stdin)"
+        "--from-json",
+        default=None,
+        metavar="FILE",
+        help="the --json output of predict, recommend, serve, compare, study show or sweep ('-' for stdin)",
     )
     p.add_argument(
-        "--record", type=int, default=0, help="which result of a recommend --json to export (0 = best)"
+        "--record", type=int, default=0, help="which record of the JSON to export (0 = the best / the winner)"
     )
     # The job flags of predict, optional here because --from-json carries them.
     add_job_args(p, optional=True)

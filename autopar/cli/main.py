@@ -1,7 +1,7 @@
-"""The ``autopar`` command line. Every user error exits with status 2 and one line on stderr.
+"""The autopar command line: every user error exits with status 2 and one line on stderr.
 
 Exit codes a launch script can rely on: 0 success, 2 bad input or nothing feasible (message on
-stderr), 1 an internal error (a bug: please report it).
+stderr), 1 an internal error (a bug: please report it). The help text is in autopar.cli.help.
 """
 
 from __future__ import annotations
@@ -26,12 +26,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     handlers: dict[str, Handler] = {}
     for name in COMMAND_MODULES:
         handlers.update(import_module(name).register(sub))
+    from autopar.cli.help import decorate
+
+    decorate(parser)
     return parser, handlers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser, handlers = build_parser()
     args = parser.parse_args(argv)
+    from autopar import progress
+
+    progress.set_quiet(getattr(args, "quiet", False))
     try:
         return handlers[args.command](args)
     except AutoparError as exc:

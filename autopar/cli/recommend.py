@@ -96,7 +96,17 @@ def register(sub: Any) -> dict[str, Any]:
         default=None,
         help="with --export: write the launcher file here (default: stdout after the report)",
     )
+    add_html_arg(p)
     return {"recommend": cmd_recommend}
+
+
+def add_html_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--html",
+        default=None,
+        metavar="PATH",
+        help="also write a self-contained HTML report (plots, tables, assumptions; opens offline)",
+    )
 
 
 def price(a: argparse.Namespace) -> float:
@@ -128,13 +138,20 @@ def cmd_recommend(a: argparse.Namespace) -> int:
     from autopar.cli.export import check_out
 
     check_out(a.out)  # a bad destination is refused before the search runs
+    from autopar.report import check_html_path
+
+    check_html_path(a.html)
+    objective = a.objective
+    if a.html and "," not in objective:
+        # the report's Pareto plot needs a front: keep the one against memory (the ranking is unchanged)
+        objective += ",memory" if objective.strip() != "memory" else ",throughput"
 
     started = _maybe_start_ray(a.ray)
     try:
         res = recommend(
             **job_kwargs(a),
             top=a.top,
-            objective=a.objective,
+            objective=objective,
             space=a.space,
             overrides=tuple(a.overrides),
             price_per_device_hour=price(a),
@@ -168,6 +185,12 @@ def cmd_recommend(a: argparse.Namespace) -> int:
         from autopar.cli.export import write_output
 
         write_output(rendered, a.out)
+    if a.html:
+        from autopar.cli.report import search_report
+
+        search_report(res, export_format=a.export).write(a.html)
+        if not a.json:
+            print(f"wrote {a.html}")
     return 0
 
 
@@ -197,6 +220,9 @@ def _ranked_table(title: str, preds: list, res, extra_cols: list[str]):
     t.add_column("exposed comm", justify="right")
     for c in extra_cols:
         t.add_column(c, justify="right")
+    also = any(p.extra.get("also") for p in preds)
+    if also:  # layouts that differ from the row in a setting that changes no figure
+        t.add_column("also (same figures)")
     for i, p in enumerate(preds, 1):
         ob = res.objective_report(p)
         row = [
@@ -204,7 +230,7 @@ def _ranked_table(title: str, preds: list, res, extra_cols: list[str]):
             p.layout.short(),
             _fmt_s(p.step_time_s),
             f"{p.tokens_per_s_per_device:,.0f}",
-            f"{p.mfu:.1%}",
+            p.mfu_text(),
             f"{p.memory_gib_per_device:.1f} / {p.memory_capacity_gib:.0f} GiB",
             f"{p.exposed_comm_fraction:.1%}",
         ]
@@ -212,6 +238,10 @@ def _ranked_table(title: str, preds: list, res, extra_cols: list[str]):
             row.append(f"{ob['energy_j_per_token']:.3f}")
         if "$/M tokens" in extra_cols:
             row.append(f"{ob['cost_usd_per_million_tokens']:.3f}")
+        if also:
+            from autopar.prediction import also_text
+
+            row.append(also_text(p.extra.get("also")))
         t.add_row(*row)
     return t
 

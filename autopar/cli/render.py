@@ -61,7 +61,7 @@ def print_prediction(pred) -> None:
     summary.add_column("value", justify="right")
     summary.add_row("step time", _fmt_s(pred.step_time_s))
     summary.add_row("tokens/s per device", f"{pred.tokens_per_s_per_device:,.0f}")
-    summary.add_row("MFU", f"{pred.mfu:.1%}")
+    summary.add_row("MFU", pred.mfu_text())
     summary.add_row(
         "memory per device",
         f"{pred.memory_gib_per_device:.1f} / {pred.memory_capacity_gib:.1f} GiB "

@@ -84,12 +84,20 @@ def register(sub) -> dict:
         p.add_argument(f"--{d}", type=positive_int, default=None, help=f"pin {d} (default: searched)")
     p.add_argument("--top", type=int_range(1, MAX_TOP), default=10, help="how many layouts to list")
     p.add_argument("--json", action="store_true", help="machine-readable output (shape of recommend --json)")
+    from autopar.cli.recommend import add_html_arg
+
+    add_html_arg(p)
     return {"serve": cmd_serve}
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    from autopar.report import check_html_path
     from autopar.serving.search import ServingInfeasible, serve
 
+    check_html_path(a.html)
+    from autopar.progress import Spinner
+
+    spinner = Spinner("serve: searching layouts").start()
     try:
         res = serve(
             model=a.model,
@@ -112,10 +120,18 @@ def cmd_serve(a: argparse.Namespace) -> int:
         if a.json and exc.result is not None:
             sys.stdout.write(json.dumps(exc.result.to_dict(), indent=2, default=float) + "\n")
         raise
+    finally:
+        spinner.stop()
     if a.json:
         sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=float) + "\n")
     else:
         print_serving(res)
+    if a.html:
+        from autopar.cli.report import serving_report
+
+        serving_report(res).write(a.html)
+        if not a.json:
+            print(f"wrote {a.html}")
     return 0
 
 

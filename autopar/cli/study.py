@@ -93,6 +93,9 @@ def register(sub: Any) -> dict[str, Any]:
     s.add_argument(
         "--json", action="store_true", help="machine-readable output (schema_version, job, trials)"
     )
+    from autopar.cli.recommend import add_html_arg
+
+    add_html_arg(s)
 
     li = ss.add_parser("list", help="studies in a storage")
     li.add_argument("--storage", default=None, help=STORAGE_HELP)
@@ -104,10 +107,18 @@ def cmd_study(a: argparse.Namespace) -> int:
     if a.study_command == "run":
         return _run(a)
     if a.study_command == "show":
+        from autopar.report import check_html_path
         from autopar.search.study import load_report
 
+        check_html_path(a.html)
         rep = load_report(a.name, a.storage, top=a.top)
         _emit(rep, a.json)
+        if a.html:
+            from autopar.cli.report import study_report
+
+            study_report(rep).write(a.html)
+            if not a.json:
+                print(f"wrote {a.html}")
         return 0
     from autopar.search.study import list_studies
 
@@ -154,7 +165,15 @@ def _run(a: argparse.Namespace) -> int:
         structured_seeds=not a.no_structured_seeds,
     )
 
+    from autopar.progress import Bar
+
+    bar = Bar(a.n_trials, f"study {a.name}: trials", enabled=not a.verbose)
+    best = [0.0]
+
     def on_trial(number: int, cand: Any, r: dict[str, Any], cached: bool) -> None:
+        if r["fits"]:
+            best[0] = max(best[0], r["tokens_per_s_per_device"])
+        bar.advance(1, f"best {best[0]:,.0f} tokens/s/device" if best[0] else "nothing fits yet")
         if a.verbose:
             fits = "fits" if r["fits"] else "does not fit"
             print(
@@ -163,7 +182,10 @@ def _run(a: argparse.Namespace) -> int:
                 flush=True,
             )
 
-    rep = run_study(cfg, n_trials=a.n_trials, timeout=a.timeout, on_trial=on_trial)
+    try:
+        rep = run_study(cfg, n_trials=a.n_trials, timeout=a.timeout, on_trial=on_trial)
+    finally:
+        bar.close()
     _emit(rep, a.json)
     return 0
 

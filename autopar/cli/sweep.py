@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
@@ -30,6 +29,10 @@ def register(sub: Any) -> dict[str, Any]:
         metavar="ADDRESS",
         help="run each point as a Ray task: embedded local Ray (no value) or a cluster ADDRESS",
     )
+    p.add_argument("--json", action="store_true", help="machine-readable output: every point's row")
+    from autopar.cli.recommend import add_html_arg
+
+    add_html_arg(p)
     return {"sweep": cmd_sweep}
 
 
@@ -39,32 +42,47 @@ def cmd_sweep(a: argparse.Namespace) -> int:
     sw = load_sweep(a.file)
     out = a.out or default_output(sw)
     check_table_path(out)  # before the sweep runs
+    from autopar.report import check_html_path
+
+    check_html_path(a.html)
     started = False
     if a.ray is not None:
         from autopar.search.ray_backend import connect
 
         started = connect(a.ray)
     t0 = time.perf_counter()
-    n = len(sw.points())
-    done = [0]
+    from autopar.progress import Bar
+
+    bar = Bar(len(sw.points()), "sweep points")
 
     def on_point(i: int, row: Any) -> None:
-        done[0] += 1
-        if sys.stderr.isatty():
-            sys.stderr.write(f"\r{done[0]}/{n} points")
-            sys.stderr.flush()
+        bar.advance(1, f"{row['model']} {row['num_devices']} x {row['device']}: {row['status']}")
 
     try:
         rows = run_sweep(sw, ray=a.ray, on_point=on_point)
     finally:
+        bar.close()
         if started:
             from autopar.search.ray_backend import shutdown
 
             shutdown()
-    if sys.stderr.isatty():
-        sys.stderr.write("\n")
     path = write_table(rows, out)
+    if a.html:
+        from autopar.cli.report import sweep_report
+
+        sweep_report(sw, rows).write(a.html)
+    if a.json:
+        import json
+        import sys
+
+        from autopar.job import SCHEMA_VERSION
+
+        doc = {"schema_version": SCHEMA_VERSION, "sweep": sw.name, "table": str(path), "rows": rows}
+        sys.stdout.write(json.dumps(doc, indent=2, default=float) + "\n")
+        return 0
     print_summary(sw, rows, path, time.perf_counter() - t0, "ray" if a.ray is not None else "in-process")
+    if a.html:
+        print(f"wrote {a.html}")
     return 0
 
 
@@ -100,7 +118,7 @@ def print_summary(sw: Any, rows: list[dict[str, Any]], path: Any, elapsed: float
                 str(r["global_batch"]),
                 r["layout"],
                 f"{r['tokens_per_s_per_device']:,.0f}",
-                f"{r['mfu']:.1%}",
+                f"{r['mfu']:.1%} ({r['mfu_basis'].split()[0]} peak)",
                 f"{r['memory_gib_per_device']:.1f} GiB",
             )
         else:
@@ -122,6 +140,6 @@ def print_summary(sw: Any, rows: list[dict[str, Any]], path: Any, elapsed: float
             best[r["model"]] = r
     for m, r in best.items():
         con.print(
-            f"highest MFU for {m}: {r['mfu']:.1%} on {r['num_devices']} x {r['device']} "
+            f"highest MFU for {m}: {r['mfu']:.1%} ({r['mfu_basis']}) on {r['num_devices']} x {r['device']} "
             f"(seq {r['seq_len']}, batch {r['global_batch']}): {r['layout']}"
         )

@@ -72,6 +72,9 @@ def register(sub: Any) -> dict[str, Any]:
     )
     p.add_argument("--json", default=None, metavar="OUT", help="write records and summary as JSON to OUT")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
+    from autopar.cli.recommend import add_html_arg
+
+    add_html_arg(p)
     return {"validate": cmd_validate}
 
 
@@ -101,8 +104,10 @@ def cmd_validate(a: argparse.Namespace) -> int:
     # Every destination is checked before any run: a bad path must not cost the measurements.
     json_out = check_output(a.json, "validation results", "--json") if a.json else None
     refit_out = check_output(a.refit, "refitted calibration", "--refit") if a.refit else None
-    if json_out is not None and json_out == refit_out:
-        raise AutoparError("--json and --refit name the same file", "write them to two files")
+    html_out = check_output(a.html, "HTML report", "--html") if a.html else None
+    outs = [p for p in (json_out, refit_out, html_out) if p is not None]
+    if len(set(outs)) < len(outs):
+        raise AutoparError("--json, --refit and --html name the same file", "write them to different files")
     if a.study is not None:
         check_study_name(a.study, "--study")
     source = load_study_layouts(a.study, a.storage, top=a.top) if a.study else load_layouts_file(a.layouts)
@@ -175,7 +180,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
             partial = {**head, "complete": False, "records": finished}
             write_text(json_out, json.dumps(partial, indent=1, default=float), "validation results", "--json")
 
-    progress = Progress(len(source.items), enabled=not a.no_progress, on_record=save)
+    progress = Progress(len(source.items), enabled=not (a.no_progress or a.quiet), on_record=save)
     records = run_items(
         source.items,
         runner_model,
@@ -214,5 +219,10 @@ def cmd_validate(a: argparse.Namespace) -> int:
     if json_out is not None:
         write_text(json_out, json.dumps(out, indent=1, default=float), "validation results", "--json")
         lines.append(f"  wrote {a.json}")
+    if html_out is not None:
+        from autopar.cli.report import validate_report
+
+        validate_report(out).write(html_out)
+        lines.append(f"  wrote {a.html}")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0 if summary.get("n_ok") else 2

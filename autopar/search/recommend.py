@@ -10,7 +10,6 @@ does, so ``predict`` of a returned layout reproduces its numbers bit for bit.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from autopar.errors import AutoparError, InfeasibleError
 from autopar.job import SCHEMA_VERSION, Job, TrainingJob
 from autopar.layout import Layout, LayoutTable
 from autopar.objectives import DEFAULT_PRICE_PER_DEVICE_HOUR, GIB, OBJECTIVES, Objectives, pareto_mask
-from autopar.prediction import Prediction, prediction_from_row, training_job
+from autopar.prediction import Prediction, also_text, collapse_equivalent, prediction_from_row, training_job
 from autopar.search.enumerate import STAGE_RULES, Enumeration, enumerate_space, rule_message
 from autopar.search.ray_backend import score_batches
 from autopar.search.scoring import (
@@ -38,7 +37,9 @@ from autopar.search.scoring import (
 from autopar.search.space import SearchSpace, load_space
 
 TARGET_CELLS = 100_000  # grid cells per engine call (fits the caches; see studies/search_speed.py)
-POOL_MIN_LAYOUTS = 1_500_000  # below this a process pool costs more than it saves on 2 cores
+POOL_MIN_LAYOUTS = 1_500_000
+DUPLICATE_FETCH = 4  # layouts kept per returned one, room for collapsing near-duplicates...
+DUPLICATE_EXTRA_MAX = 200  # ...but at most this many extra (each is re-predicted one by one)  # below this a process pool costs more than it saves on 2 cores
 
 
 # ---------------------------------------------------------------------------------- executors
@@ -61,7 +62,9 @@ class _Progress:
     """A rich progress bar on stderr that appears only once the work has taken over ~1 s."""
 
     def __init__(self, total: int, enabled: bool, label: str) -> None:
-        self.total, self.enabled, self.label = total, enabled and sys.stderr.isatty(), label
+        from autopar import progress
+
+        self.total, self.enabled, self.label = total, enabled and progress.enabled(), label
         self.t0 = time.perf_counter()
         self.done = 0
         self.bar: Any = None
@@ -229,6 +232,74 @@ class SearchResult:
             out["pareto_size"] = self.pareto_size
         return out
 
+    def table(self, preds: list[Prediction] | None = None) -> tuple[list[str], list[list[str]]]:
+        """The ranked table (columns, formatted rows) of ``preds`` (default: the top-k), as the
+        HTML report and ``_repr_html_`` show it."""
+        cols = [
+            "#",
+            "layout",
+            "step time",
+            "tokens/s/device",
+            "MFU",
+            "memory/device",
+            "exposed comm",
+            "energy J/token",
+            "$/M tokens",
+            "also (same figures)",
+        ]
+        rows = []
+        for i, p in enumerate(self.results if preds is None else preds, 1):
+            ob = self.objective_report(p)
+            rows.append(
+                [
+                    str(i),
+                    p.layout.short(),
+                    _fmt_t(p.step_time_s),
+                    f"{p.tokens_per_s_per_device:,.0f}",
+                    p.mfu_text(),
+                    f"{p.memory_gib_per_device:.1f} / {p.memory_capacity_gib:.0f} GiB",
+                    f"{p.exposed_comm_fraction:.1%}",
+                    f"{ob['energy_j_per_token']:.3f}",
+                    f"{ob['cost_usd_per_million_tokens']:.3f}",
+                    also_text(p.extra.get("also")),
+                ]
+            )
+        return cols, rows
+
+    def _repr_html_(self) -> str:
+        from autopar.report import table_html
+
+        cols, rows = self.table()
+        return table_html(
+            cols,
+            rows,
+            left=("layout", "also (same figures)"),
+            highlight_first=True,
+            caption=f"{self.job['model']}: top {len(rows)} of {self.layouts_feasible:,} layouts that fit",
+        )
+
+    def to_frame(self) -> Any:
+        """The top-k as a pandas DataFrame: one row per layout, its fields and figures (needs pandas)."""
+        from autopar.report import frame
+
+        rows = []
+        for p in self.results:
+            d = p.layout.model_dump()
+            d.update(self.objective_report(p))
+            d.update(
+                layout=p.layout.short(),
+                step_time_s=p.step_time_s,
+                tokens_per_s_per_device=p.tokens_per_s_per_device,
+                mfu=p.mfu,
+                mfu_basis=p.mfu_basis,
+                memory_gib_per_device=p.memory_gib_per_device,
+                exposed_comm_fraction=p.exposed_comm_fraction,
+                energy_j_per_step=p.energy_j_per_step,
+                also=also_text(p.extra.get("also")),
+            )
+            rows.append(d)
+        return frame(rows)
+
     def why(self) -> str:
         """One sentence on why the winner beats the runner-up."""
         if not self.results:
@@ -345,7 +416,10 @@ def search_layouts(
     reasons = {code: n for _, codes in STAGE_RULES for code in codes if (n := en.excluded.get(code, 0))}
     if en.size == 0:
         raise InfeasibleError(_no_legal_message(en, reasons), "widen the search space or change the job")
-    state = ScoringState(en, cal, objectives, max(top, 2))
+    # Near-duplicates (layouts whose difference changes no figure) are collapsed into one row, so the
+    # scoring keeps a few more than ``top`` to still return ``top`` distinct ones.
+    fetch = max(top + min((DUPLICATE_FETCH - 1) * top, DUPLICATE_EXTRA_MAX), 2)
+    state = ScoringState(en, cal, objectives, fetch)
     t1 = time.perf_counter()
     summary, backend, n_workers = run_scoring(state, workers=workers, ray=ray, progress=progress)
     scoring_s = time.perf_counter() - t1
@@ -357,10 +431,10 @@ def search_layouts(
             else (f"none of the {summary.n_legal:,} legal layouts fits in memory", "see recommend")
         )
         raise InfeasibleError(msg, hint)
-    results = _predictions(en, summary.top_ids[:top], cal)
+    results = collapse_equivalent(_predictions(en, summary.top_ids[:fetch], cal), top)
     front: list[Prediction] = []
     if len(objectives.names) > 1:
-        front = _predictions(en, summary.front_ids[:pareto_limit], cal)
+        front = collapse_equivalent(_predictions(en, summary.front_ids[:pareto_limit], cal))
     return SearchResult(
         job=job.info(),
         space=space.name,

@@ -576,10 +576,12 @@ class StudyReport:
     best: list[dict[str, Any]] = field(default_factory=list)
     elapsed_s: float = 0.0
     attrs: dict[str, Any] = field(default_factory=dict)
+    # every complete trial in order (trial, fits, tokens/s/device, memory GiB): the report's history plot
+    history: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "job": self.attrs.get("job")}
-        out.update((k, getattr(self, k)) for k in self.__dataclass_fields__)
+        out.update((k, getattr(self, k)) for k in self.__dataclass_fields__ if k != "history")
         return out
 
 
@@ -938,7 +940,11 @@ def study_report(study: Any, *, top: int = 5) -> StudyReport:
 
     def rec(t: Any) -> dict[str, Any]:
         r = t.user_attrs.get("result", {})
+        # the layout's fields by name, so that `autopar export --from-json` reads a trial like a
+        # recommend record (an uneven split's per-stage layers stay in "stage_layers")
+        fields = json.loads(t.user_attrs.get("key") or "{}")
         return {
+            **fields,
             "trial": t.number,
             "layout": t.user_attrs.get("layout"),
             "values": dict(zip([TRAINING[n].metric for n in names], t.values, strict=True)),
@@ -962,6 +968,15 @@ def study_report(study: Any, *, top: int = 5) -> StudyReport:
         resumed=True,
         best=[rec(t) for t in best],
         attrs={k: v for k, v in ua.items() if k not in ("space_def", "sessions")},
+        history=[
+            {
+                "trial": t.number,
+                "fits": bool(t.user_attrs.get("fits")),
+                "tokens_per_s_per_device": (t.user_attrs.get("result") or {}).get("tokens_per_s_per_device"),
+                "memory_gib_per_device": (t.user_attrs.get("result") or {}).get("memory_gib_per_device"),
+            }
+            for t in sorted(complete, key=lambda t: t.number)
+        ],
     )
 
 

@@ -39,6 +39,7 @@ COLUMNS = (
     "step_time_s",
     "tokens_per_s_per_device",
     "mfu",
+    "mfu_basis",
     "memory_gib_per_device",
     "exposed_comm_fraction",
     "energy_j_per_token",
@@ -160,6 +161,8 @@ def run_point(args: tuple[dict[str, Any], dict[str, Any]]) -> dict[str, Any]:
         step_time_s=best.step_time_s,
         tokens_per_s_per_device=best.tokens_per_s_per_device,
         mfu=best.mfu,
+        mfu_basis=best.mfu_basis,
+        job=res.job,  # with the layout fields: what `autopar export --from-json` reads
         memory_gib_per_device=best.memory_gib_per_device,
         exposed_comm_fraction=best.exposed_comm_fraction,
         energy_j_per_token=ob["energy_j_per_token"],

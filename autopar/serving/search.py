@@ -99,6 +99,64 @@ class ServingResult:
     def best(self) -> dict[str, Any] | None:
         return self.results[0] if self.results else None
 
+    def table(self) -> tuple[list[str], list[list[str]]]:
+        """The ranked table (columns, formatted rows), as the HTML report and notebooks show it."""
+
+        def f(x: Any, nd: int = 1) -> str:
+            return "-" if x is None else f"{x:,.{nd}f}" if isinstance(x, float) else str(x)
+
+        cols = [
+            "#",
+            "layout",
+            "devices",
+            "TTFT ms",
+            "TPOT ms",
+            "tok/s/device",
+            "tok/s/user",
+            "tok/J",
+            "$/Mtok",
+        ]
+        rows = [
+            [
+                str(i),
+                r["short"] + (f" cap{r['power_cap_w']:.0f}W" if r.get("power_cap_w") else ""),
+                str(r["devices"]),
+                f(r["ttft_ms"]),
+                f(r["tpot_ms"], 2),
+                f(r["output_tokens_per_s_per_device"], 0),
+                f(r["output_tokens_per_s_per_user"]),
+                f(r["output_tokens_per_joule"], 2),
+                f(r.get("cost_per_mtok"), 3),
+            ]
+            for i, r in enumerate(self.results, 1)
+        ]
+        return cols, rows
+
+    def _repr_html_(self) -> str:
+        from autopar.report import table_html
+
+        cols, rows = self.table()
+        return table_html(
+            cols, rows, highlight_first=True, caption=f"{self.job['model']}: best serving layouts"
+        )
+
+    def to_frame(self) -> Any:
+        """The ranked layouts as a pandas DataFrame, one row per layout; nested breakdowns are
+        flattened into ``time_ms_<part>`` and ``memory_gib_<part>`` columns (needs pandas)."""
+        from autopar.report import frame
+
+        rows = []
+        for r in self.results:
+            d = {k: v for k, v in r.items() if not isinstance(v, dict | list)}
+            for key, prefix in (
+                ("time_ms_per_iteration", "time_ms_"),
+                ("memory_gib_per_device", "memory_gib_"),
+            ):
+                for k, v in (r.get(key) or {}).items() if isinstance(r.get(key), dict) else ():
+                    d[prefix + k] = v
+            rows.append(d)
+        return frame(rows)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,58 @@ class CompareResult:
     cells: list[dict[str, Any]]
     winners: list[dict[str, Any]]
     changes: list[str] = field(default_factory=list)
+
+    def table(self) -> tuple[list[str], list[list[Any]]]:
+        """Every cell (columns, formatted rows), as the HTML report and notebooks show it."""
+        unit = "output tok" if self.workload == "serving" else "tok"
+        cols = [
+            "model",
+            "seq",
+            "batch",
+            "device",
+            "layout",
+            f"{unit}/s/device",
+            f"{unit}/J",
+            "$/Mtok",
+            "MFU",
+            "",
+        ]
+        rows: list[list[Any]] = []
+        for c in self.cells:
+            head = [c["model"], c["seq_len"], c["batch"] or "max", c["device"]]
+            if not c["feasible"]:
+                rows.append(head + ["infeasible", "-", "-", "-", "-", ""])
+                continue
+            cost, mfu = c.get("cost_per_mtok"), c.get("mfu")
+            rows.append(
+                head
+                + [
+                    c["layout"],
+                    f"{c['tokens_per_s_per_device']:,.0f}",
+                    f"{c['tokens_per_joule']:.2f}",
+                    "-" if cost is None else f"{cost:.3f}",
+                    "-" if mfu is None else f"{mfu:.1%} ({c['mfu_basis'].split()[0]} peak)",
+                    "winner" if c["winner"] else "",
+                ]
+            )
+        return cols, rows
+
+    def _repr_html_(self) -> str:
+        from autopar.report import table_html
+
+        cols, rows = self.table()
+        return table_html(
+            cols,
+            rows,
+            left=("model", "device", "layout"),
+            caption=f"best layout per device ({self.workload})",
+        )
+
+    def to_frame(self) -> Any:
+        """Every cell as a pandas DataFrame, one row per (model, seq, batch, device) (needs pandas)."""
+        from autopar.report import frame
+
+        return frame([{k: v for k, v in c.items() if not isinstance(v, dict | list)} for c in self.cells])
 
     def to_dict(self) -> dict[str, Any]:
         from autopar.job import SCHEMA_VERSION
@@ -101,6 +154,9 @@ def _serving_cell(
         "tpot_ms": best["tpot_ms"],
         "tokens_per_joule": best["output_tokens_per_joule"],
         "cost_per_mtok": best.get("cost_per_mtok"),
+        "time_ms_per_iteration": best.get("time_ms_per_iteration"),
+        "memory_gib_per_device": best.get("memory_gib_per_device"),
+        "record": {**best, "job": res.job},  # what `autopar export --from-json` reads
     }
 
 
@@ -151,6 +207,10 @@ def _training_cell(
         "tokens_per_joule": tokens / best.energy_j_per_step,
         "step_time_s": best.step_time_s,
         "mfu": best.mfu,
+        "mfu_basis": best.mfu_basis,
+        "time_breakdown": best.time_breakdown,
+        "memory_breakdown": best.memory_breakdown,
+        "record": {**best.layout.model_dump(), "job": r.job},  # what `autopar export --from-json` reads
         "j_per_step": best.energy_j_per_step,
         "cost_per_mtok": None if price is None else float(cost_per_mtok(t, price)),
     }
@@ -172,6 +232,7 @@ def compare(
     calibration: str | None = None,
     memory_headroom: float | None = None,
     serving_kwargs: dict[str, Any] | None = None,
+    on_cell: Callable[[str], None] | None = None,
 ) -> CompareResult:
     """Best layout per device on every (model, seq_len, batch) cell and the winner of each cell.
 
@@ -213,6 +274,8 @@ def compare(
             for b in batches:
                 row_cells = []
                 for d in devices:
+                    if on_cell is not None:
+                        on_cell(f"{m} seq {s} batch {b or 'max'} on {d}")
                     if workload == "serving":
                         c = _serving_cell(m, d, num_devices, s, osl, b, prices.get(d), metric, skw)
                     else:
@@ -306,6 +369,7 @@ CSV_FIELDS = (
     "tpot_ms",
     "step_time_s",
     "mfu",
+    "mfu_basis",
     "j_per_step",
     "reason",
 )
