@@ -135,18 +135,25 @@ def megatron_bridge_overrides(layout: dict[str, int], *, global_batch: int) -> l
             out.append(f"model.cp_comm_type={'a2a' if u > 1 else 'p2p'}")
     if layout.get("recompute", 0):
         out += ["model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"]
+    # FSDP (ZeRO-3) as autopar.export.megatron_bridge writes it: Megatron-FSDP optim_grads_params
     out += [
-        "ddp.use_distributed_optimizer=true",
+        "dist.use_megatron_fsdp=true",
+        "ddp.use_megatron_fsdp=true",
         "ddp.data_parallel_sharding_strategy=optim_grads_params",
+        "ddp.average_in_collective=false",
+        "checkpoint.ckpt_format=fsdp_dtensor",
         f"train.global_batch_size={global_batch}",
         "train.micro_batch_size=1",
     ]
     return out
 
 
-def training_command(layout: dict[str, int], *, num_devices: int, global_batch: int, nodes: int = 1) -> str:
+def training_command(layout: dict[str, int], *, num_devices: int, global_batch: int, nodes: int = 1, recipe: str = "<dit_recipe>") -> str:
+    """torchrun of Megatron Bridge's recipe runner (``scripts/training/run_recipe.py``, as
+    :mod:`autopar.export.megatron_bridge`) with the layout's overrides; ``recipe``: the DFM/Bridge
+    pretrain recipe of the model (e.g. a Wan recipe), which autopar does not choose."""
     per_node = num_devices // max(nodes, 1)
-    launch = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={per_node}", "pretrain_dit.py"]
+    launch = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={per_node}", "scripts/training/run_recipe.py", "--recipe", recipe]
     return shlex.join([*launch, *megatron_bridge_overrides(layout, global_batch=global_batch)])
 
 
