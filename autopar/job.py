@@ -207,7 +207,9 @@ class GenerationWorkload(_Frozen):
     width: int = Field(strict=True, ge=8, le=MAX_PIXELS, description="output width in pixels")
     frames: int = Field(1, strict=True, ge=1, le=MAX_FRAMES, description="output frames (1: an image)")
     steps: int = Field(50, strict=True, ge=1, le=MAX_STEPS, description="denoising steps")
-    batch: int = Field(1, strict=True, ge=1, le=4096, description="samples generated together per prompt batch")
+    batch: int = Field(
+        1, strict=True, ge=1, le=4096, description="samples generated together per prompt batch"
+    )
     cfg: bool | None = Field(
         None,
         description="classifier-free guidance (a conditional and an unconditional pass per step); "
@@ -222,11 +224,17 @@ class GenerationWorkload(_Frozen):
     compiled: bool = Field(False, description="torch.compile (fewer elementwise passes and host launches)")
     parallel_vae: bool = Field(False, description="xDiT parallel VAE: the decode splits over the DiT ranks")
     warmup_steps: int = Field(
-        1, strict=True, ge=0, le=MAX_STEPS, description="PipeFusion synchronous warm-up steps (xDiT default 1)"
+        1,
+        strict=True,
+        ge=0,
+        le=MAX_STEPS,
+        description="PipeFusion synchronous warm-up steps (xDiT default 1)",
     )
     offload_text_encoder: bool = Field(False, description="text encoders leave the GPU after encoding")
     latency_target_s: float | None = Field(
-        None, gt=0, description="latency per image/video the layout must meet (s); ranks by throughput among those"
+        None,
+        gt=0,
+        description="latency per image/video the layout must meet (s); ranks by throughput among those",
     )
 
 
@@ -241,7 +249,9 @@ class DiTTrainingWorkload(_Frozen):
         "720x1280x121:0.3,480x832x81:0.7 (shares normalized)",
     )
     global_batch: GlobalBatch = Field(description="samples per optimizer step")
-    precomputed_latents: bool = Field(False, description="VAE latents and text features cached (no online encode)")
+    precomputed_latents: bool = Field(
+        False, description="VAE latents and text features cached (no online encode)"
+    )
     compiled: bool = Field(False, description="torch.compile")
 
     @field_validator("buckets")
@@ -267,7 +277,9 @@ def parse_buckets(text: str) -> list[tuple[int, int, int, float]]:
             h = w = f = -1
             s = 1.0
         if min(h, w, f) < 1 or max(h, w) > MAX_PIXELS or f > MAX_FRAMES or not 0 < s < float("inf"):
-            raise ValueError(f"bucket {part.strip()!r} is not HEIGHTxWIDTHxFRAMES[:SHARE] with positive values")
+            raise ValueError(
+                f"bucket {part.strip()!r} is not HEIGHTxWIDTHxFRAMES[:SHARE] with positive values"
+            )
         out.append((h, w, f, s))
     return out
 

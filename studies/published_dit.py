@@ -53,7 +53,15 @@ GPU_DEVICES = (  # (prefix of gpu_type, device profile); "H100/H800" pools two i
     ("A100", "a100-80gb"),
 )
 FIT_DEVICES = ("h100-sxm-80gb", "h20", "l20", "a100-80gb", "h800-sxm-80gb")
-GLOBAL_NAMES = ["eager", "compiled", "host_eager_us", "host_compiled_us", "host_ring_us", "host_a2a_us", "vae_conv_eff"]
+GLOBAL_NAMES = [
+    "eager",
+    "compiled",
+    "host_eager_us",
+    "host_compiled_us",
+    "host_ring_us",
+    "host_a2a_us",
+    "vae_conv_eff",
+]
 UNITS = {"s": "s", "tokens/s/GPU": "tokens/s/GPU"}
 
 
@@ -78,7 +86,14 @@ class Case:
     @property
     def group(self) -> tuple[str, ...]:
         r = self.row
-        return (self.spec.id if self.spec else r["model"], self.device_id, str(self.n), r["resolution"], r["frames"], r["steps"])
+        return (
+            self.spec.id if self.spec else r["model"],
+            self.device_id,
+            str(self.n),
+            r["resolution"],
+            r["frames"],
+            r["steps"],
+        )
 
 
 def _int(text: str) -> int | None:
@@ -137,7 +152,13 @@ def parse(row: dict[str, str]) -> Case:
         if "sp=" in other and lay["ulysses"] * lay["ring"] == 1 and c.n > 1:
             c.skip = "SP type (Ulysses or ring) not stated"
             return c
-        c.infer = inference.Generation(height=height, width=width, frames=frames, steps=steps, compiled="compile" in other and "no compile" not in other)
+        c.infer = inference.Generation(
+            height=height,
+            width=width,
+            frames=frames,
+            steps=steps,
+            compiled="compile" in other and "no compile" not in other,
+        )
         c.layout = lay
         if int(np.prod(list(lay.values()))) != c.n:
             c.skip = f"layout {lay} does not multiply to {c.n} GPUs"
@@ -302,7 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=DEV_CSV, help="DiT runs CSV (default: %(default)s)")
     ap.add_argument("--json", type=Path, default=None, help="write one record per row")
-    ap.add_argument("--fit-out", type=Path, default=None, help="write the in-sample fitted coefficients as a DiT calibration YAML")
+    ap.add_argument(
+        "--fit-out",
+        type=Path,
+        default=None,
+        help="write the in-sample fitted coefficients as a DiT calibration YAML",
+    )
     ap.add_argument("--no-lomo", action="store_true", help="skip the leave-one-model-out refits")
     a = ap.parse_args(argv)
     try:
@@ -313,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     need = {"row_id", "model", "gpu_type", "gpu_count", "metric_value", "metric_unit"}
     if not rows or not need <= set(rows[0]):
-        print(f"error: {a.csv} is not a DiT runs CSV (needs columns {', '.join(sorted(need))})", file=sys.stderr)
+        print(
+            f"error: {a.csv} is not a DiT runs CSV (needs columns {', '.join(sorted(need))})", file=sys.stderr
+        )
         return 2
     cases = [parse(r) for r in rows]
     used = [c for c in cases if not c.skip]
@@ -328,15 +356,21 @@ def main(argv: list[str] | None = None) -> int:
                 if c.spec and c.spec.id == model:
                     lomo[c.row["row_id"]] = predict(c, p)
 
-    print(f"{len(rows)} rows, {len(used)} predicted ({100 * len(used) / len(rows):.0f}% coverage), {len(rows) - len(used)} skipped")
+    print(
+        f"{len(rows)} rows, {len(used)} predicted ({100 * len(used) / len(rows):.0f}% coverage), {len(rows) - len(used)} skipped"
+    )
     print("fitted coefficients (in-sample): " + ", ".join(f"{k}={v:.3f}" for k, v in sorted(params.items())))
     print()
-    print(f"{'row':5} {'model':22} {'gpu':14} {'n':>2} {'layout':22} {'measured':>10} {'pred':>10} {'err':>7} {'lomo err':>8}")
+    print(
+        f"{'row':5} {'model':22} {'gpu':14} {'n':>2} {'layout':22} {'measured':>10} {'pred':>10} {'err':>7} {'lomo err':>8}"
+    )
     for c in used:
         rid = c.row["row_id"]
         e = pred[rid] / c.measured - 1
         le = f"{100 * (lomo[rid] / c.measured - 1):+7.1f}%" if rid in lomo else ""
-        print(f"{rid:5} {c.spec.id if c.spec else '':22} {c.device_id:14} {c.n:>2} {c.kind:22} {c.measured:10.2f} {pred[rid]:10.2f} {100 * e:+6.1f}% {le}")
+        print(
+            f"{rid:5} {c.spec.id if c.spec else '':22} {c.device_id:14} {c.n:>2} {c.kind:22} {c.measured:10.2f} {pred[rid]:10.2f} {100 * e:+6.1f}% {le}"
+        )
 
     def table(title: str, key) -> None:
         print(f"\nMAPE by {title}: in-sample | leave-one-model-out")
@@ -356,7 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     overall = mape([(pred[c.row["row_id"]], c.measured) for c in used])
     lat_m = mape([(pred[c.row["row_id"]], c.measured) for c in lat])
     lat_lomo = mape([(lomo[c.row["row_id"]], c.measured) for c in lat if c.row["row_id"] in lomo])
-    print(f"\noverall MAPE {100 * overall:.1f}%; latency rows {len(lat)}: MAPE {100 * lat_m:.1f}% in-sample, {100 * lat_lomo:.1f}% leave-one-model-out; latency coverage {100 * len(lat) / len(rows):.0f}% of all rows")
+    print(
+        f"\noverall MAPE {100 * overall:.1f}%; latency rows {len(lat)}: MAPE {100 * lat_m:.1f}% in-sample, {100 * lat_lomo:.1f}% leave-one-model-out; latency coverage {100 * len(lat) / len(rows):.0f}% of all rows"
+    )
 
     print("\nRanking within (model, GPU, GPU count, request) groups with >= 2 layouts:")
     groups: dict[tuple[str, ...], list[Case]] = defaultdict(list)
@@ -372,12 +408,16 @@ def main(argv: list[str] | None = None) -> int:
         rho = spearman(p, m)
         best = cs[int(np.argmin(p))].row["row_id"] == cs[int(np.argmin(m))].row["row_id"]
         lab = f"{key[0]} {key[1]} x{key[2]} {key[3][:12]}"
-        print(f"  {lab:44} layouts {len(cs):>2}  spearman {rho:+.2f}  best predicted == best measured: {'yes' if best else 'no'}")
+        print(
+            f"  {lab:44} layouts {len(cs):>2}  spearman {rho:+.2f}  best predicted == best measured: {'yes' if best else 'no'}"
+        )
         rank_out.append({"group": list(key), "rows": len(cs), "spearman": rho, "best_match": best})
     if rank_out:
         hits = sum(r["best_match"] for r in rank_out)
         rhos = [r["spearman"] for r in rank_out if r["spearman"] == r["spearman"]]
-        print(f"  {len(rank_out)} groups: best layout found in {hits} ({100 * hits / len(rank_out):.0f}%), mean spearman {np.mean(rhos):+.2f}")
+        print(
+            f"  {len(rank_out)} groups: best layout found in {hits} ({100 * hits / len(rank_out):.0f}%), mean spearman {np.mean(rhos):+.2f}"
+        )
 
     print("\nskipped rows:")
     for c in cases:
@@ -393,7 +433,14 @@ def main(argv: list[str] | None = None) -> int:
             if c.skip:
                 recs.append({"row_id": rid, "skipped": c.skip})
             else:
-                recs.append({"row_id": rid, "predicted_value": pred[rid], "measured_value": c.measured, "metric_unit": c.row["metric_unit"]})
+                recs.append(
+                    {
+                        "row_id": rid,
+                        "predicted_value": pred[rid],
+                        "measured_value": c.measured,
+                        "metric_unit": c.row["metric_unit"],
+                    }
+                )
         a.json.write_text(json.dumps({"records": recs}, indent=1))
         print(f"wrote {a.json}")
     return 0

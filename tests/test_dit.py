@@ -141,7 +141,9 @@ def test_diffusers_unknown_class_and_missing_key() -> None:
     with pytest.raises(UnsupportedArchitecture, match="not modelled"):
         from_diffusers_config({"_class_name": "UNet2DConditionModel"})
     with pytest.raises(ModelConfigError, match="missing key 'patch_size'"):
-        from_diffusers_config({"_class_name": "WanTransformer3DModel", "attention_head_dim": 128, "num_attention_heads": 12})
+        from_diffusers_config(
+            {"_class_name": "WanTransformer3DModel", "attention_head_dim": 128, "num_attention_heads": 12}
+        )
     with pytest.raises(ModelConfigError, match="_class_name"):
         from_diffusers_config({"num_layers": 3})
 
@@ -157,7 +159,9 @@ def test_enumerated_layouts_obey_xdit_rules() -> None:
     assert set(np.unique(lays["cfg"])) <= {1, 2}
     assert (lays["cfg"] == 2).any()
     # FLUX.1-dev is guidance-distilled: no CFG parallelism
-    flux = inference.enumerate_layouts(load_dit("flux.1-dev"), 8, inference.Generation(height=1024, width=1024, frames=1, steps=28))
+    flux = inference.enumerate_layouts(
+        load_dit("flux.1-dev"), 8, inference.Generation(height=1024, width=1024, frames=1, steps=28)
+    )
     assert (flux["cfg"] == 1).all()
 
 
@@ -199,7 +203,12 @@ def test_pipefusion_warmup_and_memory() -> None:
     one = _pred("pixart-alpha", 1, req)
     pf = _pred("pixart-alpha", 4, req, pipefusion=4)
     assert pf["weights_bytes"] == pytest.approx(one["weights_bytes"] / 4)
-    all_warm = _pred("pixart-alpha", 4, inference.Generation(height=1024, width=1024, frames=1, steps=20, warmup_steps=20), pipefusion=4)
+    all_warm = _pred(
+        "pixart-alpha",
+        4,
+        inference.Generation(height=1024, width=1024, frames=1, steps=20, warmup_steps=20),
+        pipefusion=4,
+    )
     # synchronous steps run the stages in sequence: no faster than one device
     assert all_warm["denoise_s"] >= 0.95 * one["denoise_s"]
     assert pf["denoise_s"] < all_warm["denoise_s"]
@@ -209,14 +218,26 @@ def test_more_sequence_parallelism_less_activation_memory_and_tp_less_weights() 
     req = inference.Generation(height=720, width=1280, frames=129, steps=2)
     m = [_pred("hunyuanvideo", u, req, ulysses=u)["activation_bytes"] for u in (1, 2, 4, 8)]
     assert m == sorted(m, reverse=True)
-    w1 = _pred("step-video-t2v", 1, inference.Generation(height=544, width=992, frames=204, steps=1))["weights_bytes"]
-    w4 = _pred("step-video-t2v", 4, inference.Generation(height=544, width=992, frames=204, steps=1), tp=4)["weights_bytes"]
+    w1 = _pred("step-video-t2v", 1, inference.Generation(height=544, width=992, frames=204, steps=1))[
+        "weights_bytes"
+    ]
+    w4 = _pred("step-video-t2v", 4, inference.Generation(height=544, width=992, frames=204, steps=1), tp=4)[
+        "weights_bytes"
+    ]
     assert w4 == pytest.approx(w1 / 4)
 
 
 def test_breakdown_sums_to_latency() -> None:
-    p = _pred("hunyuanvideo", 4, inference.Generation(height=720, width=1280, frames=129, steps=5), ulysses=2, ring=2)
-    assert p["latency_s"] == pytest.approx(p["text_encode_s"] + p["denoise_s"] + p["cfg_comm_s"] + p["vae_decode_s"])
+    p = _pred(
+        "hunyuanvideo",
+        4,
+        inference.Generation(height=720, width=1280, frames=129, steps=5),
+        ulysses=2,
+        ring=2,
+    )
+    assert p["latency_s"] == pytest.approx(
+        p["text_encode_s"] + p["denoise_s"] + p["cfg_comm_s"] + p["vae_decode_s"]
+    )
 
 
 def test_search_meets_latency_target_or_says_how_close() -> None:
@@ -241,7 +262,10 @@ def test_training_recompute_trades_memory_for_time_and_buckets_mix() -> None:
     assert p1["step_time_s"][0] > p0["step_time_s"][0]
     mixed = training.DiTTraining(buckets=(big, small), global_batch=8)
     only_small = training.DiTTraining(buckets=(small,), global_batch=8)
-    t = [training.predict(spec, H100, 8, w, {**lay, "recompute": np.array([0])})["step_time_s"][0] for w in (only_small, mixed, work)]
+    t = [
+        training.predict(spec, H100, 8, w, {**lay, "recompute": np.array([0])})["step_time_s"][0]
+        for w in (only_small, mixed, work)
+    ]
     assert t[0] < t[1] < t[2]
     assert 0 < p0["mfu"][0] < 1
 
@@ -275,7 +299,9 @@ def test_xfuser_args_and_diffusers_refusal() -> None:
 
 # ------------------------------------------------------------------ CLI
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "autopar", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "autopar", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_generate_json_and_errors() -> None:

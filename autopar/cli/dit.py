@@ -13,7 +13,7 @@ from typing import Any
 
 from autopar.cli.args import MAX_TOP, add_field_args, int_range, positive_int, print_json
 from autopar.errors import AutoparError
-from autopar.job import ClusterSpec, DiTTrainingWorkload, GenerationWorkload, Job
+from autopar.job import ClusterSpec, DiTTrainingWorkload, GenerationWorkload, Job, WorkloadKind
 
 GEN_FIELDS = tuple(k for k in GenerationWorkload.model_fields if k != "kind")
 TRAIN_FIELDS = tuple(k for k in DiTTrainingWorkload.model_fields if k != "kind")
@@ -21,7 +21,7 @@ GEN_LAYOUT = ("dp", "cfg", "pipefusion", "ulysses", "ring", "tp")
 TRAIN_LAYOUT = ("dp", "shard", "ulysses", "ring", "tp", "recompute")
 
 
-def _job(a: argparse.Namespace, kind: str, fields: tuple[str, ...]) -> Job:
+def _job(a: argparse.Namespace, kind: WorkloadKind, fields: tuple[str, ...]) -> Job:
     kw: dict[str, Any] = {k: getattr(a, k) for k in fields}
     kw.update(model=a.model, device=a.device, num_devices=a.num_devices, devices_per_node=a.devices_per_node)
     return Job.from_flat(kind=kind, memory_headroom=a.memory_headroom, **kw)
@@ -47,7 +47,9 @@ def cmd_model(a: argparse.Namespace) -> int:
             sys.stdout.write("\n".join(names) + "\n")
         return 0
     if not a.name:
-        raise AutoparError("autopar dit model needs a DiT preset id or a diffusers config.json", "or pass --list")
+        raise AutoparError(
+            "autopar dit model needs a DiT preset id or a diffusers config.json", "or pass --list"
+        )
     spec = load_dit(a.name)
     d = describe(spec, a.height, a.width, a.frames)
     if a.json:
@@ -100,7 +102,15 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if lay is not None:
         inference.check_layout(spec, n, req, lay)
         lays = inference.single_layout(lay)
-        pred = inference.predict(spec, device, n, req, lays, devices_per_node=job.cluster.devices_per_node, memory_headroom=job.memory_headroom)
+        pred = inference.predict(
+            spec,
+            device,
+            n,
+            req,
+            lays,
+            devices_per_node=job.cluster.devices_per_node,
+            memory_headroom=job.memory_headroom,
+        )
         rows = [inference.row(lays, pred, 0)]
     else:
         rows = inference.search(
@@ -150,21 +160,33 @@ def cmd_train(a: argparse.Namespace) -> int:
     buckets = tuple(training.Bucket(h, wd, f, s) for h, wd, f, s in w.parsed_buckets())
     for b in buckets:
         spec.token_grid(b.height, b.width, b.frames)
-    work = training.DiTTraining(buckets=buckets, global_batch=w.global_batch, precomputed_latents=w.precomputed_latents, compiled=w.compiled)
+    work = training.DiTTraining(
+        buckets=buckets,
+        global_batch=w.global_batch,
+        precomputed_latents=w.precomputed_latents,
+        compiled=w.compiled,
+    )
     lay = _layout(a, TRAIN_LAYOUT)
     if lay is not None:
         lays = training.single_layout(lay, n)
         if spec.heads % int(lays["tp"][0]) or (spec.heads // int(lays["tp"][0])) % int(lays["ulysses"][0]):
-            raise AutoparError(f"{spec.heads} heads do not split over tp x ulysses", "pick (heads / tp) % ulysses == 0")
+            raise AutoparError(
+                f"{spec.heads} heads do not split over tp x ulysses", "pick (heads / tp) % ulysses == 0"
+            )
         if w.global_batch % int(lays["dp"][0]):
-            raise AutoparError(f"global batch {w.global_batch} does not split over dp {int(lays['dp'][0])}", "pick a dp dividing it")
+            raise AutoparError(
+                f"global batch {w.global_batch} does not split over dp {int(lays['dp'][0])}",
+                "pick a dp dividing it",
+            )
         pred = training.predict(spec, device, n, work, lays, memory_headroom=job.memory_headroom)
         rows = []
         for i in range(1):
             d: dict[str, Any] = {"layout": {k: int(lays[k][i]) for k in training.TRAIN_KEYS}}
             for k, v in pred.items():
                 x = v.reshape(-1) if hasattr(v, "reshape") else v
-                d[k] = bool(x[0]) if getattr(x, "dtype", None) is not None and x.dtype == bool else float(x[0])
+                d[k] = (
+                    bool(x[0]) if getattr(x, "dtype", None) is not None and x.dtype == bool else float(x[0])
+                )
             rows.append(d)
     else:
         rows = training.search(spec, device, n, work, top=a.top)
@@ -173,7 +195,10 @@ def cmd_train(a: argparse.Namespace) -> int:
         from autopar.export.xdit import training_command
 
         nodes = max(1, n // (job.cluster.devices_per_node or device.scale_up.domain))
-        exports = [training_command(r["layout"], num_devices=n, global_batch=w.global_batch, nodes=nodes) for r in rows]
+        exports = [
+            training_command(r["layout"], num_devices=n, global_batch=w.global_batch, nodes=nodes)
+            for r in rows
+        ]
     if a.json:
         out: dict[str, Any] = {"schema_version": 1, "job": job.to_dict(), "results": rows}
         if exports:
@@ -194,11 +219,17 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="DiT preset id (see `autopar dit model --list`) or a diffusers transformer config.json")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="DiT preset id (see `autopar dit model --list`) or a diffusers transformer config.json",
+    )
     add_field_args(p, ClusterSpec, tuple(ClusterSpec.model_fields))
     add_field_args(p, Job, ("memory_headroom",))
     p.add_argument("--top", type=int_range(1, MAX_TOP), default=5, help="layouts to show when searching")
-    p.add_argument("--json", action="store_true", help="machine-readable output (schema_version, job, results)")
+    p.add_argument(
+        "--json", action="store_true", help="machine-readable output (schema_version, job, results)"
+    )
 
 
 def register(sub: Any) -> dict[str, Any]:
@@ -223,8 +254,19 @@ def register(sub: Any) -> dict[str, Any]:
     add_field_args(g, GenerationWorkload, GEN_FIELDS)
     for k in GEN_LAYOUT:
         flag = "--cfg-parallel" if k == "cfg" else f"--{k}"  # --cfg is the workload's guidance switch
-        g.add_argument(flag, dest=f"l_{k}", type=positive_int, default=None, help=f"layout: {k} degree (predict this layout)")
-    g.add_argument("--export", choices=["xdit", "diffusers"], default=None, help="print the launch command of each layout")
+        g.add_argument(
+            flag,
+            dest=f"l_{k}",
+            type=positive_int,
+            default=None,
+            help=f"layout: {k} degree (predict this layout)",
+        )
+    g.add_argument(
+        "--export",
+        choices=["xdit", "diffusers"],
+        default=None,
+        help="print the launch command of each layout",
+    )
 
     t = dsub.add_parser(
         "train",
@@ -234,8 +276,19 @@ def register(sub: Any) -> dict[str, Any]:
     _common(t)
     add_field_args(t, DiTTrainingWorkload, TRAIN_FIELDS)
     for k in TRAIN_LAYOUT:
-        t.add_argument(f"--{k}", dest=f"l_{k}", type=int_range(0, 1) if k == "recompute" else positive_int, default=None, help=f"layout: {k} (predict this layout)")
-    t.add_argument("--export", choices=["megatron-bridge"], default=None, help="print torchrun + Megatron Bridge/DFM overrides")
+        t.add_argument(
+            f"--{k}",
+            dest=f"l_{k}",
+            type=int_range(0, 1) if k == "recompute" else positive_int,
+            default=None,
+            help=f"layout: {k} (predict this layout)",
+        )
+    t.add_argument(
+        "--export",
+        choices=["megatron-bridge"],
+        default=None,
+        help="print torchrun + Megatron Bridge/DFM overrides",
+    )
 
     handlers = {"model": cmd_model, "generate": cmd_generate, "train": cmd_train}
 

@@ -53,14 +53,18 @@ def _dit_yaml(path: str | None) -> dict[str, Any]:
     from autopar.files import parse_yaml, read_text
 
     if path is None:
-        text = (resources.files("autopar.cost_models") / "calibration" / "dit.yaml").read_text(encoding="utf-8")
+        text = (resources.files("autopar.cost_models") / "calibration" / "dit.yaml").read_text(
+            encoding="utf-8"
+        )
         where = "cost_models/calibration/dit.yaml"
     else:
         text = read_text(path, "DiT calibration file", "pass an existing DiT calibration YAML")
         where = path
     data = parse_yaml(text, where)
     if not isinstance(data, dict) or "global" not in data or "devices" not in data:
-        raise AutoparError(f"{where}: needs 'global' and 'devices' blocks", "see cost_models/calibration/dit.yaml")
+        raise AutoparError(
+            f"{where}: needs 'global' and 'devices' blocks", "see cost_models/calibration/dit.yaml"
+        )
     return data
 
 
@@ -125,13 +129,14 @@ def forward_time(
     sp = u * r
     n_tok = {"img": s_img / sp, "txt": s_txt / sp, "joint": (s_img + s_txt) / sp}
     peak = co.peak("bf16")
-    eff = co.gemm_eff.get("bf16", 0.8)
+    peak_a = np.asarray(peak)
+    eff = np.asarray(co.gemm_eff.get("bf16", 0.8))
 
     gemm = np.zeros(np.broadcast(b, tp, sp, share, M).shape)
     for lin in spec.block_linears():
         rows = b * n_tok[lin.stream] / M
         # column-parallel layers split their output, row-parallel ones their input: same FLOPs
-        one = gemm_time(co, peak, eff, rows, lin.n_out / tp, lin.k_in)
+        one = gemm_time(co, peak_a, eff, rows, lin.n_out / tp, lin.k_in)
         gemm = gemm + one * M * lin.count * share
 
     attn = np.zeros_like(gemm)
@@ -148,10 +153,7 @@ def forward_time(
         spread = a.kind in ("joint", "self", "linear")
         q = q_len / (r * M) if spread else q_len / M
         kv = kv_len / r if spread else kv_len
-        if a.kind == "linear":
-            fill = 1.0
-        else:
-            fill = (q / (q + ATTN_BLOCK)) * (kv / (kv + ATTN_BLOCK))
+        fill = np.asarray(1.0) if a.kind == "linear" else (q / (q + ATTN_BLOCK)) * (kv / (kv + ATTN_BLOCK))
         attn = attn + flops / (peak * dc.attention_eff * fill)
 
     # elementwise (norms, modulation, gates, RoPE, activations): replicated across TP ranks
@@ -162,14 +164,18 @@ def forward_time(
 
     # communication, exposed (xDiT runs it on the compute stream)
     width_ = float(spec.inner)
-    attn_ops = sum(a.count for a in spec.attentions() if a.kind in ("joint", "self", "linear", "spatial", "temporal"))
+    attn_ops = sum(
+        a.count for a in spec.attentions() if a.kind in ("joint", "self", "linear", "spatial", "temporal")
+    )
     tok_att = b * n_tok["joint" if spec.arch in ("mmdit", "asym", "cogvideo") else "img"]
     stride_u = _arr(stride_base) * tp
     a2a_bytes = tok_att * width_ / tp * BF16
     ulysses_t = 4.0 * C.all_to_all(links, a2a_bytes, u, stride_u) * attn_ops * share  # q, k, v in; o out
     # Ring: r-1 key/value hand-offs per attention, each overlapping one chunk of the attention.
     stride_r = stride_u * u
-    kv_bytes = 2.0 * tok_att * width_ / tp * BF16  # K and V of S/r tokens x width/(u tp) = of tok_att x width/tp
+    kv_bytes = (
+        2.0 * tok_att * width_ / tp * BF16
+    )  # K and V of S/r tokens x width/(u tp) = of tok_att x width/tp
     hop = C.p2p(links, kv_bytes, inter=stride_r * r > links.devices_per_node, stride=stride_r, span=r)
     hidden_hop = np.maximum(0.0, hop - attn / (r * np.maximum(attn_ops * share, 1e-9)))
     merge = RING_MERGE_PASSES * tok_att * width_ / tp * FP32 / co.hbm_bw

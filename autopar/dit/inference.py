@@ -57,7 +57,9 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_layouts(spec: DiTSpec, n: int, req: Generation, *, max_dp: int | None = None) -> dict[str, np.ndarray]:
+def enumerate_layouts(
+    spec: DiTSpec, n: int, req: Generation, *, max_dp: int | None = None
+) -> dict[str, np.ndarray]:
     """Every legal xDiT layout of exactly ``n`` devices, columnar."""
     tokens = spec.tokens(req.height, req.width, req.frames)
     _, rows, _ = spec.token_grid(req.height, req.width, req.frames)
@@ -101,9 +103,15 @@ def check_layout(spec: DiTSpec, n: int, req: Generation, lay: dict[str, int]) ->
     prod = int(np.prod(list(full.values())))
     if prod != n:
         terms = " x ".join(f"{k} {v}" for k, v in full.items())
-        raise AutoparError(f"layout {terms} = {prod} devices, not {n}", "xDiT needs dp x cfg x pipefusion x ulysses x ring x tp = devices")
+        raise AutoparError(
+            f"layout {terms} = {prod} devices, not {n}",
+            "xDiT needs dp x cfg x pipefusion x ulysses x ring x tp = devices",
+        )
     if full["cfg"] not in (1, 2) or (full["cfg"] == 2 and not req.guidance(spec)):
-        raise AutoparError(f"cfg parallel degree {full['cfg']} needs classifier-free guidance and is 1 or 2", "use cfg 1 (this model runs without CFG)" if not req.guidance(spec) else "use cfg 1 or 2")
+        raise AutoparError(
+            f"cfg parallel degree {full['cfg']} needs classifier-free guidance and is 1 or 2",
+            "use cfg 1 (this model runs without CFG)" if not req.guidance(spec) else "use cfg 1 or 2",
+        )
     if spec.heads % full["tp"] or (spec.heads // full["tp"]) % full["ulysses"]:
         raise AutoparError(
             f"{spec.heads} heads do not split over tp {full['tp']} x ulysses {full['ulysses']}",
@@ -111,10 +119,16 @@ def check_layout(spec: DiTSpec, n: int, req: Generation, lay: dict[str, int]) ->
         )
     tokens = spec.tokens(req.height, req.width, req.frames)
     if tokens % (full["ulysses"] * full["ring"]):
-        raise AutoparError(f"{tokens} tokens do not split over ulysses x ring = {full['ulysses'] * full['ring']}", "pick degrees dividing the token count")
+        raise AutoparError(
+            f"{tokens} tokens do not split over ulysses x ring = {full['ulysses'] * full['ring']}",
+            "pick degrees dividing the token count",
+        )
     _, rows, _ = spec.token_grid(req.height, req.width, req.frames)
     if full["pipefusion"] > 1 and rows % full["pipefusion"]:
-        raise AutoparError(f"{rows} latent token rows do not split into {full['pipefusion']} PipeFusion patches", "pick a pipefusion degree dividing the rows")
+        raise AutoparError(
+            f"{rows} latent token rows do not split into {full['pipefusion']} PipeFusion patches",
+            "pick a pipefusion degree dividing the rows",
+        )
 
 
 def single_layout(lay: dict[str, int]) -> dict[str, np.ndarray]:
@@ -134,14 +148,18 @@ def predict(
 ) -> dict[str, np.ndarray]:
     """Latency, its breakdown, memory per device, throughput and energy for every layout."""
     co, link_eff = coefficients_for(device)
-    links = C.Links.from_cluster(device, devices_per_node or min(num_devices, device.scale_up.domain), link_eff)
+    links = C.Links.from_cluster(
+        device, devices_per_node or min(num_devices, device.scale_up.domain), link_eff
+    )
     dc = dc or dit_coefficients(device)
     cfg_on = req.guidance(spec)
     dp, cfg, pf = layouts["dp"], layouts["cfg"], layouts["pipefusion"]
     u, r, tp = layouts["ulysses"], layouts["ring"], layouts["tp"]
     passes = 2.0 if cfg_on else 1.0
     b = req.batch * passes / cfg
-    common = dict(height=req.height, width=req.width, frames=req.frames, tp=tp, ulysses=u, ring=r, compiled=req.compiled)
+    common = dict(
+        height=req.height, width=req.width, frames=req.frames, tp=tp, ulysses=u, ring=r, compiled=req.compiled
+    )
 
     def step(share, patches):
         return forward_time(spec, co, dc, links, batch=b, layer_share=share, patches=patches, **common)
@@ -163,14 +181,23 @@ def predict(
         run_steps * stage1,
     )
     # CFG parallel: the two halves exchange their noise predictions every step.
-    latent_bytes = req.batch * spec.vae.channels * np.prod(spec.latent_shape(req.height, req.width, req.frames)) * BF16
-    cfg_comm = np.where(cfg > 1, run_steps * C.all_gather(links, 2.0 * latent_bytes, cfg, np.ones_like(cfg)), 0.0)
+    latent_bytes = (
+        req.batch * spec.vae.channels * np.prod(spec.latent_shape(req.height, req.width, req.frames)) * BF16
+    )
+    cfg_comm = np.where(
+        cfg > 1, run_steps * C.all_gather(links, 2.0 * latent_bytes, cfg, np.ones_like(cfg)), 0.0
+    )
 
     peak = co.peak("bf16")
     geff = co.gemm_eff.get("bf16", 0.8)
     text = passes * sum(e.flops() for e in spec.text_encoders) / (peak * geff) * req.batch
     vae_ranks = np.where(req.parallel_vae, num_devices // dp, 1)
-    vae = req.batch * spec.vae.decode_flops(req.frames, req.height, req.width) / (peak * dc.vae_conv_eff) / vae_ranks
+    vae = (
+        req.batch
+        * spec.vae.decode_flops(req.frames, req.height, req.width)
+        / (peak * dc.vae_conv_eff)
+        / vae_ranks
+    )
 
     latency = text + denoise + cfg_comm + vae
     parts = {k: run_steps * np.where(pf > 1, steady[k], one[k]) for k in one}
@@ -187,8 +214,10 @@ def predict(
     vae_untiled = req.batch * spec.vae.decode_activation_bytes(req.frames, req.height, req.width)
     cap = device.memory_bytes
     tiled = vae_untiled > 0.3 * cap
-    vae_act = req.batch * spec.vae.decode_activation_bytes(req.frames, req.height, req.width, tile=VAE_TILE if tiled else 0)
-    vae_act = vae_act / np.where(req.parallel_vae, num_devices // dp, 1)
+    vae_one = req.batch * spec.vae.decode_activation_bytes(
+        req.frames, req.height, req.width, tile=VAE_TILE if tiled else 0
+    )
+    vae_act = vae_one / np.where(req.parallel_vae, num_devices // dp, 1)
     memory = weights + text_w + np.maximum(act + kv_buf, vae_act) + CUDA_CONTEXT_BYTES
     fits = memory <= (1.0 - memory_headroom) * cap
 
@@ -255,13 +284,15 @@ def search(
         order = np.lexsort((pred["latency_s"], -pred["throughput_per_s"]))
     else:
         order = np.argsort(pred["latency_s"], kind="stable")
-    order = [i for i in order if ok[i]][:top]
-    return [row(lays, pred, i) for i in order]
+    keep = [int(i) for i in order if ok[i]][:top]
+    return [row(lays, pred, i) for i in keep]
 
 
 def row(lays: dict[str, np.ndarray], pred: dict[str, np.ndarray], i: int) -> dict[str, Any]:
     out: dict[str, Any] = {"layout": {k: int(lays[k][i]) for k in LAYOUT_KEYS}}
     for k, v in pred.items():
         x = np.asarray(v)
-        out[k] = bool(x[i]) if x.dtype == bool else float(x.reshape(-1)[i] if x.size > 1 else x.reshape(-1)[0])
+        out[k] = (
+            bool(x[i]) if x.dtype == bool else float(x.reshape(-1)[i] if x.size > 1 else x.reshape(-1)[0])
+        )
     return out

@@ -436,7 +436,11 @@ def _need(cfg: dict[str, Any], key: str, cls: str, where: str) -> Any:
             "pass the transformer's own config.json (the transformer/ folder of a diffusers checkpoint)",
         )
     v = cfg[key]
-    if isinstance(v, bool) or not isinstance(v, int | float | list) or (isinstance(v, int | float) and v <= 0):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, int | float | list)
+        or (isinstance(v, int | float) and v <= 0)
+    ):
         raise ModelConfigError(f"{where}: {cls} key {key!r} must be a positive number, got {v!r}")
     return v
 
@@ -545,7 +549,9 @@ def _replace(spec: DiTSpec, **kw: Any) -> DiTSpec:
     return replace(spec, **kw)
 
 
-def describe(spec: DiTSpec, height: int | None = None, width: int | None = None, frames: int | None = None) -> dict[str, Any]:
+def describe(
+    spec: DiTSpec, height: int | None = None, width: int | None = None, frames: int | None = None
+) -> dict[str, Any]:
     """The spec as ``autopar dit model`` shows it (JSON-ready)."""
     d = spec.defaults
     h = height or d.get("height", 1024)

@@ -91,9 +91,15 @@ def single_layout(lay: dict[str, int], n: int) -> dict[str, np.ndarray]:
         full["shard"] = full["dp"]
     prod = full["dp"] * full["ulysses"] * full["ring"] * full["tp"]
     if prod != n:
-        raise AutoparError(f"dp {full['dp']} x ulysses {full['ulysses']} x ring {full['ring']} x tp {full['tp']} = {prod}, not {n} devices", "make the degrees multiply to the device count")
+        raise AutoparError(
+            f"dp {full['dp']} x ulysses {full['ulysses']} x ring {full['ring']} x tp {full['tp']} = {prod}, not {n} devices",
+            "make the degrees multiply to the device count",
+        )
     if full["dp"] % full["shard"]:
-        raise AutoparError(f"FSDP shard group {full['shard']} does not divide dp {full['dp']}", "pick a shard group dividing dp (HSDP)")
+        raise AutoparError(
+            f"FSDP shard group {full['shard']} does not divide dp {full['dp']}",
+            "pick a shard group dividing dp (HSDP)",
+        )
     return {k: np.array([v], dtype=np.int64) for k, v in full.items()}
 
 
@@ -170,7 +176,9 @@ def predict(
 
     tokens_step = work.global_batch * tokens
     state = spec.params * BYTES_PER_PARAM_STATE / (tp * shard)
-    gathered = 2.0 * spec.params * BF16 / tp / np.maximum(spec.layers + spec.single_layers, 1)  # two blocks in flight
+    gathered = (
+        2.0 * spec.params * BF16 / tp / np.maximum(spec.layers + spec.single_layers, 1)
+    )  # two blocks in flight
     memory = state + gathered + act_peak + 1.0e9
     return {
         "step_time_s": step,
@@ -187,7 +195,9 @@ def predict(
     }
 
 
-def search(spec: DiTSpec, device, num_devices: int, work: DiTTraining, *, top: int = 5) -> list[dict[str, Any]]:
+def search(
+    spec: DiTSpec, device, num_devices: int, work: DiTTraining, *, top: int = 5
+) -> list[dict[str, Any]]:
     lays = enumerate_layouts(spec, num_devices, work)
     pred = predict(spec, device, num_devices, work, lays)
     ok = pred["fits"]

@@ -86,7 +86,12 @@ def xfuser_args(spec: DiTSpec, req: Generation, layout: dict[str, int], *, num_d
 
 def xfuser_command(spec: DiTSpec, req: Generation, layout: dict[str, int], *, num_devices: int) -> str:
     script = XDIT_SCRIPTS.get(spec.id, "examples/<model>_example.py")
-    argv = ["torchrun", f"--nproc_per_node={num_devices}", script, *xfuser_args(spec, req, layout, num_devices=num_devices)]
+    argv = [
+        "torchrun",
+        f"--nproc_per_node={num_devices}",
+        script,
+        *xfuser_args(spec, req, layout, num_devices=num_devices),
+    ]
     return shlex.join(argv)
 
 
@@ -101,7 +106,9 @@ def diffusers_command(spec: DiTSpec, req: Generation, layout: dict[str, int], *,
         )
     u, r, dp = layout.get("ulysses", 1), layout.get("ring", 1), layout.get("dp", 1)
     if u * r * dp != num_devices:
-        raise AutoparError(f"ulysses {u} x ring {r} x dp {dp} != {num_devices} devices", "pick a layout from the search")
+        raise AutoparError(
+            f"ulysses {u} x ring {r} x dp {dp} != {num_devices} devices", "pick a layout from the search"
+        )
     frames = f", num_frames={req.frames}" if spec.video else ""
     script = f"""# autopar: diffusers context parallelism (ulysses {u} x ring {r}), run with:
 #   torchrun --nproc_per_node={num_devices} this_file.py
@@ -134,7 +141,11 @@ def megatron_bridge_overrides(layout: dict[str, int], *, global_batch: int) -> l
         else:
             out.append(f"model.cp_comm_type={'a2a' if u > 1 else 'p2p'}")
     if layout.get("recompute", 0):
-        out += ["model.recompute_granularity=full", "model.recompute_method=uniform", "model.recompute_num_layers=1"]
+        out += [
+            "model.recompute_granularity=full",
+            "model.recompute_method=uniform",
+            "model.recompute_num_layers=1",
+        ]
     # FSDP (ZeRO-3) as autopar.export.megatron_bridge writes it: Megatron-FSDP optim_grads_params
     out += [
         "dist.use_megatron_fsdp=true",
@@ -148,12 +159,26 @@ def megatron_bridge_overrides(layout: dict[str, int], *, global_batch: int) -> l
     return out
 
 
-def training_command(layout: dict[str, int], *, num_devices: int, global_batch: int, nodes: int = 1, recipe: str = "<dit_recipe>") -> str:
+def training_command(
+    layout: dict[str, int],
+    *,
+    num_devices: int,
+    global_batch: int,
+    nodes: int = 1,
+    recipe: str = "<dit_recipe>",
+) -> str:
     """torchrun of Megatron Bridge's recipe runner (``scripts/training/run_recipe.py``, as
     :mod:`autopar.export.megatron_bridge`) with the layout's overrides; ``recipe``: the DFM/Bridge
     pretrain recipe of the model (e.g. a Wan recipe), which autopar does not choose."""
     per_node = num_devices // max(nodes, 1)
-    launch = ["torchrun", f"--nnodes={nodes}", f"--nproc_per_node={per_node}", "scripts/training/run_recipe.py", "--recipe", recipe]
+    launch = [
+        "torchrun",
+        f"--nnodes={nodes}",
+        f"--nproc_per_node={per_node}",
+        "scripts/training/run_recipe.py",
+        "--recipe",
+        recipe,
+    ]
     return shlex.join([*launch, *megatron_bridge_overrides(layout, global_batch=global_batch)])
 
 
