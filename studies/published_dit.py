@@ -390,8 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     overall = mape([(pred[c.row["row_id"]], c.measured) for c in used])
     lat_m = mape([(pred[c.row["row_id"]], c.measured) for c in lat])
     lat_lomo = mape([(lomo[c.row["row_id"]], c.measured) for c in lat if c.row["row_id"] in lomo])
+    lat_rows = sum(1 for r in rows if r["metric_unit"] == "s")
     print(
-        f"\noverall MAPE {100 * overall:.1f}%; latency rows {len(lat)}: MAPE {100 * lat_m:.1f}% in-sample, {100 * lat_lomo:.1f}% leave-one-model-out; latency coverage {100 * len(lat) / len(rows):.0f}% of all rows"
+        f"\noverall MAPE {100 * overall:.1f}% ({len(used)} of {len(rows)} rows); latency: {len(lat)} of "
+        f"{lat_rows} latency rows predicted ({100 * len(lat) / max(lat_rows, 1):.0f}% coverage), MAPE "
+        f"{100 * lat_m:.1f}% in-sample, {100 * lat_lomo:.1f}% leave-one-model-out"
     )
 
     print("\nRanking within (model, GPU, GPU count, request) groups with >= 2 layouts:")

@@ -30,6 +30,9 @@ ATTN_BLOCK = 128.0
 # (yunchang ``update_out_and_lse``: sub, sigmoid, mul, sub, logsigmoid on fp32 out and lse): about
 # 8 fp32 passes over the rank's output chunk per ring step (estimate from the op count).
 RING_MERGE_PASSES = 8.0
+# Ulysses (yunchang ``all_to_all_4D``): reshape + transpose + contiguous before every
+# ``all_to_all_single`` and after it: two copies, each a read and a write of the rank's tensor.
+ULYSSES_COPY_PASSES = 4.0
 FP32 = 4.0
 
 
@@ -170,7 +173,8 @@ def forward_time(
     tok_att = b * n_tok["joint" if spec.arch in ("mmdit", "asym", "cogvideo") else "img"]
     stride_u = _arr(stride_base) * tp
     a2a_bytes = tok_att * width_ / tp * BF16
-    ulysses_t = 4.0 * C.all_to_all(links, a2a_bytes, u, stride_u) * attn_ops * share  # q, k, v in; o out
+    copies = np.where(u > 1, ULYSSES_COPY_PASSES * a2a_bytes / co.hbm_bw, 0.0)
+    ulysses_t = 4.0 * (C.all_to_all(links, a2a_bytes, u, stride_u) + copies) * attn_ops * share  # q, k, v in; o out
     # Ring: r-1 key/value hand-offs per attention, each overlapping one chunk of the attention.
     stride_r = stride_u * u
     kv_bytes = (
