@@ -174,7 +174,9 @@ def forward_time(
     stride_u = _arr(stride_base) * tp
     a2a_bytes = tok_att * width_ / tp * BF16
     copies = np.where(u > 1, ULYSSES_COPY_PASSES * a2a_bytes / co.hbm_bw, 0.0)
-    ulysses_t = 4.0 * (C.all_to_all(links, a2a_bytes, u, stride_u) + copies) * attn_ops * share  # q, k, v in; o out
+    ulysses_t = (
+        4.0 * (C.all_to_all(links, a2a_bytes, u, stride_u) + copies) * attn_ops * share
+    )  # q, k, v in; o out
     # Ring: r-1 key/value hand-offs per attention, each overlapping one chunk of the attention.
     stride_r = stride_u * u
     kv_bytes = (
