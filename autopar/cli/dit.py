@@ -179,15 +179,7 @@ def cmd_train(a: argparse.Namespace) -> int:
                 "pick a dp dividing it",
             )
         pred = training.predict(spec, device, n, work, lays, memory_headroom=job.memory_headroom)
-        rows = []
-        for i in range(1):
-            d: dict[str, Any] = {"layout": {k: int(lays[k][i]) for k in training.TRAIN_KEYS}}
-            for k, v in pred.items():
-                x = v.reshape(-1) if hasattr(v, "reshape") else v
-                d[k] = (
-                    bool(x[0]) if getattr(x, "dtype", None) is not None and x.dtype == bool else float(x[0])
-                )
-            rows.append(d)
+        rows = [training.row(lays, pred, 0)]
     else:
         rows = training.search(spec, device, n, work, top=a.top)
     exports: list[str] = []

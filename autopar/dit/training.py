@@ -208,12 +208,14 @@ def search(
             f"{pred['memory_bytes'][i] / 1e9:.1f} GB per device",
             "add devices, sequence parallelism, or smaller buckets",
         )
-    order = [i for i in np.argsort(-pred["tokens_per_s_per_device"], kind="stable") if ok[i]][:top]
-    out = []
-    for i in order:
-        d: dict[str, Any] = {"layout": {k: int(lays[k][i]) for k in TRAIN_KEYS}}
-        for k, v in pred.items():
-            x = np.asarray(v).reshape(-1)
-            d[k] = bool(x[i]) if x.dtype == bool else float(x[i] if x.size > 1 else x[0])
-        out.append(d)
-    return out
+    order = [int(i) for i in np.argsort(-pred["tokens_per_s_per_device"], kind="stable") if ok[i]][:top]
+    return [row(lays, pred, i) for i in order]
+
+
+def row(lays: dict[str, np.ndarray], pred: dict[str, np.ndarray], i: int) -> dict[str, Any]:
+    """One layout's figures as plain JSON-ready values."""
+    d: dict[str, Any] = {"layout": {k: int(lays[k][i]) for k in TRAIN_KEYS}}
+    for k, v in pred.items():
+        x = np.asarray(v).reshape(-1)
+        d[k] = bool(x[i]) if x.dtype == bool else float(x[i] if x.size > 1 else x[0])
+    return d
