@@ -174,14 +174,12 @@ def forward_time(
     stride_u = _arr(stride_base) * tp
     a2a_bytes = tok_att * width_ / tp * BF16
     copies = np.where(u > 1, ULYSSES_COPY_PASSES * a2a_bytes / co.hbm_bw, 0.0)
-    ulysses_t = (
-        4.0 * (C.all_to_all(links, a2a_bytes, u, stride_u) + copies) * attn_ops * share
-    )  # q, k, v in; o out
+    # four all-to-alls per attention: q, k, v in, the output back
+    ulysses_t = 4.0 * (C.all_to_all(links, a2a_bytes, u, stride_u) + copies) * attn_ops * share
     # Ring: r-1 key/value hand-offs per attention, each overlapping one chunk of the attention.
     stride_r = stride_u * u
-    kv_bytes = (
-        2.0 * tok_att * width_ / tp * BF16
-    )  # K and V of S/r tokens x width/(u tp) = of tok_att x width/tp
+    # K and V of S/r tokens x width/(u tp), i.e. of tok_att tokens x width/tp
+    kv_bytes = 2.0 * tok_att * width_ / tp * BF16
     hop = C.p2p(links, kv_bytes, inter=stride_r * r > links.devices_per_node, stride=stride_r, span=r)
     hidden_hop = np.maximum(0.0, hop - attn / (r * np.maximum(attn_ops * share, 1e-9)))
     merge = RING_MERGE_PASSES * tok_att * width_ / tp * FP32 / co.hbm_bw
