@@ -2,7 +2,7 @@
 
     python studies/published_dit.py [--csv studies/data/dit_runs_dev.csv] [--json OUT] [--fit-out YAML] [--no-lomo]
 
-Predicts every row of the DiT runs CSV (columns in studies/data/README-dit.md) in its own unit:
+Predicts every row of the DiT runs CSV (columns in studies/data/dit_runs_dev.README.md) in its own unit:
 end-to-end latency per image/video (s) for inference rows, tokens/s/GPU for training rows. Prints the
 MAPE per model, GPU and layout kind, and within each (model, GPU, GPU count, request) group with
 two or more layouts the Spearman rank correlation and whether the layout predicted fastest is the
