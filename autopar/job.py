@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autopar.errors import AutoparError
 from autopar.frameworks import DEFAULT_MEMORY_HEADROOM, FrameworkProfile, framework_profile
@@ -27,7 +27,7 @@ from autopar.schedules import PIPELINE_SCHEDULE_DESCRIPTION, PipelineSchedule
 SCHEMA_VERSION = 1
 
 Framework = Literal["megatron", "torchtitan", "fsdp", "deepspeed", "megatron-deepspeed"]
-WorkloadKind = Literal["training", "serving"]
+WorkloadKind = Literal["training", "serving", "generation", "dit_training"]
 WeightPrecision = Literal["bf16", "fp16", "fp8", "int4"]
 KVPrecision = Literal["bf16", "fp16", "fp8", "int8"]
 
@@ -194,9 +194,105 @@ class ServingWorkload(_Frozen):
         return self.ttft_ms is not None or self.tpot_ms is not None
 
 
-# A diffusion workload joins this union as one more ``kind`` (no diffusion model exists yet).
-Workload = Annotated[TrainingWorkload | ServingWorkload, Field(discriminator="kind")]
-WORKLOADS: dict[str, type[BaseModel]] = {"training": TrainingWorkload, "serving": ServingWorkload}
+MAX_PIXELS = 16384  # pixels per side of a generated image or video
+MAX_FRAMES = 4096
+MAX_STEPS = 10000
+
+
+class GenerationWorkload(_Frozen):
+    """Diffusion inference (``autopar.dit.inference``): one image or video per prompt batch."""
+
+    kind: Literal["generation"] = "generation"
+    height: int = Field(strict=True, ge=8, le=MAX_PIXELS, description="output height in pixels")
+    width: int = Field(strict=True, ge=8, le=MAX_PIXELS, description="output width in pixels")
+    frames: int = Field(1, strict=True, ge=1, le=MAX_FRAMES, description="output frames (1: an image)")
+    steps: int = Field(50, strict=True, ge=1, le=MAX_STEPS, description="denoising steps")
+    batch: int = Field(
+        1, strict=True, ge=1, le=4096, description="samples generated together per prompt batch"
+    )
+    cfg: bool | None = Field(
+        None,
+        description="classifier-free guidance (a conditional and an unconditional pass per step); "
+        "default: what the model needs (guidance-distilled FLUX.1-dev and HunyuanVideo run without)",
+    )
+    cache_skip: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="share of steps whose transformer forward a step cache (TeaCache, FBCache) reuses",
+    )
+    compiled: bool = Field(False, description="torch.compile (fewer elementwise passes and host launches)")
+    parallel_vae: bool = Field(False, description="xDiT parallel VAE: the decode splits over the DiT ranks")
+    warmup_steps: int = Field(
+        1,
+        strict=True,
+        ge=0,
+        le=MAX_STEPS,
+        description="PipeFusion synchronous warm-up steps (xDiT default 1)",
+    )
+    offload_text_encoder: bool = Field(False, description="text encoders leave the GPU after encoding")
+    latency_target_s: float | None = Field(
+        None,
+        gt=0,
+        description="latency per image/video the layout must meet (s); ranks by throughput among those",
+    )
+
+
+class DiTTrainingWorkload(_Frozen):
+    """Diffusion-transformer training (``autopar.dit.training``) over a bucket list of shapes."""
+
+    kind: Literal["dit_training"] = "dit_training"
+    buckets: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="shapes in one batch: HEIGHTxWIDTHxFRAMES[:SHARE], comma-separated, e.g. "
+        "720x1280x121:0.3,480x832x81:0.7 (shares normalized)",
+    )
+    global_batch: GlobalBatch = Field(description="samples per optimizer step")
+    precomputed_latents: bool = Field(
+        False, description="VAE latents and text features cached (no online encode)"
+    )
+    compiled: bool = Field(False, description="torch.compile")
+
+    @field_validator("buckets")
+    @classmethod
+    def _check_buckets(cls, v: str) -> str:
+        parse_buckets(v)
+        return v
+
+    def parsed_buckets(self) -> list[tuple[int, int, int, float]]:
+        return parse_buckets(self.buckets)
+
+
+def parse_buckets(text: str) -> list[tuple[int, int, int, float]]:
+    """``HEIGHTxWIDTHxFRAMES[:SHARE]`` items, comma-separated."""
+    out = []
+    for part in text.split(","):
+        shape, _, share = part.strip().partition(":")
+        dims = shape.lower().split("x")
+        try:
+            h, w, f = (int(x) for x in dims)
+            s = float(share) if share else 1.0
+        except ValueError:
+            h = w = f = -1
+            s = 1.0
+        if min(h, w, f) < 1 or max(h, w) > MAX_PIXELS or f > MAX_FRAMES or not 0 < s < float("inf"):
+            raise ValueError(
+                f"bucket {part.strip()!r} is not HEIGHTxWIDTHxFRAMES[:SHARE] with positive values"
+            )
+        out.append((h, w, f, s))
+    return out
+
+
+Workload = Annotated[
+    TrainingWorkload | ServingWorkload | GenerationWorkload | DiTTrainingWorkload, Field(discriminator="kind")
+]
+WORKLOADS: dict[str, type[BaseModel]] = {
+    "training": TrainingWorkload,
+    "serving": ServingWorkload,
+    "generation": GenerationWorkload,
+    "dit_training": DiTTrainingWorkload,
+}
 
 
 class Job(_Frozen):

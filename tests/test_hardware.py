@@ -35,6 +35,8 @@ EXPECTED_IDS = {
     "mi325x",
     "gaudi3",
     "tpu-v5p",
+    "h20",
+    "l20",
 }
 
 # Golden values from shared/data/hardware.md §2.1 (dense TFLOP/s, GB, GB/s, W).

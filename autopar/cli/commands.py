@@ -17,4 +17,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "autopar.cli.calibrate",
     "autopar.cli.validate",
     "autopar.cli.completion",
+    "autopar.cli.dit",
 )

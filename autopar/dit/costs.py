@@ -1,0 +1,208 @@
+"""The per-device pieces every DiT layout is costed with: one forward of the transformer on a slice.
+
+Shared by inference (``autopar.dit.inference``) and training (``autopar.dit.training``). Every function
+takes numpy arrays over candidate layouts. Times come from the LLM path's engine: GEMMs by
+:func:`autopar.latency.gemm_time` (device MAMF efficiency, tile falloff, HBM roofline), collectives
+by :mod:`autopar.collectives` on the links the group spans; the DiT-specific coefficients
+(:class:`DiTCoefficients`) are few and physical: FlashAttention efficiency at DiT shapes per device,
+elementwise passes per block (eager vs ``torch.compile``), host time per block, VAE conv efficiency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from autopar import collectives as C
+from autopar.dit.spec import DiTSpec, attention_flops
+from autopar.errors import AutoparError
+from autopar.latency import Coefficients, gemm_time
+
+BF16 = 2.0
+# FlashAttention tiles queries and keys in blocks of 128 (FA2/FA3 forward): a chunk of n tokens
+# wastes up to one block; efficiency ~ n / (n + 128) per side (Dao 2023, arXiv 2307.08691 sec. 3).
+ATTN_BLOCK = 128.0
+# Ring attention merges each step's partial output into the running one with its log-sum-exp
+# (yunchang ``update_out_and_lse``: sub, sigmoid, mul, sub, logsigmoid on fp32 out and lse): about
+# 8 fp32 passes over the rank's output chunk per ring step (estimate from the op count).
+RING_MERGE_PASSES = 8.0
+# Ulysses (yunchang ``all_to_all_4D``): reshape + transpose + contiguous before every
+# ``all_to_all_single`` and after it: two copies, each a read and a write of the rank's tensor.
+ULYSSES_COPY_PASSES = 4.0
+FP32 = 4.0
+
+
+@dataclass(frozen=True)
+class DiTCoefficients:
+    """The DiT-specific coefficients of one device (fitted by ``studies/published_dit.py --fit``)."""
+
+    attention_eff: float  # FlashAttention-class forward at DiT shapes, fraction of bf16 dense peak
+    elementwise_passes_eager: float  # d-wide bf16 activation reads+writes per token per block, eager
+    elementwise_passes_compiled: float  # the same under torch.compile (fused norms/modulation/RoPE)
+    host_per_block_eager_s: float  # host (Python + launch) time per block per forward, eager
+    host_per_block_compiled_s: float  # the same under torch.compile
+    host_per_ring_step_s: float  # host time of one ring-attention step (chunk kernel + LSE merge ops)
+    host_per_a2a_s: float  # host time of one Ulysses all-to-all (reshape copies + NCCL launch)
+    vae_conv_eff: float  # VAE convolutions, fraction of bf16 dense peak
+    source: str
+
+
+@lru_cache(maxsize=4)
+def _dit_yaml(path: str | None) -> dict[str, Any]:
+    from autopar.files import parse_yaml, read_text
+
+    if path is None:
+        text = (resources.files("autopar.cost_models") / "calibration" / "dit.yaml").read_text(
+            encoding="utf-8"
+        )
+        where = "cost_models/calibration/dit.yaml"
+    else:
+        text = read_text(path, "DiT calibration file", "pass an existing DiT calibration YAML")
+        where = path
+    data = parse_yaml(text, where)
+    if not isinstance(data, dict) or "global" not in data or "devices" not in data:
+        raise AutoparError(
+            f"{where}: needs 'global' and 'devices' blocks", "see cost_models/calibration/dit.yaml"
+        )
+    return data
+
+
+def dit_coefficients(device, path: str | None = None) -> DiTCoefficients:
+    """The shipped DiT coefficients for ``device``; a device never fitted gets its profile's
+    FlashAttention efficiency scaled by the mean fitted/profile ratio of the fitted devices."""
+    data = _dit_yaml(path)
+    g = data["global"]
+    dev = (data.get("devices") or {}).get(device.id)
+    if dev is not None and "attention_eff" in dev:
+        att, src = float(dev["attention_eff"]), f"fitted ({data.get('fitted_on', 'dit.yaml')})"
+    else:
+        att = device.efficiency.attention * float(g["attention_transfer_ratio"])
+        src = f"not fitted on {device.id}: profile attention {device.efficiency.attention:g} x transfer ratio {float(g['attention_transfer_ratio']):.3f}"
+    return DiTCoefficients(
+        attention_eff=min(att, 0.95),
+        elementwise_passes_eager=float(g["elementwise_passes_eager"]),
+        elementwise_passes_compiled=float(g["elementwise_passes_compiled"]),
+        host_per_block_eager_s=float(g["host_per_block_eager_us"]) * 1e-6,
+        host_per_block_compiled_s=float(g["host_per_block_compiled_us"]) * 1e-6,
+        host_per_ring_step_s=float(g["host_per_ring_step_us"]) * 1e-6,
+        host_per_a2a_s=float(g["host_per_a2a_us"]) * 1e-6,
+        vae_conv_eff=float(g["vae_conv_eff"]),
+        source=src,
+    )
+
+
+def _arr(x: Any) -> np.ndarray:
+    return np.asarray(x, dtype=np.float64)
+
+
+def forward_time(
+    spec: DiTSpec,
+    co: Coefficients,
+    dc: DiTCoefficients,
+    links: C.Links,
+    *,
+    height: int,
+    width: int,
+    frames: int,
+    batch: np.ndarray,
+    tp: np.ndarray,
+    ulysses: np.ndarray,
+    ring: np.ndarray,
+    layer_share: np.ndarray,
+    patches: np.ndarray,
+    compiled: bool,
+    stride_base: np.ndarray | float = 1.0,
+) -> dict[str, np.ndarray]:
+    """One transformer forward on one device, by component (seconds).
+
+    ``batch`` samples (a CFG pair counts 2); the sequence is split over ``ulysses x ring`` ranks, the
+    weights over ``tp`` (Megatron column/row split, two all-reduces per block and stream) and
+    ``layer_share`` of the blocks (PipeFusion stage); ``patches`` PipeFusion patches go through the
+    stage one after another (smaller GEMMs and attention queries). Rank order: tp innermost, then
+    Ulysses, then ring (xDiT's mesh), each group ``stride_base`` x the inner degrees apart.
+    """
+    b, tp, u, r = _arr(batch), _arr(tp), _arr(ulysses), _arr(ring)
+    share, M = _arr(layer_share), _arr(patches)
+    t, h, w = spec.token_grid(height, width, frames)
+    s_img, s_txt = float(t * h * w), float(spec.text_tokens)
+    sp = u * r
+    n_tok = {"img": s_img / sp, "txt": s_txt / sp, "joint": (s_img + s_txt) / sp}
+    peak = co.peak("bf16")
+    peak_a = np.asarray(peak)
+    eff = np.asarray(co.gemm_eff.get("bf16", 0.8))
+
+    gemm = np.zeros(np.broadcast(b, tp, sp, share, M).shape)
+    for lin in spec.block_linears():
+        rows = b * n_tok[lin.stream] / M
+        # column-parallel layers split their output, row-parallel ones their input: same FLOPs
+        one = gemm_time(co, peak_a, eff, rows, lin.n_out / tp, lin.k_in)
+        gemm = gemm + one * M * lin.count * share
+
+    attn = np.zeros_like(gemm)
+    for a in spec.attentions():
+        flops = b * a.count * share * attention_flops(a, s_img, s_txt, t, h * w) / (sp * tp)
+        q_len = {"joint": s_img + s_txt, "self": s_img, "cross": s_img, "linear": s_img}.get(a.kind, 0.0)
+        kv_len = {"joint": s_img + s_txt, "self": s_img, "cross": s_txt, "linear": s_img}.get(a.kind, 0.0)
+        if a.kind == "spatial":
+            q_len = kv_len = float(h * w)
+        elif a.kind == "temporal":
+            q_len = kv_len = float(t)
+        # Ring splits both q and kv into r chunks; Ulysses keeps full length per head group;
+        # PipeFusion queries one patch against the full (stale) key/value buffer.
+        spread = a.kind in ("joint", "self", "linear")
+        q = q_len / (r * M) if spread else q_len / M
+        kv = kv_len / r if spread else kv_len
+        fill = np.asarray(1.0) if a.kind == "linear" else (q / (q + ATTN_BLOCK)) * (kv / (kv + ATTN_BLOCK))
+        attn = attn + flops / (peak * dc.attention_eff * fill)
+
+    # elementwise (norms, modulation, gates, RoPE, activations): replicated across TP ranks
+    passes = dc.elementwise_passes_compiled if compiled else dc.elementwise_passes_eager
+    blocks = (spec.layers + spec.single_layers) * share
+    tok_all = b * (n_tok["img"] + (n_tok["txt"] if spec.arch in ("mmdit", "asym", "cogvideo") else 0.0))
+    elem = blocks * passes * tok_all * spec.hidden * BF16 / co.hbm_bw
+
+    # communication, exposed (xDiT runs it on the compute stream)
+    width_ = float(spec.inner)
+    attn_ops = sum(
+        a.count for a in spec.attentions() if a.kind in ("joint", "self", "linear", "spatial", "temporal")
+    )
+    tok_att = b * n_tok["joint" if spec.arch in ("mmdit", "asym", "cogvideo") else "img"]
+    stride_u = _arr(stride_base) * tp
+    a2a_bytes = tok_att * width_ / tp * BF16
+    copies = np.where(u > 1, ULYSSES_COPY_PASSES * a2a_bytes / co.hbm_bw, 0.0)
+    # four all-to-alls per attention: q, k, v in, the output back
+    ulysses_t = 4.0 * (C.all_to_all(links, a2a_bytes, u, stride_u) + copies) * attn_ops * share
+    # Ring: r-1 key/value hand-offs per attention, each overlapping one chunk of the attention.
+    stride_r = stride_u * u
+    # K and V of S/r tokens x width/(u tp), i.e. of tok_att tokens x width/tp
+    kv_bytes = 2.0 * tok_att * width_ / tp * BF16
+    hop = C.p2p(links, kv_bytes, inter=stride_r * r > links.devices_per_node, stride=stride_r, span=r)
+    hidden_hop = np.maximum(0.0, hop - attn / (r * np.maximum(attn_ops * share, 1e-9)))
+    merge = RING_MERGE_PASSES * tok_att * width_ / tp * FP32 / co.hbm_bw
+    ring_t = np.where(r > 1, (r - 1.0) * (hidden_hop + merge) * attn_ops * share, 0.0)
+    # TP: an all-reduce after attention and after the MLP of every stream (Megatron).
+    streams = {"mmdit": 2.0, "asym": 2.0}.get(spec.arch, 1.0)
+    ar_bytes = b * n_tok["img"] * spec.hidden * BF16
+    n_ar = 2.0 * (spec.layers * streams + spec.single_layers) * share
+    tp_t = C.all_reduce(links, ar_bytes, tp, _arr(stride_base)) * n_ar
+
+    # The host issues every kernel; the GPU never runs ahead of it: a forward takes at least the
+    # host's time (eager PyTorch's per-op overhead is what caps FLUX's eager scaling in xDiT's table).
+    per_block = dc.host_per_block_compiled_s if compiled else dc.host_per_block_eager_s
+    sp_ops = (r - 1.0) * dc.host_per_ring_step_s + np.where(u > 1, 4.0 * dc.host_per_a2a_s, 0.0)
+    host = blocks * M * per_block + M * sp_ops * attn_ops * share
+    gpu = gemm + attn + elem + ulysses_t + ring_t + tp_t
+    floor = np.maximum(host - gpu, 0.0)
+    return {
+        "gemm": gemm,
+        "attention": attn,
+        "elementwise": elem,
+        "host_bound": floor,
+        "ulysses_comm": ulysses_t,
+        "ring_comm": ring_t,
+        "tp_comm": tp_t,
+    }

@@ -1,0 +1,589 @@
+"""The normalized description of a diffusion transformer: blocks, patchify, VAE and text encoders.
+
+A model is a pattern of block kinds (``arch``): ``mmdit`` (double-stream blocks with separate image
+and text weights, then single-stream blocks: FLUX, SD3, HunyuanVideo, Open-Sora 2.0), ``cross``
+(self-attention over the video plus cross-attention to the text: Wan, PixArt, Step-Video, SANA's
+linear attention), ``stdit`` (factorized spatial/temporal attention: STDiT, Open-Sora 1.x),
+``cogvideo`` (one joint stream whose weights text and video share, expert adaLN: CogVideoX) and
+``asym`` (Mochi's asymmetric streams: a narrow text stream attends jointly with a wide visual one).
+Each block is listed as its linear layers (which stream they read, in x out), its adaLN modulation
+(applied to the conditioning vector only: parameters, no token FLOPs) and its attention ops, so
+parameter counts, FLOPs and the layouts' splits all follow from one list.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from autopar.errors import ModelConfigError, UnsupportedArchitecture
+
+Arch = Literal["mmdit", "cross", "stdit", "cogvideo", "asym"]
+Stream = Literal["img", "txt", "joint"]
+AttnKind = Literal["joint", "self", "cross", "spatial", "temporal", "linear"]
+ARCHES: tuple[str, ...] = ("mmdit", "cross", "stdit", "cogvideo", "asym")
+
+
+@dataclass(frozen=True)
+class Linear:
+    """``count`` linear layers per model reading ``stream`` tokens: ``k_in`` x ``n_out`` (+ bias)."""
+
+    stream: Stream
+    k_in: int
+    n_out: int
+    count: int
+
+    @property
+    def params(self) -> int:
+        return self.count * (self.k_in * self.n_out + self.n_out)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """``count`` attention ops of ``kind`` with ``heads`` x ``head_dim`` (q and kv lengths from the sample)."""
+
+    kind: AttnKind
+    count: int
+    heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class VAESpec:
+    """A (video) VAE: strides, latent channels and the decoder's conv pyramid (for FLOPs/memory)."""
+
+    name: str
+    spatial: int  # pixels per latent pixel along height and width
+    temporal: int  # frames per latent frame after the first (causal video VAEs); 1: image VAE
+    channels: int  # latent channels
+    block_out_channels: tuple[int, ...]  # encoder order, full resolution first (diffusers)
+    layers_per_block: int
+    conv3d: bool  # 3x3x3 kernels (video) or 3x3 (image, or a video VAE decoding frame by frame)
+    source: str
+
+    def latent_frames(self, frames: int) -> int:
+        """Causal video VAEs keep the first frame: (frames - 1) / temporal + 1."""
+        if self.temporal == 1:
+            return frames
+        return (frames - 1) // self.temporal + 1
+
+    def decode_flops(self, frames: int, height: int, width: int) -> float:
+        """Convolution FLOPs of decoding one sample: mid block + up blocks of (layers_per_block + 1)
+        resnets (2 convs each) + one upsampling conv per level, 2 x taps x c_in x c_out per voxel."""
+        taps = 27.0 if self.conv3d else 9.0
+        chs = list(reversed(self.block_out_channels))
+        n = len(chs)
+        t_ups = int(round(math.log2(self.temporal))) if self.temporal > 1 else 0
+        out_vox = float(frames) * height * width
+
+        def vox(level: int) -> float:  # output voxels processed at decoder level (0 = lowest res)
+            spatial = 4.0 ** -(n - 1 - level)
+            temporal = 2.0 ** -max(0, t_ups - level)
+            return out_vox * spatial * temporal
+
+        def conv(cin: int, cout: int) -> float:
+            return 2.0 * taps * cin * cout
+
+        total = 4 * conv(chs[0], chs[0]) * vox(0)  # mid block: 2 resnets
+        for i, c in enumerate(chs):
+            cin = chs[i - 1] if i else chs[0]
+            if i:
+                total += conv(cin, cin) * vox(i)  # upsampling conv at the new resolution
+            total += (conv(cin, c) + conv(c, c) + 2 * self.layers_per_block * conv(c, c)) * vox(i)
+        return total
+
+    def encode_flops(self, frames: int, height: int, width: int) -> float:
+        """Encoders hold layers_per_block resnets per level (decoders one more)."""
+        lpb = self.layers_per_block
+        return self.decode_flops(frames, height, width) * lpb / (lpb + 1)
+
+    def decode_activation_bytes(self, frames: int, height: int, width: int, *, tile: int = 0) -> float:
+        """Peak decoder activation: ~3 live full-resolution tensors of the last level (bf16).
+
+        ``tile``: spatial tile edge in pixels (0: untiled); tiles decode one after another."""
+        h, w = (min(height, tile), min(width, tile)) if tile else (height, width)
+        f = min(frames, 4 * self.temporal + 1) if tile and self.temporal > 1 else frames
+        return 3.0 * 2.0 * self.block_out_channels[0] * f * h * w
+
+
+@dataclass(frozen=True)
+class TextEncoder:
+    """A text encoder run once per prompt (and once for the negative prompt under CFG)."""
+
+    name: str
+    params: float
+    tokens: int
+    source: str
+
+    def flops(self) -> float:
+        return 2.0 * self.params * self.tokens
+
+
+@dataclass(frozen=True)
+class DiTSpec:
+    """One diffusion transformer, normalized (see the module docstring for ``arch``)."""
+
+    id: str
+    name: str
+    arch: Arch
+    hidden: int
+    heads: int
+    head_dim: int
+    ffn: int
+    layers: int  # blocks of the main kind (mmdit: double-stream blocks)
+    single_layers: int  # mmdit: single-stream blocks after the double-stream ones
+    patch: tuple[int, int, int]  # (p_t, p_h, p_w)
+    in_channels: int  # channels the patch embedding reads (latent + any concatenated condition)
+    text_dim: int  # caption features entering the model (T5-XXL: 4096)
+    text_tokens: int  # caption tokens the DiT attends to
+    vae: VAESpec
+    text_encoders: tuple[TextEncoder, ...]
+    cfg: bool  # inference runs classifier-free guidance (a conditional and an unconditional pass)
+    ffn_kind: Literal["gelu", "swiglu", "glumb"] = "gelu"
+    cond_dim: int = 0  # width of the modulation input (0: hidden)
+    text_hidden: int = 0  # asym: width of the text stream
+    text_ffn: int = 0  # asym: text-stream FFN hidden
+    pooled_dim: int = 0  # pooled text vector (CLIP) entering the conditioning, 0: none
+    guidance_embed: bool = False  # guidance-distilled: guidance scale embedded, no CFG pass
+    context_pre_only_last: bool = False  # the last block does not update the text stream (SD3, Mochi)
+    refiner_layers: int = 0  # HunyuanVideo token refiner blocks over the text
+    self_attention: Literal["softmax", "linear"] = "softmax"
+    published_params: float = 0.0
+    published_source: str = ""
+    source: str = ""
+    defaults: dict[str, int] = field(default_factory=dict)  # resolution/frames/steps of its README
+
+    # ---------------------------------------------------------------- structure
+    @property
+    def cond(self) -> int:
+        return self.cond_dim or self.hidden
+
+    @property
+    def inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def video(self) -> bool:
+        return self.vae.temporal > 1 or self.arch == "stdit"
+
+    def _ffn(self, stream: Stream, d: int, f: int, n: int) -> list[Linear]:
+        if self.ffn_kind == "gelu":
+            return [Linear(stream, d, f, n), Linear(stream, f, d, n)]
+        return [Linear(stream, d, 2 * f, n), Linear(stream, f, d, n)]  # gated: up+gate fused
+
+    def block_linears(self) -> list[Linear]:
+        """Every linear layer of the transformer blocks (token FLOPs and TP splits follow these)."""
+        d, f, L, a = self.hidden, self.ffn, self.layers, self.arch
+        if a == "mmdit":
+            last = 1 if self.context_pre_only_last else 0
+            out = [Linear("img", d, 3 * self.inner, L), Linear("img", self.inner, d, L)]
+            out += self._ffn("img", d, f, L)
+            out += [Linear("txt", d, 3 * self.inner, L), Linear("txt", self.inner, d, L - last)]
+            out += self._ffn("txt", d, f, L - last)
+            if self.single_layers:
+                S = self.single_layers
+                out += [Linear("joint", d, 3 * self.inner + f, S), Linear("joint", self.inner + f, d, S)]
+            return out
+        if a == "cross":
+            return [
+                Linear("img", d, 3 * self.inner, L),
+                Linear("img", self.inner, d, L),
+                Linear("img", d, self.inner, L),  # cross-attention query
+                Linear("txt", d, 2 * self.inner, L),  # cross-attention key/value of the caption
+                Linear("img", self.inner, d, L),
+                *self._ffn("img", d, f, L),
+            ]
+        if a == "stdit":
+            return [
+                Linear("img", d, 3 * self.inner, 2 * L),  # spatial and temporal self-attention
+                Linear("img", self.inner, d, 2 * L),
+                Linear("img", d, self.inner, L),
+                Linear("txt", d, 2 * self.inner, L),
+                Linear("img", self.inner, d, L),
+                *self._ffn("img", d, f, L),
+            ]
+        if a == "cogvideo":
+            return [Linear("joint", d, 3 * self.inner, L), Linear("joint", self.inner, d, L)] + self._ffn(
+                "joint", d, f, L
+            )
+        # asym (Mochi): visual stream d, text stream dy; attention runs at the visual width.
+        dy, fy, last = self.text_hidden, self.text_ffn, 1 if self.context_pre_only_last else 0
+        return [
+            Linear("img", d, 3 * self.inner, L),
+            Linear("img", self.inner, d, L),
+            *self._ffn("img", d, f, L),
+            Linear("txt", dy, 3 * self.inner, L),
+            Linear("txt", self.inner, dy, L - last),
+            *self._ffn("txt", dy, fy, L - last),
+        ]
+
+    def modulation_params(self) -> int:
+        """adaLN modulation (linear on the conditioning vector) or adaLN-single tables."""
+        d, c, L = self.hidden, self.cond, self.layers
+        if self.arch == "mmdit":
+            last = 1 if self.context_pre_only_last else 0
+            dbl = L * 2 * (c * 6 * d + 6 * d) - last * (c * 4 * d + 4 * d)
+            return dbl + self.single_layers * (c * 3 * d + 3 * d)
+        if self.arch == "cogvideo":
+            return L * 2 * (c * 6 * d + 6 * d)
+        if self.arch == "asym":
+            dy = self.text_hidden
+            return L * (c * 4 * d + 4 * d + c * 4 * dy + 4 * dy)
+        return L * 6 * d  # adaLN-single: one shared projection (counted in embeddings) + a table per block
+
+    def attentions(self) -> list[Attention]:
+        L, H, hd = self.layers, self.heads, self.head_dim
+        if self.arch in ("mmdit", "cogvideo", "asym"):
+            return [Attention("joint", L + self.single_layers, H, hd)]
+        if self.arch == "cross":
+            kind: AttnKind = "linear" if self.self_attention == "linear" else "self"
+            return [Attention(kind, L, H, hd), Attention("cross", L, H, hd)]
+        return [Attention("spatial", L, H, hd), Attention("temporal", L, H, hd), Attention("cross", L, H, hd)]
+
+    def embedding_params(self) -> int:
+        """Patch embedding, caption projection, timestep/pooled/guidance MLPs, final layer."""
+        d, c = self.hidden, self.cond
+        pt, ph, pw = self.patch
+        patch_in = pt * ph * pw * self.in_channels
+        patch_out = pt * ph * pw * self.vae.channels
+        p = patch_in * d + d  # patch embedding
+        tw = self.text_hidden or d
+        p += self.text_dim * tw + tw  # caption projection
+        if self.arch in ("cross", "stdit"):
+            p += tw * tw + tw  # second caption-projection layer (Wan, PixArt, Step-Video)
+        p += 256 * c + c + c * c + c  # sinusoidal timestep -> MLP
+        if self.pooled_dim:
+            p += self.pooled_dim * c + c + c * c + c
+        if self.guidance_embed:
+            p += 256 * c + c + c * c + c
+        if self.arch in ("cross", "stdit"):
+            p += c * 6 * d + 6 * d  # adaLN-single shared projection
+        p += c * 2 * d + 2 * d + d * patch_out + patch_out  # final adaLN + projection
+        if self.refiner_layers:  # HunyuanVideo individual token refiner (self-attn + MLP + adaLN)
+            p += self.refiner_layers * (4 * d * d + 4 * d + 2 * 4 * d * d + 5 * d + d * 2 * d + 2 * d)
+        return p
+
+    def norm_params(self) -> int:
+        """LayerNorm/RMSNorm weights (qk-norm, affine norms): small, counted for the 1% golden check."""
+        per = 4 * self.head_dim  # q/k norms of the image and text streams
+        return (self.layers + self.single_layers) * per
+
+    def params_breakdown(self) -> dict[str, int]:
+        blocks = sum(lin.params for lin in self.block_linears())
+        return {
+            "blocks_linear": blocks,
+            "modulation": self.modulation_params(),
+            "embeddings": self.embedding_params(),
+            "norms": self.norm_params(),
+        }
+
+    @property
+    def params(self) -> int:
+        return sum(self.params_breakdown().values())
+
+    # ---------------------------------------------------------------- the request -> tokens
+    def latent_shape(self, height: int, width: int, frames: int) -> tuple[int, int, int]:
+        """(latent frames, latent height, latent width) of one sample."""
+        s = self.vae.spatial
+        if height % s or width % s:
+            raise ModelConfigError(
+                f"{self.id}: resolution {width}x{height} is not a multiple of the VAE's spatial stride {s}",
+                f"pick a width and height divisible by {s * self.patch[1]}",
+            )
+        return self.vae.latent_frames(frames), height // s, width // s
+
+    def token_grid(self, height: int, width: int, frames: int) -> tuple[int, int, int]:
+        """(frames, rows, columns) of transformer tokens after patchify (p_t, p_h, p_w)."""
+        t, h, w = self.latent_shape(height, width, frames)
+        pt, ph, pw = self.patch
+        if h % ph or w % pw:
+            raise ModelConfigError(
+                f"{self.id}: latent {w}x{h} is not divisible by the patch {ph}x{pw}",
+                f"pick a width and height divisible by {self.vae.spatial * ph}",
+            )
+        return math.ceil(t / pt), h // ph, w // pw
+
+    def tokens(self, height: int, width: int, frames: int) -> int:
+        """Image/video tokens per sample (text tokens not included)."""
+        t, h, w = self.token_grid(height, width, frames)
+        return t * h * w
+
+    # ---------------------------------------------------------------- FLOPs
+    def forward_flops(self, height: int, width: int, frames: int) -> dict[str, float]:
+        """FLOPs of one transformer forward on one sample: linear layers and attention."""
+        t, h, w = self.token_grid(height, width, frames)
+        s_img = float(t * h * w)
+        s_txt = float(self.text_tokens)
+        n = {"img": s_img, "txt": s_txt, "joint": s_img + s_txt}
+        gemm = sum(2.0 * n[lin.stream] * lin.count * lin.k_in * lin.n_out for lin in self.block_linears())
+        attn = 0.0
+        for a in self.attentions():
+            attn += a.count * attention_flops(a, s_img, s_txt, t, h * w)
+        return {"gemm": gemm, "attention": attn}
+
+
+def attention_flops(a: Attention, s_img: float, s_txt: float, frames: float, hw: float) -> float:
+    """Forward FLOPs of one attention op: 4 x q_len x kv_len x heads x head_dim (QK^T and PV)."""
+    width = a.heads * a.head_dim
+    if a.kind == "joint":
+        return 4.0 * (s_img + s_txt) ** 2 * width
+    if a.kind == "self":
+        return 4.0 * s_img**2 * width
+    if a.kind == "cross":
+        return 4.0 * s_img * s_txt * width
+    if a.kind == "linear":  # ReLU linear attention: K^T V then Q (K^T V), head_dim^2 per token
+        return 4.0 * s_img * a.heads * a.head_dim**2
+    if a.kind == "spatial":
+        return 4.0 * frames * hw**2 * width
+    return 4.0 * hw * frames**2 * width  # temporal
+
+
+# ---------------------------------------------------------------------------------------- loading
+def _data() -> dict[str, Any]:
+    return _load_data()
+
+
+@lru_cache(maxsize=1)
+def _load_data() -> dict[str, Any]:
+    text = (resources.files("autopar.dit") / "presets.json").read_text(encoding="utf-8")
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def list_dit_presets() -> list[str]:
+    return sorted(_data()["models"])
+
+
+def _vae(name: str) -> VAESpec:
+    v = _data()["vaes"][name]
+    return VAESpec(
+        name=name,
+        spatial=v["spatial"],
+        temporal=v["temporal"],
+        channels=v["channels"],
+        block_out_channels=tuple(v["block_out_channels"]),
+        layers_per_block=v["layers_per_block"],
+        conv3d=v["conv3d"],
+        source=v["source"],
+    )
+
+
+def _encoder(name: str, tokens: int) -> TextEncoder:
+    e = _data()["text_encoders"][name]
+    return TextEncoder(name=name, params=float(e["params"]), tokens=tokens, source=e["source"])
+
+
+_SPEC_KEYS = {
+    "name", "arch", "hidden", "heads", "head_dim", "ffn", "layers", "single_layers", "patch",
+    "in_channels", "text_dim", "text_tokens", "vae", "text_encoders", "cfg", "ffn_kind", "cond_dim",
+    "text_hidden", "text_ffn", "pooled_dim", "guidance_embed", "context_pre_only_last",
+    "refiner_layers", "self_attention", "published_params", "published_source", "source", "defaults",
+}  # fmt: skip
+
+
+def _build(pid: str, m: dict[str, Any]) -> DiTSpec:
+    kw = {k: v for k, v in m.items() if k in _SPEC_KEYS}
+    kw["patch"] = tuple(m["patch"])
+    kw["vae"] = _vae(m["vae"])
+    kw["text_encoders"] = tuple(_encoder(n, m["text_tokens"]) for n in m["text_encoders"])
+    kw.setdefault("single_layers", 0)
+    return DiTSpec(id=pid, **kw)
+
+
+def is_dit_preset(name: str) -> bool:
+    return isinstance(name, str) and name.strip().lower() in _data()["models"]
+
+
+def load_dit(name_or_path: str | os.PathLike[str]) -> DiTSpec:
+    """A DiT preset id, or a diffusers transformer ``config.json`` (file or its folder)."""
+    key = os.fspath(name_or_path)
+    models = _data()["models"]
+    if key.strip().lower() in models:
+        return _build(key.strip().lower(), models[key.strip().lower()])
+    path = Path(key).expanduser()
+    if not path.exists():
+        raise ModelConfigError(
+            f"unknown DiT model {key!r}: not a preset and not a file",
+            f"presets: {', '.join(list_dit_presets())}, or a diffusers transformer config.json",
+        )
+    from autopar.model import read_config_file
+
+    return from_diffusers_config(read_config_file(path), source=str(path))
+
+
+# diffusers transformer classes -> how their config keys map onto the spec.
+DIFFUSERS_CLASSES: dict[str, str] = {
+    "FluxTransformer2DModel": "mmdit",
+    "SD3Transformer2DModel": "mmdit",
+    "HunyuanVideoTransformer3DModel": "mmdit",
+    "WanTransformer3DModel": "cross",
+    "PixArtTransformer2DModel": "cross",
+    "CogVideoXTransformer3DModel": "cogvideo",
+    "MochiTransformer3DModel": "asym",
+}
+
+
+def _need(cfg: dict[str, Any], key: str, cls: str, where: str) -> Any:
+    if key not in cfg:
+        raise ModelConfigError(
+            f"{where}: {cls} config is missing key {key!r}",
+            "pass the transformer's own config.json (the transformer/ folder of a diffusers checkpoint)",
+        )
+    v = cfg[key]
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, int | float | list)
+        or (isinstance(v, int | float) and v <= 0)
+    ):
+        raise ModelConfigError(f"{where}: {cls} key {key!r} must be a positive number, got {v!r}")
+    return v
+
+
+def from_diffusers_config(cfg: dict[str, Any], *, source: str = "(dict)") -> DiTSpec:
+    """Normalize a diffusers transformer ``config.json``; its ``_class_name`` picks the block kind.
+
+    The VAE and text encoders are not in the transformer's config: they are taken from the preset of
+    the same family (its VAE strides are what the class implies), and said so in ``source``.
+    """
+    cls = cfg.get("_class_name")
+    if not isinstance(cls, str):
+        raise ModelConfigError(
+            f"{source}: no '_class_name' (not a diffusers transformer config)",
+            f"pass a transformer config.json of one of: {', '.join(DIFFUSERS_CLASSES)}",
+        )
+    if cls not in DIFFUSERS_CLASSES:
+        raise UnsupportedArchitecture(
+            f"{source}: diffusers class {cls!r} is not modelled",
+            f"supported: {', '.join(DIFFUSERS_CLASSES)}",
+        )
+
+    def need(k: str) -> Any:
+        return _need(cfg, k, cls, source)
+
+    name = str(cfg.get("_name_or_path") or Path(source).parent.name or cls)
+    common: dict[str, Any] = {"published_params": 0.0, "published_source": "", "defaults": {}}
+    if cls == "FluxTransformer2DModel":
+        hd, H = need("attention_head_dim"), need("num_attention_heads")
+        d = hd * H
+        base = _build("flux.1-dev", _data()["models"]["flux.1-dev"])
+        return _replace(
+            base, id=name, name=name, hidden=d, heads=H, head_dim=hd, ffn=4 * d,
+            layers=need("num_layers"), single_layers=need("num_single_layers"),
+            in_channels=need("in_channels") // 4, text_dim=need("joint_attention_dim"),
+            pooled_dim=need("pooled_projection_dim"), guidance_embed=bool(cfg.get("guidance_embeds", False)),
+            source=f"{source} (VAE and text encoders of the FLUX preset)", **common,
+        )  # fmt: skip
+    if cls == "SD3Transformer2DModel":
+        hd, H = need("attention_head_dim"), need("num_attention_heads")
+        d = hd * H
+        base = _build("sd3.5-large", _data()["models"]["sd3.5-large"])
+        p = need("patch_size")
+        return _replace(
+            base, id=name, name=name, hidden=d, heads=H, head_dim=hd, ffn=4 * d, layers=need("num_layers"),
+            patch=(1, p, p), in_channels=need("in_channels"), text_dim=need("joint_attention_dim"),
+            pooled_dim=need("pooled_projection_dim"),
+            source=f"{source} (VAE and text encoders of the SD3.5 preset)", **common,
+        )  # fmt: skip
+    if cls == "HunyuanVideoTransformer3DModel":
+        hd, H = need("attention_head_dim"), need("num_attention_heads")
+        d = hd * H
+        base = _build("hunyuanvideo", _data()["models"]["hunyuanvideo"])
+        return _replace(
+            base, id=name, name=name, hidden=d, heads=H, head_dim=hd, ffn=int(d * need("mlp_ratio")),
+            layers=need("num_layers"), single_layers=need("num_single_layers"),
+            patch=(need("patch_size_t"), need("patch_size"), need("patch_size")),
+            in_channels=need("in_channels"), text_dim=need("text_embed_dim"),
+            pooled_dim=need("pooled_projection_dim"), refiner_layers=need("num_refiner_layers"),
+            source=f"{source} (VAE and text encoders of the HunyuanVideo preset)", **common,
+        )  # fmt: skip
+    if cls == "WanTransformer3DModel":
+        hd, H = need("attention_head_dim"), need("num_attention_heads")
+        base = _build("wan2.1-t2v-14b", _data()["models"]["wan2.1-t2v-14b"])
+        pt, ph, pw = need("patch_size")
+        return _replace(
+            base, id=name, name=name, hidden=hd * H, heads=H, head_dim=hd, ffn=need("ffn_dim"),
+            layers=need("num_layers"), patch=(pt, ph, pw), in_channels=need("in_channels"),
+            text_dim=need("text_dim"), source=f"{source} (VAE and umT5 of the Wan 2.1 preset)", **common,
+        )  # fmt: skip
+    if cls == "PixArtTransformer2DModel":
+        hd, H = need("attention_head_dim"), need("num_attention_heads")
+        base = _build("pixart-alpha", _data()["models"]["pixart-alpha"])
+        p = need("patch_size")
+        return _replace(
+            base, id=name, name=name, hidden=hd * H, heads=H, head_dim=hd, ffn=4 * hd * H,
+            layers=need("num_layers"), patch=(1, p, p), in_channels=need("in_channels"),
+            text_dim=need("caption_channels"), source=f"{source} (VAE and T5 of the PixArt preset)", **common,
+        )  # fmt: skip
+    if cls == "CogVideoXTransformer3DModel":
+        hd, H = need("attention_head_dim"), need("num_attention_heads")
+        base = _build("cogvideox-5b", _data()["models"]["cogvideox-5b"])
+        p = need("patch_size")
+        return _replace(
+            base, id=name, name=name, hidden=hd * H, heads=H, head_dim=hd, ffn=4 * hd * H,
+            layers=need("num_layers"), patch=(int(cfg.get("patch_size_t") or 1), p, p),
+            in_channels=need("in_channels"), text_dim=need("text_embed_dim"),
+            cond_dim=need("time_embed_dim"), text_tokens=need("max_text_seq_length"),
+            source=f"{source} (VAE and T5 of the CogVideoX preset)", **common,
+        )  # fmt: skip
+    # MochiTransformer3DModel
+    hd, H = need("attention_head_dim"), need("num_attention_heads")
+    base = _build("mochi-1", _data()["models"]["mochi-1"])
+    p = need("patch_size")
+    return _replace(
+        base, id=name, name=name, hidden=hd * H, heads=H, head_dim=hd, layers=need("num_layers"),
+        patch=(1, p, p), in_channels=need("in_channels"), text_dim=need("text_embed_dim"),
+        text_hidden=need("pooled_projection_dim"), source=f"{source} (VAE and T5 of the Mochi preset)",
+        **common,
+    )  # fmt: skip
+
+
+def _replace(spec: DiTSpec, **kw: Any) -> DiTSpec:
+    from dataclasses import replace
+
+    return replace(spec, **kw)
+
+
+def describe(
+    spec: DiTSpec, height: int | None = None, width: int | None = None, frames: int | None = None
+) -> dict[str, Any]:
+    """The spec as ``autopar dit model`` shows it (JSON-ready)."""
+    d = spec.defaults
+    h = height or d.get("height", 1024)
+    w = width or d.get("width", 1024)
+    f = frames or d.get("frames", 1)
+    grid = spec.token_grid(h, w, f)
+    fl = spec.forward_flops(h, w, f)
+    return {
+        "id": spec.id,
+        "name": spec.name,
+        "arch": spec.arch,
+        "hidden": spec.hidden,
+        "heads": spec.heads,
+        "head_dim": spec.head_dim,
+        "ffn": spec.ffn,
+        "layers": spec.layers,
+        "single_layers": spec.single_layers,
+        "patch": list(spec.patch),
+        "params": spec.params,
+        "params_breakdown": spec.params_breakdown(),
+        "published_params": spec.published_params,
+        "published_source": spec.published_source,
+        "cfg": spec.cfg,
+        "vae": {"name": spec.vae.name, "spatial": spec.vae.spatial, "temporal": spec.vae.temporal,
+                "channels": spec.vae.channels, "source": spec.vae.source},
+        "text_encoders": [{"name": e.name, "params": e.params, "tokens": e.tokens} for e in spec.text_encoders],
+        "request": {"height": h, "width": w, "frames": f},
+        "latent_shape": list(spec.latent_shape(h, w, f)),
+        "token_grid": list(grid),
+        "tokens_per_sample": grid[0] * grid[1] * grid[2],
+        "text_tokens": spec.text_tokens,
+        "forward_tflops": {k: v / 1e12 for k, v in fl.items()},
+        "vae_decode_tflops": spec.vae.decode_flops(f, h, w) / 1e12,
+        "source": spec.source,
+    }  # fmt: skip
