@@ -213,6 +213,8 @@ def make_context(
     wp = workload.weight_precision
     prec = "fp8" if wp == "fp8" and "fp8" in device.peak_tflops else "bf16"
     sc = serving_coefficients or ServingCoefficients.from_calibration(cal)
+    if device.runtime_reserve_gb is not None:  # a device-level reserve (0: statically compiled SRAM)
+        sc = replace(sc, runtime_reserve_bytes=device.runtime_reserve_gb * 1e9, comm_buffer_bytes=0.0)
     return ServingContext(model, device, workload, co, links, sc, devices_per_node, prec)
 
 
