@@ -149,7 +149,9 @@ class MemoryTier(_Frozen):
     """One level of a device's memory hierarchy (capacity and peak read bandwidth)."""
 
     capacity_gb: float = Field(gt=0, description="decimal GB per chip (per system where per_system)")
-    bw_gbps: float = Field(gt=0, description="peak read bandwidth, GB/s per chip (per system where per_system)")
+    bw_gbps: float = Field(
+        gt=0, description="peak read bandwidth, GB/s per chip (per system where per_system)"
+    )
     per_system: bool = Field(False, description="shared by the whole system (e.g. MemoryX), not per chip")
 
 

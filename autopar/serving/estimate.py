@@ -51,7 +51,7 @@ from autopar.coefficients import (
     load_calibration,
     memory_constants,
 )
-from autopar.energy import NODE_OVERHEAD_LOAD, STALL_POWER_FRACTION
+from autopar.energy import NODE_OVERHEAD_LOAD, phase_power, stall_power
 from autopar.errors import AutoparError
 from autopar.job import KVPrecision, ServingWorkload, WeightPrecision
 from autopar.latency import Coefficients, gemm_time
@@ -85,13 +85,8 @@ MMA_TILE_ROWS = 64.0  # Hopper wgmma M tile: fewer tokens still pay for 64 rows 
 KV_PAGE_TOKENS = 64  # paged KV-cache block (TRT-LLM tokens_per_block, vLLM block_size 16..64)
 ALIGN_TOKENS = 64.0
 
-# Energy: P = idle + (TDP - idle) * min(1, F_BASE + F_COMPUTE*u_c + F_MEMORY*u_m) while kernels run
-# (REFERENCE Part D 3.3). u_c is the achieved fraction of the *achievable* GEMM rate, u_m of the
-# achievable HBM bandwidth. GEMM-heavy prefill (u_c ~ 0.9) lands at ~0.9 TDP, HBM-bound decode
-# (u_m ~ 1, u_c ~ 0.05) at ~0.5 TDP: the 0.85-1.0 and 0.2-0.55 of TDP measured by [S21] and [S27].
-F_BASE = 0.10
-F_COMPUTE = 0.85
-F_MEMORY = 0.35
+# Energy: the one power model of autopar.energy (phase_power: idle..TDP from the iteration's math and
+# memory utilization).
 # Power cap: dynamic power ~ f * V^2 with V ~ f in the DVFS range, so a cap that forces the dynamic
 # power from D to D' runs the SM clock (hence the peak FLOP/s) at (D'/D)^(1/3); HBM bandwidth is on
 # its own clock and unaffected. Caps below this fraction of TDP are outside the DVFS range: refused.
@@ -796,14 +791,12 @@ def steady_state(
 
 def power_demand(ctx: ServingContext, it: dict[str, np.ndarray], clock=1.0) -> dict[str, np.ndarray]:
     """Average device power during one iteration (kernels, communication/host stalls, node share)."""
-    p = ctx.device.power
-    span = p.tdp_w - p.idle_w
     busy = np.maximum(it["compute"], 1e-15)
     # Share of kernel time the math units (at their achievable rate) and HBM are busy.
     u_c = np.clip(it["busy_compute"] / busy, 0.0, 1.0)
     u_m = np.clip(it["busy_memory"] / busy, 0.0, 1.0)
-    active = p.idle_w + span * np.minimum(1.0, F_BASE + F_COMPUTE * u_c + F_MEMORY * u_m)
-    stall = p.idle_w + span * STALL_POWER_FRACTION
+    active = phase_power(ctx.device, u_c, u_m)
+    stall = stall_power(ctx.device)
     t = it["t_iter"]
     avg = (it["compute"] * active + (t - it["compute"]) * stall) / t
     return {
