@@ -9,7 +9,7 @@ chips (tensor parallel) with one serving framework. It is predicted with the ser
 model as ``autopar serve``):
 
 * the KV cache the memory leaves after weights and the runtime reserve bounds the concurrency;
-  a batch larger than that runs in waves;
+  a batch larger than that runs as B/concurrency waves (continuous batching refills the slots);
 * a wave = one prefill iteration of all its prompts + ``output_len - 1`` decode iterations at the
   mean context; throughput counts what the row's ``throughput_definition`` counts (input + output
   tokens x batch / latency in these files); TTFT rows (output length 1) are the prefill;
@@ -73,6 +73,7 @@ PLATFORMS: tuple[tuple[str, str], ...] = (
     (r"b300", "b300"),
     (r"b200", "b200"),
     (r"l40s", "l40s"),
+    (r"mi250", "mi250-gcd"),  # frameworks see one GCD of the two on an MI250 OAM as a GPU
     (r"mi355", "mi355x"),
     (r"mi325", "mi325x"),
     (r"mi300", "mi300x"),
@@ -250,7 +251,7 @@ def simulate(group: list[dict[str, Any]], fw: dict[str, float], power_base: floa
     tab = ServingTable({"tp": np.full(len(B), float(tp))})
     mem = instance_memory(ctx, tab, batch_cap=B)
     conc = np.clip(np.minimum(B, mem["max_conc"]), 1.0, None)
-    waves = np.ceil(B / conc)
+    waves = B / conc  # continuous batching refills freed KV slots: B/conc waves of conc sequences
     pre = iteration(
         ctx,
         tab,

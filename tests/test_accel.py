@@ -13,7 +13,7 @@ from autopar.hardware import TIER_NAMES, list_devices, load_device
 from autopar.model import load_model
 from autopar.whatif.tiers import placement, weight_bytes
 
-NEW = ["cerebras-cs3", "gaudi2", "gh200", "groq-lpu", "l40s", "mi355x", "sn40l", "tpu-v5e"]
+NEW = ["cerebras-cs3", "gaudi2", "gh200", "groq-lpu", "l40s", "mi250-gcd", "mi355x", "sn40l", "tpu-v5e"]
 
 
 def _llama3_70b_bytes_by_hand() -> float:

@@ -24,6 +24,7 @@ EXPECTED_IDS = {
     "gh200",
     "groq-lpu",
     "l40s",
+    "mi250-gcd",
     "mi355x",
     "sn40l",
     "tpu-v5e",
