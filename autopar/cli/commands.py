@@ -16,4 +16,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "autopar.cli.compare",
     "autopar.cli.calibrate",
     "autopar.cli.validate",
+    "autopar.cli.whatif",
 )
