@@ -195,6 +195,70 @@ def cmd_whatif(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_landscape(a: argparse.Namespace) -> int:
+    """``autopar compare --per ...``: the landscape table, winner per cell and where it changes."""
+    from autopar.errors import AutoparError
+    from autopar.whatif.landscape import NORMALIZATIONS, landscape
+
+    if a.workload != "serving":
+        raise AutoparError("--per compares serving only", "drop --workload training or --per")
+    if a.batches is None or any(b is None for b in a.batches):
+        raise AutoparError("--per needs explicit batch sizes", "e.g. --batch 1,8,64,256 (not 'max')")
+    if a.out:
+        raise AutoparError("--per writes no files", "use --json > FILE for the data")
+    prices: dict[str, float] = {}
+    if a.price_per_device_hour is not None:
+        prices = {d.lower(): a.price_per_device_hour for d in a.devices}
+    prices.update(a.prices or {})
+    res = landscape(
+        a.models,
+        [d.lower() for d in a.devices],
+        a.seq_lens,
+        a.batches,
+        osl=a.osl,
+        per=a.per,
+        prices=prices,
+        max_chips=a.num_devices,
+        weight_precision=a.weight_precision or "bf16",
+        kv_precision=a.kv_precision,
+        calibration=a.calibration,
+    )
+    if a.json:
+        sys.stdout.write(json.dumps(res.to_dict(), indent=1) + "\n")
+        return 0
+    from rich.table import Table
+
+    from autopar.cli.render import console
+
+    con = console()
+    cells = {(c["model"], c["seq_len"], c["batch"], c["device"]): c for c in res.cells}
+    for p in res.per:
+        t = Table(title=f"winner per cell: {NORMALIZATIONS[p]} (value; runner-up)")
+        t.add_column("model")
+        t.add_column("seq", justify="right")
+        for b in res.batches:
+            t.add_column(f"batch {b}", justify="left")
+        for m in res.models:
+            for s in res.seq_lens:
+                row = []
+                for b in res.batches:
+                    here = [cells[(m, s, b, d)] for d in res.devices]
+                    ranked = sorted((c for c in here if c.get(p) is not None), key=lambda c: -float(c[p]))  # noqa: B023
+                    if not ranked:
+                        row.append("none feasible")
+                        continue
+                    w = ranked[0]
+                    second = f"; {ranked[1]['device']} {ranked[1][p]:,.3g}" if len(ranked) > 1 else ""
+                    row.append(f"{w['device']} {w[p]:,.3g} (x{w[f'{p}_chips']}){second}")
+                t.add_row(m, str(s), *row)
+        con.print(t)
+        ch = res.changes[p]
+        con.print(f"winner changes ({NORMALIZATIONS[p]}): " + ("none" if not ch else f"{len(ch)}"))
+        for line in ch:
+            con.print(f"  {line}")
+    return 0
+
+
 def _rates() -> tuple[str, ...]:
     from autopar.whatif.sweep import RATES
 
