@@ -101,3 +101,15 @@ def test_cli_per():
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     r = _cli("--batch", "1", "--per", "dollar")
     assert r.returncode == 2 and "prices" in r.stderr
+
+
+def test_low_utilization_hurts_high_idle_devices_most():
+    kw = dict(per=["watt"], max_chips=64)
+    full = landscape(["llama-3.1-8b"], ["h100-sxm-80gb", "cerebras-cs3"], [1024], [8], **kw)
+    low = landscape(["llama-3.1-8b"], ["h100-sxm-80gb", "cerebras-cs3"], [1024], [8], utilization=0.3, **kw)
+    ratio = {a["device"]: b["watt"] / a["watt"] for a, b in zip(full.cells, low.cells, strict=True)}
+    assert ratio["cerebras-cs3"] < ratio["h100-sxm-80gb"] < 1.0
+    shares = {c["device"]: c["idle_share"] for c in low.cells}
+    assert shares["cerebras-cs3"] > shares["h100-sxm-80gb"] > 0
+    with pytest.raises(AutoparError, match="utilization"):
+        landscape(["llama-3.1-8b"], ["h100-sxm-80gb"], [1024], [8], utilization=0.0)

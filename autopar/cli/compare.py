@@ -110,6 +110,12 @@ def register(sub) -> dict:
     )
     add_field_args(p, Job, ("memory_headroom", "calibration"))
     p.add_argument(
+        "--utilization",
+        type=positive_float,
+        default=1.0,
+        help="with --per: share of wall time the devices serve; the rest they idle (default: 1.0)",
+    )
+    p.add_argument(
         "--per",
         type=_names,
         default=None,

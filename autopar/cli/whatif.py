@@ -206,6 +206,8 @@ def cmd_landscape(a: argparse.Namespace) -> int:
         raise AutoparError("--per needs explicit batch sizes", "e.g. --batch 1,8,64,256 (not 'max')")
     if a.out:
         raise AutoparError("--per writes no files", "use --json > FILE for the data")
+    if a.utilization > 1:
+        raise AutoparError(f"--utilization {a.utilization} exceeds 1", "give a share of time in (0, 1]")
     prices: dict[str, float] = {}
     if a.price_per_device_hour is not None:
         prices = {d.lower(): a.price_per_device_hour for d in a.devices}
@@ -222,6 +224,7 @@ def cmd_landscape(a: argparse.Namespace) -> int:
         weight_precision=a.weight_precision or "bf16",
         kv_precision=a.kv_precision,
         calibration=a.calibration,
+        utilization=a.utilization,
     )
     if a.json:
         sys.stdout.write(json.dumps(res.to_dict(), indent=1) + "\n")

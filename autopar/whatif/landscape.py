@@ -11,8 +11,10 @@ the KV room that leaves. Per batch, the best shape under each normalization:
 
 * ``chip``: output tokens/s per chip;
 * ``system``: output tokens/s per system (``chips_per_system`` chips: a DGX, a GroqNode, one CS-3);
-* ``watt``: output tokens per joule at full load (chip power from the phase model of
-  :mod:`autopar.energy` plus the system overhead share);
+* ``watt``: output tokens per joule at duty cycle ``utilization`` (share of wall time serving; the
+  rest idles at ``idle_w``): chip power from the phase model of :mod:`autopar.energy` plus the
+  system overhead share (:func:`autopar.energy.average_power`). At low utilization the devices that
+  idle high (dataflow and wafer-scale parts) lose most;
 * ``dollar``: output tokens per dollar at the given price per chip-hour (only devices with a price).
 
 A cell's winner is the device with the highest value; :attr:`LandscapeResult.changes` lists every
@@ -112,9 +114,11 @@ def landscape(
     weight_precision: str = "bf16",
     kv_precision: str | None = None,
     calibration: str | None = None,
+    utilization: float = 1.0,
 ) -> LandscapeResult:
     """Best serving layout per device, model, sequence length and batch; the winner per normalization."""
     from autopar.coefficients import load_calibration
+    from autopar.energy import NODE_OVERHEAD_LOAD, average_power, idle_share, tokens_per_kwh, usd_per_mtok
     from autopar.hardware import load_device
     from autopar.job import check_context
     from autopar.model import load_model
@@ -126,6 +130,8 @@ def landscape(
     prices = {k.lower(): v for k, v in (prices or {}).items()}
     if "dollar" in per and not prices:
         raise AutoparError("--per dollar needs prices", "give --prices DEVICE=USD_PER_CHIP_HOUR,...")
+    if not 0 < utilization <= 1:
+        raise AutoparError(f"utilization {utilization} is not in (0, 1]", "give the share of time serving")
     if max_chips < 1 or not batches or not seq_lens:
         raise AutoparError("the landscape needs batches, sequence lengths and max_chips >= 1", "see --help")
     cal = load_calibration(calibration) if calibration else load_calibration()
@@ -147,10 +153,12 @@ def landscape(
                 ok = r["valid"].reshape(nl, nb)
                 chips = tab.devices.reshape(nl, nb)
                 per_chip = r["output_tps_per_device"].reshape(nl, nb)
+                overhead = dev.power.node_overhead_w * NODE_OVERHEAD_LOAD
+                chip_w = average_power(dev, utilization, r["power_w"] - overhead).reshape(nl, nb)
                 vals = {
                     "chip": per_chip,
                     "system": per_chip * dev.system_chips,
-                    "watt": 1.0 / r["j_per_token"].reshape(nl, nb),
+                    "watt": utilization * per_chip / chip_w,
                 }
                 price = prices.get(dev.id)
                 if price is not None:
@@ -176,7 +184,12 @@ def landscape(
                         k = i * nb + j
                         cell["tokens_per_s_per_user"] = float(r["output_tps_per_user"][k])
                         cell["ttft_ms"] = float(r["ttft_s"][k] * 1e3)
-                        cell["power_w_per_chip"] = float(r["power_w"][k])
+                        cell["power_w_per_chip"] = float(chip_w.reshape(-1)[k])
+                        cell["idle_share"] = float(idle_share(dev, utilization, r["power_w"][k] - overhead))
+                        if "watt" in cell:
+                            cell["tokens_per_kwh"] = float(tokens_per_kwh(1.0 / cell["watt"]))
+                        if price is not None and "chip" in cell:
+                            cell["usd_per_mtok"] = float(usd_per_mtok(price, utilization * cell["chip"]))
                     cells.append(cell)
     winners = []
     for spec in specs:
