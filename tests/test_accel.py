@@ -11,7 +11,7 @@ from autopar.energy import average_power, comm_energy_j, idle_share, phase_power
 from autopar.errors import AutoparError, DeviceError
 from autopar.hardware import TIER_NAMES, list_devices, load_device
 from autopar.model import load_model
-from autopar.whatif.tiers import placement, weight_bytes
+from autopar.serving.tiers import placement, weight_bytes
 
 NEW = ["cerebras-cs3", "gaudi2", "gh200", "groq-lpu", "l40s", "mi250-gcd", "mi355x", "sn40l", "tpu-v5e"]
 
@@ -141,3 +141,18 @@ def test_energy_units():
     assert comm_energy_j(1e9, "scale_up", pj_per_bit=5.0) == pytest.approx(0.04)
     assert tokens_per_kwh(3.6) == pytest.approx(1e6)
     assert usd_per_mtok(3.6, 1000.0) == pytest.approx(1.0)
+
+
+def test_serve_names_the_chips_and_tiers():
+    import autopar
+    from autopar.errors import InfeasibleError
+
+    res = autopar.serve(
+        model="llama-3.1-70b", device="sn40l", num_devices=16, isl=1024, osl=256, concurrency=8
+    )
+    note = next(n for n in res.notes if n.startswith("memory hierarchy"))
+    assert "need 3 sn40l chips in hbm" in note and "(sram, hbm, ddr)" in note
+    with pytest.raises(InfeasibleError, match="the weights alone need 612 groq-lpu chips in its sram"):
+        autopar.serve(
+            model="llama-3.1-70b", device="groq-lpu", num_devices=16, isl=1024, osl=256, concurrency=8
+        )

@@ -145,3 +145,34 @@ def placement(
 
 def _fp8_or_bf16(device) -> str:
     return "fp8" if "fp8" in device.peak_tflops else "bf16"
+
+
+def placement_note(
+    model, device, *, num_devices: int, batch: int, seq_len: int, weight_precision: str, kv_precision: str
+) -> str:
+    """One sentence for ``autopar serve``: chips that hold the model, the tier of the weights, bounds."""
+    r = placement(
+        model,
+        device,
+        batch=batch,
+        seq_len=seq_len,
+        chips=num_devices,
+        weight_precision=weight_precision,
+        kv_precision=kv_precision,
+    )
+    home = device.memory_kind
+    w_gb = float(r["weight_bytes"]) / 1e9
+    need = int(r["chips_to_hold_weights"])
+    sysc = device.system_chips
+    s = (
+        f"memory hierarchy ({', '.join(device.tiers())}): {w_gb:,.1f} GB of weights need {need} "
+        f"{device.id} chip{'s' if need != 1 else ''} in {home} ({-(-need // sysc)} system(s) of {sysc}); "
+    )
+    tier = str(r["weight_tier"])
+    if tier == "none":
+        return s + f"{num_devices} chips hold them in no tier"
+    return s + (
+        f"on all {num_devices} chips the weights are read from {tier}, {int(r['max_batch'])} sequences of "
+        f"{seq_len} tokens fit beside them, decode is bound by {r['decode_bound']}, prefill by {r['prefill_bound']} "
+        "(roofline, one batch)"
+    )
