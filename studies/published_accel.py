@@ -21,10 +21,13 @@ GPU waits for (Python scheduler, kernel launches), ``host_per_seq_us``, the host
 per iteration (sampling, stop checks, detokenization), and ``decode_bw``, the achieved fraction
 of the device's calibrated memory bandwidth its decode kernels reach. Fitted per **device**: the
 power floor ``power_base`` (the share of the idle..TDP span drawn whatever the load). Least squares on
-log errors (scipy), then the same fit with each source left out (and each framework left out, which
-then takes the median of the others' coefficients) predicts the rows it did not see. A platform or
-framework outside the fit (another vendor's chip, another runtime) is predicted from its datasheet
-profile and the median framework coefficients.
+log errors (scipy) over the **dev rows** (``studies/data/accel_runs_dev.csv``) only; on the dev CSV
+the same fit with each source left out (and each framework left out, which then takes the median of
+the others' coefficients) predicts the rows it did not see. Any other ``--csv`` is predicted with the
+dev fit, out of sample: a platform or framework outside it (another vendor's chip, another runtime)
+from its datasheet profile, the median framework coefficients and the median power floor. A
+chip count that does not divide the heads is split into tensor x pipeline parallel (largest TP
+within the scale-up domain), as SRAM systems spread a model over many chips.
 """
 
 from __future__ import annotations
@@ -66,8 +69,8 @@ PLATFORMS: tuple[tuple[str, str], ...] = (
     (r"h100.*96", "h100-sxm-96gb"),
     (r"h100", "h100-sxm-80gb"),
     (r"h800", "h800-sxm-80gb"),
-    (r"h200", "h200-sxm-141gb"),
     (r"gh200|grace.?hopper", "gh200"),
+    (r"h200", "h200-sxm-141gb"),
     (r"gb200", "gb200-nvl72"),
     (r"gb300", "gb300-nvl72"),
     (r"b300", "b300"),
@@ -92,8 +95,8 @@ MODELS: tuple[tuple[str, str | dict[str, Any]], ...] = (
     (r"llama-2-7b", "llama-2-7b"),
     (r"llama-2-13b", "llama-2-13b"),
     (r"llama-2-70b", "llama-2-70b"),
-    (r"llama-3(\.1)?-8b", "llama-3.1-8b"),
-    (r"llama-3(\.1)?-70b", "llama-3.1-70b"),
+    (r"llama-3(\.[01])?-8b", "llama-3.1-8b"),
+    (r"llama-3(\.[0-3])?-70b", "llama-3.1-70b"),
     (r"llama-3\.1-405b", "llama-3.1-405b"),
     (r"mixtral-8x7b", "mixtral-8x7b"),
     (r"qwen2\.5-7b", "qwen2.5-7b"),
@@ -113,7 +116,18 @@ MODELS: tuple[tuple[str, str | dict[str, Any]], ...] = (
     ),
 )
 
-PRECISIONS = {"fp16": "fp16", "bf16": "bf16", "fp8": "fp8", "float16": "fp16", "bfloat16": "bf16"}
+# precision text (start of the column) -> (weight precision, KV precision)
+PRECISIONS = {
+    "fp16": ("fp16", "fp16"),
+    "bf16": ("bf16", "bf16"),
+    "float16": ("fp16", "fp16"),
+    "bfloat16": ("bf16", "bf16"),
+    "fp8": ("fp8", "fp8"),
+    "int4": ("int4", "fp16"),
+    "w4a16": ("int4", "fp16"),
+    "awq": ("int4", "fp16"),
+    "gptq": ("int4", "fp16"),
+}
 DEFAULT_FRAMEWORK = {"host_step_ms": 1.0, "host_per_seq_us": 5.33, "decode_bw": 1.0}
 DEFAULT_POWER_BASE = F_BASE
 
@@ -173,13 +187,14 @@ def prepare(row: dict[str, str]) -> dict[str, Any]:
     dev_id = _match(PLATFORMS, row.get("platform", ""))
     if dev_id is None:
         return rec | {"skipped": f"no device profile for platform {row.get('platform')!r}"}
-    spec = _match(MODELS, row.get("model", ""))
+    spec = _match(MODELS, row.get("model", "")) or _preset_of(row.get("model", ""))
     if spec is None:
         return rec | {"skipped": f"no preset or dimensions for model {row.get('model')!r}"}
     prec_txt = (row.get("precision") or "").strip().lower()
     prec = next((v for k, v in PRECISIONS.items() if prec_txt.startswith(k)), None)
     if prec_txt and prec is None:
         return rec | {"skipped": f"precision {prec_txt[:20]!r} is not modelled"}
+    wprec, kvprec = prec or ("bf16", "bf16")
     definition = (row.get("throughput_definition") or "").lower()
     counts_input = thr is None or "input" in definition or not definition
     try:
@@ -187,23 +202,45 @@ def prepare(row: dict[str, str]) -> dict[str, Any]:
         model = load_model(spec)
     except AutoparError as exc:
         return rec | {"skipped": str(exc)}
-    tp = int(n)
-    if model.heads % tp:
-        return rec | {"skipped": f"{tp} chips do not divide the {model.heads} heads"}
+    shape = _instance_shape(int(n), model, device)
+    if shape is None:
+        return rec | {"skipped": f"{int(n)} chips split into no tp x pp the model allows"}
+    tp, pp = shape
     return rec | {
         "device": device,
         "model": model,
         "framework": _framework(row.get("framework", "")),
-        "precision": prec or "bf16",
+        "precision": wprec,
+        "kv_precision": kvprec,
         "isl": int(isl),
         "osl": int(osl),
         "batch": int(B),
         "tp": tp,
+        "pp": pp,
         "counts_input": counts_input,
         "measured_throughput": thr,
         "measured_ttft": ttft,
         "measured_power": pw,
     }
+
+
+def _preset_of(name: str) -> str | None:
+    """A shipped preset named like the model's last path component (suffixes -hf/-instruct/-chat off)."""
+    from autopar.model import list_presets
+
+    base = name.strip().split("/")[-1].lower()
+    for suffix in ("-hf", "-instruct", "-chat", "-it"):
+        base = base.removesuffix(suffix)
+    return base if base in set(list_presets()) else None
+
+
+def _instance_shape(n: int, model, device) -> tuple[int, int] | None:
+    """tp x pp = n chips: the largest tensor-parallel degree that divides the heads and fits the
+    scale-up domain; pipeline stages for the rest (how SRAM systems spread a model over many chips)."""
+    for tp in range(min(n, device.scale_up.domain), 0, -1):
+        if n % tp == 0 and model.heads % tp == 0 and n // tp <= model.layers:
+            return tp, n // tp
+    return None
 
 
 _CAL = None
@@ -236,19 +273,26 @@ def _groups(recs: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
 def simulate(group: list[dict[str, Any]], fw: dict[str, float], power_base: float) -> dict[str, np.ndarray]:
     """Throughput, TTFT and board power of the rows of one (model, device, framework, tp, isl, osl)."""
     r0 = group[0]
-    dev, isl, osl, tp = r0["device"], r0["isl"], r0["osl"], r0["tp"]
+    dev, isl, osl, tp, pp = r0["device"], r0["isl"], r0["osl"], r0["tp"], r0["pp"]
     w = make_workload(
-        isl=isl, osl=osl, offline=True, weight_precision=r0["precision"], kv_precision=r0["precision"]
+        isl=isl, osl=osl, offline=True, weight_precision=r0["precision"], kv_precision=r0["kv_precision"]
     )
     sc = replace(
         ServingCoefficients.from_calibration(_cal()),
         host_step_s=fw["host_step_ms"] * 1e-3,
         host_per_seq_s=fw["host_per_seq_us"] * 1e-6,
     )
-    ctx = make_context(r0["model"], dev, w, devices_per_node=tp, calibration=_cal(), serving_coefficients=sc)
+    ctx = make_context(
+        r0["model"],
+        dev,
+        w,
+        devices_per_node=min(tp * pp, dev.scale_up.domain),
+        calibration=_cal(),
+        serving_coefficients=sc,
+    )
     ctx = replace(ctx, co=replace(ctx.co, hbm_bw=ctx.co.hbm_bw * fw["decode_bw"]))
     B = np.array([float(r["batch"]) for r in group])
-    tab = ServingTable({"tp": np.full(len(B), float(tp))})
+    tab = ServingTable({"tp": np.full(len(B), float(tp)), "pp": np.full(len(B), float(pp))})
     mem = instance_memory(ctx, tab, batch_cap=B)
     conc = np.clip(np.minimum(B, mem["max_conc"]), 1.0, None)
     waves = B / conc  # continuous batching refills freed KV slots: B/conc waves of conc sequences
@@ -369,6 +413,13 @@ def held_out(recs, key: str) -> None:
                 r[f"{key}_out_{w}"] = r[f"predicted_{w}"]
 
 
+def _shown(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--csv", type=Path, default=DEV_CSV, help="accel runs CSV (default: %(default)s)")
@@ -382,17 +433,23 @@ def main(argv: list[str] | None = None) -> int:
         used = [r for r in recs if "skipped" not in r]
         if not used:
             raise AutoparError(f"{args.csv}: no row can be predicted", "see the skipped reasons with --json")
-        for k in ("source", "framework"):
-            held_out(recs, k)
-        fws, pb = fit(recs)
+        # The coefficients come from the dev rows only: any other CSV is predicted out of sample.
+        dev = args.csv.resolve() == DEV_CSV.resolve()
+        dev_recs = recs if dev else [prepare(r) for r in load_rows(DEV_CSV)]
+        if dev:
+            for k in ("source", "framework"):
+                held_out(recs, k)
+        fws, pb = fit(dev_recs)
         predict_all(recs, fws, pb)
     except AutoparError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
     print(
-        f"{args.csv}: {len(rows)} rows, {len(used)} predicted, coverage {100.0 * len(used) / len(rows):.1f}%"
+        f"{_shown(args.csv)}: {len(rows)} rows, {len(used)} predicted, coverage {100.0 * len(used) / len(rows):.1f}%"
     )
+    if not dev:
+        print(f"coefficients fitted on {_shown(DEV_CSV)}; every row here is predicted out of sample")
     print(
         "fitted per framework: "
         + "; ".join(
@@ -405,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
         f"fitted per device (power_base; unfitted devices take the median, none fitted {DEFAULT_POWER_BASE:.2f}): "
         + "; ".join(f"{k} {v:.3f}" for k, v in pb.items())
     )
-    print(f"{'MAPE %':<12}{'rows':>6}{'in-sample':>11}{'leave-source-out':>18}{'leave-framework-out':>21}")
+    first = "in-sample" if dev else "dev fit"
+    print(f"{'MAPE %':<12}{'rows':>6}{first:>11}{'leave-source-out':>18}{'leave-framework-out':>21}")
     for w in ("throughput", "ttft", "power"):
         ins, n = mape(recs, w)
         lso = mape(
@@ -427,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                 abs(r["predicted_throughput"] / r["measured_throughput"] - 1)
             )
     print(
-        "throughput MAPE by device x framework (in-sample): "
+        f"throughput MAPE by device x framework ({first}): "
         + "; ".join(f"{d}/{f} {100 * np.mean(v):.1f}% (n={len(v)})" for (d, f), v in sorted(by.items()))
     )
     for r in recs:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDY = ROOT / "studies" / "published_accel.py"
@@ -67,3 +68,16 @@ def test_unknown_platform_is_skipped_with_reason(tmp_path):
     recs = json.loads(out.read_text())["records"]
     assert "no device profile" in recs[1]["skipped"]
     assert recs[0]["predicted_throughput_tok_s"] > 0
+
+
+def test_other_csv_is_predicted_with_the_dev_fit(tmp_path):
+    """Rows of another CSV never tune the coefficients: a duplicated dev row predicts the same."""
+    rows = (ROOT / "studies" / "data" / "accel_runs_dev.csv").read_text().splitlines()
+    f = tmp_path / "other.csv"
+    f.write_text("\n".join([rows[0], rows[1].replace("NVIDIA A100", "AMD MI300X")]) + "\n")
+    out = tmp_path / "o.json"
+    r = _run("--csv", str(f), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "out of sample" in r.stdout
+    rec = json.loads(out.read_text())["records"][0]
+    assert rec["predicted_throughput_tok_s"] != pytest.approx(rec["measured_throughput_tok_s"], rel=1e-3)
