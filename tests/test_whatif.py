@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ from autopar.whatif.sweep import (
     _factors,
     _scaled,
     decompose,
-    exact_best,
+    engine_times,
     parse_vary,
     sensitivity,
     step_times,
@@ -107,12 +106,25 @@ def test_sensitivity_and_what_would_it_take(dec):
     assert what_would_it_take(dec, 1e-6)["memory_bw_gbps"] is None  # unreachable by one resource
 
 
-def test_exact_best_is_the_engine(dec):
-    name, t = exact_best(dec, {"memory_bw_gbps": 2 * dec.base["memory_bw_gbps"]})
-    ex = _engine(dec, {"memory_bw_gbps": 2.0})
-    fit = dec.memory <= dec.base["memory_gb"] * 1e9 * (1 - dec.job.memory_headroom)
-    assert t == pytest.approx(float(np.min(np.where(fit, ex, np.inf))))
-    assert name and math.isfinite(t)
+def test_engine_times_rows_carry_their_own_hardware(dec):
+    rng = np.random.default_rng(2)
+    rows = rng.integers(0, len(dec.ids), 6)
+    sc = rng.uniform(0.5, 2.0, (6, len(RESOURCES)))
+    vec = engine_times(dec, rows, sc)
+    for i in range(6):
+        one = _engine(dec, dict(zip(RESOURCES, sc[i], strict=True)))[rows[i]]
+        assert vec[i] == pytest.approx(one, rel=1e-12)
+
+
+def test_sweep_answer_is_the_engines_best(dec):
+    job = training_job(**JOB)
+    r = sweep(job, [parse_vary("memory_bw_gbps=1500,6000"), parse_vary("scale_out.per_device_gbps=10,100")])
+    fit = dec.memory <= dec.base["memory_gb"] * 1e9 * (1 - job.memory_headroom)
+    for i in range(r["n_points"]):
+        sc = {f: r["points"][f][i] / dec.base[f] for f in r["points"]}
+        ex = _engine(dec, sc)
+        best = float(np.min(np.where(fit, ex, np.inf)))
+        assert best <= r["step_time_s"][i] <= best * 1.02  # screened, then the engine's figure
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

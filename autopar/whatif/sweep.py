@@ -10,10 +10,13 @@ its step time,
 with ``s`` the hardware point's value over the base value of each field: ``A_r`` the seconds that
 scale with the inverse of rate r, ``B_l`` those that scale with latency l, ``F`` the rest (fixed
 overheads). It is exact at the base point and at every single doubling, and linear in between (the
-engine's overlap and pipeline terms bend it; ``studies/whatif_speed.py`` measures the error against
-the full engine at random points). The sweep is then one matrix product, (hardware points x
-resources) @ (resources x layouts), plus the memory fit of each layout against each point's memory
-capacity (layout memory does not depend on the other fields) and a masked argmin per hardware point.
+engine's overlap and pipeline terms bend it: a ZeRO-3 gradient exchange hidden behind compute is a
+max(), not a sum). The model only *screens*: one matrix product, (hardware points x resources) @
+(resources x layouts), plus the memory fit of each layout against each point's memory capacity
+(layout memory does not depend on the other fields), gives every point its ``REFINE_K`` best layouts,
+and the full engine re-scores those in one vectorized call whose coefficients and links carry one
+value per row; the engine's best of them is the point's answer. ``studies/whatif_speed.py``
+measures how often that misses the engine's best over the whole space.
 
 Discrete fields (``scale_up.domain``: which collectives cross nodes) re-enumerate and re-decompose
 the space once per distinct value. Power fields change the energy, not the layout: J per step of the
@@ -48,7 +51,7 @@ __all__ = [
     "sweep",
     "sensitivity",
     "what_would_it_take",
-    "exact_best",
+    "engine_times",
 ]
 
 # field -> how it enters: rate (time ~ 1/x), latency (time ~ x), capacity, domain, power
@@ -133,7 +136,7 @@ def base_value(device, name: str) -> float:
     return float(obj)
 
 
-def _scaled(co, links, res: str, f: float):
+def _scaled(co, links, res: str, f: float | np.ndarray):
     """Coefficients/Links with one resource scaled by ``f`` (achieved = profile value x efficiency)."""
     if res == "peak_tflops.bf16":
         pk = dict(co.peak_flops)
@@ -243,21 +246,57 @@ def step_times(dec: Decomposition, factors: np.ndarray) -> np.ndarray:
     return dec.fixed[None, :] + factors @ dec.demand
 
 
+# Layouts per hardware point that the full engine re-scores after the demand model's screening.
+REFINE_K = 32
+
+
+def _scales(factors: np.ndarray) -> np.ndarray:
+    """(H, R) value / base of every resource from the demand-model factors (1/s rates, s latencies)."""
+    is_rate = np.array([r in RATES for r in RESOURCES])
+    return np.where(is_rate[None, :], 1.0 / factors, factors)
+
+
+def engine_times(dec: Decomposition, layout_idx: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """The full engine's step time of layout ``layout_idx[i]`` at hardware scales ``scales[i]`` (R,),
+    all rows in one vectorized call (the coefficients and links carry one value per row)."""
+    from autopar.engine import step_breakdown, time_model
+
+    co, links = time_model(dec.job, dec.calibration)
+    for i, r in enumerate(RESOURCES):
+        if np.any(scales[:, i] != 1.0):
+            co, links = _scaled(co, links, r, scales[:, i])
+    tab = dec.enum.table(dec.ids[layout_idx])
+    return step_breakdown(dec.job, tab, co=co, links=links)["step_time"]
+
+
 def _best(
-    dec: Decomposition, factors: np.ndarray, cap: np.ndarray, chunk: int = 512
+    dec: Decomposition, factors: np.ndarray, cap: np.ndarray, chunk: int = 512, k: int = REFINE_K
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Index of the best fitting layout and its step time per hardware point (inf: none fits)."""
+    """Index of the best fitting layout and its step time per hardware point (inf: none fits).
+
+    The demand model screens every layout; its ``k`` best per point are re-scored by the full engine
+    (one vectorized call per chunk), and the engine's best of them is returned.
+    """
     H = len(factors)
     idx = np.zeros(H, dtype=np.int64)
     best = np.full(H, np.inf)
     limit = cap * (1.0 - dec.job.memory_headroom)
+    k = min(k, len(dec.ids))
     for a in range(0, H, chunk):
         b = min(H, a + chunk)
         t = step_times(dec, factors[a:b])
         t[dec.memory[None, :] > limit[a:b, None]] = np.inf
-        i = np.argmin(t, axis=1)
-        idx[a:b] = i
-        best[a:b] = t[np.arange(b - a), i]
+        cand = (
+            np.argpartition(t, k - 1, axis=1)[:, :k] if k < t.shape[1] else np.tile(np.arange(k), (b - a, 1))
+        )
+        ok = np.isfinite(np.take_along_axis(t, cand, axis=1))
+        ex = engine_times(dec, cand.reshape(-1), np.repeat(_scales(factors[a:b]), k, axis=0)).reshape(
+            b - a, k
+        )
+        ex = np.where(ok, ex, np.inf)
+        j = np.argmin(ex, axis=1)
+        idx[a:b] = cand[np.arange(b - a), j]
+        best[a:b] = ex[np.arange(b - a), j]
     return idx, best
 
 
@@ -390,37 +429,6 @@ def what_would_it_take(
                 lo = mid
         out[r] = math.exp(sign * hi)
     return out
-
-
-def exact_best(dec: Decomposition, point: dict[str, float], k: int = 32) -> tuple[str | None, float]:
-    """The full engine's best of the model's ``k`` best layouts at one hardware point (field -> value).
-
-    Rates and latencies scale the engine's coefficients and links; memory_gb sets the fit. Used to
-    print engine-exact figures for the points a report shows.
-    """
-    from autopar.engine import step_breakdown, time_model
-
-    pts = {f: np.array([v]) for f, v in point.items()}
-    f = _factors(dec, pts, 1)
-    cap = point.get("memory_gb", dec.base["memory_gb"]) * 1e9 * (1.0 - dec.job.memory_headroom)
-    t = step_times(dec, f)[0]
-    t[dec.memory > cap] = np.inf
-    cand = np.argsort(t)[:k]
-    cand = cand[np.isfinite(t[cand])]
-    if not len(cand):
-        return None, math.inf
-    co, links = time_model(dec.job, _cal_of(dec))
-    for r in RESOURCES:
-        if r in point:
-            co, links = _scaled(co, links, r, point[r] / dec.base[r])
-    tab = dec.enum.table(dec.ids[cand])
-    exact = step_breakdown(dec.job, tab, co=co, links=links)["step_time"]
-    i = int(np.argmin(exact))
-    return tab.row(i).short(), float(exact[i])
-
-
-def _cal_of(dec: Decomposition):
-    return dec.calibration
 
 
 def cartesian(axes: list[Axis]) -> list[tuple[float, ...]]:  # for small tables and tests
