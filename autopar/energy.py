@@ -8,7 +8,9 @@ Every phase draws between idle power and TDP (REFERENCE Part D §3.3):
   GEMM-heavy prefill (u_c ~ 0.9) lands at ~0.9 TDP, bandwidth-bound decode (u_m ~ 1, u_c ~ 0.05)
   at ~0.5 TDP: the 0.85-1.0 and 0.2-0.55 of TDP measured by [S21] and [S27].
 * **training compute**: ``f(u) = COMPUTE_POWER_FLOOR + (1 - floor)·u`` with ``u`` the model-FLOPs
-  utilization of the busy time (the same line: a GEMM-bound step is u_c ~ u, u_m ~ 0.5).
+  utilization of the busy time: the same idle..TDP span and stall share, with the training step's
+  own floor (its busy time mixes GEMMs, attention and memory-bound kernels that keep HBM and clocks
+  up; the serving form needs per-kernel utilizations the training engine does not split).
 * **communication stalls and bubbles**: ``STALL_POWER_FRACTION`` of the span (links and memory busy,
   math idle), plus the link energy per byte moved (:func:`comm_energy_j`, per link tier).
 * **idle** between requests: ``idle_w``; at utilization (duty cycle) ``d`` a device spends ``1 - d``

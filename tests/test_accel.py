@@ -156,3 +156,15 @@ def test_serve_names_the_chips_and_tiers():
         autopar.serve(
             model="llama-3.1-70b", device="groq-lpu", num_devices=16, isl=1024, osl=256, concurrency=8
         )
+
+
+def test_link_energy_in_serving_power():
+    from autopar.serving.estimate import ServingTable, evaluate_serving, make_context, make_workload
+
+    m = load_model("llama-3.1-70b")
+    ctx = make_context(m, load_device("h100-sxm-80gb"), make_workload(isl=2048, osl=256), devices_per_node=8)
+    r = evaluate_serving(ctx, ServingTable({"tp": [1.0, 8.0, 16.0], "pp": [4.0, 1.0, 1.0], "conc": 16.0}))
+    lp = r["link_power_w"]
+    assert lp[1] > 0 and lp[2] > lp[1]  # TP over scale-out (20 pJ/bit) costs more than in the node
+    assert 0 < lp[0] < lp[1]  # pipeline sends only
+    assert np.all(lp < 0.05 * r["power_w"])  # a few watts beside hundreds

@@ -51,7 +51,7 @@ from autopar.coefficients import (
     load_calibration,
     memory_constants,
 )
-from autopar.energy import NODE_OVERHEAD_LOAD, phase_power, stall_power
+from autopar.energy import NODE_OVERHEAD_LOAD, comm_energy_j, phase_power, stall_power
 from autopar.errors import AutoparError
 from autopar.job import KVPrecision, ServingWorkload, WeightPrecision
 from autopar.latency import Coefficients, gemm_time
@@ -688,6 +688,15 @@ def iteration(
     inter_pp = tp >= ctx.devices_per_node
     p2p = np.where(pp > 1, C.p2p(links, tok_mb * h * ACT_BYTES, inter_pp), 0.0)
 
+    # Bytes each device puts on its links per micro-batch (for the link energy of autopar.energy):
+    # two ring all-reduces per layer, 2(tp-1)/tp of the message each (MoE all-to-alls counted as
+    # all-reduces of the same tokens: an approximation), and the pipeline send of the activations.
+    tp_bytes = 2.0 * lps * 2.0 * (tp - 1.0) / tp * ar_bytes
+    tp_inter = tp > ctx.devices_per_node
+    pp_bytes = np.where(pp > 1, tok_mb * h * ACT_BYTES, 0.0)
+    link_up = np.where(tp_inter, 0.0, tp_bytes) + np.where(inter_pp, 0.0, pp_bytes)
+    link_out = np.where(tp_inter, tp_bytes, 0.0) + np.where(inter_pp, pp_bytes, 0.0)
+
     stage = gpu_stage + comm + p2p
     gpu = mb * stage
     if pre_seqs is None:
@@ -707,6 +716,8 @@ def iteration(
         "busy_memory": mb * acc.busy_memory,
         "attn_decode": mb * t_attn_dec,
         "attn_prefill": mb * t_attn_pre,
+        "link_bytes_up": mb * link_up,
+        "link_bytes_out": mb * link_out,
     }
 
 
@@ -912,7 +923,11 @@ def evaluate_serving(
     p = ctx.device.power
     # Energy per second of wall time per device: busy share at the iteration's average power, the rest
     # idle; node overhead (CPU, NIC, fans share, at typical load as in training) always.
-    dev_w = duty * pw["avg_w"] + (1.0 - duty) * p.idle_w + p.node_overhead_w * NODE_OVERHEAD_LOAD
+    it = ss["iter"]
+    link_w = (
+        comm_energy_j(it["link_bytes_up"], "scale_up") + comm_energy_j(it["link_bytes_out"], "scale_out")
+    ) / it["t_iter"]
+    dev_w = duty * (pw["avg_w"] + link_w) + (1.0 - duty) * p.idle_w + p.node_overhead_w * NODE_OVERHEAD_LOAD
     j_per_tok = dev_w * devs / np.maximum(out_inst, 1e-30)
     valid = ~np.logical_or.reduce([v for v in bad.values()])
     return {
@@ -932,6 +947,7 @@ def evaluate_serving(
         "rho": rho,
         "saturated": np.where(rate_per_instance is None, ss["budget_bound"] | (~fixed), rho >= 0.85),
         "power_w": dev_w,
+        "link_power_w": duty * link_w,
         "active_power_w": pw["active_w"],
         "clock": clock,
         "j_per_token": j_per_tok,
