@@ -58,6 +58,7 @@ from autopar.serving.estimate import (
     make_context,
     make_workload,
 )
+from autopar.whatif.landscape import SRAM_TOKEN_BUDGET
 
 DEV_CSV = Path(__file__).resolve().parent / "data" / "accel_runs_dev.csv"
 
@@ -178,7 +179,7 @@ def load_rows(path: Path) -> list[dict[str, str]]:
 def prepare(row: dict[str, str]) -> dict[str, Any]:
     rec: dict[str, Any] = {"row_id": row.get("row_id", ""), "source": row.get("source", "")}
     isl, osl, B = _num(row, "input_len"), _num(row, "output_len"), _num(row, "batch_size")
-    n = _num(row, "chip_count") or 1.0
+    n = _num(row, "chip_count")
     if not isl or not osl or not B:
         return rec | {"skipped": "input_len, output_len or batch_size not stated"}
     thr, ttft, pw = _num(row, "throughput_tok_s"), _num(row, "ttft_s"), _num(row, "avg_power_w")
@@ -197,14 +198,44 @@ def prepare(row: dict[str, str]) -> dict[str, Any]:
     wprec, kvprec = prec or ("bf16", "bf16")
     definition = (row.get("throughput_definition") or "").lower()
     counts_input = thr is None or "input" in definition or not definition
+    per_user = "per user" in definition or "per request" in definition or "per sequence" in definition
     try:
         device = load_device(dev_id)
         model = load_model(spec)
     except AutoparError as exc:
         return rec | {"skipped": str(exc)}
+    from autopar.serving.tiers import placement
+
+    if n is None:  # not stated: the fewest chips whose home memory tier holds weights + KV of the batch
+        n = float(
+            placement(model, device, batch=B, seq_len=isl + osl, weight_precision=wprec, kv_precision=kvprec)[
+                "chips_to_hold"
+            ]
+        )
+        n = float(next(k for k in range(int(n), 4 * int(n) + 8) if _instance_shape(k, model, device)))
+        rec.setdefault("assumptions", []).append(f"chip_count not stated: {int(n)} chips hold the model")
     shape = _instance_shape(int(n), model, device)
     if shape is None:
         return rec | {"skipped": f"{int(n)} chips split into no tp x pp the model allows"}
+    fit = placement(
+        model, device, batch=1, seq_len=isl + osl, chips=n, weight_precision=wprec, kv_precision=kvprec
+    )
+    if str(fit["weight_tier"]) != device.memory_kind and device.memory_kind == "sram" and wprec != "fp8":
+        # SRAM-only systems serve in 8-bit formats where 16-bit weights would not fit (Groq's
+        # published deployments run mixed 8/16-bit numerics): assumed, and said so.
+        f8 = placement(
+            model, device, batch=1, seq_len=isl + osl, chips=n, weight_precision="fp8", kv_precision="fp8"
+        )
+        if str(f8["weight_tier"]) == device.memory_kind:
+            wprec, kvprec, fit = "fp8", "fp8", f8
+            rec.setdefault("assumptions", []).append(
+                "8-bit weights and KV: 16-bit weights do not fit the SRAM"
+            )
+    if str(fit["weight_tier"]) != device.memory_kind:
+        return rec | {
+            "skipped": f"the weights and one sequence do not fit in the {device.memory_kind} of {int(n)} "
+            f"{device.id} chips (streaming from a slower tier is not modelled)"
+        }
     tp, pp = shape
     return rec | {
         "device": device,
@@ -218,6 +249,7 @@ def prepare(row: dict[str, str]) -> dict[str, Any]:
         "tp": tp,
         "pp": pp,
         "counts_input": counts_input,
+        "per_user": per_user,
         "measured_throughput": thr,
         "measured_ttft": ttft,
         "measured_power": pw,
@@ -274,8 +306,14 @@ def simulate(group: list[dict[str, Any]], fw: dict[str, float], power_base: floa
     """Throughput, TTFT and board power of the rows of one (model, device, framework, tp, isl, osl)."""
     r0 = group[0]
     dev, isl, osl, tp, pp = r0["device"], r0["isl"], r0["osl"], r0["tp"], r0["pp"]
+    extra = {"max_num_tokens": SRAM_TOKEN_BUDGET} if dev.memory_kind == "sram" else {}
     w = make_workload(
-        isl=isl, osl=osl, offline=True, weight_precision=r0["precision"], kv_precision=r0["kv_precision"]
+        isl=isl,
+        osl=osl,
+        offline=True,
+        weight_precision=r0["precision"],
+        kv_precision=r0["kv_precision"],
+        **extra,
     )
     sc = replace(
         ServingCoefficients.from_calibration(_cal()),
@@ -313,6 +351,7 @@ def simulate(group: list[dict[str, Any]], fw: dict[str, float], power_base: floa
     t_pre, t_dec = pre["t_iter"], dec["t_iter"]
     e2e = waves * (t_pre + (osl - 1) * t_dec)
     tokens = np.array([(isl + osl) if r["counts_input"] else osl for r in group], dtype=np.float64) * B
+    tokens = np.where([r["per_user"] for r in group], tokens / B, tokens)
 
     def board_w(it):
         p = dev.power
@@ -325,7 +364,12 @@ def simulate(group: list[dict[str, Any]], fw: dict[str, float], power_base: floa
         return (it["compute"] * active + (it["t_iter"] - it["compute"]) * stall) / it["t_iter"]
 
     power = (t_pre * board_w(pre) + (osl - 1) * t_dec * board_w(dec)) / (t_pre + (osl - 1) * t_dec)
-    return {"throughput": tokens / e2e, "ttft": t_pre, "power": power}
+    return {
+        "throughput": tokens / e2e,
+        "ttft": t_pre,
+        "power": power,
+        "fits": mem["weights_fit"] & (mem["max_conc"] >= 1),
+    }
 
 
 def predict_all(recs, fws: dict[str, dict[str, float]], pbase: dict[str, float]) -> None:
@@ -336,6 +380,11 @@ def predict_all(recs, fws: dict[str, dict[str, float]], pbase: dict[str, float])
         fw = fws.get(key[2], med)
         out = simulate(group, fw, pbase.get(key[1], pmed))
         for i, r in enumerate(group):
+            if not out["fits"][i]:
+                r["skipped"] = (
+                    f"weights, workspace and one sequence's KV do not fit {r['tp'] * r['pp']} {r['device'].id} chips"
+                )
+                continue
             r["predicted_throughput"] = float(out["throughput"][i])
             r["predicted_ttft"] = float(out["ttft"][i])
             r["predicted_power"] = float(out["power"][i])
@@ -441,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                 held_out(recs, k)
         fws, pb = fit(dev_recs)
         predict_all(recs, fws, pb)
+        used = [r for r in recs if "skipped" not in r]  # the engine may refuse rows placement let through
     except AutoparError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
