@@ -157,3 +157,12 @@ def test_cli_json_and_bad_input():
     )
     r = _cli("--vary", "scale_up.domain=7")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_domain_axis_reenumerates():
+    job = training_job(**JOB)
+    r = sweep(job, [parse_vary("scale_up.domain=4,8")])
+    assert set(r["decompositions"]) == {4, 8}
+    assert r["evaluations"] == sum(len(d.ids) for d in r["decompositions"].values())
+    assert np.all(np.isfinite(r["step_time_s"]))
+    assert r["decompositions"][4].job.devices_per_node == 4
