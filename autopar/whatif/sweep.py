@@ -323,6 +323,15 @@ def sweep(job, axes: list[Axis], *, space=None, calibration=None) -> dict[str, A
     out_layout = np.empty(n, dtype=object)
     out_share = np.zeros((n, len(RESOURCES)))
     out_phi = np.zeros(n)
+    for d in np.unique(domains):  # every domain is checked before any work
+        if job.num_devices % int(d):
+            raise AutoparError(
+                f"scale_up.domain={int(d)} does not divide {job.num_devices} devices",
+                "pick domains that divide it",
+            )
+    p = job.device.power
+    if np.any(pts.get("power.idle_w", p.idle_w) > pts.get("power.tdp_w", p.tdp_w)):
+        raise AutoparError("a hardware point has power.idle_w above power.tdp_w", "narrow the power axes")
     decs = {}
     for d in np.unique(domains):
         sel = np.flatnonzero(domains == d)
