@@ -88,17 +88,17 @@ def _shapes(model, device, max_chips: int) -> tuple[np.ndarray, np.ndarray]:
     return tp[keep], pp[keep]
 
 
-def _device_cells(model, device, seq: int, osl: int, batches: list[int], wprec: str, kvprec: str | None, cal):
-    from autopar.serving.estimate import ServingTable, evaluate_serving, make_context, make_workload
+def _context(model, device, seq: int, osl: int, wprec: str, kvprec: str | None, cal):
+    from autopar.serving.estimate import make_context, make_workload
 
     kw: dict[str, Any] = {"isl": seq, "osl": osl, "weight_precision": wprec}
     if device.memory_kind == "sram":
         kw["max_num_tokens"] = SRAM_TOKEN_BUDGET
     if kvprec:
         kw["kv_precision"] = kvprec
-    w = make_workload(**kw)
-    ctx = make_context(model, device, w, devices_per_node=device.scale_up.domain, calibration=cal)
-    return ctx, ServingTable, evaluate_serving
+    return make_context(
+        model, device, make_workload(**kw), devices_per_node=device.scale_up.domain, calibration=cal
+    )
 
 
 def landscape(
@@ -122,6 +122,7 @@ def landscape(
     from autopar.hardware import load_device
     from autopar.job import check_context
     from autopar.model import load_model
+    from autopar.serving.estimate import ServingTable, evaluate_serving
 
     per = list(per or ["chip", "system", "watt"])
     bad = [p for p in per if p not in NORMALIZATIONS]
@@ -143,9 +144,7 @@ def landscape(
         for seq in seq_lens:
             check_context(spec, seq + osl, allow_long_context=False, what="seq_len + osl")
             for dev in devs:
-                ctx, ServingTable, evaluate_serving = _device_cells(
-                    spec, dev, seq, osl, batches, weight_precision, kv_precision, cal
-                )
+                ctx = _context(spec, dev, seq, osl, weight_precision, kv_precision, cal)
                 tp, pp = _shapes(spec, dev, max_chips)
                 nl, nb = len(tp), len(B)
                 tab = ServingTable({"tp": np.repeat(tp, nb), "pp": np.repeat(pp, nb), "conc": np.tile(B, nl)})

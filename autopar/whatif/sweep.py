@@ -30,7 +30,6 @@ that reaches a target step time, by bisection over the vectorized model).
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -438,7 +437,3 @@ def what_would_it_take(
                 lo = mid
         out[r] = math.exp(sign * hi)
     return out
-
-
-def cartesian(axes: list[Axis]) -> list[tuple[float, ...]]:  # for small tables and tests
-    return list(itertools.product(*[a.values for a in axes]))
