@@ -35,6 +35,8 @@ __all__ = [
     "ScaleOut",
     "Power",
     "Efficiency",
+    "MemoryTier",
+    "TIER_NAMES",
     "DeviceProfile",
     "Cluster",
     "load_device",
@@ -144,6 +146,21 @@ class Power(_Frozen):
         return self
 
 
+# Memory tiers, fastest first: on-chip SRAM, HBM (or GDDR), DDR/LPDDR next to the chip, and memory
+# outside the system (Cerebras MemoryX, a host's DRAM) that weights stream from.
+TIER_NAMES: tuple[str, ...] = ("sram", "hbm", "ddr", "external")
+
+
+class MemoryTier(_Frozen):
+    """One level of a device's memory hierarchy (capacity and peak read bandwidth)."""
+
+    capacity_gb: float = Field(gt=0, description="decimal GB per chip (per system where per_system)")
+    bw_gbps: float = Field(
+        gt=0, description="peak read bandwidth, GB/s per chip (per system where per_system)"
+    )
+    per_system: bool = Field(False, description="shared by the whole system (e.g. MemoryX), not per chip")
+
+
 class Efficiency(_Frozen):
     """Achieved-efficiency coefficients (fractions of the matching peak)."""
 
@@ -191,6 +208,27 @@ class DeviceProfile(_Frozen):
     scale_out: ScaleOut
     power: Power
     efficiency: Efficiency
+    memory_kind: str = Field(
+        "hbm",
+        description="the tier memory_gb/memory_bw_gbps describe: where serving keeps weights and KV "
+        "(hbm for GPUs, sram for SRAM-only chips such as Groq or a Cerebras wafer)",
+    )
+    memory_tiers: dict[str, MemoryTier] = Field(
+        default_factory=dict,
+        description="the other tiers of the hierarchy (sram, hbm, ddr, external); omitted: one HBM tier",
+    )
+    chips_per_system: int | None = Field(
+        None,
+        ge=1,
+        description="chips in the unit sold and powered as one system (None: the scale-up domain); "
+        "its power beyond the chips is power.node_overhead_w per chip",
+    )
+    runtime_reserve_gb: float | None = Field(
+        None,
+        ge=0,
+        description="serving runtime reserve in device memory (None: the calibration's framework reserve; "
+        "0 for statically compiled SRAM machines)",
+    )
     provenance: dict[str, str] = Field(description="dotted field path -> source")
 
     @field_validator("peak_tflops")
@@ -206,8 +244,22 @@ class DeviceProfile(_Frozen):
             raise ValueError(f"peaks must be positive: {bad}")
         return v
 
+    @field_validator("memory_tiers")
+    @classmethod
+    def _tier_keys(cls, v: dict[str, MemoryTier]) -> dict[str, MemoryTier]:
+        unknown = sorted(set(v) - set(TIER_NAMES))
+        if unknown:
+            raise ValueError(f"unknown memory tier(s) {unknown}; allowed: {', '.join(TIER_NAMES)}")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> DeviceProfile:
+        if self.memory_kind not in TIER_NAMES:
+            raise ValueError(f"memory_kind {self.memory_kind!r} is not one of {', '.join(TIER_NAMES)}")
+        if self.memory_kind in self.memory_tiers:
+            raise ValueError(
+                f"memory_tiers repeats {self.memory_kind!r}, which memory_gb/memory_bw_gbps already describe"
+            )
         extra = sorted(set(self.efficiency.gemm) - set(self.peak_tflops))
         if extra:
             raise ValueError(f"efficiency.gemm lists {extra}, which have no peak_tflops entry")
@@ -223,6 +275,17 @@ class DeviceProfile(_Frozen):
     @property
     def memory_bytes(self) -> float:
         return self.memory_gb * 1e9
+
+    @property
+    def system_chips(self) -> int:
+        """Chips per system (``chips_per_system``, else the scale-up domain)."""
+        return self.chips_per_system or self.scale_up.domain
+
+    def tiers(self) -> dict[str, MemoryTier]:
+        """Every memory tier, fastest first; the home tier (``memory_kind``) from memory_gb/_bw_gbps."""
+        home = MemoryTier(capacity_gb=self.memory_gb, bw_gbps=self.memory_bw_gbps)
+        allt = self.memory_tiers | {self.memory_kind: home}
+        return {k: allt[k] for k in TIER_NAMES if k in allt}
 
     def resolve_precision(self, precision: str) -> str:
         """The ``peak_tflops`` key used for ``precision`` (fp16 falls back to bf16)."""

@@ -75,7 +75,8 @@ class Coefficients:
     fused_attention_speedup: float = 1.0
 
     def peak(self, precision: str) -> float:
-        return self.peak_flops.get(precision) or self.peak_flops["bf16"]
+        v = self.peak_flops.get(precision)  # a float, or an array per layout row (hardware what-if)
+        return self.peak_flops["bf16"] if v is None or np.all(np.asarray(v) == 0) else v
 
 
 # The max-achievable-matmul (MAMF) efficiencies are measured on large square GEMMs of this size.
@@ -147,7 +148,7 @@ def stage_slot(
     for code, name in enumerate(PRECISION_CODES):
         sel = prec_code == code
         if sel.any():
-            peak[sel] = co.peak(P.PEAK_KEY[name])
+            peak[sel] = np.broadcast_to(co.peak(P.PEAK_KEY[name]), (n,))[sel]
             geff[sel] = co.gemm_eff.get(P.EFFICIENCY_KEY[name], co.gemm_eff["bf16"])
             quant_bpe[sel] = P.QUANT_BYTES_PER_ELEMENT.get(name, 0.0)
     bf16_peak = co.peak("bf16")

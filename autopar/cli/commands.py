@@ -18,4 +18,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "autopar.cli.validate",
     "autopar.cli.completion",
     "autopar.cli.dit",
+    "autopar.cli.whatif",
 )

@@ -111,6 +111,20 @@ def register(sub) -> dict:
         "--price-per-device-hour", type=positive_float, default=None, help="same price for every device"
     )
     add_field_args(p, Job, ("memory_headroom", "calibration"))
+    p.add_argument(
+        "--utilization",
+        type=positive_float,
+        default=1.0,
+        help="with --per: share of wall time the devices serve; the rest they idle (default: 1.0)",
+    )
+    p.add_argument(
+        "--per",
+        type=_names,
+        default=None,
+        help="accelerator landscape (serving): the winner per chip, system, watt and/or dollar "
+        "(comma-separated), each device over every TP x PP shape of at most --num-devices chips "
+        "(default: off: the best-layout search per device)",
+    )
     p.add_argument("--out", default=None, help="write PREFIX.csv and PREFIX.svg")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     from autopar.cli.recommend import add_html_arg
@@ -122,6 +136,11 @@ def register(sub) -> dict:
 def cmd_compare(a: argparse.Namespace) -> int:
     from autopar.report import check_html_path
     from autopar.whatif.compare import compare, output_paths, write_outputs
+
+    if a.per is not None:  # the accelerator landscape (autopar.whatif.landscape)
+        from autopar.cli.whatif import cmd_landscape
+
+        return cmd_landscape(a)
 
     if a.out:
         output_paths(a.out)  # a bad destination is refused before the comparison runs

@@ -51,7 +51,7 @@ from autopar.coefficients import (
     load_calibration,
     memory_constants,
 )
-from autopar.energy import NODE_OVERHEAD_LOAD, STALL_POWER_FRACTION
+from autopar.energy import NODE_OVERHEAD_LOAD, comm_energy_j, phase_power, stall_power
 from autopar.errors import AutoparError
 from autopar.job import KVPrecision, ServingWorkload, WeightPrecision
 from autopar.latency import Coefficients, gemm_time
@@ -85,13 +85,8 @@ MMA_TILE_ROWS = 64.0  # Hopper wgmma M tile: fewer tokens still pay for 64 rows 
 KV_PAGE_TOKENS = 64  # paged KV-cache block (TRT-LLM tokens_per_block, vLLM block_size 16..64)
 ALIGN_TOKENS = 64.0
 
-# Energy: P = idle + (TDP - idle) * min(1, F_BASE + F_COMPUTE*u_c + F_MEMORY*u_m) while kernels run
-# (REFERENCE Part D 3.3). u_c is the achieved fraction of the *achievable* GEMM rate, u_m of the
-# achievable HBM bandwidth. GEMM-heavy prefill (u_c ~ 0.9) lands at ~0.9 TDP, HBM-bound decode
-# (u_m ~ 1, u_c ~ 0.05) at ~0.5 TDP: the 0.85-1.0 and 0.2-0.55 of TDP measured by [S21] and [S27].
-F_BASE = 0.10
-F_COMPUTE = 0.85
-F_MEMORY = 0.35
+# Energy: the one power model of autopar.energy (phase_power: idle..TDP from the iteration's math and
+# memory utilization).
 # Power cap: dynamic power ~ f * V^2 with V ~ f in the DVFS range, so a cap that forces the dynamic
 # power from D to D' runs the SM clock (hence the peak FLOP/s) at (D'/D)^(1/3); HBM bandwidth is on
 # its own clock and unaffected. Caps below this fraction of TDP are outside the DVFS range: refused.
@@ -213,6 +208,8 @@ def make_context(
     wp = workload.weight_precision
     prec = "fp8" if wp == "fp8" and "fp8" in device.peak_tflops else "bf16"
     sc = serving_coefficients or ServingCoefficients.from_calibration(cal)
+    if device.runtime_reserve_gb is not None:  # a device-level reserve (0: statically compiled SRAM)
+        sc = replace(sc, runtime_reserve_bytes=device.runtime_reserve_gb * 1e9, comm_buffer_bytes=0.0)
     return ServingContext(model, device, workload, co, links, sc, devices_per_node, prec)
 
 
@@ -691,6 +688,15 @@ def iteration(
     inter_pp = tp >= ctx.devices_per_node
     p2p = np.where(pp > 1, C.p2p(links, tok_mb * h * ACT_BYTES, inter_pp), 0.0)
 
+    # Bytes each device puts on its links per micro-batch (for the link energy of autopar.energy):
+    # two ring all-reduces per layer, 2(tp-1)/tp of the message each (MoE all-to-alls counted as
+    # all-reduces of the same tokens: an approximation), and the pipeline send of the activations.
+    tp_bytes = 2.0 * lps * 2.0 * (tp - 1.0) / tp * ar_bytes
+    tp_inter = tp > ctx.devices_per_node
+    pp_bytes = np.where(pp > 1, tok_mb * h * ACT_BYTES, 0.0)
+    link_up = np.where(tp_inter, 0.0, tp_bytes) + np.where(inter_pp, 0.0, pp_bytes)
+    link_out = np.where(tp_inter, tp_bytes, 0.0) + np.where(inter_pp, pp_bytes, 0.0)
+
     stage = gpu_stage + comm + p2p
     gpu = mb * stage
     if pre_seqs is None:
@@ -710,6 +716,8 @@ def iteration(
         "busy_memory": mb * acc.busy_memory,
         "attn_decode": mb * t_attn_dec,
         "attn_prefill": mb * t_attn_pre,
+        "link_bytes_up": mb * link_up,
+        "link_bytes_out": mb * link_out,
     }
 
 
@@ -794,14 +802,12 @@ def steady_state(
 
 def power_demand(ctx: ServingContext, it: dict[str, np.ndarray], clock=1.0) -> dict[str, np.ndarray]:
     """Average device power during one iteration (kernels, communication/host stalls, node share)."""
-    p = ctx.device.power
-    span = p.tdp_w - p.idle_w
     busy = np.maximum(it["compute"], 1e-15)
     # Share of kernel time the math units (at their achievable rate) and HBM are busy.
     u_c = np.clip(it["busy_compute"] / busy, 0.0, 1.0)
     u_m = np.clip(it["busy_memory"] / busy, 0.0, 1.0)
-    active = p.idle_w + span * np.minimum(1.0, F_BASE + F_COMPUTE * u_c + F_MEMORY * u_m)
-    stall = p.idle_w + span * STALL_POWER_FRACTION
+    active = phase_power(ctx.device, u_c, u_m)
+    stall = stall_power(ctx.device)
     t = it["t_iter"]
     avg = (it["compute"] * active + (t - it["compute"]) * stall) / t
     return {
@@ -917,7 +923,11 @@ def evaluate_serving(
     p = ctx.device.power
     # Energy per second of wall time per device: busy share at the iteration's average power, the rest
     # idle; node overhead (CPU, NIC, fans share, at typical load as in training) always.
-    dev_w = duty * pw["avg_w"] + (1.0 - duty) * p.idle_w + p.node_overhead_w * NODE_OVERHEAD_LOAD
+    it = ss["iter"]
+    link_w = (
+        comm_energy_j(it["link_bytes_up"], "scale_up") + comm_energy_j(it["link_bytes_out"], "scale_out")
+    ) / it["t_iter"]
+    dev_w = duty * (pw["avg_w"] + link_w) + (1.0 - duty) * p.idle_w + p.node_overhead_w * NODE_OVERHEAD_LOAD
     j_per_tok = dev_w * devs / np.maximum(out_inst, 1e-30)
     valid = ~np.logical_or.reduce([v for v in bad.values()])
     return {
@@ -937,6 +947,7 @@ def evaluate_serving(
         "rho": rho,
         "saturated": np.where(rate_per_instance is None, ss["budget_bound"] | (~fixed), rho >= 0.85),
         "power_w": dev_w,
+        "link_power_w": duty * link_w,
         "active_power_w": pw["active_w"],
         "clock": clock,
         "j_per_token": j_per_tok,

@@ -586,6 +586,19 @@ def search_serving(
         notes.append(
             "offline mode: the batch is what memory and max_batch allow; TTFT excludes the offline queue"
         )
+    from autopar.serving.tiers import placement_note
+
+    notes.append(
+        placement_note(
+            ctx.model,
+            ctx.device,
+            num_devices=num_devices,
+            batch=int(w.concurrency or 1),
+            seq_len=w.isl + w.osl,
+            weight_precision=w.weight_precision,
+            kv_precision=w.kv_dtype,
+        )
+    )
 
     # ---- candidates: score, rank ---------------------------------------------------------------
     # Rank by throughput per device in 1% bins (fewest devices first under a request rate), then
@@ -732,7 +745,8 @@ def _infeasible_message(ctx: ServingContext, result: ServingResult) -> str:
         return (
             f"no serving layout fits in memory: even {c['least_memory_layout']} needs "
             f"{c['needs_gib_per_device']:.1f} GiB per device (weights {c['weights_gib_per_device']:.1f} GiB) "
-            f"of {c['capacity_gib']:.1f} GiB [{top}]"
+            f"of {c['capacity_gib']:.1f} GiB [{top}]; the weights alone need {_chips_to_hold(ctx)} "
+            f"{ctx.device.id} chips in its {ctx.device.memory_kind}"
         )
     if not c:
         return (
@@ -757,6 +771,14 @@ def _infeasible_message(ctx: ServingContext, result: ServingResult) -> str:
     if w.goodput is not None:
         parts.append(f"goodput {w.goodput:g}")
     return f"no serving layout meets {'; '.join(parts) or 'the targets'} [{top}]"
+
+
+def _chips_to_hold(ctx: ServingContext) -> int:
+    from autopar.serving.tiers import placement
+
+    w = ctx.workload
+    r = placement(ctx.model, ctx.device, weight_precision=w.weight_precision, kv_precision=w.kv_dtype)
+    return int(r["chips_to_hold_weights"])
 
 
 def _infeasible_hint(result: ServingResult) -> str:
