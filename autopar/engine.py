@@ -154,9 +154,11 @@ def evaluate(
         out[f"mem_{k}"] = mem[k]
     for k in TIME_COMPONENTS:
         out[f"time_{k}"] = t[k]
+    # A collective a layout never runs is a scalar 0: broadcast it to the step's shape (rows, or the
+    # search's broadcast grid), as every other figure has.
     for k in COMM_KINDS:
-        out[f"comm_total_{k}_s"] = np.broadcast_to(t[f"comm_total_{k}"], (n,))
-        out[f"comm_exposed_{k}_s"] = np.broadcast_to(t[f"comm_exposed_{k}"], (n,))
+        out[f"comm_total_{k}_s"] = np.broadcast_to(t[f"comm_total_{k}"], np.shape(step))
+        out[f"comm_exposed_{k}_s"] = np.broadcast_to(t[f"comm_exposed_{k}"], np.shape(step))
     return out
 
 
