@@ -96,6 +96,7 @@ PLATFORMS: tuple[tuple[str, str], ...] = (
 # Hugging Face model names -> preset id, or architecture dims for models without a preset.
 MODELS: tuple[tuple[str, str | dict[str, Any]], ...] = (
     (r"llama-2-7b", "llama-2-7b"),
+    (r"huggyllama/llama-7b", "llama-2-7b"),  # LLaMA-1 7B: Llama-2-7B's dimensions (2k context)
     (r"llama-2-13b", "llama-2-13b"),
     (r"llama-2-70b", "llama-2-70b"),
     (r"llama-3(\.[01])?-8b", "llama-3.1-8b"),
