@@ -195,7 +195,7 @@ def cmd_landscape(a: argparse.Namespace) -> int:
     from autopar.errors import AutoparError
     from autopar.whatif.landscape import NORMALIZATIONS, landscape
 
-    if a.workload != "serving":
+    if a.workload == "training":  # --per is the serving landscape: --workload serving or none
         raise AutoparError("--per compares serving only", "drop --workload training or --per")
     if a.batches is None or any(b is None for b in a.batches):
         raise AutoparError("--per needs explicit batch sizes", "e.g. --batch 1,8,64,256 (not 'max')")
