@@ -550,6 +550,15 @@ def main(argv: list[str] | None = None) -> int:
         f"throughput MAPE by device x framework ({first}): "
         + "; ".join(f"{d}/{f} {100 * np.mean(v):.1f}% (n={len(v)})" for (d, f), v in sorted(by.items()))
     )
+    by_t = defaultdict(list)
+    for r in used:
+        if r["measured_ttft"]:
+            by_t[(r["device"].id, r["framework"])].append(abs(r["predicted_ttft"] / r["measured_ttft"] - 1))
+    if by_t:
+        print(
+            f"ttft MAPE by device x framework ({first}): "
+            + "; ".join(f"{d}/{f} {100 * np.mean(v):.1f}% (n={len(v)})" for (d, f), v in sorted(by_t.items()))
+        )
     for r in recs:
         if "skipped" in r:
             print(f"skipped {r['row_id']}: {r['skipped']}")
