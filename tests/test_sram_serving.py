@@ -126,7 +126,8 @@ def test_other_platforms_predicted_out_of_sample(capsys):
     by: dict[str, list[float]] = {}
     for r in recs:
         assert "skipped" not in r, r.get("skipped")
-        by.setdefault(r["device"].id, []).append(r["predicted_throughput"] / r["measured_throughput"])
+        if r["measured_throughput"]:
+            by.setdefault(r["device"].id, []).append(r["predicted_throughput"] / r["measured_throughput"])
     mape = {d: 100 * float(np.mean(np.abs(np.array(v) - 1))) for d, v in by.items()}
     assert set(mape) == {"gaudi2", "gh200", "sn40l"}
     assert mape["gaudi2"] < 30 and mape["gh200"] < 30
@@ -135,6 +136,13 @@ def test_other_platforms_predicted_out_of_sample(capsys):
     b1 = [r for r in recs if r["device"].id == "sn40l" and r["batch"] == 1]
     assert all(0.5 <= r["predicted_throughput"] / r["measured_throughput"] <= 2.0 for r in b1)
     assert all(r["framework"] == "deepspeed-habana" for r in recs if r["device"].id == "gaudi2")
+    # GH200 prefill (16 prompts of 1,024 tokens) from the H100 GPU's measured GEMM efficiency: within 10%
+    ttft = [
+        r["predicted_ttft"] / r["measured_ttft"]
+        for r in recs
+        if r["measured_ttft"] and r["device"].id == "gh200"
+    ]
+    assert len(ttft) == 3 and all(0.9 <= x <= 1.1 for x in ttft)
 
 
 def _with_serving(tmp_path, text: str) -> Path:
