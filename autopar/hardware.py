@@ -36,6 +36,7 @@ __all__ = [
     "Power",
     "Efficiency",
     "MemoryTier",
+    "ServingStack",
     "TIER_NAMES",
     "DeviceProfile",
     "Cluster",
@@ -146,6 +147,36 @@ class Power(_Frozen):
         return self
 
 
+class ServingStack(_Frozen):
+    """How a vendor's own serving stack runs an iteration, for machines whose runtime is not a GPU one.
+
+    Statically compiled SRAM, wafer-scale and dataflow systems (Groq, Cerebras, SambaNova) do not pay
+    a GPU runtime's kernel launches and NCCL barriers, but a token crosses every layer's place on the
+    chips in order: without this section the serving engine uses the GPU-fitted serving coefficients.
+    """
+
+    host_step_us: float = Field(
+        ge=0, description="host/runtime time per scheduled iteration that the chips wait for"
+    )
+    host_per_seq_us: float = Field(
+        ge=0, description="host/runtime time per in-flight sequence per iteration (sampling, bookkeeping)"
+    )
+    collective_sync_us: float = Field(
+        ge=0, description="fixed cost of each tensor-parallel collective beyond its alpha-beta time"
+    )
+    layer_latency_us: float = Field(
+        ge=0,
+        description="pipeline latency each layer adds to a token's path (fill and drain of the layer's "
+        "dataflow pipeline and its on-fabric hops), beyond its compute and memory time",
+    )
+    gemm_tile_rows: float = Field(
+        64.0,
+        ge=1,
+        description="token rows a weight GEMM pays for at least (64: a GPU's MMA tile; 1: a weight-"
+        "stationary matrix unit that streams one token vector per pass)",
+    )
+
+
 # Memory tiers, fastest first: on-chip SRAM, HBM (or GDDR), DDR/LPDDR next to the chip, and memory
 # outside the system (Cerebras MemoryX, a host's DRAM) that weights stream from.
 TIER_NAMES: tuple[str, ...] = ("sram", "hbm", "ddr", "external")
@@ -228,6 +259,9 @@ class DeviceProfile(_Frozen):
         ge=0,
         description="serving runtime reserve in device memory (None: the calibration's framework reserve; "
         "0 for statically compiled SRAM machines)",
+    )
+    serving: ServingStack | None = Field(
+        None, description="the vendor serving stack's own per-iteration costs (None: GPU-fitted coefficients)"
     )
     provenance: dict[str, str] = Field(description="dotted field path -> source")
 

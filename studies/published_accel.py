@@ -25,7 +25,9 @@ log errors (scipy) over the **dev rows** (``studies/data/accel_runs_dev.csv``) o
 the same fit with each source left out (and each framework left out, which then takes the median of
 the others' coefficients) predicts the rows it did not see. Any other ``--csv`` is predicted with the
 dev fit, out of sample: a platform or framework outside it (another vendor's chip, another runtime)
-from its datasheet profile, the median framework coefficients and the median power floor. A
+from its datasheet profile, the median framework coefficients and the median power floor (a device
+whose profile has a ``serving`` section, SRAM / wafer / dataflow machines, runs its own stack's host,
+collective and per-layer latency terms and its profile's bandwidth fraction instead). A
 chip count that does not divide the heads is split into tensor x pipeline parallel (largest TP
 within the scale-up domain), as SRAM systems spread a model over many chips.
 """
@@ -94,6 +96,7 @@ PLATFORMS: tuple[tuple[str, str], ...] = (
 # Hugging Face model names -> preset id, or architecture dims for models without a preset.
 MODELS: tuple[tuple[str, str | dict[str, Any]], ...] = (
     (r"llama-2-7b", "llama-2-7b"),
+    (r"huggyllama/llama-7b", "llama-2-7b"),  # LLaMA-1 7B: Llama-2-7B's dimensions (2k context)
     (r"llama-2-13b", "llama-2-13b"),
     (r"llama-2-70b", "llama-2-70b"),
     (r"llama-3(\.[01])?-8b", "llama-3.1-8b"),
@@ -142,12 +145,17 @@ def _num(row: dict[str, str], key: str) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _framework(name: str) -> str:
+def _framework(name: str, vendor: str = "") -> str:
     n = name.strip().lower().replace("_", "-").replace(" ", "-")
     if "tensorrt" in n or "trt" in n:
         return "tensorrt-llm"
     if "vllm" in n:
         return "vllm"
+    if ("deepspeed" in n or "mii" in n) and vendor == "intel":
+        # On Gaudi "DeepSpeed" is Habana's DeepSpeed fork run through optimum-habana with HPU graphs,
+        # a different host path from DeepSpeed-MII's CUDA server (which does not run on Gaudi): an
+        # unfitted framework (the median coefficients), not DeepSpeed-MII's fitted host costs.
+        return "deepspeed-habana"
     if "deepspeed" in n or "mii" in n:
         return "deepspeed-mii"
     return n or "unknown"
@@ -240,7 +248,7 @@ def prepare(row: dict[str, str]) -> dict[str, Any]:
     return rec | {
         "device": device,
         "model": model,
-        "framework": _framework(row.get("framework", "")),
+        "framework": _framework(row.get("framework", ""), device.vendor),
         "precision": wprec,
         "kv_precision": kvprec,
         "isl": int(isl),
@@ -306,6 +314,10 @@ def simulate(group: list[dict[str, Any]], fw: dict[str, float], power_base: floa
     """Throughput, TTFT and board power of the rows of one (model, device, framework, tp, isl, osl)."""
     r0 = group[0]
     dev, isl, osl, tp, pp = r0["device"], r0["isl"], r0["osl"], r0["tp"], r0["pp"]
+    if dev.serving is not None:
+        # The vendor's own stack (SambaFlow, GroqWare, Cerebras): its profile's host, collective and
+        # layer terms (make_context) and the profile's achieved bandwidth, not a GPU framework's fit.
+        fw = dict(fw, decode_bw=1.0)
     extra = {"max_num_tokens": SRAM_TOKEN_BUDGET} if dev.memory_kind == "sram" else {}
     w = make_workload(
         isl=isl,
@@ -538,6 +550,15 @@ def main(argv: list[str] | None = None) -> int:
         f"throughput MAPE by device x framework ({first}): "
         + "; ".join(f"{d}/{f} {100 * np.mean(v):.1f}% (n={len(v)})" for (d, f), v in sorted(by.items()))
     )
+    by_t = defaultdict(list)
+    for r in used:
+        if r["measured_ttft"]:
+            by_t[(r["device"].id, r["framework"])].append(abs(r["predicted_ttft"] / r["measured_ttft"] - 1))
+    if by_t:
+        print(
+            f"ttft MAPE by device x framework ({first}): "
+            + "; ".join(f"{d}/{f} {100 * np.mean(v):.1f}% (n={len(v)})" for (d, f), v in sorted(by_t.items()))
+        )
     for r in recs:
         if "skipped" in r:
             print(f"skipped {r['row_id']}: {r['skipped']}")

@@ -139,11 +139,18 @@ class ServingCoefficients:
     its per-step work behind CUDA graphs; it stays a knob for runtimes with a Python scheduler).
     A calibration file may override them in its ``global`` section (``serving_host_step_us``,
     ``serving_host_per_seq_us``, ``serving_collective_sync_us``, ``serving_runtime_reserve_gb``).
+
+    * ``layer_latency_s``: pipeline latency each layer adds to a micro-batch's pass (0 on GPUs, whose
+      per-kernel costs are in the terms above). A device profile's ``serving`` section (SRAM,
+      wafer-scale and dataflow machines' own stacks) replaces the host, collective and layer terms
+      (:func:`make_context`).
     """
 
     host_step_s: float = 0.0
     host_per_seq_s: float = 5.33e-6
     collective_sync_s: float = 53.3e-6
+    layer_latency_s: float = 0.0
+    tile_rows: float = MMA_TILE_ROWS
     runtime_reserve_bytes: float = DEFAULT_MEMORY_CONSTANTS["framework_reserve_bytes"]
     comm_buffer_bytes: float = DEFAULT_MEMORY_CONSTANTS["comm_buffer_bytes"]
 
@@ -210,6 +217,16 @@ def make_context(
     sc = serving_coefficients or ServingCoefficients.from_calibration(cal)
     if device.runtime_reserve_gb is not None:  # a device-level reserve (0: statically compiled SRAM)
         sc = replace(sc, runtime_reserve_bytes=device.runtime_reserve_gb * 1e9, comm_buffer_bytes=0.0)
+    if device.serving is not None:  # the vendor's own stack, not the GPU-fitted serving coefficients
+        st = device.serving
+        sc = replace(
+            sc,
+            host_step_s=st.host_step_us * 1e-6,
+            host_per_seq_s=st.host_per_seq_us * 1e-6,
+            collective_sync_s=st.collective_sync_us * 1e-6,
+            layer_latency_s=st.layer_latency_us * 1e-6,
+            tile_rows=st.gemm_tile_rows,
+        )
     return ServingContext(model, device, workload, co, links, sc, devices_per_node, prec)
 
 
@@ -456,17 +473,18 @@ def _gemm(
     wbytes: float,
     weight_frac=1.0,
     count=1.0,
+    tile_rows: float = MMA_TILE_ROWS,
 ) -> tuple[np.ndarray, ...]:
     """(time, flops, HBM bytes, compute time, traffic time) of ``count`` GEMMs (M tokens x K) @ (K x N weights).
 
     Compute: the shared shape-dependent roofline in N and K (``gemm_time`` with the token dim taken
-    large, i.e. per-row time), paid for ``max(M, 64)`` rows. Traffic: the weights (``weight_frac``
+    large, i.e. per-row time), paid for ``max(M, tile_rows)`` rows (64: a GPU's MMA tile). Traffic: the weights (``weight_frac``
     of them are read, e.g. the activated experts) plus 16-bit activations in and out.
     """
     M = np.asarray(M, dtype=np.float64)
     ref = 1.0e9
     per_row = gemm_time(co_inf, peak, np.asarray(eff, dtype=np.float64), ref, N, K) / ref
-    rows = np.where(M > 0, np.maximum(M, MMA_TILE_ROWS), 0.0)
+    rows = np.where(M > 0, np.maximum(M, tile_rows), 0.0)
     compute = count * per_row * rows
     traffic_b = count * (
         np.asarray(N, dtype=np.float64) * K * wbytes * weight_frac * (M > 0)
@@ -538,7 +556,7 @@ def iteration(
         acc.busy_memory += weight * tm
 
     def gemm(Mx, N, K, wbytes=wb, p=peak, e=eff, **kw):
-        return _gemm(co_inf, co, p, e, Mx, N, K, wbytes, **kw)
+        return _gemm(co_inf, co, p, e, Mx, N, K, wbytes, tile_rows=sc.tile_rows, **kw)
 
     lps = np.ceil(m.layers / pp)
     n_dense = lps * m.dense_layers / m.layers
@@ -697,7 +715,10 @@ def iteration(
     link_up = np.where(tp_inter, 0.0, tp_bytes) + np.where(inter_pp, 0.0, pp_bytes)
     link_out = np.where(tp_inter, tp_bytes, 0.0) + np.where(inter_pp, pp_bytes, 0.0)
 
-    stage = gpu_stage + comm + p2p
+    # A statically scheduled dataflow machine: each layer of the stage adds its pipeline latency to the
+    # micro-batch's pass (GPUs: 0; their per-kernel costs are the host and collective terms).
+    lat = lps * sc.layer_latency_s
+    stage = gpu_stage + comm + p2p + lat
     gpu = mb * stage
     if pre_seqs is None:
         pre_seqs = n_pre / np.maximum(pre_len, 1.0)
@@ -709,6 +730,7 @@ def iteration(
         "gpu": gpu,
         "host": host,
         "comm": mb * (comm + p2p),
+        "pipeline_latency": mb * lat,
         "compute": mb * gpu_stage,
         "flops_per_device": mb * acc.flops,
         "bytes_per_device": mb * acc.bytes,

@@ -11,7 +11,11 @@ together), :func:`placement` answers, per cell:
   the weights then stream from every step), the **batch limit** the home tier leaves for KV, and
 * the **bound of each phase** on the roofline: prefill (all prompt tokens once) and one decode step
   (every sequence one token): ``compute`` when the GEMM FLOPs at the achievable rate take longer
-  than reading the weights (and KV) at the achieved bandwidth of their tier, else that tier's name.
+  than reading the weights (and KV) at the achieved bandwidth of their tier, else that tier's name;
+  each phase's time is that roofline maximum PLUS, on a machine with its own serving stack
+  (``DeviceProfile.serving``: Groq, Cerebras, SambaNova), the token's pipeline latency: every layer's
+  ``layer_latency_us``, one scale-out hop between consecutive systems and the stack's host time
+  (weights streamed from MemoryX or DDR pay the roofline at that tier's bandwidth).
 
 Weight bytes are the serving model's (:func:`autopar.serving.estimate.weights_per_device` at tp=pp=1:
 linear layers at the weight precision, embeddings, head and norms 16-bit); KV bytes per token are
@@ -125,6 +129,21 @@ def placement(
     # one decode step: one token per sequence; weights and the whole KV cache are read
     t_dec_c = act * b / flops_rate
     t_dec_m = W / w_bw_eff + kv / home_bw
+    # The token's path on a machine with its own serving stack (SRAM, wafer, dataflow): every layer's
+    # pipeline latency, one hop between consecutive systems, the stack's host time per step
+    # (DeviceProfile.serving; the serving engine adds the same terms). GPUs: 0 here.
+    st = device.serving
+    if st is not None:
+        lat = (
+            model.layers * st.layer_latency_us * 1e-6
+            + np.maximum(systems - 1.0, 0.0) * device.scale_out.latency_us * 1e-6
+            + st.host_step_us * 1e-6
+        )
+        lat_dec = lat + st.host_per_seq_us * 1e-6 * b
+    else:
+        lat = lat_dec = np.zeros(np.shape(n))
+    lat = lat + 0.0 * n
+    lat_dec = lat_dec + 0.0 * n
     none = weight_tier == "none"
     return {
         "weight_bytes": np.full(np.shape(n), W),
@@ -138,8 +157,9 @@ def placement(
         "max_batch": max_batch,
         "prefill_bound": np.where(none, "none", np.where(t_pre_c >= t_pre_m, "compute", weight_tier)),
         "decode_bound": np.where(none, "none", np.where(t_dec_c >= t_dec_m, "compute", weight_tier)),
-        "prefill_s": np.where(none, np.inf, np.maximum(t_pre_c, t_pre_m)),
-        "decode_step_s": np.where(none, np.inf, np.maximum(t_dec_c, t_dec_m)),
+        "prefill_s": np.where(none, np.inf, np.maximum(t_pre_c, t_pre_m) + lat),
+        "decode_step_s": np.where(none, np.inf, np.maximum(t_dec_c, t_dec_m) + lat_dec),
+        "pipeline_latency_s": lat_dec,
     }
 
 
@@ -175,4 +195,10 @@ def placement_note(
         f"on all {num_devices} chips the weights are read from {tier}, {int(r['max_batch'])} sequences of "
         f"{seq_len} tokens fit beside them, decode is bound by {r['decode_bound']}, prefill by {r['prefill_bound']} "
         "(roofline, one batch)"
+        + (
+            f"; one decode step {float(r['decode_step_s']) * 1e3:.3g} ms of which {float(r['pipeline_latency_s']) * 1e3:.3g} ms "
+            "is the layers' pipeline latency and system hops"
+            if device.serving is not None
+            else ""
+        )
     )
