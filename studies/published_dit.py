@@ -339,10 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     pred = {c.row["row_id"]: predict(c, params) for c in used}
     # hold-outs: each model / source / GPU predicted by coefficients fitted without its rows
     held: dict[str, dict[str, float]] = {"model": {}, "source": {}, "gpu": {}}
+    fits_out: list[tuple[str, str, dict[str, float]]] = []
     if not a.no_lomo:
         for how, key in HOLDOUTS.items():
             for v in sorted({key(c) for c in used}):
                 p = fit([c for c in used if key(c) != v], params)
+                fits_out.append((how, v, p))
                 for c in used:
                     if key(c) == v:
                         held[how][c.row["row_id"]] = predict(c, p)
@@ -424,6 +426,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  {len(rank_out)} groups: best layout found in {hits} ({100 * hits / len(rank_out):.0f}%), mean spearman {np.mean(rhos):+.2f}"
         )
+
+    if fits_out:
+        print("\ncoefficients fitted without each held-out group:")
+        for how, v, p in fits_out:
+            print(f"  {how:6} {v:28} " + ", ".join(f"{k}={x:.3g}" for k, x in p.items()))
 
     print("\nskipped rows:")
     for c in cases:
