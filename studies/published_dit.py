@@ -6,10 +6,12 @@ Predicts every row of the DiT runs CSV (columns in studies/data/dit_runs_dev.REA
 end-to-end latency per image/video (s) for inference rows, tokens/s/GPU for training rows. Prints the
 MAPE per model, GPU and layout kind, and within each (model, GPU, GPU count, request) group with
 two or more layouts the Spearman rank correlation and whether the layout predicted fastest is the
-one measured fastest. The DiT coefficients (per-device FlashAttention efficiency at DiT shapes,
-elementwise passes per block eager and compiled) are fitted here on log latency (soft-L1) and the
-leave-one-model-out MAPE (each model's rows predicted by coefficients fitted without them) is
-printed next to the in-sample one. ``--fit-out`` writes the fitted coefficients as a DiT
+one measured fastest. The DiT coefficients are global (no device, model or source has one of its
+own): the attention matmuls' multiple of the LLM path's attention efficiency, elementwise passes
+per block eager and compiled, host time per block / ring step / all-to-all, VAE conv efficiency.
+They are fitted here on log latency (soft-L1); the leave-one-model-out, leave-one-source-out and
+leave-one-GPU-out MAPEs (each group's rows predicted by coefficients fitted without them) are
+printed next to the in-sample one. ``--fit-out`` writes the in-sample coefficients as a DiT
 calibration YAML (the shipped cost_models/calibration/dit.yaml is this file).
 """
 
@@ -22,13 +24,14 @@ import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from autopar.dit import inference, training
-from autopar.dit.costs import DiTCoefficients, dit_coefficients
+from autopar.dit.costs import ATT_TENSOR_MAX, DiTCoefficients, dit_coefficients
 from autopar.dit.spec import DiTSpec, load_dit
 from autopar.hardware import load_device
 
@@ -52,8 +55,8 @@ GPU_DEVICES = (  # (prefix of gpu_type, device profile); "H100/H800" pools two i
     ("L20", "l20"),
     ("A100", "a100-80gb"),
 )
-FIT_DEVICES = ("h100-sxm-80gb", "h20", "l20", "a100-80gb", "h800-sxm-80gb")
 GLOBAL_NAMES = [
+    "att_ratio",
     "eager",
     "compiled",
     "host_eager_us",
@@ -180,14 +183,20 @@ def parse(row: dict[str, str]) -> Case:
     return c
 
 
+@cache
+def _base(device_id: str) -> tuple[DiTCoefficients, float]:
+    """The device's shipped DiT coefficients and its LLM-path attention efficiency."""
+    from autopar.coefficients import coefficients_for
+
+    device = load_device(device_id)
+    return dit_coefficients(device), coefficients_for(device)[0].attention_eff
+
+
 def dc_from(params: dict[str, float], device) -> DiTCoefficients:
-    base = dit_coefficients(device)
-    att = params.get(f"att:{device.id}")
-    if att is None:
-        att = device.efficiency.attention * params["transfer"]
+    base, llm_att = _base(device.id)
     return replace(
         base,
-        attention_eff=float(att),
+        attention_eff=min(llm_att * params["att_ratio"], ATT_TENSOR_MAX),
         elementwise_passes_eager=params["eager"],
         elementwise_passes_compiled=params["compiled"],
         host_per_block_eager_s=params["host_eager_us"] * 1e-6,
@@ -211,58 +220,39 @@ def predict(c: Case, params: dict[str, float]) -> float:
     return float(p["tokens_per_s_per_device"][0])
 
 
-def shipped_params() -> dict[str, float]:
-    out: dict[str, float] = {}
-    for d in FIT_DEVICES:
-        dev = load_device(d)
-        dc = dit_coefficients(dev)
-        if dc.source.startswith("fitted"):
-            out[f"att:{d}"] = dc.attention_eff
-    dc = dit_coefficients(load_device("h100-sxm-80gb"))
-    from autopar.dit.costs import _dit_yaml
-
-    out["transfer"] = float(_dit_yaml(None)["global"]["attention_transfer_ratio"])
-    out["eager"], out["compiled"] = dc.elementwise_passes_eager, dc.elementwise_passes_compiled
-    out["host_eager_us"] = dc.host_per_block_eager_s * 1e6
-    out["host_compiled_us"] = dc.host_per_block_compiled_s * 1e6
-    out["host_ring_us"] = dc.host_per_ring_step_s * 1e6
-    out["host_a2a_us"] = dc.host_per_a2a_s * 1e6
-    out["vae_conv_eff"] = dc.vae_conv_eff
-    return out
-
-
 def fit(cases: list[Case], start: dict[str, float] | None = None) -> dict[str, float]:
-    """Least squares on log(pred / measured), soft-L1: per-device attention efficiency + passes."""
+    """Least squares on log(pred / measured), soft-L1, of the global coefficients only: no device,
+    model or source has a coefficient of its own, so a held-out one is predicted the same way."""
     from scipy.optimize import least_squares
 
-    devs = sorted({c.device_id for c in cases})
-    names = [f"att:{d}" for d in devs] + GLOBAL_NAMES
-    x0 = np.array([0.4] * len(devs) + [40.0, 10.0, 1000.0, 100.0, 200.0, 50.0, 0.3])
-    if start is not None:  # warm start (the leave-one-model-out refits start from the full fit)
+    names = GLOBAL_NAMES
+    x0 = np.array([2.0, 40.0, 10.0, 1000.0, 100.0, 200.0, 50.0, 0.3])
+    if start is not None:  # warm start (the hold-out refits start from the full fit)
         x0 = np.array([start.get(k, v) for k, v in zip(names, x0, strict=True)])
-    lo = np.array([0.05] * len(devs) + [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.02])
-    hi = np.array([0.95] * len(devs) + [400.0, 400.0, 20000.0, 20000.0, 20000.0, 20000.0, 0.9])
-
-    def unpack(x: np.ndarray) -> dict[str, float]:
-        p = dict(zip(names, map(float, x), strict=True))
-        # devices whose efficiency sits at a bound are not identified by their rows (SANA's linear
-        # attention on A100; L20 rows faster than its datasheet peak allows): left out of the ratio
-        inner = [d for d in devs if 0.06 < p[f"att:{d}"] < 0.94] or devs
-        ratios = [p[f"att:{d}"] / load_device(d).efficiency.attention for d in inner]
-        p["transfer"] = float(np.exp(np.mean(np.log(ratios))))
-        return p
+    lo = np.array([0.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.02])
+    hi = np.array([8.0, 400.0, 400.0, 20000.0, 20000.0, 20000.0, 20000.0, 0.9])
 
     def resid(x: np.ndarray) -> np.ndarray:
-        p = unpack(x)
-        out = []
-        for c in cases:
-            v = predict(c, p)
-            # training rows are a rate: a slower prediction is a smaller number
-            out.append(np.log(v / c.measured))
-        return np.array(out)
+        p = dict(zip(names, map(float, x), strict=True))
+        # training rows are a rate: a slower prediction is a smaller number
+        return np.array([np.log(predict(c, p) / c.measured) for c in cases])
 
     sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.1, x_scale="jac")
-    return unpack(sol.x)
+    return dict(zip(names, map(float, sol.x), strict=True))
+
+
+def source_of(c: Case) -> str:
+    """The publication a row comes from: the repository and document (commit dropped)."""
+    repo, _, rest = c.row["source"].partition("@")
+    doc = rest.split(" ", 1)[1] if " " in rest else rest
+    return f"{repo.split('/')[-1]}:{doc.split(' ')[0].split('/')[-1]}"
+
+
+HOLDOUTS = {
+    "model": lambda c: c.spec.id if c.spec else "",
+    "source": source_of,
+    "gpu": lambda c: c.device_id,
+}
 
 
 def mape(pairs: list[tuple[float, float]]) -> float:
@@ -294,18 +284,20 @@ def write_yaml(path: Path, params: dict[str, float], cases: list[Case]) -> None:
         "# DiT-specific coefficients (autopar.dit.costs.DiTCoefficients), fitted by",
         "#   python studies/published_dit.py --fit-out cost_models/calibration/dit.yaml",
         f"# on {len(cases)} rows of studies/data/dit_runs_dev.csv (log latency / log tokens/s, soft-L1).",
-        "# attention_eff: FlashAttention-class forward at DiT shapes, fraction of dense bf16 peak.",
+        "# attention_llm_ratio: the attention matmuls (QK^T, PV) run at this multiple of the LLM path's",
+        "# attention efficiency of the device (coefficients_for: profile x LLM transfer ratio), capped at",
+        "# 0.95; the softmax exponentials add their own term on the SFUs (autopar.dit.costs).",
         "# elementwise passes: d-wide bf16 activation reads+writes per token per block (norms, adaLN",
         "# modulation and gates, RoPE, GELU), eager PyTorch vs torch.compile.",
         "# host_per_block_*_us: host (Python + kernel launch) time per block per forward, a floor under",
         "# the GPU time; host_per_ring_step_us: host time of one ring-attention step (chunk + merge);",
         "# host_per_a2a_us: host time of one Ulysses all-to-all (reshape copies + NCCL launch).",
         "# vae_conv_eff: VAE convolutions' fraction of dense bf16 peak.",
-        "# attention_transfer_ratio: geometric mean of fitted / profile attention efficiency, used for",
-        "# devices never fitted.",
-        "schema: 1",
+        "# All coefficients are global: no device, model or source has one of its own.",
+        "schema: 2",
         f'fitted_on: "studies/data/dit_runs_dev.csv, {len(cases)} rows"',
         "global:",
+        f"  attention_llm_ratio: {params['att_ratio']:.4f}",
         f"  elementwise_passes_eager: {params['eager']:.2f}",
         f"  elementwise_passes_compiled: {params['compiled']:.2f}",
         f"  host_per_block_eager_us: {params['host_eager_us']:.1f}",
@@ -313,12 +305,7 @@ def write_yaml(path: Path, params: dict[str, float], cases: list[Case]) -> None:
         f"  host_per_ring_step_us: {params['host_ring_us']:.1f}",
         f"  host_per_a2a_us: {params['host_a2a_us']:.1f}",
         f"  vae_conv_eff: {params['vae_conv_eff']:.4f}",
-        f"  attention_transfer_ratio: {params['transfer']:.4f}",
-        "devices:",
     ]
-    for k, v in sorted(params.items()):
-        if k.startswith("att:"):
-            lines.append(f"  {k[4:]}: {{attention_eff: {v:.4f}}}")
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -332,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="write the in-sample fitted coefficients as a DiT calibration YAML",
     )
-    ap.add_argument("--no-lomo", action="store_true", help="skip the leave-one-model-out refits")
+    ap.add_argument("--no-lomo", action="store_true", help="skip the leave-one-model/source/GPU-out refits")
     a = ap.parse_args(argv)
     try:
         with a.csv.open(newline="", encoding="utf-8") as f:
@@ -350,14 +337,17 @@ def main(argv: list[str] | None = None) -> int:
     used = [c for c in cases if not c.skip]
     params = fit(used)
     pred = {c.row["row_id"]: predict(c, params) for c in used}
-    lomo: dict[str, float] = {}
+    # hold-outs: each model / source / GPU predicted by coefficients fitted without its rows
+    held: dict[str, dict[str, float]] = {"model": {}, "source": {}, "gpu": {}}
+    fits_out: list[tuple[str, str, dict[str, float]]] = []
     if not a.no_lomo:
-        for model in sorted({c.spec.id for c in used if c.spec}):
-            train = [c for c in used if c.spec and c.spec.id != model]
-            p = fit(train, params)
-            for c in used:
-                if c.spec and c.spec.id == model:
-                    lomo[c.row["row_id"]] = predict(c, p)
+        for how, key in HOLDOUTS.items():
+            for v in sorted({key(c) for c in used}):
+                p = fit([c for c in used if key(c) != v], params)
+                fits_out.append((how, v, p))
+                for c in used:
+                    if key(c) == v:
+                        held[how][c.row["row_id"]] = predict(c, p)
 
     print(
         f"{len(rows)} rows, {len(used)} predicted ({100 * len(used) / len(rows):.0f}% coverage), {len(rows) - len(used)} skipped"
@@ -365,39 +355,51 @@ def main(argv: list[str] | None = None) -> int:
     print("fitted coefficients (in-sample): " + ", ".join(f"{k}={v:.3f}" for k, v in sorted(params.items())))
     print()
     print(
-        f"{'row':5} {'model':22} {'gpu':14} {'n':>2} {'layout':22} {'measured':>10} {'pred':>10} {'err':>7} {'lomo err':>8}"
+        f"{'row':5} {'model':22} {'gpu':14} {'n':>2} {'layout':22} {'measured':>10} {'pred':>10} {'err':>7} {'LOMO':>7} {'LOSO':>7} {'LOGO':>7}"
     )
     for c in used:
         rid = c.row["row_id"]
         e = pred[rid] / c.measured - 1
-        le = f"{100 * (lomo[rid] / c.measured - 1):+7.1f}%" if rid in lomo else ""
+        le = " ".join(
+            f"{100 * (held[h][rid] / c.measured - 1):+6.1f}%" if rid in held[h] else " " * 7 for h in held
+        )
         print(
             f"{rid:5} {c.spec.id if c.spec else '':22} {c.device_id:14} {c.n:>2} {c.kind:22} {c.measured:10.2f} {pred[rid]:10.2f} {100 * e:+6.1f}% {le}"
         )
 
     def table(title: str, key) -> None:
-        print(f"\nMAPE by {title}: in-sample | leave-one-model-out")
+        print(
+            f"\nMAPE by {title}: in-sample | leave-one-model-out | leave-one-source-out | leave-one-GPU-out"
+        )
         groups: dict[str, list[Case]] = defaultdict(list)
         for c in used:
             groups[key(c)].append(c)
         for k, cs in sorted(groups.items()):
             ins = mape([(pred[c.row["row_id"]], c.measured) for c in cs])
-            lo = mape([(lomo[c.row["row_id"]], c.measured) for c in cs if c.row["row_id"] in lomo])
-            print(f"  {k:28} rows {len(cs):>3}  {100 * ins:6.1f}% | {100 * lo:6.1f}%")
+            outs = " | ".join(
+                f"{100 * mape([(held[h][c.row['row_id']], c.measured) for c in cs if c.row['row_id'] in held[h]]):6.1f}%"
+                for h in held
+            )
+            print(f"  {k:28} rows {len(cs):>3}  {100 * ins:6.1f}% | {outs}")
 
     table("model", lambda c: c.spec.id if c.spec else "")
     table("GPU", lambda c: c.device_id)
     table("layout kind", lambda c: c.kind)
+    table("source", source_of)
     table("task", lambda c: c.task)
     lat = [c for c in used if c.task == "infer"]
     overall = mape([(pred[c.row["row_id"]], c.measured) for c in used])
     lat_m = mape([(pred[c.row["row_id"]], c.measured) for c in lat])
-    lat_lomo = mape([(lomo[c.row["row_id"]], c.measured) for c in lat if c.row["row_id"] in lomo])
+    lat_held = {
+        h: mape([(held[h][c.row["row_id"]], c.measured) for c in lat if c.row["row_id"] in held[h]])
+        for h in held
+    }
     lat_rows = sum(1 for r in rows if r["metric_unit"] == "s")
     print(
         f"\noverall MAPE {100 * overall:.1f}% ({len(used)} of {len(rows)} rows); latency: {len(lat)} of "
         f"{lat_rows} latency rows predicted ({100 * len(lat) / max(lat_rows, 1):.0f}% coverage), MAPE "
-        f"{100 * lat_m:.1f}% in-sample, {100 * lat_lomo:.1f}% leave-one-model-out"
+        f"{100 * lat_m:.1f}% in-sample, {100 * lat_held['model']:.1f}% leave-one-model-out, "
+        f"{100 * lat_held['source']:.1f}% leave-one-source-out, {100 * lat_held['gpu']:.1f}% leave-one-GPU-out"
     )
 
     print("\nRanking within (model, GPU, GPU count, request) groups with >= 2 layouts:")
@@ -424,6 +426,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  {len(rank_out)} groups: best layout found in {hits} ({100 * hits / len(rank_out):.0f}%), mean spearman {np.mean(rhos):+.2f}"
         )
+
+    if fits_out:
+        print("\ncoefficients fitted without each held-out group:")
+        for how, v, p in fits_out:
+            print(f"  {how:6} {v:28} " + ", ".join(f"{k}={x:.3g}" for k, x in p.items()))
 
     print("\nskipped rows:")
     for c in cases:

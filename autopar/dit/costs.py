@@ -4,8 +4,18 @@ Shared by inference (``autopar.dit.inference``) and training (``autopar.dit.trai
 takes numpy arrays over candidate layouts. Times come from the LLM path's engine: GEMMs by
 :func:`autopar.latency.gemm_time` (device MAMF efficiency, tile falloff, HBM roofline), collectives
 by :mod:`autopar.collectives` on the links the group spans; the DiT-specific coefficients
-(:class:`DiTCoefficients`) are few and physical: FlashAttention efficiency at DiT shapes per device,
-elementwise passes per block (eager vs ``torch.compile``), host time per block, VAE conv efficiency.
+(:class:`DiTCoefficients`) are few, physical and shared by every device: the DiT attention kernels'
+tensor-phase efficiency as a multiple of the LLM path's attention efficiency of the device, elementwise
+passes per block (eager vs ``torch.compile``), host time per block and per SP operation, VAE conv
+efficiency.
+
+Attention time has two terms: the QK^T and PV matmuls on the tensor cores, and the softmax
+exponentials on the special-function units (SFU), which FlashAttention-2 does not overlap with the
+matmuls (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608 sec. 3.1: H100 SXM5 has 989 TFLOP/s of
+matmul but 3.9 TFLOP/s of exponential; at head dim 128 the exponentials take ~50% of the matmul
+cycles). One exponential per score element per head. This is why parts whose tensor rate is capped
+for export (L20, H20) run attention at a far higher fraction of their datasheet peak than the H100:
+their SFU rate is not capped, so the exponential term is small next to their slow matmuls.
 """
 
 from __future__ import annotations
@@ -34,13 +44,22 @@ RING_MERGE_PASSES = 8.0
 # ``all_to_all_single`` and after it: two copies, each a read and a write of the rank's tensor.
 ULYSSES_COPY_PASSES = 4.0
 FP32 = 4.0
+# Special-function-unit rate: 16 exponentials per clock per SM on compute capability 8.x/9.x (CUDA C++
+# Programming Guide, "Arithmetic Instructions" throughput table), against 128 FP32 lanes per SM on
+# Ada/Hopper/Blackwell and 64 on GA100: SFU ops/s = FP32 peak / 16 (or / 8 on GA100). FA3's paper
+# states 3.9 TFLOP/s exp for H100 SXM5; 67 / 16 = 4.2 from the profile's FP32 peak.
+SFU_PER_FP32 = 1.0 / 16.0
+SFU_PER_FP32_GA100 = 1.0 / 8.0  # A100 SM: 64 FP32 cores, 16 SFU (NVIDIA A100 whitepaper, fig. 7)
+EXP_PER_SCORE = 1.0  # one exp per score element per head (online softmax, FA2 Algorithm 1)
+ATT_TENSOR_MAX = 0.95
 
 
 @dataclass(frozen=True)
 class DiTCoefficients:
     """The DiT-specific coefficients of one device (fitted by ``studies/published_dit.py --fit``)."""
 
-    attention_eff: float  # FlashAttention-class forward at DiT shapes, fraction of bf16 dense peak
+    attention_eff: float  # attention matmuls (QK^T, PV) at DiT shapes, fraction of bf16 dense peak
+    sfu_flops: float  # exponentials per second (special-function units) for the softmax term
     elementwise_passes_eager: float  # d-wide bf16 activation reads+writes per token per block, eager
     elementwise_passes_compiled: float  # the same under torch.compile (fused norms/modulation/RoPE)
     host_per_block_eager_s: float  # host (Python + launch) time per block per forward, eager
@@ -64,26 +83,45 @@ def _dit_yaml(path: str | None) -> dict[str, Any]:
         text = read_text(path, "DiT calibration file", "pass an existing DiT calibration YAML")
         where = path
     data = parse_yaml(text, where)
-    if not isinstance(data, dict) or "global" not in data or "devices" not in data:
+    if not isinstance(data, dict) or not isinstance(data.get("global"), dict):
+        raise AutoparError(f"{where}: needs a 'global' block", "see cost_models/calibration/dit.yaml")
+    need = {"attention_llm_ratio", "elementwise_passes_eager", "vae_conv_eff"} - set(data["global"])
+    if need:
         raise AutoparError(
-            f"{where}: needs 'global' and 'devices' blocks", "see cost_models/calibration/dit.yaml"
+            f"{where}: 'global' lacks {sorted(need)[0]!r}", "see cost_models/calibration/dit.yaml"
         )
     return data
 
 
+def sfu_rate(device) -> float:
+    """Exponentials per second of ``device`` from its FP32 peak (16 SFU ops per SM per clock)."""
+    fp32 = device.peak_tflops.get("fp32")
+    if fp32 is None:  # no FP32 figure: assume the common 1/16 bf16-to-FP32 ratio of datacenter parts
+        fp32 = device.peak_tflops["bf16"] / 16.0
+    per = SFU_PER_FP32_GA100 if device.id.startswith("a100") else SFU_PER_FP32
+    return float(fp32) * 1e12 * per
+
+
 def dit_coefficients(device, path: str | None = None) -> DiTCoefficients:
-    """The shipped DiT coefficients for ``device``; a device never fitted gets its profile's
-    FlashAttention efficiency scaled by the mean fitted/profile ratio of the fitted devices."""
+    """The shipped DiT coefficients for ``device``: one set for every device. The attention matmuls run
+    at ``attention_llm_ratio`` x the LLM path's attention efficiency of the device (its profile's,
+    scaled by the LLM calibration's transfer ratio where never fitted: ``coefficients_for``), capped
+    at 0.95; a ``devices`` entry in the YAML (a user's own calibration) overrides it."""
+    from autopar.coefficients import coefficients_for
+
     data = _dit_yaml(path)
     g = data["global"]
     dev = (data.get("devices") or {}).get(device.id)
+    ratio = float(g["attention_llm_ratio"])
     if dev is not None and "attention_eff" in dev:
-        att, src = float(dev["attention_eff"]), f"fitted ({data.get('fitted_on', 'dit.yaml')})"
+        att, src = float(dev["attention_eff"]), f"device override ({data.get('fitted_on', 'dit.yaml')})"
     else:
-        att = device.efficiency.attention * float(g["attention_transfer_ratio"])
-        src = f"not fitted on {device.id}: profile attention {device.efficiency.attention:g} x transfer ratio {float(g['attention_transfer_ratio']):.3f}"
+        co, _ = coefficients_for(device)
+        att = co.attention_eff * ratio
+        src = f"LLM-path attention {co.attention_eff:.3f} x DiT ratio {ratio:.3f}"
     return DiTCoefficients(
-        attention_eff=min(att, 0.95),
+        attention_eff=min(att, ATT_TENSOR_MAX),
+        sfu_flops=sfu_rate(device),
         elementwise_passes_eager=float(g["elementwise_passes_eager"]),
         elementwise_passes_compiled=float(g["elementwise_passes_compiled"]),
         host_per_block_eager_s=float(g["host_per_block_eager_us"]) * 1e-6,
@@ -156,8 +194,13 @@ def forward_time(
         spread = a.kind in ("joint", "self", "linear")
         q = q_len / (r * M) if spread else q_len / M
         kv = kv_len / r if spread else kv_len
-        fill = np.asarray(1.0) if a.kind == "linear" else (q / (q + ATTN_BLOCK)) * (kv / (kv + ATTN_BLOCK))
-        attn = attn + flops / (peak * dc.attention_eff * fill)
+        if a.kind == "linear":  # ReLU linear attention: plain matmuls, no softmax
+            attn = attn + flops / (peak * dc.attention_eff)
+            continue
+        fill = (q / (q + ATTN_BLOCK)) * (kv / (kv + ATTN_BLOCK))
+        # matmuls on the tensor cores, then the exponentials (4 x head_dim matmul FLOPs per score)
+        exps = EXP_PER_SCORE * flops / (4.0 * a.head_dim)
+        attn = attn + flops / (peak * dc.attention_eff * fill) + exps / dc.sfu_flops
 
     # elementwise (norms, modulation, gates, RoPE, activations): replicated across TP ranks
     passes = dc.elementwise_passes_compiled if compiled else dc.elementwise_passes_eager
