@@ -175,7 +175,8 @@ class ServingResult:
 
 
 # ========================================================================================= enumeration
-def _pow2_upto(n: int) -> list[int]:
+def pow2_upto(n: int) -> list[int]:
+    """1, 2, 4, ... up to n."""
     out, v = [], 1
     while v <= n:
         out.append(v)
@@ -193,15 +194,15 @@ def enumerate_instances(
     adp: int | None = None,
 ) -> ServingTable:
     """Instance shapes (tp, pp, ep, adp) with tp*pp <= num_devices; given values pin a dimension."""
-    tps = [tp] if tp else [t for t in _pow2_upto(min(num_devices, MAX_TP))]
-    pps = [pp] if pp else [p for p in _pow2_upto(min(num_devices, MAX_PP)) if p <= model.layers]
+    tps = [tp] if tp else [t for t in pow2_upto(min(num_devices, MAX_TP))]
+    pps = [pp] if pp else [p for p in pow2_upto(min(num_devices, MAX_PP)) if p <= model.layers]
     rows = []
     for t in tps:
         for p in pps:
             if t * p > num_devices:
                 continue
             if model.is_moe:
-                eps = [ep] if ep else [e for e in _pow2_upto(t) if model.num_experts % e == 0]
+                eps = [ep] if ep else [e for e in pow2_upto(t) if model.num_experts % e == 0]
                 adps = [adp] if adp else sorted({1, t})
             else:
                 eps, adps = [ep or 1], [adp or 1]
@@ -225,7 +226,7 @@ def _levels(max_conc: np.ndarray, cap: int) -> list[np.ndarray]:
         if top < 1:
             out.append(np.array([1.0]))
             continue
-        lv = [v for v in _pow2_upto(top) if v < top] + [top]
+        lv = [v for v in pow2_upto(top) if v < top] + [top]
         out.append(np.array(lv, dtype=np.float64))
     return out
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from autopar.errors import AutoparError
+from autopar.serving.search import pow2_upto
 
 __all__ = ["NORMALIZATIONS", "LandscapeResult", "landscape"]
 
@@ -72,17 +73,9 @@ class LandscapeResult:
         }
 
 
-def _pow2_upto(n: int) -> list[int]:
-    out, v = [], 1
-    while v <= n:
-        out.append(v)
-        v *= 2
-    return out
-
-
 def _shapes(model, device, max_chips: int) -> tuple[np.ndarray, np.ndarray]:
-    tps = [t for t in _pow2_upto(min(device.scale_up.domain, MAX_TP)) if model.heads % t == 0]
-    pps = sorted({p for p in _pow2_upto(model.layers)} | {model.layers})
+    tps = [t for t in pow2_upto(min(device.scale_up.domain, MAX_TP)) if model.heads % t == 0]
+    pps = sorted({p for p in pow2_upto(model.layers)} | {model.layers})
     tp, pp = np.meshgrid(np.array(tps, float), np.array(pps, float), indexing="ij")
     keep = tp * pp <= max_chips
     return tp[keep], pp[keep]
