@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from accuracy import spearman  # studies/ is the script's own folder: one Spearman for every study
 
 from autopar.dit import inference, training
 from autopar.dit.costs import ATT_TENSOR_MAX, DiTCoefficients, dit_coefficients
@@ -259,24 +260,6 @@ def mape(pairs: list[tuple[float, float]]) -> float:
     if not pairs:
         return float("nan")
     return float(np.mean([abs(p - m) / m for p, m in pairs]))
-
-
-def _ranks(x: np.ndarray) -> np.ndarray:
-    order = np.argsort(x, kind="stable")
-    r = np.empty(len(x))
-    r[order] = np.arange(len(x))
-    for v in np.unique(x):
-        m = x == v
-        if m.sum() > 1:
-            r[m] = r[m].mean()
-    return r
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    ra, rb = _ranks(a), _ranks(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def write_yaml(path: Path, params: dict[str, float], cases: list[Case]) -> None:
