@@ -742,8 +742,16 @@ def _is_storage_obj(s: Any) -> bool:
     return s is not None and not isinstance(s, str | Path)
 
 
-def enqueue_seeds(study: Any, tspace: TrialSpace, cfg: StudyConfig, cal: Calibration) -> int:
-    """Enqueue the exhaustive top-k (uniform sub-space, even split) as the first trials."""
+def enqueue_seeds(study: Any, tspace: TrialSpace, cfg: StudyConfig, cal: Calibration, n_trials: int) -> int:
+    """Enqueue the exhaustive top-k (uniform sub-space, even split) as the first trials.
+
+    At most as many as the study's ``n_trials`` leaves room for, counted under the ask lock with the
+    trials already waiting: a process that joined the study meanwhile may have run trials while the
+    seeds were being searched, and a seed enqueued past the total would be left waiting forever
+    (every ask takes the waiting trials first, so within the total they are all run).
+    """
+    from optuna.trial import TrialState
+
     if cfg.seed_top_k <= 0:
         return 0
     uniform = cfg.space.model_copy(update={"uneven_pipeline": None})
@@ -767,12 +775,9 @@ def enqueue_seeds(study: Any, tspace: TrialSpace, cfg: StudyConfig, cal: Calibra
     except AutoparError:
         return 0
     layouts = [p.layout for p in (r.pareto if len(cfg.objectives.names) > 1 else r.results)][: cfg.seed_top_k]
-    for lay in layouts:
-        study.enqueue_trial(
-            tspace.params_for(lay), user_attrs={"seed_trial": "exhaustive top-k"}, skip_if_exists=True
-        )
-    study.set_user_attr("seeded_top_k", len(layouts))
-    n = len(layouts)
+    items: list[tuple[dict[str, Any], str]] = [
+        (tspace.params_for(lay), "exhaustive top-k") for lay in layouts
+    ]
     up = cfg.space.uneven_pipeline
     if up is not None and cfg.structured_seeds:
         # For each seed's base layout, the best split under monotone recompute (uneven.balanced_split).
@@ -790,14 +795,17 @@ def enqueue_seeds(study: Any, tspace: TrialSpace, cfg: StudyConfig, cal: Calibra
                 scorer, lay, modes or [RECOMPUTE_CODES.index(lay.recompute)], up.max_shift
             )
             if got is not None:
-                study.enqueue_trial(
-                    tspace.params_for(lay, got[1]),
-                    user_attrs={"seed_trial": "balanced split"},
-                    skip_if_exists=True,
-                )
-                n += 1
-        study.set_user_attr("seeded_balanced_splits", n - len(layouts))
-    return n
+                items.append((tspace.params_for(lay, got[1]), "balanced split"))
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING)
+    with _ask_lock(cfg.storage):
+        room = max(n_trials - len(study.get_trials(deepcopy=False, states=states)), 0)
+        kept = items[:room]
+        for params, kind in kept:
+            study.enqueue_trial(params, user_attrs={"seed_trial": kind}, skip_if_exists=True)
+    study.set_user_attr("seeded_top_k", sum(kind == "exhaustive top-k" for _, kind in kept))
+    if up is not None and cfg.structured_seeds:
+        study.set_user_attr("seeded_balanced_splits", sum(kind == "balanced split" for _, kind in kept))
+    return len(kept)
 
 
 def _cache_from_storage(study: Any) -> dict[str, dict[str, Any]]:
@@ -858,7 +866,7 @@ def run_study(
         )
         study.set_user_attr("sessions", sessions)
     if not resumed:
-        enqueue_seeds(study, tspace, cfg, cal)
+        enqueue_seeds(study, tspace, cfg, cal, n_trials)
     scorer = TrialScorer(cfg.job, cfg.objectives, cal)
     cache = _cache_from_storage(study)
     ckey = constraints_key()
