@@ -61,7 +61,7 @@ class Links:
             devices_per_node=int(devices_per_node),
             island=su.domain // hi.count if hi is not None else 0,
             island_bw=hi.link_gbps * 1e9 if hi is not None else 0.0,
-            island_a2a_bw=(hi.all_to_all_link_gbps or hi.link_gbps) * 1e9 if hi is not None else 0.0,
+            island_a2a_bw=(hi.all_to_all_link_gbps or 0.0) * 1e9 if hi is not None else 0.0,
             peer_memory=bool(su.peer_memory),
         )
 

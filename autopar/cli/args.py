@@ -274,3 +274,11 @@ def layout_kwargs(a: argparse.Namespace) -> dict[str, Any]:
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, default=float) + "\n")
+
+
+def print_names(names: list[str], as_json: bool) -> None:
+    """A list of ids (``--list``): one per line, or a JSON array."""
+    if as_json:
+        print_json(names)
+    else:
+        sys.stdout.write("\n".join(names) + "\n")

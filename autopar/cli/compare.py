@@ -151,7 +151,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         prices = {d.lower(): a.price_per_device_hour for d in a.devices}
     prices.update(a.prices or {})
     batches = a.batches if a.batches is not None else [None]
-    if a.workload is None and getattr(a, "per", None) is None:
+    if a.workload is None:  # (--per, which compares serving only, returned above)
         # never guessed: a --global-batch read as a serving concurrency gave a silently wrong answer
         raise AutoparError("compare needs --workload training or --workload serving", "name the workload")
     if a.workload == "training" and a.batches is None:

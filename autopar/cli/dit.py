@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from autopar.cli.args import MAX_TOP, add_field_args, int_range, positive_int, print_json
+from autopar.cli.args import MAX_TOP, add_field_args, int_range, positive_int, print_json, print_names
 from autopar.errors import AutoparError
 from autopar.job import ClusterSpec, DiTTrainingWorkload, GenerationWorkload, Job, WorkloadKind
 
@@ -40,11 +40,7 @@ def cmd_model(a: argparse.Namespace) -> int:
     from autopar.dit.spec import describe, list_dit_presets, load_dit
 
     if a.list:
-        names = list_dit_presets()
-        if a.json:
-            print_json(names)
-        else:
-            sys.stdout.write("\n".join(names) + "\n")
+        print_names(list_dit_presets(), a.json)
         return 0
     if not a.name:
         raise AutoparError(

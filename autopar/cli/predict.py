@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from autopar.cli.args import add_job_args, add_layout_args, job_kwargs, layout_kwargs, print_json
+from autopar.cli.args import add_job_args, add_layout_args, job_kwargs, layout_kwargs, print_json, print_names
 from autopar.errors import AutoparError
 
 
@@ -27,11 +27,7 @@ def cmd_model(a: argparse.Namespace) -> int:
     from autopar.model import list_presets
 
     if a.list:
-        names = list_presets()
-        if a.json:
-            print_json(names)
-        else:
-            sys.stdout.write("\n".join(names) + "\n")
+        print_names(list_presets(), a.json)
         return 0
     if not a.name:
         raise AutoparError("autopar model needs a preset id or a config.json path", "or pass --list")

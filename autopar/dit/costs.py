@@ -102,11 +102,12 @@ def sfu_rate(device) -> float:
     return float(fp32) * 1e12 * per
 
 
-def dit_coefficients(device, path: str | None = None) -> DiTCoefficients:
+def dit_coefficients(device, path: str | None = None, co: Coefficients | None = None) -> DiTCoefficients:
     """The shipped DiT coefficients for ``device``: one set for every device. The attention matmuls run
     at ``attention_llm_ratio`` x the LLM path's attention efficiency of the device (its profile's,
     scaled by the LLM calibration's transfer ratio where never fitted: ``coefficients_for``), capped
-    at 0.95; a ``devices`` entry in the YAML (a user's own calibration) overrides it."""
+    at 0.95; a ``devices`` entry in the YAML (a user's own calibration) overrides it. ``co``: the
+    device's LLM-path coefficients when the caller already has them."""
     from autopar.coefficients import coefficients_for
 
     data = _dit_yaml(path)
@@ -116,7 +117,7 @@ def dit_coefficients(device, path: str | None = None) -> DiTCoefficients:
     if dev is not None and "attention_eff" in dev:
         att, src = float(dev["attention_eff"]), f"device override ({data.get('fitted_on', 'dit.yaml')})"
     else:
-        co, _ = coefficients_for(device)
+        co = co or coefficients_for(device)[0]
         att = co.attention_eff * ratio
         src = f"LLM-path attention {co.attention_eff:.3f} x DiT ratio {ratio:.3f}"
     return DiTCoefficients(
@@ -249,3 +250,17 @@ def forward_time(
         "ring_comm": ring_t,
         "tp_comm": tp_t,
     }
+
+
+def engine_context(
+    device, num_devices: int, devices_per_node: int | None, dc: DiTCoefficients | None
+) -> tuple[Coefficients, C.Links, DiTCoefficients]:
+    """What one DiT prediction runs on: the device's LLM-path coefficients, its links over the
+    devices one scale-up domain holds, and the DiT coefficients (``dc``, else the shipped ones)."""
+    from autopar.coefficients import coefficients_for
+
+    co, link_eff = coefficients_for(device)
+    links = C.Links.from_cluster(
+        device, devices_per_node or min(num_devices, device.scale_up.domain), link_eff
+    )
+    return co, links, dc or dit_coefficients(device, co=co)

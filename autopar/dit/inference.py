@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 
 from autopar import collectives as C
-from autopar.coefficients import coefficients_for
-from autopar.dit.costs import BF16, DiTCoefficients, dit_coefficients, forward_time
+from autopar.dit.costs import BF16, DiTCoefficients, engine_context, forward_time
 from autopar.dit.spec import DiTSpec
 from autopar.errors import AutoparError, InfeasibleError
 
@@ -147,11 +146,7 @@ def predict(
     memory_headroom: float = 0.05,
 ) -> dict[str, np.ndarray]:
     """Latency, its breakdown, memory per device, throughput and energy for every layout."""
-    co, link_eff = coefficients_for(device)
-    links = C.Links.from_cluster(
-        device, devices_per_node or min(num_devices, device.scale_up.domain), link_eff
-    )
-    dc = dc or dit_coefficients(device)
+    co, links, dc = engine_context(device, num_devices, devices_per_node, dc)
     cfg_on = req.guidance(spec)
     dp, cfg, pf = layouts["dp"], layouts["cfg"], layouts["pipefusion"]
     u, r, tp = layouts["ulysses"], layouts["ring"], layouts["tp"]

@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 
 from autopar import collectives as C
-from autopar.coefficients import coefficients_for
-from autopar.dit.costs import BF16, DiTCoefficients, dit_coefficients, forward_time
+from autopar.dit.costs import BF16, DiTCoefficients, engine_context, forward_time
 from autopar.dit.spec import DiTSpec
 from autopar.errors import AutoparError, InfeasibleError
 
@@ -114,10 +113,7 @@ def predict(
     dc: DiTCoefficients | None = None,
     memory_headroom: float = 0.05,
 ) -> dict[str, np.ndarray]:
-    co, link_eff = coefficients_for(device)
-    dpn = devices_per_node or min(num_devices, device.scale_up.domain)
-    links = C.Links.from_cluster(device, dpn, link_eff)
-    dc = dc or dit_coefficients(device)
+    co, links, dc = engine_context(device, num_devices, devices_per_node, dc)
     dp, shard, u, r = layouts["dp"], layouts["shard"], layouts["ulysses"], layouts["ring"]
     tp, rec = layouts["tp"], layouts["recompute"]
     shares = np.array([b.share for b in work.buckets], dtype=np.float64)
