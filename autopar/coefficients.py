@@ -111,6 +111,9 @@ class Transfer(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     same_silicon: dict[str, str] = Field(default_factory=dict)
+    # device id -> compute die (e.g. h100-sxm-80gb, h200-sxm-141gb -> gh100): a fit gives every device
+    # of one die the same compute coefficients (one die, one coefficient), fitted on all its rows.
+    dies: dict[str, str] = Field(default_factory=dict)
     gemm_ratio: float = Field(1.0, gt=0, le=10)
     attention_ratio: float = Field(1.0, gt=0, le=10)
 
@@ -139,7 +142,9 @@ class Calibration(BaseModel):
         """Fitted coefficients of a device, or ones carried over from the fit (see Transfer)."""
         if device_id in self.devices:
             return self.devices[device_id]
-        twin = self.transfer.same_silicon.get(device_id)
+        die = self.transfer.dies.get(device_id)
+        mate = next((d for d, x in sorted(self.transfer.dies.items()) if x == die and d in self.devices), None)
+        twin = mate if die is not None and mate is not None else self.transfer.same_silicon.get(device_id)
         if twin in self.devices:
             d = self.devices[twin]
             return DeviceCoefficients(gemm=dict(d.gemm), gemm_half_dim=d.gemm_half_dim, attention=d.attention)
@@ -365,6 +370,17 @@ def memory_constants(
 DEFAULT_MEMORY_CONSTANTS: dict[str, float] = _memory_constants(GLOBAL_DEFAULTS.__getitem__)
 
 
+def _exp_rate(device) -> float:
+    """The softmax exponential rate charged in attention: NVIDIA's SFU rate (16 MUFU.EX2 per SM per clock,
+    :func:`autopar.hardware.sfu_exp_rate`); 0 (not charged separately) on other vendors' parts, whose
+    transcendental units autopar has no sourced figure for, and on CPUs."""
+    if device.vendor != "nvidia":
+        return 0.0
+    from autopar.hardware import sfu_exp_rate
+
+    return sfu_exp_rate(device)
+
+
 def coefficients_for(
     device, calibration: Calibration | None = None, stack: str | None = None
 ) -> tuple[Coefficients, dict[str, float]]:
@@ -395,6 +411,7 @@ def coefficients_for(
         kernel_overhead_s=cal.global_value("kernel_overhead_us") * 1e-6,
         tp_collective_overhead_s=cal.global_value("tp_collective_overhead_us") * 1e-6,
         fused_attention_speedup=eff.fused_attention_speedup,
+        exp_rate=_exp_rate(device),
     )
     links = {
         "scale_up_bus": dc.scale_up_bus if dc.scale_up_bus is not None else eff.scale_up_bus,

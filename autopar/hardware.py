@@ -50,6 +50,11 @@ __all__ = [
 # TF32 tensor-core path.
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp32", "tf32", "fp4")
 
+# Keys of ``efficiency.gemm``: the peak precisions, and the block-scaled formats whose achieved rate is
+# measured apart from their peak's (MXFP8 runs at the FP8 peak, NVFP4 at the FP4 one, each with its
+# own scaling overheads: studies/gemm_rates.py).
+GEMM_EFFICIENCY_KEYS: tuple[str, ...] = (*PRECISIONS, "mxfp8", "nvfp4")
+
 # Aliases accepted by :meth:`DeviceProfile.peak_flops` (the data README's precision vocabulary).
 _PRECISION_ALIASES = {"mxfp8": "fp8", "nvfp4": "fp4", "mxfp4": "fp4", "float32": "fp32", "bfloat16": "bf16"}
 
@@ -60,6 +65,7 @@ DEFAULT_PROVENANCE: dict[str, str] = {
     "efficiency.hbm": "autopar default: 0.8 x peak HBM, as AIConfigurator's empirical mode [S20]",
     "efficiency.attention": "autopar default, estimate: FlashAttention-class kernels at ~60% of dense bf16 peak",
     "efficiency.fused_attention_speedup": "autopar default: 1 (Transformer Engine runs FlashAttention below sm90)",
+    "efficiency.sfu_speedup": "autopar default: 1 (16 exponentials per SM per clock, CUDA C++ Programming Guide throughput table)",
 }
 
 _DEVICES_PACKAGE = "autopar.cost_models"
@@ -205,6 +211,13 @@ class Efficiency(_Frozen):
     )
     scale_out_bus: float = Field(gt=0, le=1, description="achieved fraction of the NIC rate across nodes")
     attention: float = Field(0.6, gt=0, le=1, description="achieved fraction of dense bf16 peak, attention")
+    sfu_speedup: float = Field(
+        1.0,
+        gt=0,
+        le=8,
+        description="exponential (MUFU.EX2) throughput of the special-function units over the generation's "
+        "16 per SM per clock (autopar.hardware.sfu_exp_rate): 2 on Blackwell Ultra",
+    )
     fused_attention_speedup: float = Field(
         1.0,
         ge=1,
@@ -215,15 +228,34 @@ class Efficiency(_Frozen):
     @field_validator("gemm")
     @classmethod
     def _gemm_keys(cls, v: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(v) - set(PRECISIONS))
+        unknown = sorted(set(v) - set(GEMM_EFFICIENCY_KEYS))
         if unknown:
-            raise ValueError(f"unknown precision(s) {unknown}; allowed: {', '.join(PRECISIONS)}")
+            raise ValueError(f"unknown precision(s) {unknown}; allowed: {', '.join(GEMM_EFFICIENCY_KEYS)}")
         if "bf16" not in v:
             raise ValueError("needs a 'bf16' entry (the fallback for precisions without one)")
         bad = {k: x for k, x in v.items() if not 0 < x <= 1}
         if bad:
             raise ValueError(f"efficiencies must be in (0, 1]: {bad}")
         return v
+
+
+# Special-function-unit rate: 16 exponentials (MUFU.EX2) per clock per SM on compute capability 8.x to
+# 10.x (CUDA C++ Programming Guide, "Arithmetic Instructions" throughput table), against 128 FP32 lanes
+# per SM on Ada/Hopper/Blackwell and 64 on GA100: SFU ops/s = FP32 peak / 16 (or / 8 on GA100). FA3's
+# paper (Shah et al. 2024, arXiv 2407.08608, sec. 3) states 3.9 T exp/s for H100 SXM5; 67 / 16 = 4.2
+# from the profile's FP32 peak. Blackwell Ultra doubles it (NVIDIA, "Making Softmax More Efficient with
+# NVIDIA Blackwell Ultra": profile field efficiency.sfu_speedup).
+SFU_PER_FP32 = 1.0 / 16.0
+SFU_PER_FP32_GA100 = 1.0 / 8.0  # A100 SM: 64 FP32 cores, 16 SFU (NVIDIA A100 whitepaper, fig. 7)
+
+
+def sfu_exp_rate(device) -> float:
+    """Exponentials per second of ``device``'s special-function units (the softmax's exp)."""
+    fp32 = device.peak_tflops.get("fp32")
+    if fp32 is None:  # no FP32 figure: assume the common 1/16 bf16-to-FP32 ratio of datacenter parts
+        fp32 = device.peak_tflops["bf16"] / 16.0
+    per = SFU_PER_FP32_GA100 if device.id.startswith("a100") else SFU_PER_FP32
+    return float(fp32) * 1e12 * per * device.efficiency.sfu_speedup
 
 
 class DeviceProfile(_Frozen):
@@ -294,7 +326,7 @@ class DeviceProfile(_Frozen):
             raise ValueError(
                 f"memory_tiers repeats {self.memory_kind!r}, which memory_gb/memory_bw_gbps already describe"
             )
-        extra = sorted(set(self.efficiency.gemm) - set(self.peak_tflops))
+        extra = sorted(k for k in self.efficiency.gemm if _PRECISION_ALIASES.get(k, k) not in self.peak_tflops)
         if extra:
             raise ValueError(f"efficiency.gemm lists {extra}, which have no peak_tflops entry")
         known = set(_field_paths(self))

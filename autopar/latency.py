@@ -73,11 +73,17 @@ class Coefficients:
     # cuDNN fused attention over FlashAttention-2 on this device (``Efficiency.fused_attention_speedup``):
     # what a stack whose attention kernel is Transformer Engine's (profile.attention "te") gains.
     fused_attention_speedup: float = 1.0
+    # Exponentials per second of the special-function units (autopar.hardware.sfu_exp_rate): the
+    # softmax's exp, which the tensor cores cannot run. 0: not charged (a what-if without it).
+    exp_rate: float = 0.0
 
     def peak(self, precision: str) -> float:
         v = self.peak_flops.get(precision)  # a float, or an array per layout row (hardware what-if)
         return self.peak_flops["bf16"] if v is None or np.all(np.asarray(v) == 0) else v
 
+
+# FlashAttention backward: dQ, dK, dV and the recomputed QK^T, 2.5x the forward's matmul FLOPs.
+FLASH_BWD_MULT = 2.5
 
 # The max-achievable-matmul (MAMF) efficiencies are measured on large square GEMMs of this size.
 MAMF_REFERENCE_DIM = 16384.0
@@ -149,7 +155,8 @@ def stage_slot(
         sel = prec_code == code
         if sel.any():
             peak[sel] = np.broadcast_to(co.peak(P.PEAK_KEY[name]), (n,))[sel]
-            geff[sel] = co.gemm_eff.get(P.EFFICIENCY_KEY[name], co.gemm_eff["bf16"])
+            # the format's own measured rate (block-scaled formats), else its peak precision's
+            geff[sel] = co.gemm_eff.get(name, co.gemm_eff.get(P.EFFICIENCY_KEY[name], co.gemm_eff["bf16"]))
             quant_bpe[sel] = P.QUANT_BYTES_PER_ELEMENT.get(name, 0.0)
     bf16_peak = co.peak("bf16")
     is_fp8 = prec_code == PRECISION_CODES.index("fp8")
@@ -251,10 +258,21 @@ def stage_slot(
     # H100 head dim 128 at 16k, forward non-causal / causal = 595/539 (cuDNN) and 370/335 (FA2), 1.10.
     ring = np.where(cp > 1, 1.0 / cp + (1.0 - 1.0 / cp) / NONCAUSAL_ATTENTION_SPEEDUP, 1.0)
 
+    # The softmax's exponentials run on the special-function units, one per score element forward
+    # and one more backward (FlashAttention recomputes P = exp(S - lse)), in series with the matmuls
+    # that produce and consume them (BMM1 -> softmax -> BMM2: NVIDIA, "Making Softmax More Efficient
+    # with NVIDIA Blackwell Ultra"). On H100 they cost ~25% of the matmul time at head dim 128; on
+    # Blackwell, whose tensor cores doubled and SFUs did not, ~55% (FlashAttention-4 paper): this is
+    # why attention does not speed up with the tensor-core peak. fp32 attention has no SFU bound
+    # beyond its slow matmuls; an unfused core's exponentials are in its memory-bound passes.
     def attn_fwd(s_kv, cp_ring=True):  # noqa: E306
         fl = 2.0 * mb * s_loc * s_kv * (a / tp) * (model.qk_head_dim + model.v_dim) * 0.5
         eff = co.attention_eff * attn_speed * s_kv / (s_kv + co.gemm_half_dim)
-        return fl / (attn_peak * eff) * (ring if cp_ring else 1.0)
+        scale = ring if cp_ring else 1.0
+        mm = fl / (attn_peak * eff) * scale
+        exps = fl / (2.0 * (model.qk_head_dim + model.v_dim))
+        ex = np.where(is_fp32 | (co.exp_rate <= 0), 0.0, exps / max(co.exp_rate, 1.0)) * np.ones(n)
+        return mm, ex * scale
 
     if not profile.flash_attention:
         # Unfused core (Megatron-DeepSpeed CoreAttention): per (micro-batch, head) the full s x s_kv
@@ -270,15 +288,20 @@ def stage_slot(
         context = gemm_time(co, attn_peak, geff_attn, s_loc, model.v_dim, s_kv_full, elem)
         passes = bh * s_loc * s_kv_full * (6.0 * elem + 1.0) / co.hbm_bw
         attn_f = bh * (scores + context) + passes
-        attn_bwd_mult = 2.0
+        attn_b = 2.0 * attn_f
     elif window and model.sliding_window_layers:
         # FlashAttention: fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd.
         frac_sw = model.sliding_window_layers / max(model.attn_layers, 1)
-        attn_f = (1 - frac_sw) * attn_fwd(s_kv_full) + frac_sw * attn_fwd(min(window, s_kv_full), False)
-        attn_bwd_mult = 2.5
+        mm_full, ex_full = attn_fwd(s_kv_full)
+        mm_win, ex_win = attn_fwd(min(window, s_kv_full), False)
+        mm_f = (1 - frac_sw) * mm_full + frac_sw * mm_win
+        ex_f = (1 - frac_sw) * ex_full + frac_sw * ex_win
+        attn_f = mm_f + ex_f
+        attn_b = FLASH_BWD_MULT * mm_f + ex_f
     else:
-        attn_f = attn_fwd(s_kv_full)
-        attn_bwd_mult = 2.5
+        mm_f, ex_f = attn_fwd(s_kv_full)
+        attn_f = mm_f + ex_f
+        attn_b = FLASH_BWD_MULT * mm_f + ex_f
 
     # ---- memory-bound elementwise work per layer (bytes moved, fwd) ------------------------------
     act_mult = 3.0 if model.gated_mlp else 2.0  # activation reads (gate +) up, writes its output
@@ -334,6 +357,7 @@ def stage_slot(
         mixer_g = hybrid.mixer_gemms(model, gt, T, tp)
         gemm_f = n_layers * (mx.attn * attn_gemm + mixer_g) + n_dense * dense_mlp + n_moe * moe_mlp
         attn_tot_f = n_layers * mx.attn * attn_f
+        attn_tot_b = n_layers * mx.attn * attn_b
         q_mix_f = hybrid.mixer_gemms(model, scale_fwd, T, tp)
         q_mix_b = hybrid.mixer_gemms(model, scale_bwd, T, tp)
         quant_f = (n_layers * (mx.attn * sa_f + q_mix_f) + n_dense * sd_f + n_moe * sm_f) / co.hbm_bw
@@ -343,6 +367,7 @@ def stage_slot(
         mixer_g = np.zeros(n)
         gemm_f = n_dense * (attn_gemm + dense_mlp) + n_moe * (attn_gemm + moe_mlp)
         attn_tot_f = n_layers * attn_f
+        attn_tot_b = n_layers * attn_b
         quant_f = (n_dense * (sa_f + sd_f) + n_moe * (sa_f + sm_f)) / co.hbm_bw
         quant_b = (n_dense * (sa_b + sd_b) + n_moe * (sa_b + sm_b)) / co.hbm_bw
     elem_tot_f = n_layers * elem_f
@@ -363,7 +388,7 @@ def stage_slot(
     wgrad = 0.0 if frozen_weights else 1.0  # weight-gradient GEMMs, as many FLOPs as the forward
     bwd = (
         (1.0 + wgrad) * gemm_f
-        + attn_bwd_mult * attn_tot_f
+        + attn_tot_b
         + 2.0 * scan_tot_f
         + 2.0 * elem_tot_f
         + perm_f
@@ -480,7 +505,7 @@ def stage_slot(
     attn_blocks = n_layers * (hybrid.mix(model).attn if model.is_hybrid else 1.0)
     cp_bytes = np.where(cp > 1, 3.0 * (cp - 1.0) * cp_chunk, 0.0) * attn_blocks
     cp_raw = cp_bytes / bw_cp
-    cp_comm = np.maximum(cp_raw - (attn_tot_f * (1.0 + attn_bwd_mult)), 0.0)
+    cp_comm = np.maximum(cp_raw - (attn_tot_f + attn_tot_b), 0.0)
     # What the hidden ring costs the attention it overlaps: the exchange is an NCCL send/recv pair
     # ("Point-to-point communications of KV and dKV", flash_attn_p2p_communicate, TE
     # dot_product_attention/context_parallel.py): a copy with no reduction, on a couple of channels
@@ -529,7 +554,7 @@ def stage_slot(
     parts = {
         "gemm": (2.0 + wgrad) * gemm_f,
         # The mixer cores: attention, and the chunked scans of Mamba2 / Gated DeltaNet blocks.
-        "attention": (1.0 + attn_bwd_mult) * attn_tot_f + 3.0 * scan_tot_f,
+        "attention": attn_tot_f + attn_tot_b + 3.0 * scan_tot_f,
         # Launch/sync costs (the calibrated per-layer overhead and the host floor's wait) with the
         # memory-bound work: neither is a FLOP.
         "elementwise": 3.0 * elem_tot_f
@@ -637,6 +662,7 @@ def data_parallel_tail(
     ep = lay["ep"].astype(np.float64)
     etp = lay["etp"].astype(np.float64)
     m = lay["grad_accum"].astype(np.float64)
+    pp = lay["pp"]
     elem = np.where(lay["precision"] == PRECISION_CODES.index("fp32"), FP32_BYTES, ACT_BYTES)
     wgrad = 0.0 if frozen_weights else 1.0
     dense_params = nonexpert_params
@@ -670,7 +696,12 @@ def data_parallel_tail(
             fetch = np.where(group_size > 1, params * elem / (profile.zero3_fetch_gbps * 1e9), 0.0)
         z3_ag, z3_rs = ag + fetch, rs + fetch
         per_mb = np.select([zero >= 3, zero == 2], [2.0 * z3_ag + z3_rs + ar_rep, rs + ar_rep], default=0.0)
-        reduce_step = np.select(
+        z3_step = 0.0
+        if profile.fsdp_pp_defer:  # under PP: one gather per micro-batch, the reduction once per step
+            deferred = (zero >= 3) & (pp > 1)
+            per_mb = np.where(deferred, z3_ag, per_mb)
+            z3_step = np.where(deferred, z3_rs + ar_rep, 0.0)
+        reduce_step = z3_step + np.select(
             [zero >= 3, zero == 2, zero == 1],
             [0.0, 0.0, rs + ar_rep],
             default=C.all_reduce(links, params * gbytes, group_size * rep, stride_dp),
@@ -678,7 +709,8 @@ def data_parallel_tail(
         # The updated parameters' all-gather of ZeRO-1/2 (the distributed optimizer's param gather).
         gather_step = np.where((zero == 1) | (zero == 2), ag, 0.0)
         if frozen_weights:  # only ZeRO-3's parameter gathers remain
-            per_mb = np.where(zero >= 3, 2.0 * z3_ag, 0.0)
+            gathers = np.where((zero >= 3) & (pp > 1), 1.0, 2.0) if profile.fsdp_pp_defer else 2.0
+            per_mb = np.where(zero >= 3, gathers * z3_ag, 0.0)
             reduce_step = np.zeros_like(reduce_step)
             gather_step = np.zeros_like(gather_step)
         return per_mb, reduce_step, gather_step

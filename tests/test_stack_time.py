@@ -304,3 +304,33 @@ def test_deepspeed_zero3_fetch_rate_adds_its_software_time_by_hand() -> None:
         for p in (DEEPSPEED, wire_bound)
     ]
     assert t1[0] == t1[1]
+
+
+def test_softmax_exponentials_on_the_sfu_by_hand() -> None:
+    # One exponential per causal score element per head forward and one more backward (FlashAttention
+    # recomputes P), at the device's SFU rate, in series with the matmuls (whose time is unchanged).
+    s, a, d, L = 4096, 32, 128, 2
+    model = _model(4096, L, a, d)
+    flash = L * 3.5 * a * 2 * s * s * (d + d) * 0.5 / (100e12 * 0.4 * s / (s + 64.0))
+    exps = L * 2 * a * s * s * 0.5  # fwd + bwd, causal
+    co = replace(CO, exp_rate=4e12)
+    got = _slot(model, TORCHTITAN, seq=s, co=co)["attention"][0]
+    assert got == pytest.approx(flash + exps / 4e12, rel=1e-12)
+    # Head dim 64 halves the matmul FLOPs per exponential: the SFU share doubles.
+    m64 = _model(4096, L, 2 * a, 64)
+    flash64 = L * 3.5 * 2 * a * 2 * s * s * (64 + 64) * 0.5 / (100e12 * 0.4 * s / (s + 64.0))
+    got64 = _slot(m64, TORCHTITAN, seq=s, co=co)["attention"][0]
+    assert got64 == pytest.approx(flash64 + 2 * exps / 4e12, rel=1e-12)
+
+
+def test_sfu_rates_of_the_shipped_devices() -> None:
+    from autopar.coefficients import coefficients_for
+    from autopar.hardware import load_device
+
+    rate = {d: coefficients_for(load_device(d))[0].exp_rate for d in ("h100-sxm-80gb", "b200", "b300", "a100-80gb")}
+    assert rate["h100-sxm-80gb"] == pytest.approx(67e12 / 16)  # FA3 paper: ~3.9 T exp/s
+    assert rate["b200"] == pytest.approx(75e12 / 16)  # tensor cores 2.3x H100, SFU 1.1x
+    assert rate["b300"] == pytest.approx(2 * 75e12 / 16)  # Blackwell Ultra doubles MUFU.EX2
+    assert rate["a100-80gb"] == pytest.approx(19.5e12 / 8)  # GA100: 16 SFU per 64 FP32 lanes
+    # No sourced transcendental rate for other vendors: not charged apart from the attention rate.
+    assert coefficients_for(load_device("mi300x"))[0].exp_rate == 0.0

@@ -44,12 +44,6 @@ RING_MERGE_PASSES = 8.0
 # ``all_to_all_single`` and after it: two copies, each a read and a write of the rank's tensor.
 ULYSSES_COPY_PASSES = 4.0
 FP32 = 4.0
-# Special-function-unit rate: 16 exponentials per clock per SM on compute capability 8.x/9.x (CUDA C++
-# Programming Guide, "Arithmetic Instructions" throughput table), against 128 FP32 lanes per SM on
-# Ada/Hopper/Blackwell and 64 on GA100: SFU ops/s = FP32 peak / 16 (or / 8 on GA100). FA3's paper
-# states 3.9 TFLOP/s exp for H100 SXM5; 67 / 16 = 4.2 from the profile's FP32 peak.
-SFU_PER_FP32 = 1.0 / 16.0
-SFU_PER_FP32_GA100 = 1.0 / 8.0  # A100 SM: 64 FP32 cores, 16 SFU (NVIDIA A100 whitepaper, fig. 7)
 EXP_PER_SCORE = 1.0  # one exp per score element per head (online softmax, FA2 Algorithm 1)
 ATT_TENSOR_MAX = 0.95
 
@@ -94,12 +88,10 @@ def _dit_yaml(path: str | None) -> dict[str, Any]:
 
 
 def sfu_rate(device) -> float:
-    """Exponentials per second of ``device`` from its FP32 peak (16 SFU ops per SM per clock)."""
-    fp32 = device.peak_tflops.get("fp32")
-    if fp32 is None:  # no FP32 figure: assume the common 1/16 bf16-to-FP32 ratio of datacenter parts
-        fp32 = device.peak_tflops["bf16"] / 16.0
-    per = SFU_PER_FP32_GA100 if device.id.startswith("a100") else SFU_PER_FP32
-    return float(fp32) * 1e12 * per
+    """Exponentials per second of ``device`` (:func:`autopar.hardware.sfu_exp_rate`)."""
+    from autopar.hardware import sfu_exp_rate
+
+    return sfu_exp_rate(device)
 
 
 def dit_coefficients(device, path: str | None = None, co: Coefficients | None = None) -> DiTCoefficients:
