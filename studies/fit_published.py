@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from published import DEV_CSV, load_cases, run_case
+from published import DEV2_CSV, DEV3_CSV, DEV_CSV, load_cases, run_case
 
 from autopar.calibration.fit import (
     DEFAULT_MAX_NFEV,
@@ -42,10 +42,44 @@ SAME_SILICON = {
 }
 
 
-BASE = Calibration.model_validate({"transfer": {"same_silicon": SAME_SILICON}})
+# The compute die of each device with published runs (one die, one coefficient: a fit gives every
+# device of a die the same GEMM and attention efficiencies; their peaks, clocks, memory and links stay
+# their own). GA100: A100 SXM 40/80 GB and A100 PCIe; GH100: H100/H200/H800; B200 and GB200 NVL72 carry
+# the same Blackwell GPU, B300 and GB300 NVL72 the Blackwell Ultra one (NVIDIA datasheets [S4][S5]).
+DIES = {
+    "a100-40gb": "ga100",
+    "a100-80gb": "ga100",
+    "a100-pcie-80gb": "ga100",
+    "h100-sxm-80gb": "gh100",
+    "h200-sxm-141gb": "gh100",
+    "h800-sxm-80gb": "gh100",
+    "h100-sxm-96gb": "gh100",
+    "b200": "blackwell",
+    "gb200-nvl72": "blackwell",
+    "b300": "blackwell-ultra",
+    "gb300-nvl72": "blackwell-ultra",
+}
+
+
+BASE = Calibration.model_validate({"transfer": {"same_silicon": SAME_SILICON, "dies": DIES}})
+
+
+# The columns that make two rows one configuration: a recipe re-run in successive container releases
+# (the Megatron-Bridge archive) is a repeated measurement, weighted as one (README-dev3).
+CONFIG_KEYS = (
+    "source_id", "model", "device", "num_devices", "tp", "pp", "vpp", "cp", "ep", "etp", "precision",
+    "seq_len", "micro_batch", "global_batch", "orig_zero_or_fsdp", "recompute",
+)
+
+
+def config_key(row: dict) -> tuple:
+    return tuple((row.get(k) or "").strip() for k in CONFIG_KEYS)
 
 
 def samples(cases) -> list[Sample]:
+    from collections import Counter
+
+    repeats = Counter(config_key(c.row) for c in cases)
     return [
         Sample(
             c.run_id,
@@ -54,6 +88,7 @@ def samples(cases) -> list[Sample]:
             c.measured_tps,
             c.row.get("precision") or "bf16",
             c.row.get("source_id") or "",
+            1.0 / repeats[config_key(c.row)],
         )
         for c in cases
     ]
@@ -81,16 +116,20 @@ def holdout_mape(cases, calibration: Calibration) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", type=Path, default=DEV_CSV, help="default: the shipped studies/data copy")
+    ap.add_argument(
+        "--csv", type=Path, action="append", help="repeatable; default: the three shipped dev CSVs (studies/data)"
+    )
     ap.add_argument("--out", type=Path, default=None, help="write the calibration here")
     ap.add_argument("--holdout-source", default=None)
     ap.add_argument("--max-nfev", type=int, default=DEFAULT_MAX_NFEV)
     ap.add_argument("--measured-only", action="store_true", help="ignore derived (TFLOP/s, MFU) targets")
     a = ap.parse_args(argv)
-    if not a.csv.is_file():
-        print(f"error: {a.csv} does not exist", file=sys.stderr)
-        return 2
-    cases = load_cases(a.csv)
+    paths = a.csv or [DEV_CSV, DEV2_CSV, DEV3_CSV]
+    for p in paths:
+        if not p.is_file():
+            print(f"error: {p} does not exist", file=sys.stderr)
+            return 2
+    cases = [c for p in paths for c in load_cases(p)]
     for c in cases:
         run_case(c, BASE)
     rows = usable(cases, measured_only=a.measured_only)
@@ -101,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     prov = {
         "method": "scipy least_squares (soft_l1, source-balanced log-throughput residuals) on training rows",
         "derived_targets": not a.measured_only,
-        "data": a.csv.name,
-        "data_sha256_16": file_digest(a.csv),
+        "data": ", ".join(p.name for p in paths),
+        "data_sha256_16": ", ".join(file_digest(p) for p in paths),
         "rows": len(train),
         "holdout_source": a.holdout_source,
         "date": now_iso(),

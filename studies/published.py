@@ -35,6 +35,7 @@ TRAINING_KINDS = ("pretrain", "finetune")
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DEV_CSV = DATA_DIR / "published_runs_dev.csv"
 DEV2_CSV = DATA_DIR / "published_runs_dev2.csv"
+DEV3_CSV = DATA_DIR / "published_runs_dev3.csv"
 
 
 def _num(row: dict[str, str], key: str) -> float | None:
@@ -138,23 +139,76 @@ def framework_of(case: Case) -> str:
     return name
 
 
-# Megatron-Bridge's performance recipes for MoE models on Blackwell NVL72 racks run the flex token
-# dispatcher with the HybridEP backend: every GB200/GB300/B200/B300 preset of DeepSeek-V3, Qwen3 MoE,
-# GPT-OSS and Nemotron 3 Nano in scripts/performance/configs/*/ *_workload_base_configs.py sets
-# moe_flex_dispatcher_backend="hybridep". A convention of the source, applied to its rows as stated.
+# How Megatron-Bridge's performance recipes run each MoE model's token dispatch, per GPU type and
+# precision: NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/{qwen,deepseek,gpt_oss,nemotronh}/
+# *_workload_base_configs.py (the source's own recipes; a convention applied to its rows as stated).
+# "deepep" is the flex dispatcher (moe_flex_dispatcher_backend hybridep or deepep: one copy per
+# destination rank); "alltoall" is moe_token_dispatcher_type alltoall (one copy per chosen expert),
+# which is what a recipe that sets no flex backend runs; overlap is moe_a2a_overlap. The recipes
+# are read at the repository's current commit: rows of older containers ran earlier versions of them.
+#   (model key, device, precision or "*") -> (dispatcher, moe_a2a_overlap)
+BRIDGE_MOE_RECIPES: dict[tuple[str, str, str], tuple[str, bool]] = {
+    # Qwen3-235B-A22B: HybridEP on the NVL72 racks; the plain all-to-all on HGX B200/B300 and H100,
+    # which overlaps it with the paired micro-batch on H100 only.
+    ("qwen3_235b", "gb200-nvl72", "*"): ("deepep", False),
+    ("qwen3_235b", "gb300-nvl72", "*"): ("deepep", False),
+    ("qwen3_235b", "b200", "*"): ("alltoall", False),
+    ("qwen3_235b", "b300", "*"): ("alltoall", False),
+    ("qwen3_235b", "h100-sxm-80gb", "*"): ("alltoall", True),
+    # Qwen3-30B-A3B and Nemotron 3 Nano: HybridEP everywhere, no overlap.
+    **{("qwen3_30b", d, "*"): ("deepep", False) for d in ("gb200-nvl72", "gb300-nvl72", "b200", "b300", "h100-sxm-80gb")},
+    **{("nemotron_3_nano", d, "*"): ("deepep", False) for d in ("gb200-nvl72", "gb300-nvl72", "b200", "b300", "h100-sxm-80gb")},
+    # GPT-OSS-120B (V2): HybridEP with overlap for MXFP8 on the racks and on B300; B300 bf16 HybridEP;
+    # GB200 bf16 the all-to-all with overlap; B200, GB300 bf16 and H100 the plain all-to-all.
+    ("gpt_oss_120b", "gb300-nvl72", "mxfp8"): ("deepep", True),
+    ("gpt_oss_120b", "gb200-nvl72", "mxfp8"): ("deepep", True),
+    ("gpt_oss_120b", "b300", "mxfp8"): ("deepep", True),
+    ("gpt_oss_120b", "b300", "*"): ("deepep", False),
+    ("gpt_oss_120b", "gb200-nvl72", "*"): ("alltoall", True),
+    ("gpt_oss_120b", "gb300-nvl72", "*"): ("alltoall", False),
+    ("gpt_oss_120b", "b200", "*"): ("alltoall", False),
+    ("gpt_oss_120b", "h100-sxm-80gb", "*"): ("alltoall", False),
+    # DeepSeek-V3: HybridEP everywhere; MXFP8 overlaps it on the racks and B300; B200 MXFP8 (V2: PP8
+    # VP2 EP32 across nodes) runs DeepEP with overlap.
+    ("deepseekv3", "b200", "mxfp8"): ("deepep", True),
+    ("deepseekv3", "gb200-nvl72", "mxfp8"): ("deepep", True),
+    ("deepseekv3", "gb300-nvl72", "mxfp8"): ("deepep", True),
+    ("deepseekv3", "b300", "mxfp8"): ("deepep", True),
+    **{("deepseekv3", d, "*"): ("deepep", False) for d in ("gb200-nvl72", "gb300-nvl72", "b200", "b300", "h100-sxm-80gb")},
+}
+# Models whose recipe this table does not list (Kimi K2): the flex dispatcher on Blackwell, as the
+# listed models' recipes mostly run, and the plain all-to-all elsewhere.
 BLACKWELL_DEVICES = ("gb200-nvl72", "gb300-nvl72", "b200", "b300")
 
 
-def moe_dispatcher_of(case: Case, model) -> str:
-    """The MoE token dispatcher a row ran with: the source's documented recipe, else all-to-all."""
+def _recipe_key(name: str) -> str:
+    n = name.lower().replace(" ", "_").replace("-", "_")
+    for key in ("qwen3_235b", "qwen3_30b", "nemotron_3_nano", "gpt_oss_120b", "deepseekv3"):
+        if n.startswith(key):
+            return key
+    return n
+
+
+def moe_recipe_of(case: Case, model) -> tuple[str, bool]:
+    """The MoE token dispatcher and all-to-all overlap a row ran with: the source's documented recipe
+    (:data:`BRIDGE_MOE_RECIPES`), else the plain all-to-all without overlap."""
     fw = (case.row.get("orig_framework") or "").lower()
     dev = (case.row.get("device") or "").strip()
-    if model.is_moe and "megatron-bridge" in fw and dev in BLACKWELL_DEVICES:
+    if not model.is_moe or "megatron-bridge" not in fw:
+        return "alltoall", False
+    key = _recipe_key(case.row.get("model") or "")
+    prec = (case.row.get("precision") or "").strip()
+    hit = BRIDGE_MOE_RECIPES.get((key, dev, prec)) or BRIDGE_MOE_RECIPES.get((key, dev, "*"))
+    if hit is None:
+        hit = ("deepep", False) if dev in BLACKWELL_DEVICES else ("alltoall", False)
         case.assumptions.append(
-            "moe_dispatcher=deepep (Megatron-Bridge Blackwell MoE recipes: flex dispatcher, HybridEP backend)"
+            f"moe_dispatcher={hit[0]} (no Megatron-Bridge recipe listed for {key} on {dev}: the usual one)"
         )
-        return "deepep"
-    return "alltoall"
+    else:
+        case.assumptions.append(
+            f"moe_dispatcher={hit[0]}, moe_a2a_overlap={hit[1]} (Megatron-Bridge recipe for {key} on {dev})"
+        )
+    return hit
 
 
 def memory_basis(row: dict[str, str], reported: str) -> str:
@@ -533,6 +587,7 @@ def run_case(case: Case, calibration=None) -> None:
             case.assumptions.append(
                 f"devices_per_node={dpn}: {num_devices} devices do not fill whole {full}-device domains"
             )
+        recipe = moe_recipe_of(case, model)
         job = Job.from_flat(
             model=model.name,
             device=dev.id,
@@ -542,7 +597,8 @@ def run_case(case: Case, calibration=None) -> None:
             global_batch=gb,
             lora=lora,
             framework=framework_of(case),
-            moe_dispatcher=moe_dispatcher_of(case, model),
+            moe_dispatcher=recipe[0],
+            moe_a2a_overlap=recipe[1],
             allow_long_context=True,  # a measured run: past the position limit it was extension work
         ).resolve(model=model, device=dev)
         if lora:

@@ -69,6 +69,9 @@ class Sample:
     measured_tokens_per_s_per_device: float
     precision: str
     group: str = ""  # e.g. the source: groups are balanced in the loss
+    # Share of the loss within its group: 1/k for each of k repeated measurements of one configuration
+    # (the same recipe re-run in successive container releases counts once, not k times).
+    weight: float = 1.0
 
 
 @dataclass
@@ -101,16 +104,14 @@ def _parameter_space(samples: Sequence[Sample], base: Calibration):
     lo: list[float] = []
     hi: list[float] = []
     x0: list[float] = []
-    devices = sorted({s.job.device.id for s in samples})
+    if base.transfer.dies:
+        return _die_parameter_space(samples, base)
+    devices = sorted({fit_scope(s.job.device.id, base) for s in samples})
     for d in devices:
-        dev = next(s.job.device for s in samples if s.job.device.id == d)
-        precs = sorted(
-            {
-                ("bf16" if s.precision in ("bf16", "fp16") else s.precision)
-                for s in samples
-                if s.job.device.id == d
-            }
-        )
+        # a die's coefficients are bounded by its members' measured microbenchmarks (the lowest)
+        mine = [s for s in samples if fit_scope(s.job.device.id, base) == d]
+        dev = min((s.job.device for s in mine), key=lambda v: v.efficiency.gemm["bf16"])
+        precs = sorted({("bf16" if s.precision in ("bf16", "fp16") else s.precision) for s in mine})
         for p in precs:
             names.append(f"{d}.gemm_{p}")
             mamf = dev.efficiency.gemm.get(p, dev.efficiency.gemm["bf16"])
@@ -138,6 +139,67 @@ def _parameter_space(samples: Sequence[Sample], base: Calibration):
     return names, np.array(x0), np.array(lo), np.array(hi)
 
 
+# Die mode (``base.transfer.dies`` given): few physical coefficients. Per die, one factor on its
+# members' measured matmul rates (each device's MAMF per precision from its profile: what end-to-end
+# training reaches of the microbenchmark), the GEMM half-efficiency dimension and a factor on its
+# members' FlashAttention-class rate (the softmax exponentials are charged apart, at the
+# SFU rate), per die as well: each die runs its own attention kernels (FA2 on GA100, cuDNN/FA3 on GH100,
+# cuDNN/FA4 on Blackwell). Bounds: a stack cannot beat its microbenchmark (MAMF_SLACK); the attention kernels reach
+# at most ATTENTION_MAX of the tensor-core peak (FA3 75% forward on H100, FA4 ~71% on B200).
+GEMM_SCALE_BOUNDS = (0.3, MAMF_SLACK)
+ATTENTION_MAX = 0.75
+DIE_PARAMS = (("gemm_half_dim", 8.0, 2048.0),)
+
+
+def _die_parameter_space(samples: Sequence[Sample], base: Calibration):
+    names: list[str] = []
+    lo: list[float] = []
+    hi: list[float] = []
+    x0: list[float] = []
+    for d in sorted({fit_scope(s.job.device.id, base) for s in samples}):
+        dev = next(s.job.device for s in samples if fit_scope(s.job.device.id, base) == d)
+        names.append(f"{d}.gemm_scale")
+        lo.append(GEMM_SCALE_BOUNDS[0])
+        hi.append(GEMM_SCALE_BOUNDS[1])
+        x0.append(0.9)
+        members = [s.job.device for s in samples if fit_scope(s.job.device.id, base) == d]
+        top = min(ATTENTION_MAX / (m.efficiency.attention * m.efficiency.fused_attention_speedup) for m in members)
+        names.append(f"{d}.attention_ratio")
+        lo.append(0.1)
+        hi.append(top)
+        x0.append(min(0.5, top))
+        for name, a, b in DIE_PARAMS:
+            names.append(f"{d}.{name}")
+            lo.append(a)
+            hi.append(b)
+            x0.append(min(max(getattr(dev.efficiency, name), a), b))
+    for name, a, b in GLOBAL_PARAMS:
+        names.append(f"global.{name}")
+        lo.append(a)
+        hi.append(b)
+        x0.append(min(max(base.global_value(name), a), b))
+    for st in fitted_stacks(samples):
+        for name, a, b in STACK_PARAMS:
+            names.append(f"stack:{st}.{name}")
+            lo.append(a)
+            hi.append(b)
+            x0.append(min(max(base.stack_value(st, name), a), b))
+    return names, np.array(x0), np.array(lo), np.array(hi)
+
+
+def _profile(device_id: str):
+    from autopar.hardware import load_device
+
+    return load_device(device_id)
+
+
+def fit_scope(device_id: str, base: Calibration) -> str:
+    """What a device's compute coefficients are fitted as: its die (``die:NAME``, shared by every device of
+    that die in ``base.transfer.dies``) or, where no die is given, the device itself."""
+    die = base.transfer.dies.get(device_id)
+    return f"die:{die}" if die else device_id
+
+
 def fitted_stacks(samples: Sequence[Sample]) -> list[str]:
     """Stacks that get coefficients of their own: MIN_STACK_ROWS rows or more, not the reference."""
     from collections import Counter
@@ -151,6 +213,7 @@ def calibration_from_vector(
 ) -> Calibration:
     devices: dict[str, dict[str, Any]] = {}
     glob = dict(base.global_)
+    transfer = base.transfer.model_dump()
     stacks = {k: v.model_dump(exclude_none=True) for k, v in base.stacks.items()}
     for n, v in zip(names, x, strict=True):
         scope, key = n.split(".", 1)
@@ -160,14 +223,27 @@ def calibration_from_vector(
         if scope.startswith("stack:"):
             stacks.setdefault(scope[len("stack:") :], {})[key] = float(v)
             continue
-        d = devices.setdefault(scope, {"gemm": {}})
-        if key.startswith("gemm_") and key != "gemm_half_dim":
-            prec = key[5:]
-            d["gemm"][prec] = float(v)
-            if prec == "bf16":
-                d["gemm"]["fp16"] = float(v)  # same tensor-core rate and kernels
-        else:
-            d[key] = float(v)
+        if scope == "transfer":
+            continue
+        members = (
+            sorted(k for k, x in base.transfer.dies.items() if x == scope[len("die:") :])
+            if scope.startswith("die:")
+            else [scope]
+        )
+        for m in members:
+            d = devices.setdefault(m, {"gemm": {}})
+            if key == "gemm_scale":  # die mode: each member's measured matmul rates times the factor
+                prof = _profile(m).efficiency
+                d["gemm"].update({p: min(float(e * v), 0.95) for p, e in prof.gemm.items()})
+            elif key == "attention_ratio":  # die mode: each member's attention rate times the factor
+                d["attention"] = float(_profile(m).efficiency.attention * v)
+            elif key.startswith("gemm_") and key != "gemm_half_dim":
+                prec = key[5:]
+                d["gemm"][prec] = float(v)
+                if prec == "bf16":
+                    d["gemm"]["fp16"] = float(v)  # same tensor-core rate and kernels
+            else:
+                d[key] = float(v)
     merged = {k: v.model_dump(exclude_none=True) for k, v in base.devices.items()}
     for k, v in devices.items():
         merged.setdefault(k, {}).update({kk: vv for kk, vv in v.items() if kk != "gemm"})
@@ -177,7 +253,7 @@ def calibration_from_vector(
             "schema": "autopar.calibration/v1",
             "provenance": provenance or dict(base.provenance),
             "global": glob,
-            "transfer": base.transfer.model_dump(),
+            "transfer": transfer,
             "devices": {k: DeviceCoefficients(**v) for k, v in merged.items()},
             "stacks": stacks,
         }
@@ -188,22 +264,27 @@ def group_weights(samples: Sequence[Sample]) -> np.ndarray:
     """Weight 1/sqrt(group size): a large group counts more than a small one, but not linearly."""
     from collections import Counter
 
-    n = Counter(s.group for s in samples)
-    w = np.array([1.0 / np.sqrt(n[s.group]) for s in samples])
+    n: Counter[str] = Counter()
+    for s in samples:
+        n[s.group] += s.weight
+    w = np.array([s.weight / np.sqrt(n[s.group]) for s in samples])
     return w / w.mean()
 
 
 def transfer_ratios(cal: Calibration, samples: Sequence[Sample]) -> dict[str, float]:
     """Geometric-mean fitted/published ratios of GEMM (bf16) and attention efficiency."""
-    g, a = [], []
+    per: dict[str, tuple[list[float], list[float]]] = {}  # one ratio per die (or undied device)
     for dev in {s.job.device.id: s.job.device for s in samples}.values():
         dc = cal.devices.get(dev.id)
         if dc is None:
             continue
+        gg, aa = per.setdefault(fit_scope(dev.id, cal), ([], []))
         if "bf16" in dc.gemm:
-            g.append(dc.gemm["bf16"] / dev.efficiency.gemm["bf16"])
+            gg.append(dc.gemm["bf16"] / dev.efficiency.gemm["bf16"])
         if dc.attention is not None:
-            a.append(dc.attention / dev.efficiency.attention)
+            aa.append(dc.attention / dev.efficiency.attention)
+    g = [float(np.exp(np.mean(np.log(x)))) for x, _ in per.values() if x]
+    a = [float(np.exp(np.mean(np.log(y)))) for _, y in per.values() if y]
     return {
         "gemm_ratio": float(np.exp(np.mean(np.log(g)))) if g else 1.0,
         "attention_ratio": float(np.exp(np.mean(np.log(a)))) if a else 1.0,
@@ -260,11 +341,14 @@ class FitRows:
     def groups_of_device(self, device_id: str) -> list[int]:
         return [k for k, d in enumerate(self.device_of_group) if d == device_id]
 
-    def groups_of(self, scope: str) -> list[int]:
-        """The groups a coefficient of ``scope`` (a device id or ``stack:NAME``) moves."""
+    def groups_of(self, scope: str, base: Calibration | None = None) -> list[int]:
+        """The groups a coefficient of ``scope`` (a device id, ``die:NAME`` or ``stack:NAME``) moves."""
         if scope.startswith("stack:"):
             st = scope[len("stack:") :]
             return [k for k, s in enumerate(self.stack_of_group) if s == st]
+        if scope.startswith("die:") and base is not None:
+            die = scope[len("die:") :]
+            return [k for k, d in enumerate(self.device_of_group) if base.transfer.dies.get(d) == die]
         return self.groups_of_device(scope)
 
     def __call__(self, cal: Calibration, groups: Sequence[int] | None = None) -> np.ndarray:
@@ -338,7 +422,10 @@ def fit(
     w = group_weights(samples)
     every = list(range(len(rows.groups)))
     # the groups of rows each coefficient moves
-    moved = [every if n.startswith("global.") else rows.groups_of(n.split(".", 1)[0]) for n in names]
+    moved = [
+        every if n.startswith(("global.", "transfer.")) else rows.groups_of(n.split(".", 1)[0], base)
+        for n in names
+    ]
     member = [
         np.isin(np.arange(len(samples)), np.concatenate([rows.groups[k].rows for k in g])) for g in moved
     ]
