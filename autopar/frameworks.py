@@ -159,6 +159,12 @@ class FrameworkProfile(BaseModel):
         description="the ZeRO-1/2 parameter all-gather after the optimizer step overlaps the next "
         "step's forward (Megatron --overlap-param-gather); else it shares the backward's window",
     )
+    fsdp_pp_defer: bool = Field(
+        False,
+        description="under pipeline parallelism, FSDP keeps the gathered parameters from forward to "
+        "backward and reduce-scatters the gradients once, after the last micro-batch (one all-gather per "
+        "micro-batch and one reduction per step instead of two gathers and a reduction per micro-batch)",
+    )
     zero3_fetch_gbps: float | None = Field(
         default=None,
         gt=0,
@@ -219,6 +225,11 @@ TORCHTITAN = FrameworkProfile(
     grad_reduce_fp32=True,
     kernels_per_layer=99,
     pipeline_schedules=("1f1b", "zb", "zbv", "dualpipev"),
+    # torchtitan parallelize: with pipeline parallelism FSDP does not reshard after forward
+    # (fsdp_reshard_after_forward "default" -> not pp_enabled), and torch.distributed.pipelining's
+    # stage defers the gradient reduce-scatter and the reshard to the last backward of the step
+    # (PipelineStage: set_requires_gradient_sync / set_reshard_after_backward only on the last one).
+    fsdp_pp_defer=True,
     **_FSDP,
 )
 # llm-foundry's benchmark configs run Composer FSDP with mixed_precision PURE (param, reduce and
