@@ -261,3 +261,48 @@ def test_stack_coefficients_route_to_their_stack_only(tmp_path):
 
     fake = rows("megatron", 50) + rows("fsdp", 6) + rows("deepspeed", 5) + rows("torchtitan", 8)
     assert fitted_stacks(fake) == ["fsdp", "torchtitan"]  # megatron sets the global value
+
+
+def test_one_die_one_coefficient(rows):
+    # Die mode (BASE names the dies): one GEMM factor, one attention factor and one half-dimension
+    # per die, applied to each member's own measured rates; a member without rows of its own (H200)
+    # gets its die's factors on its own profile.
+    from autopar.hardware import load_device
+
+    sub = samples(_subset(rows, 3))
+    names, x0, lo, hi = F._parameter_space(sub, BASE)
+    dies = {BASE.transfer.dies[s.job.device.id] for s in sub}
+    assert sorted(n for n in names if n.endswith(".gemm_scale")) == sorted(f"die:{d}.gemm_scale" for d in dies)
+    assert not any(n.startswith(("a100", "h100")) for n in names)  # nothing per device
+    x = x0.copy()
+    x[names.index("die:ga100.gemm_scale")] = 0.8
+    x[names.index("die:ga100.attention_ratio")] = 0.5
+    cal = F.calibration_from_vector(names, x, BASE)
+    for dev_id in ("a100-40gb", "a100-80gb", "a100-pcie-80gb"):
+        prof = load_device(dev_id).efficiency
+        dc = cal.device(dev_id)
+        assert dc.gemm["bf16"] == pytest.approx(min(prof.gemm["bf16"] * 0.8, 0.95))
+        assert dc.attention == pytest.approx(prof.attention * 0.5)
+    assert cal.device("a100-40gb").gemm_half_dim == cal.device("a100-80gb").gemm_half_dim
+    if "die:gh100.gemm_scale" in names:
+        r = x[names.index("die:gh100.gemm_scale")]
+        h200 = load_device("h200-sxm-141gb").efficiency
+        assert cal.device("h200-sxm-141gb").gemm["fp8"] == pytest.approx(min(h200.gemm["fp8"] * r, 0.95))
+    # the attention factor never lets a kernel beat ATTENTION_MAX of the tensor-core peak
+    for n, h in zip(names, hi, strict=True):
+        if n.endswith(".attention_ratio"):
+            mates = [s.job.device for s in sub if f"die:{BASE.transfer.dies[s.job.device.id]}" == n.split(".")[0]]
+            assert max(h * m.efficiency.attention * m.efficiency.fused_attention_speedup for m in mates) <= (
+                F.ATTENTION_MAX + 1e-12
+            )
+
+
+def test_repeated_measurements_weigh_as_one_configuration(rows):
+    # A recipe re-run in k container releases counts as one configuration in its source's weight.
+    import fit_published
+
+    dup = [rows[0], replace(rows[0], run_id="again"), rows[1]]
+    ss = fit_published.samples(dup)
+    assert [s.weight for s in ss][:2] == [0.5, 0.5] and ss[2].weight == 1.0
+    w = F.group_weights(ss)
+    assert w[0] == pytest.approx(w[1]) and w[0] + w[1] == pytest.approx(w[2])
