@@ -28,6 +28,12 @@ GLOBAL_DEFAULTS: dict[str, float] = {
     "kernel_overhead_us": 30.0,  # per layer per micro-batch (fwd+bwd+recompute launches and syncs)
     "tp_overlap": 0.0,  # fraction of TP/SP communication hidden behind GEMMs
     "tp_collective_overhead_us": 0.0,  # software cost per TP/SP collective beyond the link alpha (DTensor/gloo)
+    # What a training stack's small GEMMs lose beyond the measured kernels' shape law: a factor on every
+    # device's measured GEMM half-dimensions (profile efficiency.gemm_half_dim[_by_precision]).
+    "half_dim_scale": 1.0,
+    # Share of a MoE layer's per-local-expert GEMM launches the device waits for (latency.stage_slot):
+    # the layer's device-to-host token-count copy stops the host from running ahead. 0: not charged.
+    "moe_host_factor": 0.0,
     # Memory model constants of the runtime: the CUDA + NCCL figures of autopar/memory.py (their one
     # definition, with sources), in the units of a calibration file's ``global`` section.
     "framework_reserve_gib": FRAMEWORK_RESERVE_BYTES / GIB,
@@ -44,6 +50,8 @@ GLOBAL_RANGES: dict[str, tuple[float, float]] = {
     "kernel_overhead_us": (0.0, 1e6),
     "tp_overlap": (0.0, 1.0),
     "tp_collective_overhead_us": (0.0, 1e6),
+    "half_dim_scale": (0.05, 50.0),
+    "moe_host_factor": (0.0, 20.0),
     "framework_reserve_gib": (0.0, 1024.0),
     "comm_buffer_gb": (0.0, 1024.0),
     "fragmentation": (-1.0, 1.0),
@@ -399,11 +407,13 @@ def coefficients_for(
     else:
         gemm = {**eff.gemm, **dc.gemm}
     peak = {k: v * 1e12 for k, v in device.peak_tflops.items()}
+    hd_scale = cal.global_value("half_dim_scale")
     hbm = dc.hbm if dc.hbm is not None else eff.hbm
     co = Coefficients(
         peak_flops=peak,
         gemm_eff=gemm,
-        gemm_half_dim=dc.gemm_half_dim if dc.gemm_half_dim is not None else eff.gemm_half_dim,
+        gemm_half_dim=dc.gemm_half_dim if dc.gemm_half_dim is not None else eff.gemm_half_dim * hd_scale,
+        gemm_half_dim_by={k: v * hd_scale for k, v in eff.gemm_half_dim_by_precision.items()},
         attention_eff=dc.attention if dc.attention is not None else eff.attention,
         hbm_bw=device.memory_bw_gbps * 1e9 * hbm,
         overlap_contention=cal.stack_value(stack, "overlap_contention"),
@@ -412,6 +422,7 @@ def coefficients_for(
         tp_collective_overhead_s=cal.global_value("tp_collective_overhead_us") * 1e-6,
         fused_attention_speedup=eff.fused_attention_speedup,
         exp_rate=_exp_rate(device),
+        moe_host_factor=cal.global_value("moe_host_factor"),
     )
     links = {
         "scale_up_bus": dc.scale_up_bus if dc.scale_up_bus is not None else eff.scale_up_bus,

@@ -203,6 +203,11 @@ class Efficiency(_Frozen):
 
     gemm: dict[str, float] = Field(description="max achieved fraction of dense peak per precision (MAMF)")
     gemm_half_dim: float = Field(1024.0, gt=0, description="GEMM min-dimension at half of max efficiency")
+    gemm_half_dim_by_precision: dict[str, float] = Field(
+        default_factory=dict,
+        description="half-dimension of a precision whose kernels need larger shapes than bf16 to reach "
+        "their rate (low-precision GEMMs: studies/gemm_rates.py); absent: gemm_half_dim",
+    )
     hbm: float = Field(
         0.8, gt=0, le=1, description="achieved fraction of HBM bandwidth, memory-bound kernels"
     )
@@ -224,6 +229,17 @@ class Efficiency(_Frozen):
         description="speed of cuDNN fused attention, which Transformer Engine selects on sm90+, over the "
         "FlashAttention-2 kernel that 'attention' (and its calibration) describes",
     )
+
+    @field_validator("gemm_half_dim_by_precision")
+    @classmethod
+    def _half_dim_keys(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(GEMM_EFFICIENCY_KEYS))
+        if unknown:
+            raise ValueError(f"unknown precision(s) {unknown}; allowed: {', '.join(GEMM_EFFICIENCY_KEYS)}")
+        bad = {k: x for k, x in v.items() if not 0 < x <= 1e6}
+        if bad:
+            raise ValueError(f"half-dimensions must be in (0, 1e6]: {bad}")
+        return v
 
     @field_validator("gemm")
     @classmethod

@@ -14,7 +14,7 @@ breakdowns sum to ``step_time``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -73,14 +73,23 @@ class Coefficients:
     # cuDNN fused attention over FlashAttention-2 on this device (``Efficiency.fused_attention_speedup``):
     # what a stack whose attention kernel is Transformer Engine's (profile.attention "te") gains.
     fused_attention_speedup: float = 1.0
+    # Half-dimension of precisions whose kernels need larger shapes than bf16 (measured per device:
+    # studies/gemm_rates.py); absent: gemm_half_dim.
+    gemm_half_dim_by: dict[str, float] = field(default_factory=dict)
     # Exponentials per second of the special-function units (autopar.hardware.sfu_exp_rate): the
     # softmax's exp, which the tensor cores cannot run. 0: not charged (a what-if without it).
     exp_rate: float = 0.0
+    # Share of the MoE layers' per-expert kernel launches the device waits for (fitted; 0: not charged).
+    moe_host_factor: float = 0.0
 
     def peak(self, precision: str) -> float:
         v = self.peak_flops.get(precision)  # a float, or an array per layout row (hardware what-if)
         return self.peak_flops["bf16"] if v is None or np.all(np.asarray(v) == 0) else v
 
+
+# Kernels a grouped expert MLP launches per local expert per micro-batch: fc1 and fc2 forward, and the
+# data- and weight-gradient GEMMs of each backward (TE GroupedLinear runs one cuBLAS GEMM per expert).
+MOE_LAUNCHES_PER_EXPERT = 6.0
 
 # FlashAttention backward: dQ, dK, dV and the recomputed QK^T, 2.5x the forward's matmul FLOPs.
 FLASH_BWD_MULT = 2.5
@@ -90,7 +99,7 @@ MAMF_REFERENCE_DIM = 16384.0
 
 
 def gemm_time(
-    co: Coefficients, flops_peak: np.ndarray, eff_max: np.ndarray, M, N, K, elem_bytes=ACT_BYTES
+    co: Coefficients, flops_peak: np.ndarray, eff_max: np.ndarray, M, N, K, elem_bytes=ACT_BYTES, half_dim=None
 ) -> np.ndarray:
     """Roofline time of one GEMM (M×K by K×N) with efficiency falling for small M, N, K (tiles, waves).
 
@@ -101,7 +110,7 @@ def gemm_time(
     M = np.maximum(np.asarray(M, dtype=np.float64), 1.0)
     N = np.maximum(np.asarray(N, dtype=np.float64), 1.0)
     K = np.maximum(np.asarray(K, dtype=np.float64), 1.0)
-    hd = co.gemm_half_dim
+    hd = co.gemm_half_dim if half_dim is None else half_dim
     shape = (1.0 + 3.0 * hd / MAMF_REFERENCE_DIM) / (1.0 + hd / M + hd / N + hd / K)
     compute = 2.0 * M * N * K / (flops_peak * eff_max * shape)
     traffic = elem_bytes * (M * K + K * N + M * N) / co.hbm_bw
@@ -151,9 +160,11 @@ def stage_slot(
     peak = np.empty(n)
     geff = np.empty(n)
     quant_bpe = np.zeros(n)  # block-scaling bytes per quantized GEMM-input element
+    ghd = np.full(n, co.gemm_half_dim)  # the precision's GEMM half-dimension
     for code, name in enumerate(PRECISION_CODES):
         sel = prec_code == code
         if sel.any():
+            ghd[sel] = co.gemm_half_dim_by.get(name, co.gemm_half_dim_by.get(P.EFFICIENCY_KEY[name], co.gemm_half_dim))
             peak[sel] = np.broadcast_to(co.peak(P.PEAK_KEY[name]), (n,))[sel]
             # the format's own measured rate (block-scaled formats), else its peak precision's
             geff[sel] = co.gemm_eff.get(name, co.gemm_eff.get(P.EFFICIENCY_KEY[name], co.gemm_eff["bf16"]))
@@ -174,7 +185,7 @@ def stage_slot(
     a, g = model.heads, model.kv_heads
 
     def gt(M, N, K):  # noqa: E306
-        return gemm_time(co, peak, geff, M, N, K, elem)
+        return gemm_time(co, peak, geff, M, N, K, elem, ghd)
 
     n_mb = lay["grad_accum"].astype(np.float64)
 
@@ -379,7 +390,7 @@ def stage_slot(
     # recipe (the NVFP4 paper keeps the output head in bf16 too).
     head_peak = np.where(is_low, bf16_peak, peak)
     head_eff = np.where(is_low, co.gemm_eff["bf16"], geff)
-    head_f = gemm_time(co, head_peak, head_eff, T, model.vocab / tp, h, elem)
+    head_f = gemm_time(co, head_peak, head_eff, T, model.vocab / tp, h, elem, np.where(is_low, co.gemm_half_dim, ghd))
     head_f = head_f + T * model.vocab / tp * 4.0 * 2 / co.hbm_bw
     head_f = np.where(head, head_f, 0.0)
     gemm_f = gemm_f + head_f
@@ -549,6 +560,21 @@ def stage_slot(
     # recompute relaunches the forward, a third of the forward + backward kernels.
     launches = profile.kernels_per_layer * n_layers * np.where(rec == REC_FULL, 4.0 / 3.0, 1.0)
     host_wait = np.maximum(launches * profile.launch_latency_us * 1e-6 - slot, 0.0)
+    # A dropless MoE layer is host-bound where it has many local experts: the grouped expert GEMMs
+    # launch one GEMM per local expert (TE GroupedLinear: fc1 and fc2 forward, their data and weight
+    # gradients backward: 6 per expert), and the host learns the tokens per expert only through a
+    # device-to-host copy in the layer (the dispatcher's tokens_per_expert), so it cannot run ahead
+    # and the GPU waits for those launches (NVIDIA, DeepSeek-V3 training on GB200 NVL72: MoE layers
+    # CPU-bound). co.moe_host_factor (fitted) scales the stack's launch cost for them. (A fused grouped
+    # MLP under a full-iteration CUDA graph, e.g. Megatron-Bridge's cutedsl_fused_grouped_mlp, has none:
+    # not modelled.)
+    if model.is_moe:
+        local_experts = model.num_experts / ep
+        expert_launches = MOE_LAUNCHES_PER_EXPERT * local_experts * np.where(rec == REC_FULL, 4.0 / 3.0, 1.0)
+        moe_host = n_moe * expert_launches * profile.launch_latency_us * 1e-6 * co.moe_host_factor
+    else:
+        moe_host = np.zeros(n)
+    host_wait = host_wait + moe_host
     slot = slot + host_wait
     head_slot = (2.0 + wgrad) * head_f
     parts = {

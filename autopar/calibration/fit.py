@@ -148,7 +148,10 @@ def _parameter_space(samples: Sequence[Sample], base: Calibration):
 # at most ATTENTION_MAX of the tensor-core peak (FA3 75% forward on H100, FA4 ~71% on B200).
 GEMM_SCALE_BOUNDS = (0.3, MAMF_SLACK)
 ATTENTION_MAX = 0.75
-DIE_PARAMS = (("gemm_half_dim", 8.0, 2048.0),)
+DIE_PARAMS: tuple[tuple[str, float, float], ...] = ()
+# Die mode's global coefficients: the classic ones and the half-dimension factor on every device's
+# measured GEMM shape law (what a training stack's small GEMMs lose beyond the kernels').
+DIE_GLOBAL_PARAMS = (*GLOBAL_PARAMS, ("half_dim_scale", 0.25, 16.0), ("moe_host_factor", 0.0, 4.0))
 
 
 def _die_parameter_space(samples: Sequence[Sample], base: Calibration):
@@ -173,7 +176,7 @@ def _die_parameter_space(samples: Sequence[Sample], base: Calibration):
             lo.append(a)
             hi.append(b)
             x0.append(min(max(getattr(dev.efficiency, name), a), b))
-    for name, a, b in GLOBAL_PARAMS:
+    for name, a, b in DIE_GLOBAL_PARAMS:
         names.append(f"global.{name}")
         lo.append(a)
         hi.append(b)
