@@ -138,10 +138,11 @@ def cmd_study(a: argparse.Namespace) -> int:
 
 
 def job_line(job: Any) -> str:
-    """"MODEL on N x DEVICE" for a study's recorded job (a Job dump: ``cluster`` holds the devices;
+    """The words "MODEL on N x DEVICE" for a study's recorded job (a Job dump: ``cluster`` holds the devices;
     an older flat record has them at the top level); what is not recorded reads "?"."""
-    j = job if isinstance(job, dict) else {}
-    c = j.get("cluster") if isinstance(j.get("cluster"), dict) else j
+    j: dict[str, Any] = job if isinstance(job, dict) else {}
+    cluster = j.get("cluster")
+    c: dict[str, Any] = cluster if isinstance(cluster, dict) else j
     model = j.get("model")
     if isinstance(model, dict):  # raw dimensions: their name, if any
         model = model.get("name")
