@@ -105,9 +105,6 @@ def cmd_validate(a: argparse.Namespace) -> int:
     json_out = check_output(a.json, "validation results", "--json") if a.json else None
     refit_out = check_output(a.refit, "refitted calibration", "--refit") if a.refit else None
     html_out = check_output(a.html, "HTML report", "--html") if a.html else None
-    outs = [p for p in (json_out, refit_out, html_out) if p is not None]
-    if len(set(outs)) < len(outs):
-        raise AutoparError("--json, --refit and --html name the same file", "write them to different files")
     if a.study is not None:
         check_study_name(a.study, "--study")
     source = load_study_layouts(a.study, a.storage, top=a.top) if a.study else load_layouts_file(a.layouts)
