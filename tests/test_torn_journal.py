@@ -203,7 +203,7 @@ def test_setting_torn_bytes_aside_on_a_full_disk_changes_nothing(
     with pytest.raises(AutoparError, match="cannot be set aside"):
         study_mod.resolve_storage(str(j))
     assert j.read_bytes() == entry + entry[:30]
-    assert study_mod.torn_path(j).read_bytes() == b""
+    assert not study_mod.torn_path(j).exists()  # no empty side file left behind
 
 
 def test_a_sqlite_file_of_another_program_is_refused_before_anything_is_written(
@@ -233,3 +233,15 @@ def test_a_sqlite_file_of_another_program_is_refused_before_anything_is_written(
     capsys.readouterr()
     assert main(["study", "list", "--storage", str(fresh)]) == 0
     assert "s: 3 trials" in capsys.readouterr().out
+
+
+def test_a_second_cut_is_added_to_the_side_file_not_written_over_it(journal: bytes, tmp_path: Path) -> None:
+    j = tmp_path / "j.log"
+    lines = journal.splitlines(keepends=True)
+    j.write_bytes(b"".join(lines[:-1]) + lines[-1][:40])
+    run_study(_cfg(j), n_trials=5)
+    after = j.read_bytes().splitlines(keepends=True)
+    j.write_bytes(b"".join(after[:-1]) + after[-1][:25])  # the resumed session is cut too
+    run_study(_cfg(j), n_trials=6)
+    assert study_mod.torn_path(j).read_bytes() == lines[-1][:40] + b"\n" + after[-1][:25] + b"\n"
+    assert _lines_ok(j) and load_report("s", str(j)).n_complete >= 4

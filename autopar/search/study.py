@@ -196,7 +196,13 @@ def repair_torn_tail(p: Path, lock: Any, *, say: Callable[[str], Any] | None = N
     """
     if not p.exists() or _torn_tail(p) == 0:
         return 0
-    lock.acquire()
+    try:
+        lock.acquire()
+    except OSError as exc:
+        raise AutoparError(
+            f"--storage {p}: its last line was cut and the journal cannot be locked to repair it: {exc.strerror}",
+            "run the command where the journal's directory is writable",
+        ) from None
     try:
         n = _torn_tail(p)  # again, under the lock
         if n == 0:
@@ -207,6 +213,7 @@ def repair_torn_tail(p: Path, lock: Any, *, say: Callable[[str], Any] | None = N
             torn = fh.read(n)
         side = torn_path(p)
         try:
+            existed = side.exists()
             fd = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
             try:
                 start = os.fstat(fd).st_size
@@ -214,7 +221,10 @@ def repair_torn_tail(p: Path, lock: Any, *, say: Callable[[str], Any] | None = N
                     _write_all(fd, torn + b"\n")
                     os.fsync(fd)
                 except OSError:
-                    os.ftruncate(fd, start)
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, start)
+                        if not existed:
+                            side.unlink()
                     raise
             finally:
                 os.close(fd)
