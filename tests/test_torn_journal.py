@@ -245,3 +245,31 @@ def test_a_second_cut_is_added_to_the_side_file_not_written_over_it(journal: byt
     run_study(_cfg(j), n_trials=6)
     assert study_mod.torn_path(j).read_bytes() == lines[-1][:40] + b"\n" + after[-1][:25] + b"\n"
     assert _lines_ok(j) and load_report("s", str(j)).n_complete >= 4
+
+
+def test_a_journal_an_older_writer_appended_after_a_cut_is_repaired_keeping_every_whole_entry(
+    journal: bytes, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    lines = journal.splitlines(keepends=True)
+    j = tmp_path / "j.log"
+    j.write_bytes(b"".join(lines[:-1]) + lines[-1][:60])
+    # what autopar did before (and Optuna's own backend does): append after the cut bytes
+    native = JournalStorage(JournalFileBackend(str(j)))
+    optuna.load_study(study_name="s", storage=native).set_user_attr("written_after_the_cut", 1)
+    damaged = j.read_bytes()
+    st = ["--storage", str(j)]
+    assert main(["study", "list", *st]) == 2  # read-only: refused in one line, file untouched
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cut start of an entry followed by a whole one" in err[0]
+    assert j.read_bytes() == damaged
+    assert main([*RUN, "--n-trials", "5", *st]) == 0  # a writer repairs it, then resumes
+    notes = [x for x in capsys.readouterr().err.splitlines() if "1 line(s) held the cut start" in x]
+    assert len(notes) == 1
+    assert study_mod.torn_path(j).read_bytes() == lines[-1][:60] + b"\n"
+    assert _lines_ok(j) and j.read_bytes().startswith(b"".join(lines[:-1]))
+    assert main(["study", "list", *st]) == 0 and "s: 5 trials" in capsys.readouterr().out
+    rep = load_report("s", str(j))
+    assert rep.attrs["written_after_the_cut"] == 1 and rep.n_complete + rep.n_failed == 5

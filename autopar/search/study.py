@@ -76,7 +76,7 @@ def storage_file(storage: str | Path | None) -> Path | None:
     return None if "://" in s else Path(s).expanduser()
 
 
-def _check_storage_file(p: Path, *, must_exist: bool, journal: bool) -> None:
+def _check_storage_file(p: Path, *, must_exist: bool, journal: bool, spliced_ok: bool = True) -> None:
     """A storage file must be a regular file (a journal also UTF-8 text) or, if new, creatable."""
     import stat as _stat
 
@@ -107,7 +107,7 @@ def _check_storage_file(p: Path, *, must_exist: bool, journal: bool) -> None:
             bad = exc.start < len(head) - 4  # a character cut at the end of the sample is fine
         if bad:
             raise AutoparError(f"--storage {p} is not an Optuna journal (binary content)", STORAGE_HINT)
-        _check_journal_lines(p)
+        _check_journal_lines(p, spliced_ok=spliced_ok)
     elif st.st_size:
         _check_optuna_sqlite(p)
 
@@ -116,10 +116,32 @@ def _check_storage_file(p: Path, *, must_exist: bool, journal: bool) -> None:
 _OP_PREFIX = b'{"op_code":'
 
 
-def _check_journal_lines(p: Path) -> None:
+def _is_cut_start(b: bytes) -> bool:
+    """``b`` could be the first bytes of an Optuna log entry."""
+    return _OP_PREFIX.startswith(b[: len(_OP_PREFIX)]) or b.startswith(_OP_PREFIX)
+
+
+def _spliced_at(line: bytes) -> int | None:
+    """Where the whole entry starts in a line that is the cut start of one entry followed by a whole
+    one (what an older autopar or Optuna left by appending after a killed write), else None."""
+    at = line.find(_OP_PREFIX, 1)
+    while at > 0:
+        try:
+            d = json.loads(line[at:])
+            if isinstance(d, dict) and "op_code" in d and _is_cut_start(line[:at]):
+                return at
+        except ValueError:
+            pass
+        at = line.find(_OP_PREFIX, at + 1)
+    return None
+
+
+def _check_journal_lines(p: Path, *, spliced_ok: bool = True) -> None:
     """Every complete line of a journal is an Optuna log entry (a JSON object with an ``op_code``;
     Optuna would fail on the first that is not, with a traceback, and only once it appends after
-    it), and a cut last line (see :func:`repair_torn_tail`) is the start of one."""
+    it), and a cut last line (see :func:`repair_torn_tail`) is the start of one. A line spliced
+    from a cut entry and a whole one (:func:`repair_spliced`) passes when ``spliced_ok`` (a
+    command that writes, and so repairs it first)."""
     with open(p, "rb") as fh:
         for n, line in enumerate(fh, 1):
             if not line.endswith(b"\n"):  # a cut last line (a killed write, a full disk)
@@ -134,6 +156,15 @@ def _check_journal_lines(p: Path) -> None:
                 ok = isinstance(d, dict) and "op_code" in d
             except ValueError:
                 ok = False
+            if not ok and _spliced_at(line) is not None:
+                if spliced_ok:
+                    continue
+                raise AutoparError(
+                    f"--storage {p}: line {n} is the cut start of an entry followed by a whole one (an older "
+                    "writer appended after a killed write)",
+                    "any command that writes to the journal repairs it first, e.g. `autopar study run` "
+                    "resuming the study",
+                )
             if not ok:
                 raise AutoparError(
                     f"--storage {p} is not an Optuna journal (line {n} is not a JSON log entry)", STORAGE_HINT
@@ -213,21 +244,7 @@ def repair_torn_tail(p: Path, lock: Any, *, say: Callable[[str], Any] | None = N
             torn = fh.read(n)
         side = torn_path(p)
         try:
-            existed = side.exists()
-            fd = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-            try:
-                start = os.fstat(fd).st_size
-                try:
-                    _write_all(fd, torn + b"\n")
-                    os.fsync(fd)
-                except OSError:
-                    with contextlib.suppress(OSError):
-                        os.ftruncate(fd, start)
-                        if not existed:
-                            side.unlink()
-                    raise
-            finally:
-                os.close(fd)
+            _append_side(side, torn + b"\n")
             os.truncate(p, size - n)
             with open(p, "rb+") as fh:
                 os.fsync(fh.fileno())
@@ -245,6 +262,81 @@ def repair_torn_tail(p: Path, lock: Any, *, say: Callable[[str], Any] | None = N
             f"kept them in {side} and resumed from the last complete entry"
         )
     return n
+
+
+def _append_side(side: Path, data: bytes) -> None:
+    """Append ``data`` to a side file and fsync it; on failure it is as it was (or absent again)."""
+    existed = side.exists()
+    fd = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+                if not existed:
+                    side.unlink()
+            raise
+    finally:
+        os.close(fd)
+
+
+def repair_spliced(p: Path, lock: Any, *, say: Callable[[str], Any] | None = None) -> int:
+    """Split lines made of a cut entry followed by a whole one; the number of lines repaired.
+
+    Optuna (and autopar before it repaired torn tails) appends after a cut last line, which leaves
+    one line no replay gets past. Under the journal's lock, the cut bytes of each such line go to
+    ``<journal>.torn`` (fsynced) and the journal is rewritten atomically with the whole entries only
+    (the bytes before the first such line are unchanged, so no reader's offsets move).
+    """
+    with open(p, "rb") as fh:
+        if not any(_spliced_at(ln) is not None for ln in fh if ln.endswith(b"\n") and not _is_entry(ln)):
+            return 0
+    from autopar.files import atomic_path
+
+    lock.acquire()
+    try:
+        lines = p.read_bytes().splitlines(keepends=True)
+        cut: list[bytes] = []
+        out: list[bytes] = []
+        for ln in lines:
+            at = _spliced_at(ln) if ln.endswith(b"\n") and not _is_entry(ln) else None
+            if at is None:
+                out.append(ln)
+            else:
+                cut.append(ln[:at] + b"\n")
+                out.append(ln[at:])
+        if not cut:
+            return 0
+        side = torn_path(p)
+        try:
+            _append_side(side, b"".join(cut))
+        except OSError as exc:
+            raise AutoparError(
+                f"--storage {p}: cannot set the cut bytes of {len(cut)} line(s) aside in {side}: {exc.strerror}",
+                "free disk space and run the command again (the journal is unchanged)",
+            ) from None
+        with atomic_path(p, "study journal", "--storage") as tmp:
+            tmp.write_bytes(b"".join(out))
+    finally:
+        lock.release()
+    if say is not None:
+        say(
+            f"note: study journal {p}: {len(cut)} line(s) held the cut start of an entry followed by a whole "
+            f"one (an earlier write was killed, then appended after); kept the cut bytes in {side} and the "
+            "whole entries in the journal"
+        )
+    return len(cut)
+
+
+def _is_entry(line: bytes) -> bool:
+    try:
+        d = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(d, dict) and "op_code" in d
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -325,8 +417,9 @@ def resolve_storage(storage: str | Path | None, *, must_exist: bool = False, rea
     """An Optuna storage: a URL (opened here, so a missing driver is one line), ``*.db``/``*.sqlite``
     as SQLite (an existing file must be an Optuna database), any other path a journal file (checked:
     regular UTF-8 file of Optuna log entries, or a new one in an existing directory; ``must_exist``
-    for commands that only read). A journal whose last line was cut is repaired first
-    (:func:`repair_torn_tail`) unless ``read_only`` (Optuna's replay skips that line)."""
+    for commands that only read). A journal whose last line was cut, or with a line spliced from a
+    cut entry and a whole one, is repaired first (:func:`repair_torn_tail`, :func:`repair_spliced`)
+    unless ``read_only`` (Optuna's replay skips a cut last line; a spliced one is refused)."""
     from optuna.storages.journal import JournalFileSymlinkLock, JournalStorage
 
     s = str(storage or DEFAULT_STORAGE)
@@ -338,12 +431,13 @@ def resolve_storage(storage: str | Path | None, *, must_exist: bool = False, rea
     if p.suffix in SQLITE_SUFFIXES:
         _check_storage_file(p, must_exist=must_exist, journal=False)
         return _rdb(f"sqlite:///{p.resolve()}", str(p))
-    _check_storage_file(p, must_exist=must_exist, journal=True)
+    _check_storage_file(p, must_exist=must_exist, journal=True, spliced_ok=not read_only)
     # Optuna's default lock kind (so other Optuna writers of the same file interoperate). A writer
     # killed while holding it leaves the lock behind; the next writer breaks it after the grace
     # period (it is held only while one line is appended).
     lock = JournalFileSymlinkLock(str(p), grace_period=10)
-    if not read_only:
+    if not read_only and p.exists():
+        repair_spliced(p, lock, say=lambda line: sys.stderr.write(line + "\n"))
         repair_torn_tail(p, lock, say=lambda line: sys.stderr.write(line + "\n"))
     try:
         st = JournalStorage(_journal_backend(str(p), lock))
