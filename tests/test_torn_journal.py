@@ -233,6 +233,13 @@ def test_a_sqlite_file_of_another_program_is_refused_before_anything_is_written(
     capsys.readouterr()
     assert main(["study", "list", "--storage", str(fresh)]) == 0
     assert "s: 3 trials" in capsys.readouterr().out
+    # the job's devices come from its recorded cluster (the header once read "on None x None")
+    assert main(["study", "show", "--name", "s", "--storage", str(fresh)]) == 0
+    assert "study s: llama-3.1-8b on 8 x a100-80gb, space default" in capsys.readouterr().out
+    from autopar.cli.study import job_line
+
+    assert job_line({"model": "m", "num_devices": 4, "device": "d"}) == "m on 4 x d"  # an older flat record
+    assert job_line(None) == "? on ? x ?"
 
 
 def test_a_second_cut_is_added_to_the_side_file_not_written_over_it(journal: bytes, tmp_path: Path) -> None:
