@@ -17,6 +17,10 @@ fsynced, gets the mode of the file it replaces (or 0666 less the umask for a new
 renamed over the destination: a reader sees the old file or the complete new one, and on any
 failure the old file is intact and no temporary file is left.
 
+No output replaces an input of the same command or another of its outputs
+(:func:`check_distinct`, run by the CLI for every command before its handler: real paths are
+compared, and existing files by device and inode, so a symlink or a hard link is seen through).
+
 Every refusal is a :class:`~autopar.errors.FileError` (exit status 2, one line).
 """
 
@@ -51,6 +55,8 @@ __all__ = [
     "write_text",
     "atomic_path",
     "check_study_name",
+    "check_distinct",
+    "command_paths",
 ]
 
 
@@ -490,3 +496,96 @@ def check_study_name(name: str, flag: str = "--name") -> str:
     if len(name) > 200:
         raise FileError(f"{flag} is {len(name)} characters long", "use at most 200 characters")
     return name
+
+
+# ---------------------------------------------------------------------------------- same paths
+# argparse destinations that name files a command reads (when such a file exists: ``--model`` and
+# ``--device`` are also preset ids) and those that name files it writes.
+INPUT_DESTS = (
+    "model",
+    "device",
+    "calibration",
+    "space",
+    "from_json",
+    "from_raw",
+    "layouts",
+    "file",
+    "storage",
+)
+OUTPUT_DESTS = ("out", "html", "json", "refit", "save_raw")
+_DEFAULT_STORAGE = "autopar-studies.log"  # autopar.search.study.DEFAULT_STORAGE, without importing it
+
+
+def command_paths(a: Any) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The ``(flag, path)`` inputs and outputs an ``autopar`` command line names.
+
+    ``--json`` counts only where it takes a path (``validate``); ``compare --out PREFIX`` writes
+    ``PREFIX.csv`` and ``PREFIX.svg``; ``calibrate`` writes ``<out-dir>/<name>.yaml`` and
+    ``<name>.device.yaml``; a study command reads its storage (default ``autopar-studies.log``).
+    """
+    ns = vars(a)
+    inputs: list[tuple[str, str]] = []
+    outputs: list[tuple[str, str]] = []
+    for dest in INPUT_DESTS:
+        if dest not in ns:
+            continue
+        v = ns[dest]
+        if v is None and dest == "storage" and (ns.get("command") == "study" or ns.get("study")):
+            v = _DEFAULT_STORAGE
+        if isinstance(v, str | os.PathLike) and str(v) not in ("", "-") and "://" not in str(v):
+            inputs.append((f"--{dest.replace('_', '-')}" if dest != "file" else "FILE", str(v)))
+    for dest in OUTPUT_DESTS:
+        v = ns.get(dest)
+        if not isinstance(v, str | os.PathLike) or str(v).strip() in ("", "-"):
+            continue
+        flag = f"--{dest.replace('_', '-')}"
+        if dest == "out" and ns.get("command") == "compare":
+            outputs += [(flag, f"{v}.csv"), (flag, f"{v}.svg")]
+        else:
+            outputs.append((flag, str(v)))
+    if ns.get("command") == "calibrate":
+        name = ns.get("name")
+        out_dir = ns.get("out_dir") or "autopar-calibration"
+        if isinstance(name, str) and name and "/" not in name:
+            outputs += [("--out-dir", os.path.join(out_dir, f"{name}.yaml"))]
+            outputs += [("--out-dir", os.path.join(out_dir, f"{name}.device.yaml"))]
+    return inputs, outputs
+
+
+def _identity(path: str) -> tuple[Any, ...]:
+    """What makes two paths one file: (device, inode) when it exists, else its real path."""
+    p = os.path.expanduser(path)
+    try:
+        st = os.stat(p)
+        if stat.S_ISREG(st.st_mode):
+            return ("inode", st.st_dev, st.st_ino)
+    except OSError:
+        pass
+    return ("path", os.path.realpath(p))
+
+
+def check_distinct(inputs: list[tuple[str, str]], outputs: list[tuple[str, str]]) -> None:
+    """Refuse an output that is an input or another output of the same command (FileError).
+
+    Inputs that do not exist are not files (a preset id, a built-in space name) and are skipped.
+    Symlinks and hard links are seen through. Only ``stat`` calls: run it before any work.
+    """
+    seen: dict[tuple[Any, ...], tuple[str, str]] = {}
+    for flag, path in inputs:
+        p = os.path.expanduser(path)
+        if os.path.isfile(p):
+            seen.setdefault(_identity(p), (flag, path))
+    for flag, path in outputs:
+        key = _identity(path)
+        other = seen.get(key)
+        if other is not None:
+            oflag, opath = other
+            role = "an input" if (oflag, opath) in inputs else "another output"
+            given = {os.path.abspath(os.path.expanduser(x)) for x in (path, opath)}
+            same = " (through a link)" if len(given) > 1 else ""
+            raise FileError(
+                f"{flag} {path} is the same file as {oflag} {opath}{same}: writing it would replace {role} "
+                "of this command",
+                f"write {flag} to another path",
+            )
+        seen[key] = (flag, path)

@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from autopar.calibration.calibrate import (  # noqa: E402
     calibrate,
+    check_calibration_outputs,
     naive_cpu_profile,
     refit_memory,
     refit_time,
@@ -60,7 +61,8 @@ from autopar.calibration.microbench import run_microbenchmarks  # noqa: E402
 from autopar.calibration.validate import Item, Progress, run_items, summarize  # noqa: E402
 from autopar.coefficients import Calibration, load_calibration  # noqa: E402
 from autopar.engine import evaluate  # noqa: E402
-from autopar.errors import RunError  # noqa: E402
+from autopar.errors import AutoparError, RunError  # noqa: E402
+from autopar.files import check_distinct, check_output, load_json, require_mapping, write_text  # noqa: E402
 from autopar.hardware import load_device  # noqa: E402
 from autopar.job import Job, TrainingJob  # noqa: E402
 from autopar.layout import Layout, LayoutTable  # noqa: E402
@@ -204,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-raw", default=None, metavar="RAW", help="re-analyze a saved run (no measuring)")
     ap.add_argument(
         "--out-dir",
-        default="autopar-calibration",
-        help="where the fitted profile and calibrations go (pass cost_models/calibration to refresh the shipped ones)",
+        default=None,
+        help="an existing directory for the fitted profile and calibrations (default: ./autopar-calibration, "
+        "created if missing; pass cost_models/calibration to refresh the shipped ones)",
     )
     ap.add_argument("--name", default="cpu-gloo-w4")
     ap.add_argument("--steps", type=int, default=6)
@@ -214,9 +217,53 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--folds", type=int, default=4)
     a = ap.parse_args(argv)
+    try:
+        return run(a)
+    except AutoparError as exc:  # bad input: one line, exit 2 (checked before anything is measured)
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def check_outputs(a: argparse.Namespace) -> tuple[Path, bool]:
+    """Every destination, before anything is measured or created: the calibration directory and its
+    files (the default ./autopar-calibration is made once the fit succeeded), --json, --raw, and that
+    no output is an input or another output."""
+    out_dir = a.out_dir or "autopar-calibration"
+    out, make = check_calibration_outputs(a.name, out_dir, create_out_dir=a.out_dir is None)
+    probes = out / f"{a.name}-probes.yaml"
+    if not make:
+        check_output(probes, "probe-refitted calibration", "--out-dir")
+    for flag, path, what in (("--json", a.json, "records"), ("--raw", a.raw, "raw measurements")):
+        if path:
+            check_output(path, what, flag)
+    outputs = [("--out-dir", str(out / f"{a.name}{x}")) for x in (".yaml", ".device.yaml", "-probes.yaml")]
+    outputs += [(f, p) for f, p in (("--json", a.json), ("--raw", a.raw)) if p]
+    check_distinct([("--from-raw", a.from_raw)] if a.from_raw else [], outputs)
+    return out, make
+
+
+def run(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    for flag, v in (
+        ("--steps", a.steps),
+        ("--timeout", a.timeout),
+        ("--batch-size", a.batch_size),
+        ("--folds", a.folds),
+    ):
+        if not v > 0:
+            raise AutoparError(f"{flag} {v} must be > 0", f"pass {flag} > 0")
+    if not 0 <= a.warmup < a.steps:
+        raise AutoparError(f"--warmup {a.warmup} must be >= 0 and below --steps {a.steps}", "lower --warmup")
+    out_dir, make = check_outputs(a)
     spec = load_model(MODEL)
-    saved = json.loads(Path(a.from_raw).read_text()) if a.from_raw else None
+    hint = "pass a file written by --raw"
+    saved = (
+        require_mapping(load_json(a.from_raw, "--from-raw", hint), f"--from-raw {a.from_raw}", hint)
+        if a.from_raw
+        else None
+    )
+    if saved is not None and not {"microbench", "records"} <= set(saved):
+        raise AutoparError(f"--from-raw {a.from_raw}: no microbench and records keys", hint)
 
     # 1. calibrate
     print(f"[{time.perf_counter() - t0:5.0f} s] calibrate: microbenchmarks on {WORLD} ranks", file=sys.stderr)
@@ -225,7 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         if saved
         else run_microbenchmarks(WORLD, sweep="full", device="cpu", timeout_s=900)
     )
-    fitted, cal_path, prof_path = calibrate(world_size=WORLD, name=a.name, out_dir=a.out_dir, raw=raw_mb)
+    fitted, cal_path, prof_path = calibrate(
+        world_size=WORLD, name=a.name, out_dir=out_dir, raw=raw_mb, create_out_dir=make
+    )
     cal_mb = load_calibration(cal_path)
     dev = load_device(prof_path)
     flat = dict(model=spec.name, num_devices=WORLD, devices_per_node=WORLD, seq_len=SEQ, global_batch=BATCH)
@@ -278,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
             progress=Progress(len(layouts)),
         )
     if a.raw and not saved:
-        Path(a.raw).write_text(json.dumps({"microbench": raw_mb, "records": recs}, indent=1))
+        write_text(
+            a.raw, json.dumps({"microbench": raw_mb, "records": recs}, indent=1), "raw measurements", "--raw"
+        )
 
     # 4. predict with each calibration
     variants: dict[str, tuple[TrainingJob, Calibration]] = {
@@ -293,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "probes": [layouts[i].short() for i in probes],
     }
     cal_after = cal_after.model_copy(update={"provenance": prov})
-    after_path = write_calibration_atomic(cal_after, Path(a.out_dir) / f"{a.name}-probes.yaml")
+    after_path = write_calibration_atomic(cal_after, out_dir / f"{a.name}-probes.yaml", flag="--out-dir")
     variants["after"] = (job, cal_after)
     all_idx = list(range(len(layouts)))
     variants["refit_in_sample"] = (job, refit(job, layouts, recs, all_idx, cal_mb, PROBE_PARAMS))
@@ -372,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
             }
             for i, r in enumerate(recs)
         ]
-        Path(a.json).write_text(
+        write_text(
+            a.json,
             json.dumps(
                 {
                     "job": {**MODEL, "seq_len": SEQ, "global_batch": BATCH, "world": WORLD},
@@ -381,7 +433,9 @@ def main(argv: list[str] | None = None) -> int:
                 },
                 indent=1,
                 default=float,
-            )
+            ),
+            "records",
+            "--json",
         )
     return 0
 

@@ -35,6 +35,7 @@ the microbenchmark calibration sets ``framework_reserve_gib = comm_buffer_gb = f
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 import os
@@ -718,13 +719,42 @@ def write_profile_atomic(profile: dict[str, Any], path: str | Path, *, flag: str
     return path
 
 
+MAX_NAME_BYTES = 200  # <name>.device.yaml's temporary file (+26 bytes) stays within NAME_MAX (255)
+
+
 def check_name(name: str) -> str:
-    """A calibration name is a plain file stem: no separators, spaces or control characters."""
+    """A calibration name is a plain file stem: no separators, spaces or control characters, and
+    short enough that every file made from it (``<name>.device.yaml`` and its temporary) can exist."""
     if not name or any(c in name for c in "/\\ ") or name.startswith(".") or not name.isprintable():
         raise AutoparError(
             f"calibration name {name!r} is not a plain file name", "pass --name like local-cpu-w4"
         )
+    size = len(name.encode("utf-8"))
+    if size > MAX_NAME_BYTES:
+        raise AutoparError(
+            f"calibration name is {size} bytes long, over the {MAX_NAME_BYTES} a file name made from it allows",
+            f"pass a --name of at most {MAX_NAME_BYTES} bytes",
+        )
     return name
+
+
+def check_calibration_outputs(name: str, out_dir: str | Path, *, create_out_dir: bool) -> tuple[Path, bool]:
+    """Check ``<out_dir>/<name>.yaml`` and ``<name>.device.yaml`` before any measuring; creates nothing.
+
+    Returns the directory and whether it is still to be made (``create_out_dir``, the default
+    directory, and it does not exist yet: then its parent must be writable).
+    """
+    from autopar.files import check_output, check_output_dir
+
+    check_name(name)
+    make = create_out_dir and not os.path.lexists(out_dir)
+    if make:  # nothing in the way, the parent writable
+        check_output(out_dir, "calibration directory", "--out-dir")
+        return Path(out_dir), True
+    out = check_output_dir(out_dir, "--out-dir")
+    check_output(out / f"{name}.device.yaml", "device profile", "--out-dir")
+    check_output(out / f"{name}.yaml", "calibration", "--out-dir")
+    return out, False
 
 
 def calibrate(
@@ -746,18 +776,9 @@ def calibrate(
     made, in an existing directory, once the fit has succeeded.
     """
     from autopar.calibration.microbench import run_microbenchmarks
+    from autopar.files import check_output
 
-    check_name(name)
-    from autopar.files import check_output, check_output_dir
-
-    make = create_out_dir and not os.path.lexists(out_dir)
-    if make:  # checked before the microbenchmarks run: nothing in the way, the parent writable
-        check_output(out_dir, "calibration directory", "--out-dir")
-        out = Path(out_dir)
-    else:
-        out = check_output_dir(out_dir, "--out-dir")
-        check_output(out / f"{name}.device.yaml", "device profile", "--out-dir")
-        check_output(out / f"{name}.yaml", "calibration", "--out-dir")
+    out, make = check_calibration_outputs(name, out_dir, create_out_dir=create_out_dir)
     if save_raw and raw is None:
         check_output(save_raw, "raw microbenchmark results", "--save-raw")
     if raw is None:
@@ -777,8 +798,14 @@ def calibrate(
     fitted = fit_microbenchmarks(raw, name=name)
     if make:
         out.mkdir()
-    prof_path = write_profile_atomic(fitted.profile, out / f"{name}.device.yaml")
-    cal_path = write_calibration_atomic(fitted.calibration, out / f"{name}.yaml", flag="--out-dir")
+    try:
+        prof_path = write_profile_atomic(fitted.profile, out / f"{name}.device.yaml")
+        cal_path = write_calibration_atomic(fitted.calibration, out / f"{name}.yaml", flag="--out-dir")
+    except BaseException:
+        if make:  # the directory made here is removed again if nothing was written into it
+            with contextlib.suppress(OSError):
+                out.rmdir()  # only if still empty
+        raise
     return fitted, cal_path, prof_path
 
 

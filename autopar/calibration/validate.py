@@ -392,6 +392,91 @@ def _record(item: Item, result: dict[str, Any]) -> dict[str, Any]:
 RunFn = Callable[..., list[dict[str, Any]]]
 
 
+def resolve_run_device(choice: str, *, n_gpus: int | None = None) -> tuple[str, int]:
+    """``(device, GPUs)`` the runs will use for ``--run-device choice``; refuses ``cuda`` without a GPU."""
+    from autopar.runner.resources import cuda_device_count
+
+    if choice == "cpu":
+        return "cpu", 0
+    n = cuda_device_count() if n_gpus is None else n_gpus
+    if choice == "cuda" and n == 0:
+        raise RunError(
+            "--run-device cuda, but torch sees no CUDA GPU on this machine",
+            "pass --run-device cpu, or auto (which picks the CPU here)",
+        )
+    return ("cuda", n) if n else ("cpu", 0)
+
+
+def preflight(
+    items: Sequence[Item],
+    runner_model: Any,
+    *,
+    seq_len: int,
+    global_batch: int,
+    device: str,
+    n_gpus: int = 0,
+    host_available: int | None = None,
+    gpu_free: Sequence[int] | None = None,
+) -> dict[int, str]:
+    """Why each item cannot run on this machine (index -> reason), found before anything is launched.
+
+    The runner's own rules (:func:`autopar.runner.check_layout`; even pipeline splits only), what
+    ``device`` supports (:func:`autopar.runner.checks.check_device_support`: no context parallelism,
+    no fp8/fp16), one rank per GPU, and memory: every rank's predicted peak (the item's
+    ``predicted_peak_memory_gib``) plus the torch runtime must fit in the free memory of its GPU
+    (``gpu_free``), or, on the CPU, all ranks together in the host's free memory (``host_available``,
+    default :func:`autopar.runner.resources.host_memory`, capped by the cgroup limit).
+    """
+    from autopar.runner import check_layout
+    from autopar.runner.checks import check_device_support
+    from autopar.runner.resources import GIB, RUNTIME_BYTES_PER_RANK, host_memory
+
+    source = "free"
+    if device == "cpu" and host_available is None:
+        hm = host_memory()
+        host_available, source = hm.available, f"free ({hm.source})"
+    reasons: dict[int, str] = {}
+    for i, it in enumerate(items):
+        lay = it.layout
+        if it.label == "uneven":
+            reasons[i] = "uneven pipeline splits are not supported by the reference runner (even splits only)"
+            continue
+        try:
+            check_layout(lay, runner_model, seq_len=seq_len, global_batch=global_batch)
+            check_device_support(lay, device)
+        except RunError as exc:
+            reasons[i] = str(exc)
+            continue
+        world = lay.num_devices
+        if device == "cuda" and world > n_gpus:
+            reasons[i] = (
+                f"it needs {world} ranks, one per GPU, and this machine has {n_gpus} GPU(s) "
+                "(validate a smaller world size, or pass --run-device cpu)"
+            )
+            continue
+        pred = it.prediction.get("predicted_peak_memory_gib")
+        if pred is None:
+            continue
+        per_rank = float(pred) * GIB + RUNTIME_BYTES_PER_RANK
+        if device == "cpu" and host_available is not None and world * per_rank > host_available:
+            reasons[i] = (
+                f"its {world} rank(s) need about {world} x ({float(pred):.1f} GiB predicted peak + "
+                f"{RUNTIME_BYTES_PER_RANK / GIB:.1f} GiB torch runtime) = {world * per_rank / GIB:.1f} GiB of host "
+                f"memory; {host_available / GIB:.1f} GiB is {source} on this machine "
+                "(validate a smaller model or layout: --model, --layouts)"
+            )
+        elif device == "cuda" and gpu_free is not None:
+            short = [g for g in range(min(world, len(gpu_free))) if per_rank > gpu_free[g]]
+            if short:
+                g = short[0]
+                reasons[i] = (
+                    f"a rank needs about {float(pred):.1f} GiB predicted peak + "
+                    f"{RUNTIME_BYTES_PER_RANK / GIB:.1f} GiB CUDA context and GPU {g} has "
+                    f"{gpu_free[g] / GIB:.1f} GiB free (validate a smaller model or layout: --model, --layouts)"
+                )
+    return reasons
+
+
 def run_items(
     items: Sequence[Item],
     runner_model: Any,
@@ -406,11 +491,13 @@ def run_items(
     progress: Progress | None = None,
     run_batch: RunFn | None = None,
     run_single: Callable[..., dict[str, Any]] | None = None,
+    refused: dict[int, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every item (grouped by world size, ``batch_size`` per launch); one record per item, in order.
 
     ``timeout_s`` is per layout (a launch of k layouts gets k times it). Layouts the runner refuses
-    (:func:`autopar.runner.check_layout`) and uneven pipeline splits are failed without a launch.
+    (:func:`autopar.runner.check_layout`), uneven pipeline splits and the items in ``refused``
+    (index -> reason, see :func:`preflight`) are failed without a launch.
     """
     from autopar.runner import check_layout
     from autopar.runner.launch import run_layout, run_layouts
@@ -424,7 +511,9 @@ def run_items(
     runnable: list[int] = []
     for i, it in enumerate(items):
         err = None
-        if it.label == "uneven":
+        if refused and i in refused:
+            err = f"refused before launch: {refused[i]}"
+        elif it.label == "uneven":
             err = "uneven pipeline splits are not supported by the reference runner (even splits only)"
         else:
             try:

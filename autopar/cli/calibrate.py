@@ -63,6 +63,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     from autopar.errors import AutoparError
     from autopar.files import check_output, load_json, require_mapping
 
+    if a.name is not None:  # before anything slow (importing torch to look for GPUs, measuring)
+        check_name(a.name)
     raw = None
     if a.from_raw:
         hint = "pass a file written by --save-raw"

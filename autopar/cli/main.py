@@ -39,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     progress.set_quiet(getattr(args, "quiet", False))
     try:
+        from autopar.files import check_distinct, command_paths
+
+        check_distinct(*command_paths(args))  # no output replaces an input or another output
         return handlers[args.command](args)
     except AutoparError as exc:
         sys.stderr.write(f"error: {exc}\n")

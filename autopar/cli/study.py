@@ -129,14 +129,25 @@ def cmd_study(a: argparse.Namespace) -> int:
         if not rows:
             print("no studies")
         for r in rows:
-            j = r.get("job") or {}
             print(
                 f"{r['name']}: {r['trials']} trials, {r.get('sampler')} seed {r.get('seed')}, "
                 f"objectives {','.join(r.get('objectives') or [])}, space {r.get('space')}, "
-                f"{j.get('model')} on {(j.get('cluster') or {}).get('num_devices')} x "
-                f"{(j.get('cluster') or {}).get('device')}"
+                f"{job_line(r.get('job'))}"
             )
     return 0
+
+
+def job_line(job: Any) -> str:
+    """The words "MODEL on N x DEVICE" for a study's recorded job (a Job dump: ``cluster`` holds the devices;
+    an older flat record has them at the top level); what is not recorded reads "?"."""
+    j: dict[str, Any] = job if isinstance(job, dict) else {}
+    cluster = j.get("cluster")
+    c: dict[str, Any] = cluster if isinstance(cluster, dict) else j
+    model = j.get("model")
+    if isinstance(model, dict):  # raw dimensions: their name, if any
+        model = model.get("name")
+    n, dev = c.get("num_devices"), c.get("device")
+    return f"{model or '?'} on {n if n is not None else '?'} x {dev or '?'}"
 
 
 def _run(a: argparse.Namespace) -> int:
@@ -199,9 +210,8 @@ def _emit(rep: Any, as_json: bool) -> None:
     from autopar.cli.render import console
 
     con = console()
-    job = rep.attrs.get("job", {})
     con.print(
-        f"[bold]study {rep.name}[/]: {job.get('model')} on {job.get('num_devices')} x {job.get('device')}, "
+        f"[bold]study {rep.name}[/]: {job_line(rep.attrs.get('job'))}, "
         f"space {rep.attrs.get('space')}, objectives {', '.join(rep.objectives)}; sampler {rep.sampler} "
         f"seed {rep.seed} (optuna {rep.attrs.get('optuna_version')})"
     )

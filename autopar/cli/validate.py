@@ -88,13 +88,15 @@ def cmd_validate(a: argparse.Namespace) -> int:
         load_layouts_file,
         load_study_layouts,
         predict_items,
+        preflight,
         refit_calibration,
+        resolve_run_device,
         run_items,
         runner_model_for,
         summarize,
     )
     from autopar.coefficients import load_calibration
-    from autopar.errors import AutoparError
+    from autopar.errors import AutoparError, RunError
     from autopar.files import check_output, check_study_name, write_text
     from autopar.job import SCHEMA_VERSION, Job
     from autopar.memory import GIB
@@ -105,9 +107,6 @@ def cmd_validate(a: argparse.Namespace) -> int:
     json_out = check_output(a.json, "validation results", "--json") if a.json else None
     refit_out = check_output(a.refit, "refitted calibration", "--refit") if a.refit else None
     html_out = check_output(a.html, "HTML report", "--html") if a.html else None
-    outs = [p for p in (json_out, refit_out, html_out) if p is not None]
-    if len(set(outs)) < len(outs):
-        raise AutoparError("--json, --refit and --html name the same file", "write them to different files")
     if a.study is not None:
         check_study_name(a.study, "--study")
     source = load_study_layouts(a.study, a.storage, top=a.top) if a.study else load_layouts_file(a.layouts)
@@ -137,7 +136,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
         raise AutoparError(
             f"the layouts were scored for pipeline schedule {info['pipeline_schedule']}; the reference "
             "runner runs 1F1B (interleaved when vpp > 1)",
-            "validate them as --pipeline-schedule 1f1b layouts, or run them with torchtitan",
+            "validate layouts scored with `autopar recommend --pipeline-schedule 1f1b`, or run them with torchtitan",
         )
     cal_path = a.calibration or info.get("calibration")
     cal = load_calibration(cal_path)
@@ -166,6 +165,30 @@ def cmd_validate(a: argparse.Namespace) -> int:
                 "predicted_step_time_s": float(res["step_time_s"][i]),
                 "predicted_peak_memory_gib": float(res["memory_bytes"][i]) / GIB,
             }
+    # Before anything is launched: the device, and every layout against what this machine and the
+    # runner can do (features, one rank per GPU, memory); nothing runnable is one line, exit 2.
+    device, n_gpus = resolve_run_device(a.run_device)
+    gpu_free = None
+    if device == "cuda":
+        from autopar.runner.resources import gpu_free_bytes
+
+        gpu_free = gpu_free_bytes()
+    refused = preflight(
+        source.items,
+        runner_model,
+        seq_len=int(info["seq_len"]),
+        global_batch=int(info["global_batch"]),
+        device=device,
+        n_gpus=n_gpus,
+        gpu_free=gpu_free,
+    )
+    if len(refused) == len(source.items):
+        i = min(refused)
+        more = f" (and {len(refused) - 1} more layout(s) refused)" if len(refused) > 1 else ""
+        raise RunError(
+            f"no layout can run on this machine ({device}): {source.items[i].layout.short()}: {refused[i]}{more}",
+            "nothing was launched: validate layouts this machine can run, or run on one that has what they need",
+        )
     head: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "job": jobs[worlds[0]].info(),
@@ -190,8 +213,9 @@ def cmd_validate(a: argparse.Namespace) -> int:
         warmup=a.warmup,
         timeout_s=a.timeout,
         batch_size=a.batch_size,
-        device=a.run_device,
+        device=device,
         progress=progress,
+        refused=refused,
     )
     summary = summarize(records)
     out: dict[str, Any] = {**head, "complete": True, "summary": summary, "records": records}

@@ -317,11 +317,14 @@ def _pick_device(choice: str, local_rank: int) -> torch.device:
     use_cuda = choice == "cuda" or (choice == "auto" and torch.cuda.is_available())
     if use_cuda:
         if not torch.cuda.is_available():
-            raise RunError("--device cuda but torch sees no GPU", "use --device cpu")
+            raise RunError(
+                "--device cuda but torch sees no GPU",
+                "use --device cpu (`autopar validate --run-device cpu`)",
+            )
         if local_rank >= torch.cuda.device_count():
             raise RunError(
                 f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs on this host",
-                "use at most one rank per GPU (or --device cpu)",
+                "use at most one rank per GPU (or --device cpu: `autopar validate --run-device cpu`)",
             )
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)

@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -75,7 +76,7 @@ def storage_file(storage: str | Path | None) -> Path | None:
     return None if "://" in s else Path(s).expanduser()
 
 
-def _check_storage_file(p: Path, *, must_exist: bool, journal: bool) -> None:
+def _check_storage_file(p: Path, *, must_exist: bool, journal: bool, spliced_ok: bool = True) -> None:
     """A storage file must be a regular file (a journal also UTF-8 text) or, if new, creatable."""
     import stat as _stat
 
@@ -106,24 +107,299 @@ def _check_storage_file(p: Path, *, must_exist: bool, journal: bool) -> None:
             bad = exc.start < len(head) - 4  # a character cut at the end of the sample is fine
         if bad:
             raise AutoparError(f"--storage {p} is not an Optuna journal (binary content)", STORAGE_HINT)
-        _check_journal_lines(p)
+        _check_journal_lines(p, spliced_ok=spliced_ok)
+    elif st.st_size:
+        _check_optuna_sqlite(p)
 
 
-def _check_journal_lines(p: Path) -> None:
-    """Every complete line of a journal is a JSON object (Optuna would fail on the first that is not,
-    with a traceback, and only once it appends after it)."""
+# Optuna's journal writes each operation as one line of compact JSON whose first key is op_code.
+_OP_PREFIX = b'{"op_code":'
+
+
+def _is_cut_start(b: bytes) -> bool:
+    """``b`` could be the first bytes of an Optuna log entry."""
+    return _OP_PREFIX.startswith(b[: len(_OP_PREFIX)]) or b.startswith(_OP_PREFIX)
+
+
+def _spliced_at(line: bytes) -> int | None:
+    """Where the whole entry starts in a line that is the cut start of one entry followed by a whole
+    one (what an older autopar or Optuna left by appending after a killed write), else None."""
+    at = line.find(_OP_PREFIX, 1)
+    while at > 0:
+        try:
+            d = json.loads(line[at:])
+            if isinstance(d, dict) and "op_code" in d and _is_cut_start(line[:at]):
+                return at
+        except ValueError:
+            pass
+        at = line.find(_OP_PREFIX, at + 1)
+    return None
+
+
+def _check_journal_lines(p: Path, *, spliced_ok: bool = True) -> None:
+    """Every complete line of a journal is an Optuna log entry (a JSON object with an ``op_code``;
+    Optuna would fail on the first that is not, with a traceback, and only once it appends after
+    it), and a cut last line (see :func:`repair_torn_tail`) is the start of one. A line spliced
+    from a cut entry and a whole one (:func:`repair_spliced`) passes when ``spliced_ok`` (a
+    command that writes, and so repairs it first)."""
     with open(p, "rb") as fh:
         for n, line in enumerate(fh, 1):
-            if not line.endswith(b"\n"):
-                break  # a last line still being written: Optuna skips it too
+            if not line.endswith(b"\n"):  # a cut last line (a killed write, a full disk)
+                if not _OP_PREFIX.startswith(line[: len(_OP_PREFIX)]) and not line.startswith(_OP_PREFIX):
+                    raise AutoparError(
+                        f"--storage {p} is not an Optuna journal (its last line is not a log entry)",
+                        STORAGE_HINT,
+                    )
+                break
             try:
-                ok = isinstance(json.loads(line), dict)
+                d = json.loads(line)
+                ok = isinstance(d, dict) and "op_code" in d
             except ValueError:
                 ok = False
+            if not ok and _spliced_at(line) is not None:
+                if spliced_ok:
+                    continue
+                raise AutoparError(
+                    f"--storage {p}: line {n} is the cut start of an entry followed by a whole one (an older "
+                    "writer appended after a killed write)",
+                    "any command that writes to the journal repairs it first, e.g. `autopar study run` "
+                    "resuming the study",
+                )
             if not ok:
                 raise AutoparError(
                     f"--storage {p} is not an Optuna journal (line {n} is not a JSON log entry)", STORAGE_HINT
                 )
+
+
+def _check_optuna_sqlite(p: Path) -> None:
+    """An existing non-empty ``*.db`` must be an SQLite database with Optuna's tables: Optuna would
+    otherwise add its tables to another program's database (or fail on a file that is no database)."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            con.close()
+    except sqlite3.Error as exc:
+        raise AutoparError(f"--storage {p} is not an SQLite database ({exc})", STORAGE_HINT) from None
+    if tables and not {"studies", "version_info"} <= tables:
+        shown = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "")
+        raise AutoparError(
+            f"--storage {p} is an SQLite database of another program (tables {shown}), not an Optuna one; "
+            "autopar does not add its tables to it",
+            "pass a new or an Optuna *.db file",
+        )
+
+
+def torn_path(p: Path) -> Path:
+    """Where :func:`repair_torn_tail` keeps the bytes of a cut last journal line."""
+    return p.with_name(p.name + ".torn")
+
+
+def _torn_tail(p: Path) -> int:
+    """How many bytes follow the journal's last newline (0: it ends with a complete entry)."""
+    size = os.path.getsize(p)
+    if size == 0:
+        return 0
+    with open(p, "rb") as fh:
+        pos, chunk = size, 1 << 16
+        while pos > 0:
+            start = max(0, pos - chunk)
+            fh.seek(start)
+            buf = fh.read(pos - start)
+            nl = buf.rfind(b"\n")
+            if nl >= 0:
+                return size - (start + nl + 1)
+            pos = start
+    return size
+
+
+def repair_torn_tail(p: Path, lock: Any, *, say: Callable[[str], Any] | None = None) -> int:
+    """Cut a torn last line off a journal, keeping its bytes in ``<journal>.torn``; the bytes moved.
+
+    A writer killed mid-append (``kill -9``, a full disk) leaves a last line without its newline.
+    Optuna's replay skips it, but its next append would be written after it, making one corrupt
+    line that no later read gets past. Under the journal's lock (no writer is mid-append), the
+    torn bytes are appended to the side file (fsynced) and only then cut from the journal, which
+    ends at its last complete entry again; ``say`` gets one line about it.
+    """
+    if not p.exists() or _torn_tail(p) == 0:
+        return 0
+    try:
+        lock.acquire()
+    except OSError as exc:
+        raise AutoparError(
+            f"--storage {p}: its last line was cut and the journal cannot be locked to repair it: {exc.strerror}",
+            "run the command where the journal's directory is writable",
+        ) from None
+    try:
+        n = _torn_tail(p)  # again, under the lock
+        if n == 0:
+            return 0
+        size = os.path.getsize(p)
+        with open(p, "rb") as fh:
+            fh.seek(size - n)
+            torn = fh.read(n)
+        side = torn_path(p)
+        try:
+            _append_side(side, torn + b"\n")
+            os.truncate(p, size - n)
+            with open(p, "rb+") as fh:
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise AutoparError(
+                f"--storage {p}: its last line was cut ({n} bytes) and cannot be set aside in {side}: "
+                f"{exc.strerror}",
+                "free disk space and run the command again (the journal is unchanged)",
+            ) from None
+    finally:
+        lock.release()
+    if say is not None:
+        say(
+            f"note: study journal {p}: its last line was cut ({n} bytes: a killed write or a full disk); "
+            f"kept them in {side} and resumed from the last complete entry"
+        )
+    return n
+
+
+def _append_side(side: Path, data: bytes) -> None:
+    """Append ``data`` to a side file and fsync it; on failure it is as it was (or absent again)."""
+    existed = side.exists()
+    fd = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+                if not existed:
+                    side.unlink()
+            raise
+    finally:
+        os.close(fd)
+
+
+def repair_spliced(p: Path, lock: Any, *, say: Callable[[str], Any] | None = None) -> int:
+    """Split lines made of a cut entry followed by a whole one; the number of lines repaired.
+
+    Optuna (and autopar before it repaired torn tails) appends after a cut last line, which leaves
+    one line no replay gets past. Under the journal's lock, the cut bytes of each such line go to
+    ``<journal>.torn`` (fsynced) and the journal is rewritten atomically with the whole entries only
+    (the bytes before the first such line are unchanged, so no reader's offsets move).
+    """
+    with open(p, "rb") as fh:
+        if not any(_spliced_at(ln) is not None for ln in fh if ln.endswith(b"\n") and not _is_entry(ln)):
+            return 0
+    from autopar.files import atomic_path
+
+    lock.acquire()
+    try:
+        lines = p.read_bytes().splitlines(keepends=True)
+        cut: list[bytes] = []
+        out: list[bytes] = []
+        for ln in lines:
+            at = _spliced_at(ln) if ln.endswith(b"\n") and not _is_entry(ln) else None
+            if at is None:
+                out.append(ln)
+            else:
+                cut.append(ln[:at] + b"\n")
+                out.append(ln[at:])
+        if not cut:
+            return 0
+        side = torn_path(p)
+        try:
+            _append_side(side, b"".join(cut))
+        except OSError as exc:
+            raise AutoparError(
+                f"--storage {p}: cannot set the cut bytes of {len(cut)} line(s) aside in {side}: {exc.strerror}",
+                "free disk space and run the command again (the journal is unchanged)",
+            ) from None
+        with atomic_path(p, "study journal", "--storage") as tmp:
+            tmp.write_bytes(b"".join(out))
+    finally:
+        lock.release()
+    if say is not None:
+        say(
+            f"note: study journal {p}: {len(cut)} line(s) held the cut start of an entry followed by a whole "
+            f"one (an earlier write was killed, then appended after); kept the cut bytes in {side} and the "
+            "whole entries in the journal"
+        )
+    return len(cut)
+
+
+def _is_entry(line: bytes) -> bool:
+    try:
+        d = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(d, dict) and "op_code" in d
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _journal_backend(path: str, lock: Any) -> Any:
+    """Optuna's journal file backend, except that an append either lands whole or not at all.
+
+    Optuna's own writes with buffered I/O: a full disk leaves half a line (or, for a new study, an
+    empty file it created up front). Here the file is created by the first append, each append is
+    written with ``os.write`` under the lock, fsynced, and on any error cut back to its old size (a
+    file the append created is removed); the error is one line.
+    """
+    from optuna.storages.journal import JournalFileBackend
+
+    class SafeJournalFileBackend(JournalFileBackend):
+        def __init__(self, file_path: str, lock_obj: Any) -> None:
+            self._file_path = file_path
+            self._lock = lock_obj
+            self._log_number_offset = {0: 0}
+
+        def read_logs(self, log_number_from: int) -> Any:
+            if not os.path.exists(self._file_path):
+                return iter(())
+            return super().read_logs(log_number_from)
+
+        def append_logs(self, logs: list[dict[str, Any]]) -> None:
+            data = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode()
+            try:
+                self._lock.acquire()
+                try:
+                    existed = os.path.exists(self._file_path)
+                    fd = os.open(self._file_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+                    try:
+                        start = os.fstat(fd).st_size
+                        try:
+                            _write_all(fd, data)
+                            os.fsync(fd)
+                        except OSError:
+                            with contextlib.suppress(OSError):
+                                os.ftruncate(fd, start)
+                                if not existed and start == 0:
+                                    os.unlink(self._file_path)
+                            raise
+                    finally:
+                        os.close(fd)
+                finally:
+                    self._lock.release()
+            except OSError as exc:
+                left = (
+                    "the journal is left at its last complete entry"
+                    if os.path.exists(self._file_path)
+                    else "no journal was created"
+                )
+                raise AutoparError(
+                    f"study journal {self._file_path}: cannot write: {exc.strerror} ({left})",
+                    "free disk space, then run the same command again to resume",
+                ) from None
+
+    return SafeJournalFileBackend(path, lock)
 
 
 def check_storage(storage: str | Path | None, *, must_exist: bool = False) -> None:
@@ -137,11 +413,14 @@ def check_storage(storage: str | Path | None, *, must_exist: bool = False) -> No
     _check_storage_file(p, must_exist=must_exist, journal=p.suffix not in SQLITE_SUFFIXES)
 
 
-def resolve_storage(storage: str | Path | None, *, must_exist: bool = False) -> Any:
+def resolve_storage(storage: str | Path | None, *, must_exist: bool = False, read_only: bool = False) -> Any:
     """An Optuna storage: a URL (opened here, so a missing driver is one line), ``*.db``/``*.sqlite``
-    as SQLite, any other path a journal file (checked: regular UTF-8 file, or a new one in an
-    existing directory; ``must_exist`` for commands that only read)."""
-    from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock, JournalStorage
+    as SQLite (an existing file must be an Optuna database), any other path a journal file (checked:
+    regular UTF-8 file of Optuna log entries, or a new one in an existing directory; ``must_exist``
+    for commands that only read). A journal whose last line was cut, or with a line spliced from a
+    cut entry and a whole one, is repaired first (:func:`repair_torn_tail`, :func:`repair_spliced`)
+    unless ``read_only`` (Optuna's replay skips a cut last line; a spliced one is refused)."""
+    from optuna.storages.journal import JournalFileSymlinkLock, JournalStorage
 
     s = str(storage or DEFAULT_STORAGE)
     if not s.strip():
@@ -152,13 +431,16 @@ def resolve_storage(storage: str | Path | None, *, must_exist: bool = False) -> 
     if p.suffix in SQLITE_SUFFIXES:
         _check_storage_file(p, must_exist=must_exist, journal=False)
         return _rdb(f"sqlite:///{p.resolve()}", str(p))
-    _check_storage_file(p, must_exist=must_exist, journal=True)
+    _check_storage_file(p, must_exist=must_exist, journal=True, spliced_ok=not read_only)
     # Optuna's default lock kind (so other Optuna writers of the same file interoperate). A writer
     # killed while holding it leaves the lock behind; the next writer breaks it after the grace
     # period (it is held only while one line is appended).
     lock = JournalFileSymlinkLock(str(p), grace_period=10)
+    if not read_only and p.exists():
+        repair_spliced(p, lock, say=lambda line: sys.stderr.write(line + "\n"))
+        repair_torn_tail(p, lock, say=lambda line: sys.stderr.write(line + "\n"))
     try:
-        st = JournalStorage(JournalFileBackend(str(p), lock_obj=lock))
+        st = JournalStorage(_journal_backend(str(p), lock))
         st.get_all_studies()  # replays the journal: a corrupt one fails here, as one line
         return st
     except Exception as exc:  # noqa: BLE001 - a corrupt journal: Optuna's replay raises anything
@@ -995,7 +1277,9 @@ def load_report(name: str, storage: Any = None, *, top: int = 5) -> StudyReport:
 
     check_study_name(name)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    st = resolve_storage(storage, must_exist=True) if not _is_storage_obj(storage) else storage
+    st = (
+        resolve_storage(storage, must_exist=True, read_only=True) if not _is_storage_obj(storage) else storage
+    )
     try:
         study = optuna.load_study(study_name=name, storage=st, sampler=optuna.samplers.RandomSampler(0))
     except KeyError:
@@ -1008,7 +1292,9 @@ def load_report(name: str, storage: Any = None, *, top: int = 5) -> StudyReport:
 def list_studies(storage: Any = None) -> list[dict[str, Any]]:
     import optuna
 
-    st = resolve_storage(storage, must_exist=True) if not _is_storage_obj(storage) else storage
+    st = (
+        resolve_storage(storage, must_exist=True, read_only=True) if not _is_storage_obj(storage) else storage
+    )
     out = []
     for s in optuna.get_all_study_summaries(storage=st, include_best_trial=False):
         out.append(
