@@ -32,6 +32,17 @@ ZeRO mapping (decided here, documented in the module):
   Llama 3 balance); Megatron-Core refuses to combine the two forms.
 * interleaving -> ``--num-virtual-stages-per-pipeline-rank`` (parse also reads
   ``--num-layers-per-virtual-pipeline-stage`` when the header carries ``num_layers``).
+* TP communication overlap -> ``--tp-comm-overlap`` (Transformer Engine userbuffers), which the
+  megatron profile prices (``autopar.frameworks.MEGATRON.tp_comm_overlap``): written when
+  ``tp > 1`` with sequence parallelism (Megatron-LM ``validate_args``: "Tensor parallel
+  communication/GEMM overlap can happen only when sequence parallelism is enabled") on a device
+  whose GPUs map each other's memory (``scale_up.peer_memory``, NVLink: the cost model hides
+  nothing on a PCIe node, so nothing is written there). A megatron-framework job on such a device
+  with ``tp > 1`` and ``sp=False`` is refused: it was priced with the overlap, which Megatron
+  cannot run without SP. It needs Transformer Engine (Megatron's default ``--transformer-impl``).
+* environment: with ``tp > 1`` or ``cp > 1`` below Blackwell and without Megatron-FSDP,
+  ``validate_args`` asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1``; the text says so in a comment line
+  (the arguments are appended to a command, so no ``export`` line can be part of them).
 
 Refused, because Megatron-LM would reject or silently change them: interleaving with ``pp < 2``,
 ``cp > 1`` with ``seq_len % (2*cp) != 0``, expert parallelism with fp16.
@@ -108,10 +119,62 @@ BOOL_FLAGS = (
     "--no-gradient-accumulation-fusion",
     "--optimizer-cpu-offload",
     "--use-precision-aware-optimizer",
+    "--tp-comm-overlap",
     "--bf16",
     "--fp16",
 )
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def _peer_memory(job: Job) -> bool | None:
+    """Whether the job's devices map each other's memory (TE userbuffers); None when unknown."""
+    if job.device is None:
+        return None
+    from autopar.errors import AutoparError
+    from autopar.hardware import load_device
+
+    try:
+        return bool(load_device(job.device).scale_up.peer_memory)
+    except AutoparError:
+        return None
+
+
+def tp_comm_overlap(layout: Layout, job: Job, fmt: str = FMT) -> bool:
+    """Whether to write ``--tp-comm-overlap``: what the megatron profile priced (module docstring).
+
+    Raises when a megatron-framework job was priced with the overlap but Megatron cannot run it
+    (``tp > 1`` without sequence parallelism on an NVLink device).
+    """
+    if layout.tp == 1:
+        return False
+    peer = _peer_memory(job)
+    if peer is False:
+        return False  # PCIe node: no userbuffers, and the cost model hides no TP communication
+    if not layout.sp:
+        if peer and job.framework == "megatron":
+            raise unsupported(
+                f"tensor parallel (tp={layout.tp}) without sequence parallel, priced with TP "
+                "communication overlap (megatron profile)",
+                fmt,
+                "Megatron's --tp-comm-overlap needs --sequence-parallel; use sp=True (the default)",
+            )
+        return False
+    return True
+
+
+def needs_max_connections(layout: Layout, job: Job) -> bool:
+    """Megatron-LM validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for these (below Blackwell)."""
+    return (layout.tp > 1 or layout.cp > 1) and layout.zero < 2
+
+
+MAX_CONNECTIONS_NOTE = (
+    "# environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM requires it with tensor or "
+    "context parallelism on Hopper and older GPUs)"
+)
+TP_OVERLAP_NOTE = (
+    "# --tp-comm-overlap needs Transformer Engine (the default --transformer-impl) and NVLink "
+    "(userbuffers); it is what the megatron profile priced"
+)
 
 
 def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
@@ -155,6 +218,8 @@ def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
     ]
     if layout.sp:
         a.append(flag("--sequence-parallel"))
+    if tp_comm_overlap(layout, job, fmt):
+        a.append(flag("--tp-comm-overlap"))
     a += [
         flag("--micro-batch-size", layout.micro_batch),
         flag("--global-batch-size", job.global_batch),
@@ -373,10 +438,14 @@ class MegatronExporter(Exporter):
 
     def _render(self, layout: Layout, job: Job) -> str:
         args = megatron_args(layout, job)
+        notes = [MAX_CONNECTIONS_NOTE] if needs_max_connections(layout, job) else []
+        if "--tp-comm-overlap" in args:
+            notes.append(TP_OVERLAP_NOTE)
         return "\n".join(
             [
                 header_line(FMT, job),
                 f"# Megatron-LM arguments for layout: {layout.short()}",
+                *notes,
                 shell_lines(args, indent=""),
             ]
         )
@@ -407,4 +476,16 @@ class MegatronExporter(Exporter):
         layout = build_layout(values, FMT)
         if layout.zero >= 1 and not f.get("use_distributed_optimizer"):
             raise ExportError(f"Megatron-FSDP without --use-distributed-optimizer in the {FMT} text")
+        overlap = bool(f.get("tp_comm_overlap"))
+        if overlap and not layout.sp:
+            raise ExportError(
+                f"--tp-comm-overlap without --sequence-parallel in the {FMT} text",
+                "Megatron-LM refuses it; add --sequence-parallel",
+            )
+        if overlap != tp_comm_overlap(layout, job):
+            raise ExportError(
+                f"the {FMT} text {'has' if overlap else 'lacks'} --tp-comm-overlap, but the layout was "
+                f"priced {'without' if overlap else 'with'} TP communication overlap",
+                "re-export it with `autopar export`",
+            )
         return layout, job
