@@ -235,6 +235,14 @@ class Exporter(ABC):
     # Pipeline schedules (autopar.schedules) the format can name; the others are refused.
     pipeline_schedules: ClassVar[tuple[str, ...]] = ("1f1b",)
 
+    def search_limits(self, job: Job) -> dict[str, list[Any]]:
+        """Search-space axes this launcher cannot run every value of: axis -> the values it can
+        (``autopar.search.space.restrict_axes``: ``--framework X`` searches only these). Each
+        subclass lists what its refusals rule out axis by axis; a refusal that depends on several
+        axes at once (a product, a combination) is left to the search's check that renders every
+        returned layout (``autopar.search.recommend.search_layouts``)."""
+        return {}
+
     def render(self, layout: Layout, job: Job) -> str:
         """The launcher text for ``layout`` running ``job``; raises :class:`ExportError`."""
         check_layout_and_job(layout, job, self.name)

@@ -436,6 +436,12 @@ class MegatronExporter(Exporter):
         "Megatron-LM pretrain_gpt.py arguments (append to your torchrun ... pretrain_gpt.py command)"
     )
 
+    def search_limits(self, job: Job) -> dict[str, list[Any]]:
+        # a megatron-framework plan on NVLink is priced with TP comm overlap, which needs SP
+        if job.framework == "megatron" and _peer_memory(job) is not False:
+            return {"sp": ["auto", "on"]}
+        return {}
+
     def _render(self, layout: Layout, job: Job) -> str:
         args = megatron_args(layout, job)
         notes = [MAX_CONNECTIONS_NOTE] if needs_max_connections(layout, job) else []
