@@ -107,8 +107,11 @@ VALUE_FLAGS = (
     "--fp8-recipe",
     "--fp4-format",
     "--fp4-recipe",
+    "--moe-token-dispatcher-type",
+    "--moe-flex-dispatcher-backend",
 )
 BOOL_FLAGS = (
+    "--overlap-moe-expert-parallel-comm",
     "--account-for-embedding-in-pipeline-split",
     "--account-for-loss-in-pipeline-split",
     "--sequence-parallel",
@@ -160,6 +163,31 @@ def tp_comm_overlap(layout: Layout, job: Job, fmt: str = FMT) -> bool:
             )
         return False
     return True
+
+
+def moe_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
+    """The token dispatcher and EP all-to-all overlap the job was priced with (expert-parallel
+    layouts; Megatron's own dispatcher default is allgather, not autopar's alltoall)."""
+    if layout.ep == 1:
+        return []
+    a = [flag("--moe-token-dispatcher-type", "alltoall" if job.moe_dispatcher == "alltoall" else "flex")]
+    if job.moe_dispatcher == "deepep":
+        a.append(flag("--moe-flex-dispatcher-backend", "deepep"))
+    if job.moe_a2a_overlap:
+        # Megatron-Core TransformerConfig.__post_init__ (mcore 0.16) asserts these
+        for cond, why in (
+            (layout.pp > 1 and layout.vpp == 1, "pp > 1 without interleaving (vpp = 1)"),
+            (layout.recompute == "full", "full recompute"),
+            (layout.precision == "fp32", "fp32"),
+        ):
+            if cond:
+                raise unsupported(
+                    f"EP all-to-all overlap (--overlap-moe-expert-parallel-comm) with {why}",
+                    fmt,
+                    "Megatron-Core refuses it; price the job without --moe-a2a-overlap",
+                )
+        a.append(flag("--overlap-moe-expert-parallel-comm"))
+    return a
 
 
 def needs_max_connections(layout: Layout, job: Job) -> bool:
@@ -220,6 +248,7 @@ def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
         a.append(flag("--sequence-parallel"))
     if tp_comm_overlap(layout, job, fmt):
         a.append(flag("--tp-comm-overlap"))
+    a += moe_args(layout, job, fmt)
     a += [
         flag("--micro-batch-size", layout.micro_batch),
         flag("--global-batch-size", job.global_batch),
@@ -432,6 +461,7 @@ class MegatronExporter(Exporter):
     suffix = ".sh"
     stage_layers = True
     module_recompute = True
+    moe_options = True
     description = (
         "Megatron-LM pretrain_gpt.py arguments (append to your torchrun ... pretrain_gpt.py command)"
     )
@@ -472,9 +502,26 @@ class MegatronExporter(Exporter):
         if "ckpt_format" in f and (f.pop("ckpt_format") != "fsdp_dtensor" or not f.get("use_megatron_fsdp")):
             raise ExportError(f"autopar writes --ckpt-format only as fsdp_dtensor with Megatron-FSDP ({FMT})")
         hj = header["job"]
-        native = {"seq_len": to_int(f["seq_length"], "--seq-length", FMT)} if "seq_length" in f else {}
+        native: dict[str, Any] = (
+            {"seq_len": to_int(f["seq_length"], "--seq-length", FMT)} if "seq_length" in f else {}
+        )
         if "global_batch_size" in f:
             native["global_batch"] = to_int(f["global_batch_size"], "--global-batch-size", FMT)
+        disp, backend = f.pop("moe_token_dispatcher_type", None), f.pop("moe_flex_dispatcher_backend", None)
+        if disp is not None:
+            if (disp, backend) not in (("alltoall", None), ("flex", "deepep")):
+                raise unsupported(
+                    f"MoE dispatcher {disp}" + (f" ({backend})" if backend else ""),
+                    "autopar (reading " + FMT + ")",
+                    "autopar prices alltoall, or flex with the deepep backend",
+                )
+            native["moe_dispatcher"] = "alltoall" if disp == "alltoall" else "deepep"
+        elif backend is not None:
+            raise ExportError(
+                f"--moe-flex-dispatcher-backend without --moe-token-dispatcher-type flex ({FMT})"
+            )
+        if f.pop("overlap_moe_expert_parallel_comm", False):
+            native["moe_a2a_overlap"] = True
         job = merge_job(header, native, FMT)
         values = layout_fields_from_megatron(
             f, num_devices=job.num_devices, global_batch=job.global_batch, num_layers=hj.get("num_layers")
@@ -482,6 +529,13 @@ class MegatronExporter(Exporter):
         layout = build_layout(values, FMT)
         if layout.zero >= 1 and not f.get("use_distributed_optimizer"):
             raise ExportError(f"Megatron-FSDP without --use-distributed-optimizer in the {FMT} text")
+        if layout.ep > 1 and (
+            "moe_dispatcher" not in native or job.moe_a2a_overlap != bool(native.get("moe_a2a_overlap"))
+        ):
+            raise ExportError(
+                f"the {FMT} text does not name the MoE dispatcher and overlap the job was priced with",
+                "re-export it with `autopar export`",
+            )
         overlap = bool(f.get("tp_comm_overlap"))
         if overlap and not layout.sp:
             raise ExportError(
