@@ -269,6 +269,11 @@ class Exporter(ABC):
                 self.name,
                 "export to torchtitan (torch.distributed.pipelining schedules), or use --pipeline-schedule 1f1b",
             )
+        from autopar.schedules import schedule_problem
+
+        why = schedule_problem(job.pipeline_schedule, layout.pp, layout.vpp, layout.grad_accum)
+        if why is not None:  # torch's schedule would run another pipeline than the one scored
+            raise ExportError(f"{why}, got vpp={layout.vpp}, grad_accum={layout.grad_accum} ({self.name})")
         if (
             not self.moe_options
             and layout.ep > 1
