@@ -39,8 +39,8 @@ from autopar.search.space import SearchSpace, load_space, restrict_axes
 TARGET_CELLS = 100_000  # grid cells per engine call (fits the caches; see studies/search_speed.py)
 POOL_MIN_LAYOUTS = 1_500_000
 DUPLICATE_FETCH = 4  # layouts kept per returned one, room for collapsing near-duplicates...
-LAUNCH_EXTRA = 50  # more best layouts kept when the launcher may refuse some of them
 DUPLICATE_EXTRA_MAX = 200  # ...but at most this many extra (each is re-predicted one by one)  # below this a process pool costs more than it saves on 2 cores
+LAUNCH_EXTRA = 50  # best layouts kept beyond those, in case the launcher refuses some (search_layouts)
 
 
 # ---------------------------------------------------------------------------------- executors
@@ -687,6 +687,7 @@ def _infeasible_message(
         else:
             fixes.append(
                 f"even {job.num_devices * 16} devices with full recompute, ZeRO-3, offload and micro-batch 1 "
+                f"(those of them {job.job.export_format} launches for --framework {job.job.framework}) "
                 "do not fit; shorten the sequence or use a device with more memory"
             )
     lines.append("What would fit: " + "; ".join(fixes))
