@@ -66,7 +66,18 @@ class Prediction:
 
     @property
     def assumptions(self) -> list[str]:
-        return Job.model_validate(self.job).assumptions
+        out = Job.model_validate(self.job).assumptions
+        hidden = self.comm_breakdown.get("tp", {}).get("hidden", 0.0)
+        if hidden > 0:
+            # what the priced overlap needs of the launch (autopar.export.megatron writes the flag)
+            out.append(
+                f"TP communication overlap priced ({hidden * 1e3:,.1f} ms per step hidden behind GEMMs): "
+                "Megatron --tp-comm-overlap (Transformer Engine userbuffers), which needs Transformer "
+                "Engine, sequence parallelism, tp > 1 and NVLink peer memory; `autopar export --format "
+                "megatron` writes it"
+                + ("" if self.layout.sp else ", and refuses this layout: it has no sequence parallelism")
+            )
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """``schema_version``, the job (``Job``'s dump), the layout's fields, then the figures."""

@@ -225,6 +225,10 @@ KEYS: dict[str, set[str]] = {
         "--expert-model-parallel-size",
         "--expert-tensor-parallel-size",
         "--sequence-parallel",
+        "--tp-comm-overlap",
+        "--moe-token-dispatcher-type",
+        "--moe-flex-dispatcher-backend",
+        "--overlap-moe-expert-parallel-comm",
         "--micro-batch-size",
         "--global-batch-size",
         "--seq-length",
@@ -549,3 +553,42 @@ def test_megatron_exports_the_data_parallel_overlap_the_cost_model_assumes() -> 
     # No data parallelism: nothing to overlap, no flag.
     alone = resolve_layout(num_devices=64, global_batch=256, tp=8, pp=8, zero=1, micro_batch=1)
     assert "--overlap-grad-reduce" not in export(alone, "megatron", J(64, 256, layers=80))
+
+
+def test_megatron_exports_the_tp_comm_overlap_the_megatron_profile_prices() -> None:
+    """The megatron profile hides part of the TP communication behind the GEMMs (TE userbuffers) on
+    NVLink devices; the launch asks for it (--tp-comm-overlap), never on a PCIe node (priced without
+    it), and a layout priced with it that Megatron cannot run with it (no SP) is refused."""
+    lay = resolve_layout(num_devices=64, global_batch=256, tp=8, pp=2, zero=1, micro_batch=1)
+    h100 = J(64, 256, layers=80).model_copy(update={"device": "h100-sxm-80gb"})
+    text = export(lay, "megatron", h100)
+    assert "--tp-comm-overlap" in text and "--sequence-parallel" in text
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=1" in text
+    assert parse(text, "megatron") == (lay, h100)
+    # parse refuses a hand-edited text that drops the flag: that launch is not what was priced
+    with pytest.raises(ExportError, match="lacks --tp-comm-overlap"):
+        parse(text.replace(" \\\n--tp-comm-overlap", ""), "megatron")
+    pcie = h100.model_copy(update={"device": "l40s"})
+    assert "--tp-comm-overlap" not in export(lay, "megatron", pcie)
+    no_sp = lay.model_copy(update={"sp": False})
+    with pytest.raises(ExportError, match="without sequence parallel"):
+        export(no_sp, "megatron", h100)
+    # another stack's plan (no TP overlap priced) exports without the flag
+    titan = h100.model_copy(update={"framework": "torchtitan"})
+    assert "--tp-comm-overlap" not in export(no_sp, "megatron", titan)
+    # tp = 1: nothing to overlap, and no CUDA_DEVICE_MAX_CONNECTIONS requirement
+    dp_only = resolve_layout(num_devices=64, global_batch=256, pp=2, zero=1, micro_batch=1)
+    text = export(dp_only, "megatron", h100)
+    assert "--tp-comm-overlap" not in text and "CUDA_DEVICE_MAX_CONNECTIONS" not in text
+
+
+def test_prediction_states_what_the_priced_tp_overlap_needs() -> None:
+    from autopar.prediction import predict
+
+    kw = dict(model="llama-3.1-8b", num_devices=8, seq_len=4096, global_batch=16, tp=4, micro_batch=1)
+    nvlink = predict(device="h100-sxm-80gb", **kw)
+    assert any("--tp-comm-overlap" in a and "sequence parallelism" in a for a in nvlink.assumptions)
+    pcie = predict(device="l40s", **kw)
+    assert not any("--tp-comm-overlap" in a for a in pcie.assumptions)
+    job = Job.from_core(CoreJob.model_validate(nvlink.job))
+    assert "--tp-comm-overlap" in export(nvlink.layout, "megatron", job)

@@ -238,3 +238,28 @@ def test_deepseek_v3_report_layout_fits() -> None:
         for rec in ("selective", "norm_act")
     }
     assert fits == {"selective": False, "norm_act": True}
+
+
+@pytest.mark.parametrize(("seq", "cp"), [(8192, 1), (131072, 16)])
+def test_default_space_finds_the_llama3_405b_production_layout(seq, cp) -> None:
+    """Issue 24: with only TP8 PP16 (and CP) pinned, the *default* space contains the uneven ends
+    production runs use (126 layers do not divide into 16 stages), so recommend reaches >= 35% MFU
+    with a layout that fits (it returned 24% with a 40% bubble when the default had even ends only)."""
+    from autopar.search.recommend import recommend
+    from autopar.search.space import load_space
+
+    assert "minus_one" in load_space("default").axes.pipeline_ends
+    res = recommend(
+        model="llama-3.1-405b",
+        device="h100-sxm-80gb",
+        num_devices=16384,
+        seq_len=seq,
+        global_batch=2048,
+        overrides=["tp=8", "pp=16", f"cp={cp}"],
+        top=1,
+        progress=False,
+    )
+    best = res.results[0]
+    assert best.fits and best.memory_gib_per_device <= 0.95 * best.memory_capacity_gib
+    assert (best.layout.tp, best.layout.pp, best.layout.cp) == (8, 16, cp)
+    assert best.mfu >= 0.35

@@ -55,7 +55,11 @@ def test_json_record_has_contract_fields() -> None:
     job = d["job"]
     assert job["schema_version"] == d["schema_version"] == 1 and job["workload"]["kind"] == "training"
     assert set(job["cluster"]) == {"device", "num_devices", "devices_per_node"}
-    assert job["framework"] == "megatron" and d["assumptions"] == []
+    # the costed stack: no per-stack assumption; only what the priced TP overlap needs of the launch
+    assert job["framework"] == "megatron"
+    assert d["comm_breakdown"]["tp"]["hidden"] > 0
+    (a,) = d["assumptions"]
+    assert a.startswith("TP communication overlap priced") and "--tp-comm-overlap" in a
     json.dumps(d)
 
 

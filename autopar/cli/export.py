@@ -41,8 +41,14 @@ def write_output(text: str, out: Path | None) -> None:
 
 def render_record(record: dict[str, Any], fmt: str) -> str:
     """Export one ``predict``/``recommend --json`` record (fills ``num_layers`` from the model)."""
-    from autopar.export import export, layout_and_job_from_json
+    from autopar.export import export, get_exporter, layout_and_job_from_json
 
+    # env is a plain serialization for scripts, not launcher arguments
+    if isinstance(record, dict) and record.get("serving") and not get_exporter(fmt).serving and fmt != "env":
+        raise AutoparError(
+            f"a serving record (serve --json) cannot be exported as {fmt} training arguments",
+            "export it with --format vllm or sglang",
+        )
     layout, job = layout_and_job_from_json(record)
     if job.num_layers is None:
         try:

@@ -159,6 +159,7 @@ def cmd_recommend(a: argparse.Namespace) -> int:
             ray=a.ray,
             workers=a.workers,
             progress=not a.json,
+            launcher=a.export or None,
         )
     finally:
         if started:
@@ -174,8 +175,7 @@ def cmd_recommend(a: argparse.Namespace) -> int:
             rendered = render_record(res.results[0].to_dict(), a.export)
         except ExportError as exc:
             raise ExportError(
-                f"the winner {res.results[0].layout.short()}: {exc.message}",
-                f"restrict the search to what {a.export} runs, e.g. --set zero=2,3",
+                f"the winner {res.results[0].layout.short()}: {exc.message}", exc.hint
             ) from None
     if a.json:
         sys.stdout.write(json.dumps(res.to_dict(), indent=2, default=float) + "\n")
@@ -277,6 +277,13 @@ def print_search_result(res) -> None:
     excl = sorted(res.infeasible_by_reason.items(), key=lambda kv: -kv[1])
     if excl:
         con.print("excluded: " + ", ".join(f"{k} {v:,}" for k, v in excl))
+    if res.launch_note:
+        con.print(res.launch_note, highlight=False)
+    if res.not_launchable:
+        con.print(
+            f"{res.not_launchable:,} of the best fitting layouts left out: {res.launcher} refuses them",
+            highlight=False,
+        )
     names = res.objectives.names
     extra = (["energy J/token"] if "energy" in names else []) + (["$/M tokens"] if "cost" in names else [])
     title = f"top {len(res.results)} by {names[0]}"

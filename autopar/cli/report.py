@@ -100,6 +100,8 @@ def search_report(res: Any, *, export_format: str | None = None, title: str = "r
     excl = sorted(res.infeasible_by_reason.items(), key=lambda kv: -kv[1])
     if excl:
         rep.text("excluded: " + ", ".join(f"{k} {v:,}" for k, v in excl), "note")
+    if getattr(res, "launch_note", ""):
+        rep.text(res.launch_note, "note")
 
     def point(p: Any) -> dict[str, Any]:
         o = res.objective_report(p)

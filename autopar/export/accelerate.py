@@ -118,6 +118,13 @@ def accelerate_config(layout: Layout, job: Job) -> dict[str, Any]:
     if layout.precision not in MIXED:
         raise unsupported(f"{layout.precision} precision", FMT, f"mixed_precision takes {', '.join(MIXED)}")
     kind = distributed_type(layout)
+    if job.framework == "fsdp" and kind in ("MEGATRON_LM", "DEEPSPEED"):
+        # the plan was priced as PyTorch FSDP (autopar.frameworks FSDP): another stack is another plan
+        raise unsupported(
+            f"a plan priced for PyTorch FSDP (framework fsdp) that needs {kind}",
+            FMT,
+            "fsdp plans launch as FSDP (zero 2/3 without offload) or DDP (zero=0, data parallel only)",
+        )
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": kind,
@@ -234,6 +241,23 @@ class AccelerateExporter(Exporter):
     name = FMT
     suffix = ".yaml"
     description = "Hugging Face Accelerate config (FSDP2, DEEPSPEED, MEGATRON_LM or MULTI_GPU)"
+
+    def search_limits(self, job: Job) -> dict[str, list[Any]]:
+        if job.framework != "fsdp":
+            return {}
+        # an fsdp plan runs as FSDP2 (accelerate_config's refusals on that path); DDP (zero=0) only
+        # without tp and cp, which axes cannot say, so the search keeps FSDP (zero 2/3) only
+        return {
+            "pp": [1],
+            "vpp": [1],
+            "pipeline_ends": ["even"],
+            "ep": [1],
+            "sp": ["off"],
+            "recompute": ["none", "full"],
+            "offload": [False],
+            "zero": [2, 3],
+            "precision": ["bf16", "fp16", "fp32", "fp8"],
+        }
 
     def _render(self, layout: Layout, job: Job) -> str:
         cfg = accelerate_config(layout, job)

@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autopar.errors import AutoparError
 from autopar.job import Framework, GlobalBatch, ModelRef, NumDevices, SeqLen, job_error
 from autopar.job import Job as CoreJob
-from autopar.layout import COLUMNS, RECOMPUTE_MODULES, Layout
+from autopar.layout import COLUMNS, RECOMPUTE_CODES, RECOMPUTE_MODULES, Layout
+from autopar.moe import A2A_OVERLAP_DESCRIPTION, DISPATCHER_DESCRIPTION, Dispatcher
 from autopar.schedules import PIPELINE_SCHEDULE_DESCRIPTION, PipelineSchedule
 
 HEADER_TAG = "autopar-export"
@@ -145,6 +146,8 @@ class Job(BaseModel):
     device: str | None = None
     framework: Framework = "megatron"
     pipeline_schedule: PipelineSchedule = Field("1f1b", description=PIPELINE_SCHEDULE_DESCRIPTION)
+    moe_dispatcher: Dispatcher = Field("alltoall", description=DISPATCHER_DESCRIPTION)
+    moe_a2a_overlap: bool = Field(False, description=A2A_OVERLAP_DESCRIPTION)
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -178,6 +181,8 @@ class Job(BaseModel):
             device=job.cluster.device,
             framework=job.framework,
             pipeline_schedule=t.pipeline_schedule,
+            moe_dispatcher=t.moe_dispatcher,
+            moe_a2a_overlap=t.moe_a2a_overlap,
         )
 
     @property
@@ -234,6 +239,18 @@ class Exporter(ABC):
     module_recompute: ClassVar[bool] = False
     # Pipeline schedules (autopar.schedules) the format can name; the others are refused.
     pipeline_schedules: ClassVar[tuple[str, ...]] = ("1f1b",)
+    # Whether the format can name the MoE token dispatcher and the EP all-to-all overlap
+    # (Job.moe_dispatcher / moe_a2a_overlap); the others refuse an expert-parallel layout priced with
+    # anything but the plain all-to-all dispatcher without overlap.
+    moe_options: ClassVar[bool] = False
+
+    def search_limits(self, job: Job) -> dict[str, list[Any]]:
+        """Search-space axes this launcher cannot run every value of: axis -> the values it can
+        (``autopar.search.space.restrict_axes``: ``--framework X`` searches only these). Each
+        subclass lists what its refusals rule out axis by axis; a refusal that depends on several
+        axes at once (a product, a combination) is left to the search's check that renders every
+        returned layout (``autopar.search.recommend.search_layouts``)."""
+        return {}
 
     def render(self, layout: Layout, job: Job) -> str:
         """The launcher text for ``layout`` running ``job``; raises :class:`ExportError`."""
@@ -251,6 +268,22 @@ class Exporter(ABC):
                 f"pipeline schedule {job.pipeline_schedule}",
                 self.name,
                 "export to torchtitan (torch.distributed.pipelining schedules), or use --pipeline-schedule 1f1b",
+            )
+        from autopar.schedules import schedule_problem
+
+        why = schedule_problem(job.pipeline_schedule, layout.pp, layout.vpp, layout.grad_accum)
+        if why is not None:  # torch's schedule would run another pipeline than the one scored
+            raise ExportError(f"{why}, got vpp={layout.vpp}, grad_accum={layout.grad_accum} ({self.name})")
+        if (
+            not self.moe_options
+            and layout.ep > 1
+            and (job.moe_dispatcher != "alltoall" or job.moe_a2a_overlap)
+        ):
+            raise unsupported(
+                f"MoE dispatcher {job.moe_dispatcher}"
+                + (" with the EP all-to-all overlap" if job.moe_a2a_overlap else ""),
+                self.name,
+                "export to megatron, or price the job with --moe-dispatcher alltoall and no --moe-a2a-overlap",
             )
         if self.serving:
             check_serving(layout, self.name)
@@ -318,10 +351,71 @@ def layout_and_job_from_json(d: Mapping[str, Any]) -> tuple[Layout, Job]:
     except ValidationError as e:
         raise ExportError(f"the JSON record's job is not valid: {job_error(e)}") from None
     lay = {k: d[k] for k in COLUMNS if k in d}
-    layout = build_layout(lay, "the JSON record")
+    layout = apply_stage_plan(build_layout(lay, "the JSON record"), d)
     job = Job.from_core(core)
     check_layout_and_job(layout, job, "the JSON record")
     return layout, job
+
+
+def apply_stage_plan(layout: Layout, d: Mapping[str, Any]) -> Layout:
+    """The layout a study record's per-stage plan (``stage_layers``, ``stage_recompute``: an
+    ``uneven_pipeline`` space) runs, as launchers spell it, so that what is exported is what was scored.
+
+    Layer counts: the even split stays the even split; first/last stages that differ from equal
+    middle stages become ``first_stage_layers``/``last_stage_layers`` (Megatron's
+    --decoder-first/last-pipeline-num-layers: the rest split evenly, as scored). Middle stages of
+    different sizes, or different recompute modes on different stages, have no launcher flag
+    (Megatron-LM runs one recompute mode and one split rule on every stage): refused.
+    """
+    layers, recs = d.get("stage_layers"), d.get("stage_recompute")
+    if layers is None and recs is None:
+        return layout
+    where = "the JSON record's per-stage plan"
+    for name, v in (("stage_layers", layers), ("stage_recompute", recs)):
+        if v is not None and (
+            not isinstance(v, list)
+            or len(v) != layout.pp
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+        ):
+            raise ExportError(
+                f"{where}: {name} must list one non-negative integer per pipeline stage (pp={layout.pp}), got {v!r}",
+                "pass the record `autopar study show --json` wrote",
+            )
+    update: dict[str, Any] = {}
+    if recs is not None:
+        if any(c >= len(RECOMPUTE_CODES) for c in recs):
+            raise ExportError(f"{where}: unknown recompute code in stage_recompute {recs!r}")
+        modes = [RECOMPUTE_CODES[c] for c in recs]
+        if len(set(modes)) > 1:
+            raise unsupported(
+                f"per-stage recompute ({'/'.join(modes)})",
+                "any launcher",
+                "Megatron-LM runs one recompute mode on every stage; run the study with "
+                "uneven_pipeline.per_stage_recompute: false to get a launchable winner",
+            )
+        update["recompute"] = modes[0]
+    if layers is not None:
+        if layout.vpp != 1 or min(layers) < 1:
+            raise ExportError(
+                f"{where}: stage_layers {layers} with vpp={layout.vpp}",
+                "vpp must be 1, every stage >= 1 layer",
+            )
+        q, rem = divmod(sum(layers), layout.pp)
+        even = [q + (i < rem) for i in range(layout.pp)]  # autopar.search.uneven.even_split
+        first = last = 0
+        if layers != even:
+            middle = layers[1:-1]
+            if len(set(middle)) > 1:
+                raise unsupported(
+                    f"pipeline stages of {'/'.join(map(str, layers))} layers (uneven middle stages)",
+                    "any launcher",
+                    "Megatron sets only the first and the last stage's layers; the rest split evenly",
+                )
+            mid = middle[0] if middle else None
+            first = layers[0] if layers[0] != mid else 0
+            last = layers[-1] if layers[-1] != mid and mid is not None else 0
+        update.update(first_stage_layers=first, last_stage_layers=last)
+    return layout.model_copy(update=update)
 
 
 # ---------------------------------------------------------------------------------------------

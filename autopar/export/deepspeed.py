@@ -118,6 +118,21 @@ def ds_config(layout: Layout, job: Job) -> dict[str, Any]:
 @register
 class DeepSpeedExporter(Exporter):
     name = FMT
+
+    def search_limits(self, job: Job) -> dict[str, list[Any]]:
+        # ds_config's refusals above, axis by axis
+        return {
+            "pp": [1],
+            "vpp": [1],
+            "pipeline_ends": ["even"],
+            "cp": [1],
+            "sp": ["off"],
+            "recompute": ["none"],
+            "shard_group": [0],
+            "precision": ["bf16", "fp16", "fp32"],
+            "etp": [1],
+        }
+
     suffix = ".json"
     description = "DeepSpeed ds_config.json (ZeRO, offload, AutoTP, AutoEP, batch, precision)"
 

@@ -38,6 +38,7 @@ class EnvExporter(Exporter):
     suffix = ".env"
     description = "shell `export AUTOPAR_*=...` lines (layout + job) for scripts"
     pipeline_schedules = PIPELINE_SCHEDULES  # AUTOPAR_PIPELINE_SCHEDULE names any of them
+    moe_options = True  # AUTOPAR_MOE_DISPATCHER / AUTOPAR_MOE_A2A_OVERLAP
 
     def _render(self, layout: Layout, job: Job) -> str:
         lines = [header_line(FMT, job), f"# autopar layout: {layout.short()}"]
@@ -94,9 +95,14 @@ class EnvExporter(Exporter):
         jd: dict[str, Any] = {}
         for k in JOB_FIELDS:
             if k in env:
-                jd[k] = (
-                    env[k] if k in ("model", "device", "framework", "pipeline_schedule") else _int(env[k], k)
-                )
+                if k in ("model", "device", "framework", "pipeline_schedule", "moe_dispatcher"):
+                    jd[k] = env[k]
+                elif k == "moe_a2a_overlap":
+                    if env[k] not in ("True", "False"):
+                        raise ExportError(f"{PREFIX}{k.upper()}={env[k]!r} is not True or False")
+                    jd[k] = env[k] == "True"
+                else:
+                    jd[k] = _int(env[k], k)
         job = merge_job(header, jd, FMT) if header else Job.from_dict(jd)
         for k in DERIVED:
             if k in env and _int(env[k], k) != getattr(job, k):

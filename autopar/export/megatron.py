@@ -32,6 +32,17 @@ ZeRO mapping (decided here, documented in the module):
   Llama 3 balance); Megatron-Core refuses to combine the two forms.
 * interleaving -> ``--num-virtual-stages-per-pipeline-rank`` (parse also reads
   ``--num-layers-per-virtual-pipeline-stage`` when the header carries ``num_layers``).
+* TP communication overlap -> ``--tp-comm-overlap`` (Transformer Engine userbuffers), which the
+  megatron profile prices (``autopar.frameworks.MEGATRON.tp_comm_overlap``): written when
+  ``tp > 1`` with sequence parallelism (Megatron-LM ``validate_args``: "Tensor parallel
+  communication/GEMM overlap can happen only when sequence parallelism is enabled") on a device
+  whose GPUs map each other's memory (``scale_up.peer_memory``, NVLink: the cost model hides
+  nothing on a PCIe node, so nothing is written there). A megatron-framework job on such a device
+  with ``tp > 1`` and ``sp=False`` is refused: it was priced with the overlap, which Megatron
+  cannot run without SP. It needs Transformer Engine (Megatron's default ``--transformer-impl``).
+* environment: with ``tp > 1`` or ``cp > 1`` below Blackwell and without Megatron-FSDP,
+  ``validate_args`` asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1``; the text says so in a comment line
+  (the arguments are appended to a command, so no ``export`` line can be part of them).
 
 Refused, because Megatron-LM would reject or silently change them: interleaving with ``pp < 2``,
 ``cp > 1`` with ``seq_len % (2*cp) != 0``, expert parallelism with fp16.
@@ -96,8 +107,11 @@ VALUE_FLAGS = (
     "--fp8-recipe",
     "--fp4-format",
     "--fp4-recipe",
+    "--moe-token-dispatcher-type",
+    "--moe-flex-dispatcher-backend",
 )
 BOOL_FLAGS = (
+    "--overlap-moe-expert-parallel-comm",
     "--account-for-embedding-in-pipeline-split",
     "--account-for-loss-in-pipeline-split",
     "--sequence-parallel",
@@ -108,10 +122,87 @@ BOOL_FLAGS = (
     "--no-gradient-accumulation-fusion",
     "--optimizer-cpu-offload",
     "--use-precision-aware-optimizer",
+    "--tp-comm-overlap",
     "--bf16",
     "--fp16",
 )
 FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+
+
+def _peer_memory(job: Job) -> bool | None:
+    """Whether the job's devices map each other's memory (TE userbuffers); None when unknown."""
+    if job.device is None:
+        return None
+    from autopar.errors import AutoparError
+    from autopar.hardware import load_device
+
+    try:
+        return bool(load_device(job.device).scale_up.peer_memory)
+    except AutoparError:
+        return None
+
+
+def tp_comm_overlap(layout: Layout, job: Job, fmt: str = FMT) -> bool:
+    """Whether to write ``--tp-comm-overlap``: what the megatron profile priced (module docstring).
+
+    Raises when a megatron-framework job was priced with the overlap but Megatron cannot run it
+    (``tp > 1`` without sequence parallelism on an NVLink device).
+    """
+    if layout.tp == 1:
+        return False
+    peer = _peer_memory(job)
+    if peer is False:
+        return False  # PCIe node: no userbuffers, and the cost model hides no TP communication
+    if not layout.sp:
+        if peer and job.framework == "megatron":
+            raise unsupported(
+                f"tensor parallel (tp={layout.tp}) without sequence parallel, priced with TP "
+                "communication overlap (megatron profile)",
+                fmt,
+                "Megatron's --tp-comm-overlap needs --sequence-parallel; use sp=True (the default)",
+            )
+        return False
+    return True
+
+
+def moe_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
+    """The token dispatcher and EP all-to-all overlap the job was priced with (expert-parallel
+    layouts; Megatron's own dispatcher default is allgather, not autopar's alltoall)."""
+    if layout.ep == 1:
+        return []
+    a = [flag("--moe-token-dispatcher-type", "alltoall" if job.moe_dispatcher == "alltoall" else "flex")]
+    if job.moe_dispatcher == "deepep":
+        a.append(flag("--moe-flex-dispatcher-backend", "deepep"))
+    if job.moe_a2a_overlap:
+        # Megatron-Core TransformerConfig.__post_init__ (mcore 0.16) asserts these
+        for cond, why in (
+            (layout.pp > 1 and layout.vpp == 1, "pp > 1 without interleaving (vpp = 1)"),
+            (layout.recompute == "full", "full recompute"),
+            (layout.precision == "fp32", "fp32"),
+        ):
+            if cond:
+                raise unsupported(
+                    f"EP all-to-all overlap (--overlap-moe-expert-parallel-comm) with {why}",
+                    fmt,
+                    "Megatron-Core refuses it; price the job without --moe-a2a-overlap",
+                )
+        a.append(flag("--overlap-moe-expert-parallel-comm"))
+    return a
+
+
+def needs_max_connections(layout: Layout, job: Job) -> bool:
+    """Megatron-LM validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for these (below Blackwell)."""
+    return (layout.tp > 1 or layout.cp > 1) and layout.zero < 2
+
+
+MAX_CONNECTIONS_NOTE = (
+    "# environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM requires it with tensor or "
+    "context parallelism on Hopper and older GPUs)"
+)
+TP_OVERLAP_NOTE = (
+    "# --tp-comm-overlap needs Transformer Engine (the default --transformer-impl) and NVLink "
+    "(userbuffers); it is what the megatron profile priced"
+)
 
 
 def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
@@ -155,6 +246,9 @@ def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
     ]
     if layout.sp:
         a.append(flag("--sequence-parallel"))
+    if tp_comm_overlap(layout, job, fmt):
+        a.append(flag("--tp-comm-overlap"))
+    a += moe_args(layout, job, fmt)
     a += [
         flag("--micro-batch-size", layout.micro_batch),
         flag("--global-batch-size", job.global_batch),
@@ -367,16 +461,27 @@ class MegatronExporter(Exporter):
     suffix = ".sh"
     stage_layers = True
     module_recompute = True
+    moe_options = True
     description = (
         "Megatron-LM pretrain_gpt.py arguments (append to your torchrun ... pretrain_gpt.py command)"
     )
 
+    def search_limits(self, job: Job) -> dict[str, list[Any]]:
+        # a megatron-framework plan on NVLink is priced with TP comm overlap, which needs SP
+        if job.framework == "megatron" and _peer_memory(job) is not False:
+            return {"sp": ["auto", "on"]}
+        return {}
+
     def _render(self, layout: Layout, job: Job) -> str:
         args = megatron_args(layout, job)
+        notes = [MAX_CONNECTIONS_NOTE] if needs_max_connections(layout, job) else []
+        if "--tp-comm-overlap" in args:
+            notes.append(TP_OVERLAP_NOTE)
         return "\n".join(
             [
                 header_line(FMT, job),
                 f"# Megatron-LM arguments for layout: {layout.short()}",
+                *notes,
                 shell_lines(args, indent=""),
             ]
         )
@@ -397,9 +502,26 @@ class MegatronExporter(Exporter):
         if "ckpt_format" in f and (f.pop("ckpt_format") != "fsdp_dtensor" or not f.get("use_megatron_fsdp")):
             raise ExportError(f"autopar writes --ckpt-format only as fsdp_dtensor with Megatron-FSDP ({FMT})")
         hj = header["job"]
-        native = {"seq_len": to_int(f["seq_length"], "--seq-length", FMT)} if "seq_length" in f else {}
+        native: dict[str, Any] = (
+            {"seq_len": to_int(f["seq_length"], "--seq-length", FMT)} if "seq_length" in f else {}
+        )
         if "global_batch_size" in f:
             native["global_batch"] = to_int(f["global_batch_size"], "--global-batch-size", FMT)
+        disp, backend = f.pop("moe_token_dispatcher_type", None), f.pop("moe_flex_dispatcher_backend", None)
+        if disp is not None:
+            if (disp, backend) not in (("alltoall", None), ("flex", "deepep")):
+                raise unsupported(
+                    f"MoE dispatcher {disp}" + (f" ({backend})" if backend else ""),
+                    "autopar (reading " + FMT + ")",
+                    "autopar prices alltoall, or flex with the deepep backend",
+                )
+            native["moe_dispatcher"] = "alltoall" if disp == "alltoall" else "deepep"
+        elif backend is not None:
+            raise ExportError(
+                f"--moe-flex-dispatcher-backend without --moe-token-dispatcher-type flex ({FMT})"
+            )
+        if f.pop("overlap_moe_expert_parallel_comm", False):
+            native["moe_a2a_overlap"] = True
         job = merge_job(header, native, FMT)
         values = layout_fields_from_megatron(
             f, num_devices=job.num_devices, global_batch=job.global_batch, num_layers=hj.get("num_layers")
@@ -407,4 +529,23 @@ class MegatronExporter(Exporter):
         layout = build_layout(values, FMT)
         if layout.zero >= 1 and not f.get("use_distributed_optimizer"):
             raise ExportError(f"Megatron-FSDP without --use-distributed-optimizer in the {FMT} text")
+        if layout.ep > 1 and (
+            "moe_dispatcher" not in native or job.moe_a2a_overlap != bool(native.get("moe_a2a_overlap"))
+        ):
+            raise ExportError(
+                f"the {FMT} text does not name the MoE dispatcher and overlap the job was priced with",
+                "re-export it with `autopar export`",
+            )
+        overlap = bool(f.get("tp_comm_overlap"))
+        if overlap and not layout.sp:
+            raise ExportError(
+                f"--tp-comm-overlap without --sequence-parallel in the {FMT} text",
+                "Megatron-LM refuses it; add --sequence-parallel",
+            )
+        if overlap != tp_comm_overlap(layout, job):
+            raise ExportError(
+                f"the {FMT} text {'has' if overlap else 'lacks'} --tp-comm-overlap, but the layout was "
+                f"priced {'without' if overlap else 'with'} TP communication overlap",
+                "re-export it with `autopar export`",
+            )
         return layout, job

@@ -232,6 +232,18 @@ class TorchtitanExporter(Exporter):
     description = f"torchtitan {TORCHTITAN_VERSION} job config (TOML, --job.config_file)"
     pipeline_schedules = PIPELINE_SCHEDULES
 
+    def search_limits(self, job: Job) -> dict[str, list[Any]]:
+        # sections()'s refusals, axis by axis; zero=0 (DDP) runs only without tp, pp and cp, which
+        # axes cannot say, and FSDP (zero 2/3) runs those layouts too, so the search keeps FSDP only
+        return {
+            "zero": [2, 3],
+            "offload": [False],
+            "precision": ["bf16", "fp32", "fp8"],
+            "sp": ["auto", "on"],
+            "pipeline_ends": ["even"],
+            "recompute": ["none", "selective", "full"],
+        }
+
     def _render(self, layout: Layout, job: Job) -> str:
         return "\n".join(
             [

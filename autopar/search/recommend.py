@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,12 +34,13 @@ from autopar.search.scoring import (
     score_chunks,
     score_ids,
 )
-from autopar.search.space import SearchSpace, load_space
+from autopar.search.space import SearchSpace, load_space, restrict_axes
 
 TARGET_CELLS = 100_000  # grid cells per engine call (fits the caches; see studies/search_speed.py)
 POOL_MIN_LAYOUTS = 1_500_000
 DUPLICATE_FETCH = 4  # layouts kept per returned one, room for collapsing near-duplicates...
 DUPLICATE_EXTRA_MAX = 200  # ...but at most this many extra (each is re-predicted one by one)  # below this a process pool costs more than it saves on 2 cores
+LAUNCH_EXTRA = 50  # best layouts kept beyond those, in case the launcher refuses some (search_layouts)
 
 
 # ---------------------------------------------------------------------------------- executors
@@ -186,6 +187,11 @@ class SearchResult:
     backend: str
     workers: int
     training_job: TrainingJob | None = None
+    # what the launcher (the job's framework's export format) cannot run, left out of the space
+    launch_note: str = ""
+    launcher: str = ""
+    # layouts among the best ones dropped because the launcher refused them (see search_layouts)
+    not_launchable: int = 0
 
     @property
     def layouts_per_s(self) -> float:
@@ -222,6 +228,9 @@ class SearchResult:
             "elapsed_s": self.elapsed_s,
             "backend": self.backend,
             "workers": self.workers,
+            "launcher": self.launcher,
+            "launch_note": self.launch_note,
+            "not_launchable": self.not_launchable,
         }
         if self.backend == "ray":
             from autopar.search.ray_backend import describe
@@ -393,10 +402,30 @@ def _resolve_calibration(calibration: str | Calibration | None) -> Calibration:
     return calibration if isinstance(calibration, Calibration) else load_calibration(calibration)
 
 
+def launch_check(job: TrainingJob, fmt: str) -> tuple[dict[str, list[Any]], Callable[[Layout], str | None]]:
+    """The search limits of launcher format ``fmt`` for ``job`` and a check that renders one
+    layout with it (None: it renders; else the refusal)."""
+    from autopar.export.base import ExportError, get_exporter
+    from autopar.export.base import Job as ExportJob
+
+    exporter = get_exporter(fmt)
+    xjob = ExportJob.from_core(job.job, num_layers=job.model.layers)
+
+    def check(layout: Layout) -> str | None:
+        try:
+            exporter.render(layout, xjob)
+        except ExportError as exc:
+            return exc.message
+        return None
+
+    return exporter.search_limits(xjob), check
+
+
 def search_layouts(
     job: TrainingJob,
     space: SearchSpace,
     *,
+    launcher: str | None = None,
     top: int = 5,
     objectives: Objectives | None = None,
     calibration: str | Calibration | None = None,
@@ -406,12 +435,23 @@ def search_layouts(
     pareto_limit: int = 100,
     explain_infeasible: bool = True,
 ) -> SearchResult:
-    """:func:`recommend` on an already-built job (used by sweeps and studies)."""
+    """:func:`recommend` on an already-built job (used by sweeps and studies).
+
+    Only what the launcher runs is searched: ``launcher`` (an export format; default the job's
+    framework's, ``Job.export_format``) cuts the space's axes to its
+    :meth:`~autopar.export.base.Exporter.search_limits` (``launch_note`` says what was cut), and
+    every returned layout renders with it: the best layouts it refuses on a combination of axes
+    are dropped (``not_launchable``) before the top ``top`` are taken.
+    """
     objectives = objectives or Objectives()
     t0 = time.perf_counter()
     if not isinstance(top, int) or top < 1:
         raise AutoparError(f"top must be a positive integer, got {top!r}", "pass --top >= 1")
     cal = _resolve_calibration(calibration)
+    fmt = launcher or job.job.export_format
+    limits, launchable = launch_check(job, fmt)
+    who = f"--framework {job.job.framework} ({fmt} export)"
+    space, launch_note = restrict_axes(space, limits, who)
     en = enumerate_space(job, space)
     reasons = {code: n for _, codes in STAGE_RULES for code in codes if (n := en.excluded.get(code, 0))}
     if en.size == 0:
@@ -419,7 +459,8 @@ def search_layouts(
     # Near-duplicates (layouts whose difference changes no figure) are collapsed into one row, so the
     # scoring keeps a few more than ``top`` to still return ``top`` distinct ones.
     fetch = max(top + min((DUPLICATE_FETCH - 1) * top, DUPLICATE_EXTRA_MAX), 2)
-    state = ScoringState(en, cal, objectives, fetch)
+    # room for best layouts the launcher refuses on a combination of axes (re-predicted only if needed)
+    state = ScoringState(en, cal, objectives, fetch + LAUNCH_EXTRA)
     t1 = time.perf_counter()
     summary, backend, n_workers = run_scoring(state, workers=workers, ray=ray, progress=progress)
     scoring_s = time.perf_counter() - t1
@@ -431,10 +472,32 @@ def search_layouts(
             else (f"none of the {summary.n_legal:,} legal layouts fits in memory", "see recommend")
         )
         raise InfeasibleError(msg, hint)
-    results = collapse_equivalent(_predictions(en, summary.top_ids[:fetch], cal), top)
+    ok: list[Prediction] = []
+    refusals: list[str] = []
+    for i in range(0, len(summary.top_ids), fetch):
+        for p in _predictions(en, summary.top_ids[i : i + fetch], cal):
+            why = launchable(p.layout)
+            if why is None:
+                ok.append(p)
+            else:
+                refusals.append(why)
+        if len(ok) >= fetch:
+            break
+    if not ok:
+        raise InfeasibleError(
+            f"none of the {len(refusals)} best fitting layouts can be launched by {fmt}: {refusals[0]}",
+            "widen the search space, or pick a launcher that runs them (--framework / --export)",
+        )
+    results = collapse_equivalent(ok[:fetch], top)
     front: list[Prediction] = []
     if len(objectives.names) > 1:
-        front = collapse_equivalent(_predictions(en, summary.front_ids[:pareto_limit], cal))
+        front = collapse_equivalent(
+            [
+                p
+                for p in _predictions(en, summary.front_ids[:pareto_limit], cal)
+                if launchable(p.layout) is None
+            ]
+        )
     return SearchResult(
         job=job.info(),
         space=space.name,
@@ -452,6 +515,9 @@ def search_layouts(
         backend=backend,
         workers=n_workers,
         training_job=job,
+        launch_note=launch_note,
+        launcher=fmt,
+        not_launchable=len(refusals),
     )
 
 
@@ -481,6 +547,7 @@ def recommend(
     ray: Any = None,
     workers: int | None = None,
     progress: bool = True,
+    launcher: str | None = None,
 ) -> SearchResult:
     """The best ``top`` layouts of a search space for one training job.
 
@@ -492,8 +559,9 @@ def recommend(
     (a list or "a,b"): then ``pareto`` holds their Pareto front. ``space`` is a built-in name,
     a YAML/TOML path, a mapping or a :class:`SearchSpace`; ``overrides`` are ``--set`` strings.
     ``ray``: None (no Ray), True or "local" (embedded local Ray), or a cluster address.
-    Raises :class:`InfeasibleError` when nothing fits, naming the closest layouts and what would
-    make them fit.
+    ``launcher``: the export format the layouts must render in (default: the framework's own;
+    :func:`search_layouts` searches only what it runs). Raises :class:`InfeasibleError` when
+    nothing fits, naming the closest layouts and what would make them fit.
     """
     objectives = Objectives.parse(
         objective, price_per_device_hour=price_per_device_hour, price_per_kwh=price_per_kwh
@@ -520,6 +588,7 @@ def recommend(
     return search_layouts(
         tj,
         sp,
+        launcher=launcher,
         top=top,
         objectives=objectives,
         calibration=calibration if isinstance(calibration, Calibration) else tj.job.calibration,
@@ -618,6 +687,7 @@ def _infeasible_message(
         else:
             fixes.append(
                 f"even {job.num_devices * 16} devices with full recompute, ZeRO-3, offload and micro-batch 1 "
+                f"(those of them {job.job.export_format} launches for --framework {job.job.framework}) "
                 "do not fit; shorten the sequence or use a device with more memory"
             )
     lines.append("What would fit: " + "; ".join(fixes))

@@ -410,7 +410,64 @@ def load_space(
     return parse_space(raw, where)
 
 
+def restrict_axes(space: SearchSpace, limits: dict[str, list[Any]], who: str) -> tuple[SearchSpace, str]:
+    """``space`` with every axis cut to the values in ``limits`` (axis -> allowed values, from
+    :meth:`autopar.export.base.Exporter.search_limits`), and one line naming what was cut ("" when
+    nothing was). An axis the space pins to values ``who`` cannot launch at all is an error.
+
+    Integer axes: explicit values are intersected; generated ones (pow2, divisors, ...) become the
+    allowed values (the legality rules still apply). ``sp``: a mode outside the allowed ones becomes
+    the first allowed one.
+    """
+    raw = space.to_dict()
+    axes = raw["axes"]
+    cut: list[str] = []
+    for name, allowed in limits.items():
+        cur = axes[name]
+        if name == "sp":
+            if cur not in allowed:
+                axes[name] = allowed[0]
+                cut.append(f"sp={cur} (now {allowed[0]})")
+            continue
+        if name in INT_AXES:
+            vals = cur.get("values")
+            if vals is None:  # generated candidates within [min, max]
+                lo, hi = cur.get("min", 1), cur.get("max")
+                top = hi if isinstance(hi, int) else None
+                keep = [v for v in allowed if v >= lo and (top is None or v <= top)]
+                if not keep:
+                    raise SearchSpaceError(
+                        f"{who} cannot launch {name} >= {lo}",
+                        f"use {name} in {', '.join(map(str, allowed))}, or another --framework",
+                    )
+                if top is not None and set(range(max(lo, 1), top + 1)) <= set(keep):
+                    continue  # already no wider than the allowed values
+                axes[name] = {"values": keep}
+                cut.append(f"{name} other than {'/'.join(map(str, keep))}")
+                continue
+            keep = [v for v in vals if v in allowed]
+        else:
+            vals = list(cur)
+            keep = [v for v in vals if v in allowed]
+        if not keep:
+            shown = ",".join(str(v).lower() for v in vals)
+            raise SearchSpaceError(
+                f"{who} cannot launch {name}={shown}",
+                f"use {name} in {', '.join(str(v).lower() for v in allowed)}, or another --framework",
+            )
+        if len(keep) < len(vals):
+            gone = [str(v).lower() for v in vals if v not in keep]
+            cut.append(f"{name}={','.join(gone)}")
+            axes[name] = {"values": keep} if name in INT_AXES else keep
+    if not cut:
+        return space, ""
+    return parse_space(
+        raw, f"{space.name} for {who}"
+    ), f"{who} cannot launch, so the search leaves out: " + "; ".join(cut)
+
+
 __all__ = [
+    "restrict_axes",
     "SearchSpace",
     "Axes",
     "IntAxis",
