@@ -33,6 +33,7 @@ def _rows(path: Path) -> dict[str, dict[str, str]]:
 
 DEV = _rows(DEV_CSV)
 DEV2 = _rows(DEV2_CSV)
+DEV3 = _rows(ROOT / "studies" / "data" / "published_runs_dev3.csv")
 
 
 def _run(row: dict[str, str]) -> Case:
@@ -122,7 +123,13 @@ def test_blank_etp_is_megatron_default_and_block_scaled_rows_are_predicted():
     fp4 = _run({**DEV2["373"], "precision": "nvfp4"})  # the same run at the fp4 peak
     assert fp4.prediction
     key = "predicted_tokens_per_s_per_device"
-    assert fp4.prediction[key] > c.prediction[key]
+    # NVFP4 runs at the FP4 peak with its own measured rate and shape law (studies/gemm_rates.py): a
+    # fine-grained MoE's small expert GEMMs gain little or nothing over MXFP8 (measured: Nemotron 3
+    # Super nvfp4 / mxfp8 = 0.88-1.04 on B200/B300/GB200/GB300), a dense 70B's large ones gain
+    # ~1.3x (Llama 3 70B on GB200, rows 449/450, the same layout: 4,864 / 3,712 = 1.31).
+    assert 0.85 < fp4.prediction[key] / c.prediction[key] < 1.15
+    dense_fp4, dense_mx = _run(DEV3["450"]), _run({**DEV3["450"], "precision": "mxfp8"})
+    assert 1.15 < dense_fp4.prediction[key] / dense_mx.prediction[key] < 1.6
     n = _run(DEV2["386"])  # Nemotron 3 Super, nvfp4: a hybrid model without a preset
     assert n.prediction is None and "preset" in (n.skipped or "")
 
