@@ -35,6 +35,7 @@ TRAINING_KINDS = ("pretrain", "finetune")
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DEV_CSV = DATA_DIR / "published_runs_dev.csv"
 DEV2_CSV = DATA_DIR / "published_runs_dev2.csv"
+DEV3_CSV = DATA_DIR / "published_runs_dev3.csv"
 
 
 def _num(row: dict[str, str], key: str) -> float | None:
