@@ -1,7 +1,10 @@
 """Fit the latency model's coefficients to the measured training runs of a published-runs CSV.
 
-    python studies/fit_published.py [--csv studies/data/published_runs_dev.csv] \
+    python studies/fit_published.py [--csv A.csv --csv B.csv] \
         [--out cost_models/calibration/default.yaml] [--holdout-source SOURCE_ID]
+
+By default the three shipped CSVs (``studies/data/published_runs_dev.csv``, ``..._dev2.csv`` and
+``..._dev3.csv``) are read.
 
 Rows with a measured throughput or step time are used, and (unless --measured-only) rows whose
 target is a published TFLOP/s or MFU converted with the source's own FLOP formula. Sources are
@@ -17,7 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from published import DEV_CSV, load_cases, run_case
+from published import DEV2_CSV, DEV3_CSV, DEV_CSV, load_cases, run_case
 
 from autopar.calibration.fit import (
     DEFAULT_MAX_NFEV,
@@ -81,16 +84,20 @@ def holdout_mape(cases, calibration: Calibration) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", type=Path, default=DEV_CSV, help="default: the shipped studies/data copy")
+    ap.add_argument(
+        "--csv", type=Path, action="append", default=None, help="repeatable; default: the three shipped CSVs"
+    )
     ap.add_argument("--out", type=Path, default=None, help="write the calibration here")
     ap.add_argument("--holdout-source", default=None)
     ap.add_argument("--max-nfev", type=int, default=DEFAULT_MAX_NFEV)
     ap.add_argument("--measured-only", action="store_true", help="ignore derived (TFLOP/s, MFU) targets")
     a = ap.parse_args(argv)
-    if not a.csv.is_file():
-        print(f"error: {a.csv} does not exist", file=sys.stderr)
-        return 2
-    cases = load_cases(a.csv)
+    paths = a.csv or [DEV_CSV, DEV2_CSV, DEV3_CSV]
+    for p in paths:
+        if not p.is_file():
+            print(f"error: {p} does not exist (pass --csv PATH to a published-runs CSV)", file=sys.stderr)
+            return 2
+    cases = [c for p in paths for c in load_cases(p)]
     for c in cases:
         run_case(c, BASE)
     rows = usable(cases, measured_only=a.measured_only)
@@ -101,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     prov = {
         "method": "scipy least_squares (soft_l1, source-balanced log-throughput residuals) on training rows",
         "derived_targets": not a.measured_only,
-        "data": a.csv.name,
-        "data_sha256_16": file_digest(a.csv),
+        "data": ", ".join(p.name for p in paths),
+        "data_sha256_16": {p.name: file_digest(p) for p in paths},
         "rows": len(train),
         "holdout_source": a.holdout_source,
         "date": now_iso(),
