@@ -1,10 +1,10 @@
-"""Accuracy of autopar's training predictions on the published runs, with leave-one-source-out.
+"""Accuracy of autopar's training predictions on the published runs, with held-out refits.
 
-    python studies/accuracy.py [--csv A.csv --csv B.csv] [--json OUT] [--no-loso] [--max-nfev N]
-        [--workers N] [--write-expected-error PATH]
+    python studies/accuracy.py [--csv A.csv --csv B.csv] [--json OUT] [--no-loso] [--lodo] [--cold]
+        [--max-nfev N] [--workers N] [--write-expected-error PATH]
 
-By default both shipped CSVs (``studies/data/published_runs_dev.csv`` and ``..._dev2.csv``) are
-read. For training rows it prints:
+By default the three shipped CSVs (``studies/data/published_runs_dev.csv``, ``..._dev2.csv`` and
+``..._dev3.csv``) are read. For training rows it prints:
 
 * coverage (rows predicted / rows with any target) and the tokens/s-per-device error (MAPE,
   median APE, bias = mean signed error) overall and per source, device, model family, precision and
@@ -13,20 +13,29 @@ read. For training rows it prints:
   >= 3 predicted rows, Spearman's rho between predicted and measured tokens/s and whether the
   predicted best layout is the measured best (top-1);
 * memory: predicted against measured allocated memory where a row has ``memory_gib_per_device``;
-* leave-one-source-out (unless ``--no-loso``): the calibration is fitted on every fit row
-  (predicted training rows with a target, run with ``fit_published.BASE``) and refitted once
-  without each source with >= 10 fit rows (``fit_published.fit_cases``, in ``--workers``
-  processes); per held-out source it prints the rows, the in-sample MAPE and bias (the fit on every
-  row), the out-of-sample MAPE and bias (the fit without the source), the verdict against the 15%
-  line, the fit's seconds and whether it converged; then the p90 of |out-of-sample error| per
-  device, per stack and overall, which ``--write-expected-error PATH`` writes as the table that
-  predictions quote (the shipped one: ``cost_models/calibration/expected_error.yaml``).
+* held-out refits (unless ``--no-loso``): the calibration is fitted on every fit row (predicted
+  training rows with a target, run with ``fit_published.BASE``), then refitted without each source
+  with >= 10 fit rows (leave-one-source-out) and, with ``--lodo``, without each device with >= 10
+  fit rows (leave-one-device-out; unfitted devices take ``coefficients.Transfer``'s rules) and
+  without every device of one die together (``same_silicon``: holding out the A100 40GB alone
+  leaves its 80GB twin, whose rates it takes, in the fit). Each refit starts from the fit on every
+  row (``--cold``: from the profiles) and the refits run in ``--workers`` processes. Per fold it
+  prints the rows, the in-sample MAPE and bias (the fit on every row), the held-out MAPE and bias,
+  the verdict against the 15% line, the fit's seconds and whether it converged;
+* expected error: every held-out row is classed by how its prediction extrapolates from the rows
+  its fit saw (``coefficients.extrapolations``: device, precision on the device, stack, model
+  class on the stack, device count beyond the stack's largest); the base p90 of |error| per stack
+  comes from the rows that extrapolate in no way, one widening factor per kind from the others,
+  and the band's coverage of the held-out rows and its median width are printed per mode (and
+  across modes: calibrated on one, judged on the other). ``--write-expected-error PATH`` (needs
+  ``--lodo``) writes that table, which predictions quote (the shipped one:
+  ``cost_models/calibration/expected_error.yaml``).
 
 All error figures use the shipped calibration (``cost_models/calibration/default.yaml``) unless
-``--calibration`` names another. ``--json OUT`` writes every record and every table. ``--plot
-OUT.svg`` draws predicted against measured tokens/s per device (in-sample: the shipped calibration
-was fitted on these rows) and, with the refits, ``OUT.out_of_sample.svg`` (each row under the fit
-that left its source out).
+``--calibration`` names another. ``--json OUT`` writes every record (with the
+``expected_error_p90`` it quotes) and every table. ``--plot OUT.svg`` draws predicted against
+measured tokens/s per device (in-sample: the shipped calibration was fitted on these rows) and, with
+the refits, ``OUT.out_of_sample.svg`` (each row under the fit that left its source out).
 """
 
 from __future__ import annotations
