@@ -247,69 +247,167 @@ def _expected_error_table(path: str) -> dict[str, Any]:
     return yaml.load(p.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or {}
 
 
+# The ways a prediction can reach beyond what the shipped fit measured, in the order the basis text
+# names them. Each widens the expected error by its own factor (the table's ``widening``), fitted on
+# the held-out rows of the leave-one-source-out and leave-one-device-out refits. Nested kinds are
+# not counted twice: a precision is judged only on a measured device, a model class and a scale only
+# on a measured stack.
+EXTRAPOLATIONS: dict[str, str] = {
+    "device": "device never measured",
+    "precision": "precision never measured on this device",
+    "stack": "training stack never measured",
+    "model_class": "model class never measured on this stack",
+    "scale": "more devices than measured on this stack",
+}
+EXPECTED_ERROR_SCHEMA = "autopar.expected_error/v2"
+# A routed MoE with at least this many experts counts as fine-grained (many small experts: its
+# dispatch, grouped GEMMs and all-to-all behave unlike a few large experts).
+FINE_GRAINED_EXPERTS = 64
+
+
+def model_class(model: Any) -> str:
+    """``dense``, ``moe`` or ``moe-fine`` (>= FINE_GRAINED_EXPERTS routed experts) of a ModelSpec."""
+    n = int(getattr(model, "num_experts", 0) or 0)
+    if n <= 0:
+        return "dense"
+    return "moe-fine" if n >= FINE_GRAINED_EXPERTS else "moe"
+
+
+def _gemm_key(precision: str) -> str:
+    return "bf16" if precision == "fp16" else precision
+
+
+def extrapolations(
+    device_id: str,
+    cal: Calibration,
+    domain: dict[str, Any],
+    *,
+    stack: str | None = None,
+    precision: str | None = None,
+    model_cls: str | None = None,
+    num_devices: int | None = None,
+) -> tuple[str, ...]:
+    """The kinds of :data:`EXTRAPOLATIONS` a prediction makes.
+
+    The device and its precision are judged by ``cal`` (fitted rates of the device or of its
+    same-silicon twin, and a fitted GEMM rate at that precision); the stack, the model class and
+    the device count by ``domain``, the rows the fit saw (``{"min_rows": n, "stacks": {stack:
+    {"rows": n, "max_devices": n, "classes": {class: n}}}}``, as ``expected_error.yaml`` records
+    them). Arguments left None are not judged.
+    """
+    kinds: list[str] = []
+    gemm = cal.device(device_id).gemm
+    if not gemm:
+        kinds.append("device")
+    elif precision is not None and _gemm_key(precision) not in {_gemm_key(k) for k in gemm}:
+        kinds.append("precision")
+    if stack is not None:
+        min_rows = int(domain.get("min_rows", 1))
+        st = (domain.get("stacks") or {}).get(stack) or {}
+        if int(st.get("rows", 0)) < min_rows:
+            kinds.append("stack")
+        else:
+            if model_cls is not None and int((st.get("classes") or {}).get(model_cls, 0)) < min_rows:
+                kinds.append("model_class")
+            if num_devices is not None and num_devices > int(st.get("max_devices", 0)):
+                kinds.append("scale")
+    return tuple(kinds)
+
+
 @dataclass(frozen=True)
 class ExpectedError:
     """The 90th percentile of |relative error| of tokens/s that a prediction quotes, and its basis.
 
-    ``basis`` is ``out_of_sample`` (the leave-one-source-out refits of the shipped fit: each run's
-    error under coefficients fitted without its source) or ``in_sample`` (a calibration's own fit
-    residuals, a lower bound); ``group`` names the runs the figure comes from (``device ID``,
-    ``device ID (same silicon)``, ``stack NAME`` or ``all``) and ``rows`` how many there were.
+    ``basis`` is ``out_of_sample`` (the leave-one-source-out and leave-one-device-out refits of the
+    published runs: each run's error under coefficients fitted without its source or device) or
+    ``in_sample`` (a calibration's own fit residuals, a lower bound); ``group`` names the runs the
+    base figure comes from (``stack NAME``, ``all``, or for in-sample ``device ID``) and ``rows``
+    how many there were. ``widened_by``: the :data:`EXTRAPOLATIONS` this prediction makes, whose
+    factors (product ``factor``) widened the base figure to ``p90``.
     """
 
     p90: float
     basis: str
     group: str
     rows: int
+    widened_by: tuple[str, ...] = ()
+    factor: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"basis": self.basis, "group": self.group, "rows": self.rows}
+        return {
+            "basis": self.basis,
+            "group": self.group,
+            "rows": self.rows,
+            "widened_by": list(self.widened_by),
+            "factor": round(self.factor, 4),
+        }
 
     def describe(self) -> str:
         runs = "held-out runs" if self.basis == "out_of_sample" else "fitted runs"
         kind = "out-of-sample" if self.basis == "out_of_sample" else "in-sample"
-        return f"within ±{self.p90:.0%} on 90% of {runs} ({kind}, {self.group}, {self.rows} runs)"
+        text = f"within ±{self.p90:.0%} on 90% of {runs} ({kind}, {self.group}, {self.rows} runs)"
+        if self.widened_by:
+            text += f"; widened x{self.factor:.2f} for: " + ", ".join(
+                EXTRAPOLATIONS[k] for k in self.widened_by
+            )
+        return text
 
 
 def lookup_expected_error(
-    table: dict[str, Any], device_id: str, stack: str | None = None, twin: str | None = None
+    table: dict[str, Any], stack: str | None, kinds: tuple[str, ...] = ()
 ) -> ExpectedError | None:
-    """The out-of-sample figure of ``table`` for a prediction on ``device_id`` with ``stack``.
-
-    The most specific group that was measured answers: the device, its same-silicon ``twin`` (whose
-    coefficients it uses), the training stack, then all held-out runs. A group is in the table
-    only if it had enough runs (``provenance.min_group_rows``).
-    """
-    groups = table.get("groups") or {}
-    devices, stacks = groups.get("device") or {}, groups.get("stack") or {}
-    candidates = [
-        (devices.get(device_id), f"device {device_id}"),
-        (devices.get(twin) if twin else None, f"device {twin} (same silicon)"),
-        (stacks.get(stack) if stack else None, f"stack {stack}"),
-        (groups.get("all"), "all"),
-    ]
-    for entry, name in candidates:
-        if entry:
-            return ExpectedError(float(entry["p90_ape"]), "out_of_sample", name, int(entry["rows"]))
-    return None
+    """The out-of-sample figure of an ``autopar.expected_error/v2`` table: the base p90 of the
+    prediction's training stack (or of all in-domain held-out runs where the stack had too few),
+    times the widening factor of every extrapolation kind in ``kinds``."""
+    if table.get("schema") != EXPECTED_ERROR_SCHEMA:
+        return None
+    base = table.get("base") or {}
+    entry, group = ((base.get("stack") or {}).get(stack) if stack else None), f"stack {stack}"
+    if not entry:
+        entry, group = base.get("all"), "all"
+    if not entry:
+        return None
+    widening = table.get("widening") or {}
+    factor = 1.0
+    for k in kinds:
+        factor *= float((widening.get(k) or {}).get("factor", 1.0))
+    return ExpectedError(
+        float(entry["p90_ape"]) * factor, "out_of_sample", group, int(entry["rows"]), tuple(kinds), factor
+    )
 
 
 def expected_error(
-    device_id: str, cal: Calibration | None = None, stack: str | None = None
+    device_id: str,
+    cal: Calibration | None = None,
+    stack: str | None = None,
+    *,
+    precision: str | None = None,
+    model: Any = None,
+    num_devices: int | None = None,
 ) -> ExpectedError | None:
-    """The error a prediction on ``device_id`` (training ``stack``) should expect, and its basis.
+    """The error a prediction on ``device_id`` (training ``stack``, GEMM ``precision``, ModelSpec
+    ``model``, ``num_devices``) should expect, and its basis.
 
-    Under the shipped calibration: the out-of-sample table (:func:`expected_error_path`). Under
-    any other calibration that table does not describe it, so its own in-sample fit residuals on
-    this device (or its same-silicon twin) answer, if it records any.
+    Under the shipped calibration: the out-of-sample table (:func:`expected_error_path`), widened
+    for every way the prediction extrapolates (:func:`extrapolations`; arguments left None are
+    not judged). Under any other calibration that table does not describe it, so its own in-sample
+    fit residuals on this device (or its same-silicon twin) answer, if it records any.
     """
     shipped = load_calibration()
     cal = cal or shipped
     twin = cal.transfer.same_silicon.get(device_id)
     if cal == shipped:
-        found = lookup_expected_error(
-            _expected_error_table(str(expected_error_path())), device_id, stack, twin
+        table = _expected_error_table(str(expected_error_path()))
+        kinds = extrapolations(
+            device_id,
+            cal,
+            table.get("domain") or {},
+            stack=stack,
+            precision=precision,
+            model_cls=model_class(model) if model is not None else None,
+            num_devices=num_devices,
         )
+        found = lookup_expected_error(table, stack, kinds)
         if found is not None:
             return found
     res = cal.provenance.get("residuals") or {}

@@ -224,7 +224,14 @@ def prediction_from_row(
         memory_reserved_gib=resv_gib,
         memory_limit_gib=limit_gib,
         coefficients=coefficient_source(job.device.id, calibration),
-        expected_error=expected_error(job.device.id, calibration, job.framework.name),
+        expected_error=expected_error(
+            job.device.id,
+            calibration,
+            job.framework.name,
+            precision=lay.row(i).precision,
+            model=job.model,
+            num_devices=job.num_devices,
+        ),
         comm_breakdown={
             k: {
                 "exposed": float(res[f"comm_exposed_{k}_s"][i]),

@@ -1,10 +1,10 @@
-"""Accuracy of autopar's training predictions on the published runs, with leave-one-source-out.
+"""Accuracy of autopar's training predictions on the published runs, with held-out refits.
 
-    python studies/accuracy.py [--csv A.csv --csv B.csv] [--json OUT] [--no-loso] [--max-nfev N]
-        [--workers N] [--write-expected-error PATH]
+    python studies/accuracy.py [--csv A.csv --csv B.csv] [--json OUT] [--no-loso] [--lodo] [--cold]
+        [--max-nfev N] [--workers N] [--write-expected-error PATH]
 
-By default both shipped CSVs (``studies/data/published_runs_dev.csv`` and ``..._dev2.csv``) are
-read. For training rows it prints:
+By default the three shipped CSVs (``studies/data/published_runs_dev.csv``, ``..._dev2.csv`` and
+``..._dev3.csv``) are read. For training rows it prints:
 
 * coverage (rows predicted / rows with any target) and the tokens/s-per-device error (MAPE,
   median APE, bias = mean signed error) overall and per source, device, model family, precision and
@@ -13,20 +13,29 @@ read. For training rows it prints:
   >= 3 predicted rows, Spearman's rho between predicted and measured tokens/s and whether the
   predicted best layout is the measured best (top-1);
 * memory: predicted against measured allocated memory where a row has ``memory_gib_per_device``;
-* leave-one-source-out (unless ``--no-loso``): the calibration is fitted on every fit row
-  (predicted training rows with a target, run with ``fit_published.BASE``) and refitted once
-  without each source with >= 10 fit rows (``fit_published.fit_cases``, in ``--workers``
-  processes); per held-out source it prints the rows, the in-sample MAPE and bias (the fit on every
-  row), the out-of-sample MAPE and bias (the fit without the source), the verdict against the 15%
-  line, the fit's seconds and whether it converged; then the p90 of |out-of-sample error| per
-  device, per stack and overall, which ``--write-expected-error PATH`` writes as the table that
-  predictions quote (the shipped one: ``cost_models/calibration/expected_error.yaml``).
+* held-out refits (unless ``--no-loso``): the calibration is fitted on every fit row (predicted
+  training rows with a target, run with ``fit_published.BASE``), then refitted without each source
+  with >= 10 fit rows (leave-one-source-out) and, with ``--lodo``, without each device with >= 10
+  fit rows (leave-one-device-out; unfitted devices take ``coefficients.Transfer``'s rules) and
+  without every device of one die together (``same_silicon``: holding out the A100 40GB alone
+  leaves its 80GB twin, whose rates it takes, in the fit). Each refit starts from the fit on every
+  row (``--cold``: from the profiles) and the refits run in ``--workers`` processes. Per fold it
+  prints the rows, the in-sample MAPE and bias (the fit on every row), the held-out MAPE and bias,
+  the verdict against the 15% line, the fit's seconds and whether it converged;
+* expected error: every held-out row is classed by how its prediction extrapolates from the rows
+  its fit saw (``coefficients.extrapolations``: device, precision on the device, stack, model
+  class on the stack, device count beyond the stack's largest); the base p90 of |error| per stack
+  comes from the rows that extrapolate in no way, one widening factor per kind from the others,
+  and the band's coverage of the held-out rows and its median width are printed per mode (and
+  across modes: calibrated on one, judged on the other). ``--write-expected-error PATH`` (needs
+  ``--lodo``) writes that table, which predictions quote (the shipped one:
+  ``cost_models/calibration/expected_error.yaml``).
 
 All error figures use the shipped calibration (``cost_models/calibration/default.yaml``) unless
-``--calibration`` names another. ``--json OUT`` writes every record and every table. ``--plot
-OUT.svg`` draws predicted against measured tokens/s per device (in-sample: the shipped calibration
-was fitted on these rows) and, with the refits, ``OUT.out_of_sample.svg`` (each row under the fit
-that left its source out).
+``--calibration`` names another. ``--json OUT`` writes every record (with the
+``expected_error_p90`` it quotes) and every table. ``--plot OUT.svg`` draws predicted against
+measured tokens/s per device (in-sample: the shipped calibration was fitted on these rows) and, with
+the refits, ``OUT.out_of_sample.svg`` (each row under the fit that left its source out).
 """
 
 from __future__ import annotations
@@ -42,9 +51,10 @@ from typing import Any
 
 import numpy as np
 import yaml
-from fit_published import BASE, fit_cases, samples, usable
+from fit_published import BASE, samples, usable
 from published import (
     DEV2_CSV,
+    DEV3_CSV,
     DEV_CSV,
     TRAINING_KINDS,
     Case,
@@ -55,9 +65,18 @@ from published import (
     run_case,
     stack_of,
 )
+from published_runs import with_expected_error
 
-from autopar.calibration.fit import DEFAULT_MAX_NFEV, file_digest, now_iso, residuals
-from autopar.coefficients import load_calibration
+from autopar.calibration.fit import DEFAULT_MAX_NFEV, file_digest, fit, now_iso, residuals
+from autopar.coefficients import (
+    EXPECTED_ERROR_SCHEMA,
+    EXTRAPOLATIONS,
+    Calibration,
+    extrapolations,
+    load_calibration,
+    lookup_expected_error,
+    model_class,
+)
 
 TARGETS = ("tokens_per_s_per_device", "step_time_s", "hw_tflops_per_device", "model_tflops_per_device", "mfu")
 GROUP_KEYS = ("source_id", "device", "model_family", "precision", "stack")
@@ -65,6 +84,8 @@ LOSO_MIN_ROWS = 10
 LOSO_LINE = 0.15  # the acceptance line of the out-of-sample MAPE per held-out source
 EXPECTED_ERROR_MIN_ROWS = 10  # a group quotes its own p90 only with at least this many held-out rows
 SHIPPED_TABLE = "cost_models/calibration/expected_error.yaml"
+COVERAGE_LINE = 0.85  # acceptance: the p90 band covers at least this share of the held-out rows
+BAND_LINE = 0.30  # acceptance: the median band is at most this wide
 RANK_MIN_ROWS = 3
 
 
@@ -202,9 +223,33 @@ def memory_table(training: list[Case]) -> dict[str, Any]:
     return {"summary": summary, "rows": rows}
 
 
-# ---------------------------------------------------------------------------------------- LOSO
+# ------------------------------------------------------------------- held-out refits: LOSO, LODO
+# A fold is (mode, key): ("source", source_id) leaves one source out, ("device", device_id) one
+# device, ("die", (device_id, ...)) every device of one compute die (coefficients.Transfer's
+# same_silicon: holding out A100 40GB alone leaves its 80GB twin, whose rates it takes, in the fit).
+Fold = tuple[str, Any]
+MODES = {"source": "leave-one-source-out", "device": "leave-one-device-out", "die": "die held out"}
+
+
 def source_of(c: Case) -> str:
     return c.row.get("source_id") or ""
+
+
+def in_fold(c: Case, fold: Fold | None) -> bool:
+    if fold is None:
+        return False
+    mode, key = fold
+    if mode == "source":
+        return source_of(c) == key
+    if mode == "device":
+        return c.job.device.id == key  # type: ignore[union-attr]
+    if mode == "die":
+        return c.job.device.id in key  # type: ignore[union-attr]
+    raise ValueError(f"unknown fold mode {mode!r}")
+
+
+def fold_label(fold: Fold) -> str:
+    return "+".join(fold[1]) if fold[0] == "die" else str(fold[1])
 
 
 def _fit_rows(paths: list[str]) -> list[Case]:
@@ -216,56 +261,142 @@ def _fit_rows(paths: list[str]) -> list[Case]:
     return usable([c for c in cases if is_training(c)])
 
 
-def loso_sources(rows: list[Case], min_rows: int = LOSO_MIN_ROWS) -> list[str]:
+def _at_least(keys: list[str], min_rows: int) -> list[str]:
     counts: dict[str, int] = defaultdict(int)
+    for k in keys:
+        counts[k] += 1
+    return sorted(k for k, n in counts.items() if n >= min_rows)
+
+
+def loso_sources(rows: list[Case], min_rows: int = LOSO_MIN_ROWS) -> list[str]:
+    return _at_least([source_of(c) for c in rows], min_rows)
+
+
+def lodo_devices(rows: list[Case], min_rows: int = LOSO_MIN_ROWS) -> list[str]:
+    return _at_least([c.job.device.id for c in rows], min_rows)  # type: ignore[union-attr]
+
+
+def die_groups(devices: list[str], same_silicon: dict[str, str]) -> list[tuple[str, ...]]:
+    """``devices`` partitioned by compute die: connected through ``same_silicon`` (in either
+    direction, also through devices not in ``devices``); each group sorted, groups sorted."""
+    parent: dict[str, str] = {}
+
+    def root(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for a, b in same_silicon.items():
+        parent[root(a)] = root(b)
+    groups: dict[str, list[str]] = defaultdict(list)
+    for d in sorted(set(devices)):
+        groups[root(d)].append(d)
+    return sorted(tuple(g) for g in groups.values())
+
+
+def lodo_folds(rows: list[Case], same_silicon: dict[str, str], min_rows: int = LOSO_MIN_ROWS) -> list[Fold]:
+    """One fold per device with >= ``min_rows`` fit rows, then one per die that has more than one
+    device in the data, at least one of them with >= ``min_rows`` rows (all its devices held out)."""
+    devices = lodo_devices(rows, min_rows)
+    folds: list[Fold] = [("device", d) for d in devices]
+    present = sorted({c.job.device.id for c in rows})  # type: ignore[union-attr]
+    for g in die_groups(present, same_silicon):
+        if len(g) > 1 and any(d in devices for d in g):
+            folds.append(("die", g))
+    return folds
+
+
+def fit_domain(rows: list[Case], min_rows: int = EXPECTED_ERROR_MIN_ROWS) -> dict[str, Any]:
+    """What a fit on ``rows`` measured, per training stack: rows, the largest device count and the
+    rows per model class (what ``coefficients.extrapolations`` judges a prediction against)."""
+    stacks: dict[str, dict[str, Any]] = {}
     for c in rows:
-        counts[source_of(c)] += 1
-    return sorted(s for s, k in counts.items() if k >= min_rows)
+        j = c.job
+        st = stacks.setdefault(j.framework.name, {"rows": 0, "max_devices": 0, "classes": {}})  # type: ignore[union-attr]
+        st["rows"] += 1
+        st["max_devices"] = max(st["max_devices"], int(j.num_devices))  # type: ignore[union-attr]
+        cls = model_class(j.model)  # type: ignore[union-attr]
+        st["classes"][cls] = st["classes"].get(cls, 0) + 1
+    return {"min_rows": min_rows, "stacks": {k: stacks[k] for k in sorted(stacks)}}
 
 
-def refit(rows: list[Case], holdout: str | None, max_nfev: int) -> dict[str, Any]:
-    """One fit without the rows of ``holdout`` (None: on every row) and the signed relative error
-    of tokens/s of every row under it (``errors[i]`` for ``rows[i]``: out-of-sample for the
-    held-out source's rows, in-sample for the others)."""
-    train = [c for c in rows if source_of(c) != holdout]
+def case_extrapolations(c: Case, cal: Calibration, domain: dict[str, Any]) -> tuple[str, ...]:
+    j = c.job
+    return extrapolations(
+        j.device.id,  # type: ignore[union-attr]
+        cal,
+        domain,
+        stack=j.framework.name,  # type: ignore[union-attr]
+        precision=c.table.row(0).precision,  # type: ignore[union-attr]
+        model_cls=model_class(j.model),  # type: ignore[union-attr]
+        num_devices=j.num_devices,  # type: ignore[union-attr]
+    )
+
+
+def refit(
+    rows: list[Case], fold: Fold | None, max_nfev: int, start: Calibration | None = None
+) -> dict[str, Any]:
+    """One fit without the rows of ``fold`` (None: on every row), warm-started from ``start``,
+    and the signed relative error of tokens/s of every row under it (``errors[i]`` for
+    ``rows[i]``: out-of-sample for the held-out rows ``held``, in-sample for the others), with the
+    extrapolations each held-out row makes from the rows that fit saw (``kinds``)."""
+    train = [c for c in rows if not in_fold(c, fold)]
     t0 = time.perf_counter()
-    res = fit_cases(train, max_nfev=max_nfev)
+    res = fit(samples(train), BASE, max_nfev=max_nfev, start=start)
     seconds = time.perf_counter() - t0
     errors = np.expm1(residuals(samples(rows), res.calibration))
+    held = [i for i, c in enumerate(rows) if in_fold(c, fold)]
+    domain = fit_domain(train)
     return {
-        "holdout": holdout,
+        "fold": fold,
+        "holdout": fold_label(fold) if fold else None,
         "train_rows": len(train),
         "train_mape": float(res.mape),
         "converged": res.converged,
         "convergence": res.convergence(),
+        "nfev": res.nfev,
         "seconds": seconds,
         "errors": errors.tolist(),
+        "held": held,
+        "kinds": [list(case_extrapolations(rows[i], res.calibration, domain)) for i in held],
+        "calibration": res.calibration if fold is None else None,
     }
 
 
-def _refit_worker(job: tuple[list[str], str | None, int]) -> dict[str, Any]:
-    paths, holdout, max_nfev = job
-    return refit(_fit_rows(paths), holdout, max_nfev)
+def _refit_worker(job: tuple[list[str], Fold | None, int, Calibration | None]) -> dict[str, Any]:
+    paths, fold, max_nfev, start = job
+    return refit(_fit_rows(paths), fold, max_nfev, start)
 
 
-def loso_refits(
+def refits(
     rows: list[Case],
-    sources: list[str],
+    folds: list[Fold],
     max_nfev: int,
     workers: int = 1,
     paths: list[Path] | None = None,
+    warm: bool = True,
 ) -> list[dict[str, Any]]:
-    """The fit on every row, then one per held-out source (in that order).
+    """The fit on every row, then one per fold (in that order), each fold's fit warm-started from
+    the fit on every row unless ``warm`` is False.
 
-    With ``workers`` > 1 the fits run in a process pool; each worker reloads ``paths`` (the CSVs
-    ``rows`` came from, in the same order) rather than unpickling the cases.
+    With ``workers`` > 1 the fold fits run in a process pool; each worker reloads ``paths`` (the
+    CSVs ``rows`` came from, in the same order) rather than unpickling the cases.
     """
-    holdouts: list[str | None] = [None, *sources]
-    if workers <= 1 or paths is None:
-        return [refit(rows, h, max_nfev) for h in holdouts]
-    jobs = [([str(p) for p in paths], h, max_nfev) for h in holdouts]
-    with ProcessPoolExecutor(max_workers=workers) as ex:
-        return list(ex.map(_refit_worker, jobs))
+    full = refit(rows, None, max_nfev)
+    start = full["calibration"] if warm else None
+    if workers <= 1 or paths is None or len(folds) <= 1:
+        return [full, *[refit(rows, f, max_nfev, start) for f in folds]]
+    jobs = [([str(p) for p in paths], f, max_nfev, start) for f in folds]
+    with ProcessPoolExecutor(max_workers=min(workers, len(folds))) as ex:
+        return [full, *ex.map(_refit_worker, jobs)]
+
+
+def loso_refits(
+    rows: list[Case], sources: list[str], max_nfev: int, workers: int = 1, paths: list[Path] | None = None
+) -> list[dict[str, Any]]:
+    """The fit on every row, then one per held-out source (in that order)."""
+    return refits(rows, [("source", s) for s in sources], max_nfev, workers, paths)
 
 
 def _stats(e: np.ndarray) -> tuple[float, float]:
@@ -273,16 +404,17 @@ def _stats(e: np.ndarray) -> tuple[float, float]:
 
 
 def loso_table(rows: list[Case], fits: list[dict[str, Any]], line: float = LOSO_LINE) -> list[dict[str, Any]]:
-    """Per held-out source: rows, in-sample (the fit on every row) and out-of-sample (the fit
-    without the source) MAPE and bias, and the verdict against ``line``."""
+    """Per fold (``fits[0]`` is the fit on every row): rows, in-sample (the fit on every row) and
+    out-of-sample (the fit without the fold) MAPE and bias, and the verdict against ``line``."""
     full, out = fits[0], []
-    src = np.array([source_of(c) for c in rows])
     for r in fits[1:]:
-        m = src == r["holdout"]
+        m = np.zeros(len(rows), dtype=bool)
+        m[r["held"]] = True
         ins, ins_bias = _stats(np.asarray(full["errors"])[m])
         oos, oos_bias = _stats(np.asarray(r["errors"])[m])
         out.append(
             {
+                "mode": r["fold"][0],
                 "source_id": r["holdout"],
                 "rows": int(m.sum()),
                 "in_sample_mape": ins,
@@ -301,11 +433,24 @@ def loso_table(rows: list[Case], fits: list[dict[str, Any]], line: float = LOSO_
 
 
 def out_of_sample_errors(rows: list[Case], fits: list[dict[str, Any]]) -> list[tuple[Case, float]]:
-    """Every held-out row with its error under the fit that left its source out."""
-    out = []
-    for r in fits[1:]:
-        out += [(c, e) for c, e in zip(rows, r["errors"], strict=True) if source_of(c) == r["holdout"]]
-    return out
+    """Every held-out row with its error under the fit that left its fold out."""
+    return [(rows[i], r["errors"][i]) for r in fits[1:] for i in r["held"]]
+
+
+def held_out_entries(rows: list[Case], fits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per held-out row of every fold: its mode, fold, error, stack and extrapolations."""
+    return [
+        {
+            "mode": r["fold"][0],
+            "fold": r["holdout"],
+            "case": rows[i],
+            "error": float(r["errors"][i]),
+            "stack": rows[i].job.framework.name,  # type: ignore[union-attr]
+            "kinds": tuple(k),
+        }
+        for r in fits[1:]
+        for i, k in zip(r["held"], r["kinds"], strict=True)
+    ]
 
 
 def _group(errs: list[float]) -> dict[str, Any]:
@@ -318,78 +463,161 @@ def _group(errs: list[float]) -> dict[str, Any]:
     }
 
 
-def expected_error_groups(
-    held: list[tuple[Case, float]], min_rows: int = EXPECTED_ERROR_MIN_ROWS
+def calibrate_widening(
+    entries: list[dict[str, Any]], min_rows: int = EXPECTED_ERROR_MIN_ROWS
 ) -> dict[str, Any]:
-    """The out-of-sample |error| percentiles by the keys a prediction knows: its device, its
-    training stack (the job's framework), and all held-out rows; groups with fewer than
-    ``min_rows`` rows are left out (a lookup falls through to the next, wider group)."""
-    by: dict[str, dict[str, list[float]]] = {"device": defaultdict(list), "stack": defaultdict(list)}
-    for c, e in held:
-        by["device"][c.job.device.id].append(e)  # type: ignore[union-attr]
-        by["stack"][c.job.framework.name].append(e)  # type: ignore[union-attr]
-    out: dict[str, Any] = {
-        kind: {k: _group(v) for k, v in sorted(g.items()) if len(v) >= min_rows} for kind, g in by.items()
+    """The base p90 per stack and one widening factor per extrapolation kind, from held-out rows.
+
+    Base: the p90 of |error| of the held-out rows that extrapolate in no way, per training stack
+    with >= ``min_rows`` of them, and over all of them. Factors: for each kind with >= ``min_rows``
+    held-out rows, the p90 of |error| / (base x the other kinds' factors of the row) over its rows
+    (at least 1), iterated to a fixed point, so the band covers ~90% of each kind's rows; a kind
+    with fewer rows takes the largest fitted factor (it is not assumed to extrapolate better than
+    the worst one measured).
+    """
+    inside = [e for e in entries if not e["kinds"]]
+    by_stack: dict[str, list[float]] = defaultdict(list)
+    for e in inside:
+        by_stack[e["stack"]].append(e["error"])
+    base = {
+        "stack": {k: _group(v) for k, v in sorted(by_stack.items()) if len(v) >= min_rows},
+        "all": _group([e["error"] for e in inside]) if inside else None,
     }
-    out["all"] = _group([e for _, e in held]) if held else None
+    if base["all"] is None:
+        raise ValueError("no held-out row is inside the measured domain: cannot set a base error")
+
+    def b(e: dict[str, Any]) -> float:
+        return float((base["stack"].get(e["stack"]) or base["all"])["p90_ape"])
+
+    factors = {k: 1.0 for k in EXTRAPOLATIONS}
+    rows = {k: [e for e in entries if k in e["kinds"]] for k in EXTRAPOLATIONS}
+    fitted = [k for k in EXTRAPOLATIONS if len(rows[k]) >= min_rows]
+    for _ in range(50):
+        before = dict(factors)
+        for k in fitted:
+            ratio = [
+                abs(e["error"]) / (b(e) * float(np.prod([factors[j] for j in e["kinds"] if j != k])))
+                for e in rows[k]
+            ]
+            factors[k] = max(1.0, round(float(np.percentile(ratio, 90)), 3))
+        if factors == before:
+            break
+    worst = max([factors[k] for k in fitted], default=1.0)
+    widening = {
+        k: {
+            "factor": factors[k] if k in fitted else worst,
+            "rows": len(rows[k]),
+            "from": "held-out rows" if k in fitted else f"largest fitted factor (< {min_rows} rows)",
+            "text": EXTRAPOLATIONS[k],
+        }
+        for k in EXTRAPOLATIONS
+    }
+    return {"base": base, "widening": widening}
+
+
+def band_coverage(entries: list[dict[str, Any]], table: dict[str, Any]) -> dict[str, Any]:
+    """How many held-out rows the band of ``table`` covers (|error| <= the quoted p90, as
+    ``coefficients.lookup_expected_error`` quotes it) and the median band."""
+    if not entries:
+        return {"rows": 0, "covered": 0, "coverage": float("nan"), "median_band": float("nan")}
+    bands = np.array([lookup_expected_error(table, e["stack"], e["kinds"]).p90 for e in entries])  # type: ignore[union-attr]
+    errs = np.abs([e["error"] for e in entries])
+    covered = int((errs <= bands).sum())
+    return {
+        "rows": len(entries),
+        "covered": covered,
+        "coverage": round(covered / len(entries), 4),
+        "median_band": round(float(np.median(bands)), 4),
+    }
+
+
+def expected_error_table(
+    entries: list[dict[str, Any]],
+    domain: dict[str, Any],
+    provenance: dict[str, Any],
+    min_rows: int = EXPECTED_ERROR_MIN_ROWS,
+) -> dict[str, Any]:
+    """The ``autopar.expected_error/v2`` table: the domain the fit measured, the base p90 per stack,
+    the widening factors, and the band's coverage of the held-out rows per mode."""
+    table: dict[str, Any] = {
+        "schema": EXPECTED_ERROR_SCHEMA,
+        "provenance": {**provenance, "min_group_rows": min_rows},
+        "domain": domain,
+        **calibrate_widening(entries, min_rows),
+    }
+    modes = sorted({e["mode"] for e in entries}, key=list(MODES).index)
+    table["coverage"] = {m: band_coverage([e for e in entries if e["mode"] == m], table) for m in modes}
+    table["coverage"]["all"] = band_coverage(entries, table)
+    return table
+
+
+def cross_mode_coverage(entries: list[dict[str, Any]], domain: dict[str, Any]) -> dict[str, Any]:
+    """The band calibrated on one mode's held-out rows, judged on the other's (a check that the
+    factors are not just fitted to the rows they are judged on): source <-> device and die."""
+    loso = [e for e in entries if e["mode"] == "source"]
+    lodo = [e for e in entries if e["mode"] != "source"]
+    out: dict[str, Any] = {}
+    for name, fit_on, judge in (("source -> device", loso, lodo), ("device -> source", lodo, loso)):
+        try:
+            t = {"schema": EXPECTED_ERROR_SCHEMA, "domain": domain, **calibrate_widening(fit_on)}
+        except ValueError:
+            continue
+        if judge:
+            out[name] = band_coverage(judge, t)
     return out
 
 
-def write_expected_error(
-    path: Path, held: list[tuple[Case, float]], provenance: dict[str, Any], min_rows: int
-) -> dict[str, Any]:
-    """Write the out-of-sample table that ``autopar.coefficients.expected_error`` reads."""
-    data = {
-        "schema": "autopar.expected_error/v1",
-        "provenance": {**provenance, "min_group_rows": min_rows},
-        "groups": expected_error_groups(held, min_rows),
-    }
+def write_expected_error(path: Path, table: dict[str, Any]) -> None:
+    """Write the table that ``autopar.coefficients.expected_error`` reads (whole or not at all)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.write_text(yaml.safe_dump(table, sort_keys=False))
     tmp.replace(path)
-    return data
 
 
-def base_fingerprint(rows: list[Case], sources: list[str]) -> float:
-    """MAPE of the held-out sources' rows under BASE (the uncalibrated device profiles every refit
-    starts from): it moves with any change of the model, the device profiles or the data, so
-    ``tests/test_fit.py`` can tell when the shipped table is stale."""
-    return round(error_stats([c for c in rows if source_of(c) in sources])["mape"], 6)
+def base_fingerprint(rows: list[Case]) -> float:
+    """MAPE of the fit rows under BASE (the uncalibrated device profiles every fit starts from): it
+    moves with any change of the model, the device profiles or the data, so ``tests/test_fit.py``
+    can tell when the shipped table is stale."""
+    return round(error_stats(rows)["mape"], 6)
 
 
 def expected_error_provenance(
-    paths: list[Path], rows: list[Case], fits: list[dict[str, Any]], max_nfev: int
+    paths: list[Path], rows: list[Case], fits: list[dict[str, Any]], max_nfev: int, warm: bool
 ) -> dict[str, Any]:
-    sources = [str(f["holdout"]) for f in fits[1:]]
+    held: dict[str, dict[str, int]] = {}
+    for f in fits[1:]:
+        held.setdefault(f["fold"][0], {})[f["holdout"]] = len(f["held"])
     return {
-        "method": "p90 of |out-of-sample relative error| of tokens/s per device: each held-out row "
-        "predicted under fit_published.fit_cases refitted without its source (BASE calibration)",
-        "command": f"python studies/accuracy.py --write-expected-error {SHIPPED_TABLE}",
+        "method": "base: p90 of |out-of-sample relative error| of tokens/s of the held-out rows that "
+        "extrapolate in no way, per stack; widening: one factor per extrapolation kind, the p90 of "
+        "|error| / band of its held-out rows; rows held out by source, by device and by die, each "
+        "predicted under fit_published BASE refitted without them",
+        "command": f"python studies/accuracy.py --lodo --write-expected-error {SHIPPED_TABLE}",
         "data": {p.name: file_digest(p) for p in paths},
         "fit_rows": len(rows),
-        "held_out_sources": {s: int(sum(source_of(c) == s for c in rows)) for s in sources},
+        "held_out": held,
         "loso_min_rows": LOSO_MIN_ROWS,
         "max_nfev": max_nfev,
+        "warm_start": warm,
         "fits_converged": f"{sum(f['converged'] for f in fits[1:])}/{len(fits) - 1}",
-        "base_mape_on_held_out_rows": base_fingerprint(rows, sources),
+        "base_mape_of_fit_rows": base_fingerprint(rows),
         "date": now_iso(),
     }
 
 
-def print_loso(
-    table: list[dict[str, Any]], fits: list[dict[str, Any]], seconds: float, max_nfev: int
+def print_folds(
+    mode: str, table: list[dict[str, Any]], fits: list[dict[str, Any]], seconds: float | None, max_nfev: int
 ) -> None:
     full = fits[0]
-    print(
-        f"== leave-one-source-out (sources with >= {LOSO_MIN_ROWS} fit rows; max_nfev={max_nfev}; "
-        f"{seconds:.0f} s) =="
-    )
+    what = {"source": "source", "device": "device", "die": "die"}[mode]
+    head = f"== {MODES[mode]} ({what}s with >= {LOSO_MIN_ROWS} fit rows; max_nfev={max_nfev}"
+    print(head + (f"; {seconds:.0f} s) ==" if seconds is not None else ") =="))
     print(
         f"  fit on all {full['train_rows']} rows: train MAPE {full['train_mape']:.1%}, "
         f"{full['seconds']:.0f} s, {full['convergence']}"
     )
     print(
-        f"  {'held-out source':<36} {'rows':>5} {'in-sample':>9} {'bias':>7} {'held out':>9} {'bias':>7} "
+        f"  {'held-out ' + what:<36} {'rows':>5} {'in-sample':>9} {'bias':>7} {'held out':>9} {'bias':>7} "
         f"{'verdict':>12} {'shipped':>8} {'fit s':>6}  fit"
     )
     for r in table:
@@ -402,8 +630,41 @@ def print_loso(
         )
     ok = sum(r["passes"] for r in table)
     print(
-        f"  {ok}/{len(table)} held-out sources within {LOSO_LINE:.0%} out of sample "
-        "(shipped: the source's MAPE under the shipped calibration, fitted on dev only)"
+        f"  {ok}/{len(table)} held-out {what}s within {LOSO_LINE:.0%} out of sample "
+        "(shipped: their MAPE under the shipped calibration)"
+    )
+
+
+def print_expected_error(table: dict[str, Any], cross: dict[str, Any]) -> None:
+    base, widening = table["base"], table["widening"]
+    print(
+        "== expected error: base p90 of held-out rows inside the measured domain x widening per extrapolation =="
+    )
+    for k, g in base["stack"].items():
+        print(
+            f"  base stack {k:<26} rows {g['rows']:>4}  p90 {g['p90_ape']:6.1%}  median {g['median_ape']:6.1%}"
+        )
+    g = base["all"]
+    print(f"  base all {'':<28} rows {g['rows']:>4}  p90 {g['p90_ape']:6.1%}  median {g['median_ape']:6.1%}")
+    for k, w in widening.items():
+        print(f"  widen {k:<12} {w['text']:<42} x{w['factor']:<6.3g} rows {w['rows']:>4}  ({w['from']})")
+    print("  coverage of the band on the held-out rows (calibrated on these rows):")
+    for m, c in table["coverage"].items():
+        name = MODES.get(m, "all modes")
+        print(
+            f"    {name:<28} rows {c['rows']:>4}  covered {c['covered']:>4} ({c['coverage']:.1%})  "
+            f"median band {c['median_band']:.1%}"
+        )
+    for name, c in cross.items():
+        print(
+            f"    cross-mode {name:<17} rows {c['rows']:>4}  covered {c['covered']:>4} ({c['coverage']:.1%})  "
+            f"median band {c['median_band']:.1%}  (calibrated on the other mode only)"
+        )
+    c = table["coverage"]["all"]
+    ok = c["coverage"] >= COVERAGE_LINE and c["median_band"] <= BAND_LINE
+    print(
+        f"  acceptance (coverage >= {COVERAGE_LINE:.0%}, median band <= {BAND_LINE:.0%}): "
+        + ("ok" if ok else "FAIL")
     )
 
 
@@ -438,7 +699,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--max-nfev", type=int, default=DEFAULT_MAX_NFEV, help="residual evaluations per LOSO fit"
     )
-    ap.add_argument("--workers", type=int, default=2, help="processes for the LOSO fits")
+    ap.add_argument(
+        "--lodo",
+        action="store_true",
+        help="also leave each device (and each die of same-silicon devices) out",
+    )
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="start every refit from the profiles, not from the fit on every row",
+    )
+    ap.add_argument("--workers", type=int, default=2, help="processes for the held-out fits")
     ap.add_argument(
         "--write-expected-error",
         type=Path,
@@ -458,13 +729,21 @@ def main(argv: list[str] | None = None) -> int:
         from autopar.files import check_output
 
         check_output(a.plot, "accuracy plot", "--plot")
-    if a.write_expected_error and a.no_loso:
-        print(
-            "error: --write-expected-error needs the leave-one-source-out refits (drop --no-loso)",
-            file=sys.stderr,
+    refusal = None
+    if a.no_loso and (a.write_expected_error or a.lodo):
+        refusal = "--write-expected-error and --lodo need the held-out refits (drop --no-loso)"
+    elif a.write_expected_error and not a.lodo:
+        refusal = "--write-expected-error needs both held-out modes (add --lodo)"
+    elif a.max_nfev < 1 or a.workers < 1:
+        refusal = "--max-nfev and --workers must be at least 1"
+    elif a.write_expected_error and not a.write_expected_error.parent.is_dir():
+        refusal = (
+            f"--write-expected-error: folder {a.write_expected_error.parent} does not exist (create it first)"
         )
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
         return 2
-    paths = a.csv or [DEV_CSV, DEV2_CSV]
+    paths = a.csv or [DEV_CSV, DEV2_CSV, DEV3_CSV]
     for p in paths:
         if not p.is_file():
             print(f"error: {p} does not exist (pass --csv PATH to a published-runs CSV)", file=sys.stderr)
@@ -561,18 +840,38 @@ def main(argv: list[str] | None = None) -> int:
     if not a.no_loso:
         t1 = time.perf_counter()
         rows = _fit_rows([str(p) for p in paths])
-        sources = loso_sources(rows)
-        fits = loso_refits(rows, sources, a.max_nfev, a.workers, paths)
-        table = loso_table(rows, fits)
-        for r in table:
-            cs = [c for c in training if predicted(c) and source_of(c) == r["source_id"]]
-            r["shipped_calibration_mape"] = error_stats(cs)["mape"]
-        tables["loso"] = {
-            "sources": table,
-            "fits": [{k: v for k, v in f.items() if k != "errors"} for f in fits],
-        }
-        print_loso(table, fits, time.perf_counter() - t1, a.max_nfev)
-        held = out_of_sample_errors(rows, fits)
+        folds: list[Fold] = [("source", s) for s in loso_sources(rows)]
+        if a.lodo:
+            folds += lodo_folds(rows, BASE.transfer.same_silicon)
+        fits = refits(rows, folds, a.max_nfev, a.workers, paths, warm=not a.cold)
+        seconds = time.perf_counter() - t1
+        shipped_of = defaultdict(list)
+        for c in training:
+            if predicted(c):
+                shipped_of[("source", source_of(c))].append(c)
+                shipped_of[("device", c.job.device.id)].append(c)  # type: ignore[union-attr]
+        for mode in MODES:
+            mode_fits = [f for f in fits[1:] if f["fold"][0] == mode]
+            if not mode_fits:
+                continue
+            table = loso_table(rows, [fits[0], *mode_fits])
+            for r, f in zip(table, mode_fits, strict=True):
+                keys = [f["fold"]] if mode != "die" else [("device", d) for d in f["fold"][1]]
+                r["shipped_calibration_mape"] = error_stats([c for k in keys for c in shipped_of[k]])["mape"]
+            tables["loso" if mode == "source" else "lodo" if mode == "device" else "die_held_out"] = {
+                "folds": table,
+                "fits": [
+                    {k: v for k, v in f.items() if k not in ("errors", "calibration")} for f in mode_fits
+                ],
+            }
+            print_folds(mode, table, fits, seconds if mode == "source" else None, a.max_nfev)
+        print(
+            f"  ({len(fits)} fits in {seconds:.0f} s wall, {a.workers} worker(s), "
+            f"{'cold' if a.cold else 'warm-started from the fit on every row'}; fit seconds "
+            f"{sum(f['seconds'] for f in fits):.0f} in all, residual evaluations "
+            f"{sum(f['nfev'] for f in fits)})"
+        )
+        held = out_of_sample_errors(rows, [fits[0], *[f for f in fits[1:] if f["fold"][0] == "source"]])
         if a.plot is not None:
             oos = float(np.mean([abs(e) for _, e in held])) if held else float("nan")
             _plot(
@@ -582,29 +881,27 @@ def main(argv: list[str] | None = None) -> int:
                 f"out-of-sample: each source under the fit without it (n={len(held)}, MAPE {oos:.1%})",
                 a.plot.with_name(a.plot.stem + ".out_of_sample.svg"),
             )
-        groups = expected_error_groups(held)
-        tables["expected_error"] = groups
-        print(
-            f"== expected error: p90 of |out-of-sample error| of the {len(held)} held-out rows "
-            f"(groups with >= {EXPECTED_ERROR_MIN_ROWS} rows) =="
-        )
-        for kind in ("device", "stack"):
-            for k, g in groups[kind].items():
-                print(
-                    f"  {kind} {k:<30} rows {g['rows']:>4}  p90 {g['p90_ape']:6.1%}  median {g['median_ape']:6.1%}"
-                )
-        if groups["all"]:
-            g = groups["all"]
-            print(
-                f"  all {'':<33} rows {g['rows']:>4}  p90 {g['p90_ape']:6.1%}  median {g['median_ape']:6.1%}"
-            )
+        entries = held_out_entries(rows, fits)
+        domain = fit_domain(rows)
+        prov = expected_error_provenance(paths, rows, fits, a.max_nfev, not a.cold)
+        try:
+            ee = expected_error_table(entries, domain, prov)
+        except ValueError as exc:
+            print(f"== expected error: not calibrated: {exc} ==")
+            if a.write_expected_error:
+                print(f"error: {a.write_expected_error} not written: {exc}", file=sys.stderr)
+                return 1
+            ee = None
+    if not a.no_loso and ee is not None:
+        cross = cross_mode_coverage(entries, domain)
+        tables["expected_error"] = {**ee, "cross_mode_coverage": cross}
+        print_expected_error(ee, cross)
         if a.write_expected_error:
-            prov = expected_error_provenance(paths, rows, fits, a.max_nfev)
-            write_expected_error(a.write_expected_error, held, prov, EXPECTED_ERROR_MIN_ROWS)
+            write_expected_error(a.write_expected_error, ee)
             print(f"wrote {a.write_expected_error}")
     print(f"(done in {time.perf_counter() - t0:.0f} s)")
     if a.json:
-        recs = records(cases)
+        recs = with_expected_error(records(cases), cases, cal)
         for r, c in zip(recs, cases, strict=True):
             r["csv"] = c.row.get("_csv")
         a.json.write_text(json.dumps({"records": recs, "tables": tables}, indent=1, default=str))

@@ -1,7 +1,10 @@
 """Fit the latency model's coefficients to the measured training runs of a published-runs CSV.
 
-    python studies/fit_published.py [--csv studies/data/published_runs_dev.csv] \
+    python studies/fit_published.py [--csv A.csv --csv B.csv] \
         [--out cost_models/calibration/default.yaml] [--holdout-source SOURCE_ID]
+
+By default the three shipped CSVs (``studies/data/published_runs_dev.csv``, ``..._dev2.csv`` and
+``..._dev3.csv``) are read.
 
 Rows with a measured throughput or step time are used, and (unless --measured-only) rows whose
 target is a published TFLOP/s or MFU converted with the source's own FLOP formula. Sources are
@@ -117,7 +120,7 @@ def holdout_mape(cases, calibration: Calibration) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--csv", type=Path, action="append", help="repeatable; default: the three shipped dev CSVs (studies/data)"
+        "--csv", type=Path, action="append", default=None, help="repeatable; default: the three shipped CSVs"
     )
     ap.add_argument("--out", type=Path, default=None, help="write the calibration here")
     ap.add_argument("--holdout-source", default=None)
@@ -127,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = a.csv or [DEV_CSV, DEV2_CSV, DEV3_CSV]
     for p in paths:
         if not p.is_file():
-            print(f"error: {p} does not exist", file=sys.stderr)
+            print(f"error: {p} does not exist (pass --csv PATH to a published-runs CSV)", file=sys.stderr)
             return 2
     cases = [c for p in paths for c in load_cases(p)]
     for c in cases:
@@ -141,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "method": "scipy least_squares (soft_l1, source-balanced log-throughput residuals) on training rows",
         "derived_targets": not a.measured_only,
         "data": ", ".join(p.name for p in paths),
-        "data_sha256_16": ", ".join(file_digest(p) for p in paths),
+        "data_sha256_16": {p.name: file_digest(p) for p in paths},
         "rows": len(train),
         "holdout_source": a.holdout_source,
         "date": now_iso(),

@@ -13,10 +13,32 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from published import DEV_CSV, load_cases, records, run_case, summarize
+from published import DEV_CSV, Case, load_cases, records, run_case, summarize
 
-from autopar.coefficients import load_calibration
+from autopar.coefficients import Calibration, expected_error, load_calibration
+
+
+def with_expected_error(
+    recs: list[dict[str, Any]], cases: list[Case], cal: Calibration
+) -> list[dict[str, Any]]:
+    """``records(cases)`` with the expected error every throughput prediction quotes (as
+    ``autopar predict`` does: widened for each way it extrapolates from the fitted runs)."""
+    for r, c in zip(recs, cases, strict=True):
+        if "predicted_tokens_per_s_per_device" not in r or c.job is None or c.table is None:
+            continue
+        e = expected_error(
+            c.job.device.id,
+            cal,
+            c.job.framework.name,
+            precision=c.table.row(0).precision,
+            model=c.job.model,
+            num_devices=c.job.num_devices,
+        )
+        r["expected_error_p90"] = e.p90 if e else None
+        r["expected_error_basis"] = e.to_dict() if e else None
+    return recs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         run_case(c, cal)
     summarize(cases, worst=a.worst)
     if a.json:
-        a.json.write_text(json.dumps(records(cases), indent=1))
+        a.json.write_text(json.dumps(with_expected_error(records(cases), cases, cal), indent=1))
         print(f"wrote {a.json}")
     return 0
 

@@ -263,6 +263,42 @@ def calibration_from_vector(
     )
 
 
+def vector_from_calibration(names: Sequence[str], cal: Calibration, default: np.ndarray) -> np.ndarray:
+    """The values ``cal`` sets for the coefficients ``names`` (``default`` where it sets none): the
+    inverse of :func:`calibration_from_vector` for the coefficients it wrote."""
+    x = np.array(default, dtype=float)
+    for i, n in enumerate(names):
+        scope, key = n.split(".", 1)
+        v: Any = None
+        if scope == "global":
+            v = cal.global_.get(key)
+        elif scope.startswith("stack:"):
+            sc = cal.stacks.get(scope[len("stack:") :])
+            v = getattr(sc, key, None) if sc is not None else None
+        elif scope.startswith("die:") and key in ("gemm_scale", "attention_ratio"):
+            # die mode: the factor a member of the die carries over its own profile's rate
+            mate = next(
+                (d for d, x in sorted(cal.transfer.dies.items()) if f"die:{x}" == scope and d in cal.devices),
+                None,
+            )
+            if mate is not None:
+                dc, prof = cal.devices[mate], _profile(mate).efficiency
+                if key == "gemm_scale" and "bf16" in dc.gemm:
+                    v = dc.gemm["bf16"] / prof.gemm["bf16"]
+                elif key == "attention_ratio" and dc.attention is not None:
+                    v = dc.attention / prof.attention
+        elif scope in cal.devices:
+            dc = cal.devices[scope]
+            v = (
+                dc.gemm.get(key[5:])
+                if key.startswith("gemm_") and key != "gemm_half_dim"
+                else getattr(dc, key)
+            )
+        if v is not None:
+            x[i] = float(v)
+    return x
+
+
 def group_weights(samples: Sequence[Sample]) -> np.ndarray:
     """Weight 1/sqrt(group size): a large group counts more than a small one, but not linearly."""
     from collections import Counter
@@ -411,8 +447,13 @@ def fit(
     max_nfev: int = DEFAULT_MAX_NFEV,
     ftol: float = FTOL,
     provenance: dict[str, Any] | None = None,
+    start: Calibration | None = None,
 ) -> FitResult:
     """Least-squares fit of the coefficients to ``samples``; returns a new Calibration.
+
+    ``start``: a calibration whose values of the same coefficients the fit starts from (a warm
+    start, e.g. a refit on a subset starting from the fit on every row); default: the device
+    profiles' published efficiencies and ``base``'s global values.
 
     The Jacobian is a forward difference like scipy's default, but a device's coefficient moves
     only the rows of that device, so its column is evaluated on those rows alone (the other
@@ -421,6 +462,8 @@ def fit(
     """
     base = base or Calibration()
     names, x0, lo, hi = _parameter_space(samples, base)
+    if start is not None:
+        x0 = np.clip(vector_from_calibration(names, start, x0), lo, hi)
     rows = FitRows(samples)
     w = group_weights(samples)
     every = list(range(len(rows.groups)))
