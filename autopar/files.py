@@ -26,6 +26,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -33,8 +34,7 @@ from pathlib import Path
 from typing import Any, get_args, get_origin
 
 from autopar.errors import FileError
-
-MAX_INPUT_BYTES = 64 * 1024 * 1024  # no configuration, layout or calibration file comes near this
+from autopar.limits import MAX_EXPANDED_NODES, MAX_INPUT_BYTES, MAX_INT_DIGITS, IntegerTooLong, json_int, terminal_safe
 
 __all__ = [
     "MAX_INPUT_BYTES",
@@ -125,9 +125,15 @@ def _no_constant(where: str) -> Callable[[str], Any]:
 
 
 def parse_json(text: str, where: str) -> Any:
-    """JSON with duplicate keys and NaN/Infinity refused; ``where`` prefixes every error."""
+    """JSON with duplicate keys, NaN/Infinity and over-long integers (:mod:`autopar.limits`) refused;
+    ``where`` prefixes every error."""
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates(where), parse_constant=_no_constant(where))
+        return json.loads(
+            text,
+            object_pairs_hook=_no_duplicates(where),
+            parse_constant=_no_constant(where),
+            parse_int=json_int(where, FileError),
+        )
     except json.JSONDecodeError as exc:
         raise FileError(
             f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
@@ -163,7 +169,19 @@ def _yaml_loader() -> Any:
                 seen[key] = True
         return base.construct_mapping(self, node, deep=deep)
 
+    def construct_int(self: Any, node: Any) -> Any:
+        body = str(node.value).strip().lstrip("+-").replace("_", "")
+        if len(body) > MAX_INT_DIGITS:  # Python's int() would raise past 4,300 digits, a traceback
+            mark = node.start_mark
+            raise _LongInteger(None, None, str(IntegerTooLong(body)), mark)
+        return base.construct_yaml_int(self, node)
+
+    class _LongInteger(yaml.constructor.ConstructorError):
+        pass
+
+    Loader.long_integer = _LongInteger
     Loader.construct_mapping = construct_mapping  # type: ignore[method-assign]
+    Loader.add_constructor("tag:yaml.org,2002:int", construct_int)
     return Loader
 
 
@@ -185,12 +203,11 @@ def parse_yaml(text: str, where: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if isinstance(exc, _LOADER.long_integer):
+            raise FileError(f"{where}{at}: {problem}", "write a number of a sensible size") from None
         raise FileError(f"{where}: not valid YAML{at}: {problem}", "fix the YAML syntax") from None
     except RecursionError:
         raise FileError(f"{where}: YAML nested too deeply", "flatten the file") from None
-
-
-MAX_EXPANDED_NODES = 1_000_000  # values a YAML document may expand to through its aliases
 
 
 def _check_expanded_size(data: Any, where: str) -> None:
@@ -228,13 +245,37 @@ def parse_toml(text: str, where: str) -> Any:
     import tomllib
 
     try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        data = tomllib.loads(text)
+    except ValueError as exc:  # tomllib calls int(): a literal past Python's 4,300 digits
+        if not isinstance(exc, tomllib.TOMLDecodeError):
+            digits = max((len(m) for m in re.findall(r"[0-9_]+", text)), default=0)
+            raise FileError(
+                f"{where}: an integer literal has {digits:,} digits, more than the {MAX_INT_DIGITS} allowed",
+                "write a number of a sensible size",
+            ) from None
         raise FileError(
             f"{where}: not valid TOML: {str(exc).splitlines()[0]}", "fix the TOML syntax"
         ) from None
     except RecursionError:
         raise FileError(f"{where}: TOML nested too deeply", "flatten the file") from None
+    _check_int_sizes(data, where)
+    return data
+
+
+def _check_int_sizes(data: Any, where: str) -> None:
+    """Refuse an integer of more than MAX_INT_DIGITS digits anywhere in ``data`` (TOML has no int hook)."""
+    stack = [data]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+        elif isinstance(x, int) and not isinstance(x, bool) and abs(x) >= 10**MAX_INT_DIGITS:
+            raise FileError(
+                f"{where}: an integer has more than the {MAX_INT_DIGITS} digits allowed",
+                "write a number of a sensible size",
+            )
 
 
 def load_json(path: str | os.PathLike[str], what: str, hint: str) -> Any:

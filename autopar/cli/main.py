@@ -14,6 +14,7 @@ from importlib import import_module
 from autopar.cli.args import EXIT_USAGE, Parser
 from autopar.cli.commands import COMMAND_MODULES
 from autopar.errors import AutoparError
+from autopar.limits import terminal_safe
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -32,7 +33,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     return parser, handlers
 
 
+def _tolerant_streams() -> None:
+    """A character the terminal's encoding cannot show (``PYTHONIOENCODING=ascii`` and a name with
+    an accent, a file name that is not UTF-8) is written as an escape instead of raising."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", "strict") in ("strict", "surrogateescape"):
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # pragma: no cover - a stream that cannot change
+                pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _tolerant_streams()
     parser, handlers = build_parser()
     args = parser.parse_args(argv)
     from autopar import progress
@@ -41,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except AutoparError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.write(f"error: {terminal_safe(exc)}\n")  # one line: a path's newline is escaped
         return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
