@@ -34,7 +34,13 @@ from pathlib import Path
 from typing import Any, get_args, get_origin
 
 from autopar.errors import FileError
-from autopar.limits import MAX_EXPANDED_NODES, MAX_INPUT_BYTES, MAX_INT_DIGITS, IntegerTooLong, json_int, terminal_safe
+from autopar.limits import (
+    MAX_EXPANDED_NODES,
+    MAX_INPUT_BYTES,
+    MAX_INT_DIGITS,
+    IntegerTooLong,
+    json_int,
+)
 
 __all__ = [
     "MAX_INPUT_BYTES",

@@ -53,9 +53,7 @@ class IntegerTooLong(ValueError):
 
     def __init__(self, text: str) -> None:
         digits = len(text.strip().lstrip("+-").replace("_", ""))
-        super().__init__(
-            f"an integer literal has {digits:,} digits, more than the {MAX_INT_DIGITS} allowed"
-        )
+        super().__init__(f"an integer literal has {digits:,} digits, more than the {MAX_INT_DIGITS} allowed")
 
 
 def int_literal(text: str) -> int:
@@ -78,7 +76,9 @@ def json_int(where: str, error: Callable[[str, str], Exception]) -> Callable[[st
         try:
             return int_literal(text)
         except IntegerTooLong as exc:
-            raise error(f"{where}: {exc}" if where else str(exc), "write a number of a sensible size") from None
+            raise error(
+                f"{where}: {exc}" if where else str(exc), "write a number of a sensible size"
+            ) from None
 
     return parse
 

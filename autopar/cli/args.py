@@ -121,8 +121,6 @@ def int_range(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-
-
 def nonneg_int(text: str) -> int:
     return _int_at_least(text, 0)
 

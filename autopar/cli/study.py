@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from autopar.limits import terminal_safe
+
 STORAGE_HELP = "journal file, *.db (SQLite) or Optuna storage URL (default: autopar-studies.log)"
 
 
@@ -118,7 +120,7 @@ def cmd_study(a: argparse.Namespace) -> int:
 
             study_report(rep).write(a.html)
             if not a.json:
-                print(f"wrote {a.html}")
+                print(f"wrote {terminal_safe(a.html)}")
         return 0
     from autopar.search.study import list_studies
 
@@ -197,12 +199,13 @@ def _emit(rep: Any, as_json: bool) -> None:
     from rich.table import Table
 
     from autopar.cli.render import console
+    from autopar.limits import markup_safe as ms
 
     con = console()
     job = rep.attrs.get("job", {})
     con.print(
-        f"[bold]study {rep.name}[/]: {job.get('model')} on {job.get('num_devices')} x {job.get('device')}, "
-        f"space {rep.attrs.get('space')}, objectives {', '.join(rep.objectives)}; sampler {rep.sampler} "
+        f"[bold]study {ms(rep.name)}[/]: {ms(job.get('model'))} on {job.get('num_devices')} x {ms(job.get('device'))}, "
+        f"space {ms(rep.attrs.get('space'))}, objectives {', '.join(rep.objectives)}; sampler {rep.sampler} "
         f"seed {rep.seed} (optuna {rep.attrs.get('optuna_version')})"
     )
     con.print(
@@ -228,6 +231,6 @@ def _emit(rep: Any, as_json: bool) -> None:
             f"{b.get('tokens_per_s_per_device') or 0:,.1f}",
             f"{b.get('memory_gib_per_device') or 0:.1f} GiB",
             f"{st:.3f} s",
-            str(b["layout"]),
+            ms(b["layout"]),
         )
     con.print(t)

@@ -12,6 +12,8 @@ import math
 import sys
 from typing import Any
 
+from autopar.limits import markup_safe as ms
+
 
 def register(sub: Any) -> dict[str, Any]:
     from autopar.cli.args import add_job_args, int_range
@@ -139,7 +141,7 @@ def cmd_whatif(a: argparse.Namespace) -> int:
 
     con = console()
     con.print(
-        f"{job.model.name} on {job.num_devices} x {job.device.id} (seq {job.seq_len}, global batch "
+        f"{ms(job.model.name)} on {job.num_devices} x {ms(job.device.id)} (seq {job.seq_len}, global batch "
         f"{job.global_batch}): {res['n_points']:,} hardware points x {res['n_layouts']:,} layouts "
         f"= {res['evaluations']:,} evaluations"
     )
