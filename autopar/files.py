@@ -40,6 +40,7 @@ from autopar.limits import (
     MAX_INT_DIGITS,
     IntegerTooLong,
     json_int,
+    terminal_safe,
 )
 
 __all__ = [
@@ -394,6 +395,7 @@ def check_output(path: str | os.PathLike[str], what: str, flag: str) -> Path:
     """
     if str(path).strip() == "":
         raise FileError(f"{flag} is empty", f"pass a file path for the {what}")
+    _check_utf8_name(path, flag)
     p = Path(path).expanduser()
     target = Path(os.path.realpath(p))  # a symlink (chain) is followed to the file it names
     via = f" (the target of symlink {p})" if target != Path(os.path.abspath(p)) else ""
@@ -436,10 +438,22 @@ def check_output(path: str | os.PathLike[str], what: str, flag: str) -> Path:
     return target
 
 
+def _check_utf8_name(path: str | os.PathLike[str], flag: str) -> None:
+    """A name that is not UTF-8 (its bytes reach Python as lone surrogates) cannot be written into
+    a report or a JSON record: refused before any work, with the name escaped."""
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise FileError(
+            f"{flag} {terminal_safe(os.fspath(path))} is not a UTF-8 file name", "pass a UTF-8 name"
+        ) from None
+
+
 def check_output_dir(path: str | os.PathLike[str], flag: str) -> Path:
     """An existing, writable directory for several outputs (never created silently)."""
     if str(path).strip() == "":
         raise FileError(f"{flag} is empty", "pass a directory")
+    _check_utf8_name(path, flag)
     p = Path(path).expanduser()
     try:
         st = os.stat(p)
