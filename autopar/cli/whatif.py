@@ -84,6 +84,7 @@ def cmd_whatif(a: argparse.Namespace) -> int:
     from autopar.search.space import load_space
     from autopar.whatif.sweep import (
         RESOURCES,
+        check_grid,
         parse_vary,
         sensitivity,
         sweep,
@@ -91,6 +92,7 @@ def cmd_whatif(a: argparse.Namespace) -> int:
     )
 
     axes = [parse_vary(v) for v in a.vary]  # bad axes are refused before any work
+    check_grid(axes)
     kw = job_kwargs(a)
     cal_path = kw.pop("calibration", None)
     job = training_job(**kw)
