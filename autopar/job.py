@@ -237,6 +237,15 @@ class GenerationWorkload(_Frozen):
         description="latency per image/video the layout must meet (s); ranks by throughput among those",
     )
 
+    @model_validator(mode="after")
+    def _warmup_within_steps(self) -> GenerationWorkload:
+        if self.warmup_steps > self.steps:
+            raise ValueError(
+                f"warmup_steps {self.warmup_steps} exceeds steps {self.steps} (the warm-up steps are "
+                "some of the denoising steps); pass --warmup-steps at most --steps"
+            )
+        return self
+
 
 class DiTTrainingWorkload(_Frozen):
     """Diffusion-transformer training (``autopar.dit.training``) over a bucket list of shapes."""

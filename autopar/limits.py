@@ -108,7 +108,7 @@ def markup_safe(text: object, limit: int | None = None) -> str:
 
 def echo(text: object) -> str:
     """A user's value quoted in an error: ``repr``-like, one line, at most :data:`MAX_ECHO_CHARS`."""
-    return terminal_safe(repr(str(text)), MAX_ECHO_CHARS)
+    return terminal_safe(repr(text), MAX_ECHO_CHARS)
 
 
 def check_count(value: int, bound: int, what: str, hint: str, error: Callable[[str, str], Exception]) -> int:
