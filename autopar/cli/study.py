@@ -203,8 +203,10 @@ def _emit(rep: Any, as_json: bool) -> None:
 
     con = console()
     job = rep.attrs.get("job", {})
+    cluster = job.get("cluster") or {}
     con.print(
-        f"[bold]study {ms(rep.name)}[/]: {ms(job.get('model'))} on {job.get('num_devices')} x {ms(job.get('device'))}, "
+        f"[bold]study {ms(rep.name)}[/]: {ms(job.get('model'))} on {cluster.get('num_devices')} x "
+        f"{ms(cluster.get('device'))}, "
         f"space {ms(rep.attrs.get('space'))}, objectives {', '.join(rep.objectives)}; sampler {rep.sampler} "
         f"seed {rep.seed} (optuna {rep.attrs.get('optuna_version')})"
     )
