@@ -571,8 +571,14 @@ case(
 case(
     "model-cmd-zero-heads",
     ["model", "m.json"],
-    "at least 1",
+    "must be positive",
     **{"m.json": _json(HF | {"num_attention_heads": 0})},
+)
+case(
+    "model-raw-zero-heads",
+    ["model", "t.json"],
+    "heads must be positive",
+    **{"t.json": _json(TINY | {"heads": 0})},
 )
 case(
     "model-zero-layers",
@@ -749,6 +755,8 @@ def test_corpus_is_large_and_varied() -> None:
         "compare",
         "serve",
         "model",
+        "dit",
+        "whatif",
     }
 
 

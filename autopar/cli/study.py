@@ -132,12 +132,13 @@ def cmd_study(a: argparse.Namespace) -> int:
             print("no studies")
         for r in rows:
             j = r.get("job") or {}
-            print(
+            line = (
                 f"{r['name']}: {r['trials']} trials, {r.get('sampler')} seed {r.get('seed')}, "
                 f"objectives {','.join(r.get('objectives') or [])}, space {r.get('space')}, "
                 f"{j.get('model')} on {(j.get('cluster') or {}).get('num_devices')} x "
                 f"{(j.get('cluster') or {}).get('device')}"
             )
+            print(terminal_safe(line))  # names read from a storage file: no raw control characters
     return 0
 
 

@@ -678,10 +678,12 @@ def parse_flags(
 def to_int(value: Any, what: str, fmt: str) -> int:
     if isinstance(value, bool):
         raise ExportError(f"{what} must be an integer in the {fmt} text, got {value!r}")
+    from autopar.limits import echo, int_literal
+
     try:
-        return int(value)
+        return int_literal(value) if isinstance(value, str) else int(value)
     except (TypeError, ValueError):
-        raise ExportError(f"{what} must be an integer in the {fmt} text, got {value!r}") from None
+        raise ExportError(f"{what} must be an integer in the {fmt} text, got {echo(value)}") from None
 
 
 def exact_div(a: int, b: int, what: str, fmt: str) -> int:
