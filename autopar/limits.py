@@ -36,6 +36,7 @@ MAX_DIT_WIDTH = 65_536  # hidden width / heads x head_dim of a DiT config
 
 # ------------------------------------------------------------------------------ grids and searches
 MAX_SWEEP_POINTS = 10_000  # jobs in one `autopar sweep` grid
+MAX_COMPARE_CELLS = 1_000  # models x devices x lengths x batches of one `compare` (a search each)
 MAX_WHATIF_POINTS = 10_000  # hardware points of one `whatif` grid (~0.5 ms each: seconds, not hours)
 MAX_TOP = 10_000  # results a command lists
 MAX_WORKERS = 256  # scoring processes

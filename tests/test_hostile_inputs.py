@@ -608,6 +608,12 @@ case(
     "10,000",
 )
 case("whatif-axis-n-huge", ["whatif", *J, "--vary", "memory_bw_gbps=2000:8000:1000000"], "10,000")
+case(
+    "compare-cells-over-limit",
+    [*CMP[:7], "--workload", "training", "--seq-len", ",".join(str(64 * i) for i in range(1, 41))]
+    + ["--global-batch", ",".join(str(i) for i in range(1, 41))],
+    "1,000",
+)
 case("recommend-ray-unreachable", [*R, "--ray", "127.0.0.1:1"], "cannot reach Ray")
 case("recommend-ray-port-out-of-range", [*R, "--ray", "127.0.0.1:70000"], "out of range")
 # ----------------------------------------------------------------------------------------------- DiT
