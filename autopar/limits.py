@@ -46,6 +46,7 @@ MAX_LOCAL_RANKS = 256  # processes one local torchrun launch may start (calibrat
 # ---------------------------------------------------------------------------------------- names
 MAX_NAME_CHARS = 200  # a study, space or calibration name
 MAX_ECHO_CHARS = 120  # characters of a user's value quoted back in one error line
+MAX_MESSAGE_CHARS = 1_000  # an error line's message (and as much for its hint): a value it quotes is cut
 RAY_CONNECT_TIMEOUT_S = 10.0  # a Ray address that does not answer within this is refused
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from autopar.cli.main import main
+from autopar.limits import MAX_MESSAGE_CHARS
 
 J = ["--model", "llama-3.1-8b", "--device", "h100-sxm-80gb", "--num-devices", "8"]
 J += ["--seq-len", "4096", "--global-batch", "64"]
@@ -561,6 +562,21 @@ case(
     **{"r.json": '{"world_size": ' + BIG + "}"},
 )
 case("int-5000-digits-flag", [*P, "--tp", BIG], "digits")
+case("int-5000-digits-set", [*R, "--set", f"tp={BIG}"], "...")
+case(
+    "int-5000-digits-buckets",
+    [
+        "dit",
+        "train",
+        "--model",
+        "wan2.1-t2v-1.3b",
+        *J[2:6],
+        "--buckets",
+        f"{BIG}x832x81",
+        "--global-batch",
+        "8",
+    ],
+)
 case("int-5000-digits-whatif-n", ["whatif", *J, "--vary", f"memory_gb=10:100:{BIG}"])
 case(
     "model-zero-heads",
@@ -740,6 +756,7 @@ def test_bad_input_is_one_line_exit_2_and_touches_no_file(
     line = lines[0]
     assert line.startswith("error: ") and "Traceback" not in err
     assert line.isprintable(), f"a control character reaches the terminal: {line!r}"
+    assert len(line) <= 2 * MAX_MESSAGE_CHARS + 100, f"a {len(line):,}-character line"
     assert line.rstrip().endswith(")") and " (" in line, f"no hint (what to do) in: {line}"
     assert _tree(workdir) == before, "a file was created, replaced or touched"
     if cid in EXPECT:  # the line names the real cause

@@ -17,6 +17,7 @@ from autopar.job import ClusterSpec, Job, TrainingWorkload
 from autopar.layout import DERIVED_DEFAULTS, LAYOUT_ARGS, Layout
 from autopar.limits import (  # noqa: F401 - the caps commands import from here
     MAX_LOCAL_RANKS,
+    MAX_MESSAGE_CHARS,
     MAX_SEED,
     MAX_TOP,
     MAX_WORKERS,
@@ -38,7 +39,7 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"error: {terminal_safe(message)} (see `{self.prog} --help`)\n")
+        sys.stderr.write(f"error: {terminal_safe(message, MAX_MESSAGE_CHARS)} (see `{self.prog} --help`)\n")
         sys.exit(EXIT_USAGE)
 
 

@@ -14,7 +14,7 @@ from importlib import import_module
 from autopar.cli.args import EXIT_USAGE, Parser
 from autopar.cli.commands import COMMAND_MODULES
 from autopar.errors import AutoparError
-from autopar.limits import terminal_safe
+from autopar.limits import MAX_MESSAGE_CHARS, terminal_safe
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -55,7 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except AutoparError as exc:
-        sys.stderr.write(f"error: {terminal_safe(exc)}\n")  # one line: a path's newline is escaped
+        # one line: a path's newline is escaped; a 5,000-character value it quotes is cut in the middle
+        text = terminal_safe(exc.message, MAX_MESSAGE_CHARS)
+        if exc.hint:
+            text += f" ({terminal_safe(exc.hint, MAX_MESSAGE_CHARS)})"
+        sys.stderr.write(f"error: {text}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
