@@ -513,3 +513,11 @@ def test_pipefusion_above_the_blocks_is_refused() -> None:
     req = inference.Generation(height=480, width=832, frames=81, steps=10)
     with pytest.raises(AutoparError, match="exceeds the 30 transformer blocks"):
         inference.check_layout(spec, 60, req, {"pipefusion": 60})
+
+
+def test_the_sd3_position_table_is_stored_not_trained() -> None:
+    spec = from_diffusers_config(SD35_MEDIUM)
+    assert spec.buffer_params == 384**2 * 1536  # pos_embed_max_size^2 positions x hidden
+    assert spec.trainable_params == spec.params - spec.buffer_params
+    no_table = from_diffusers_config({k: v for k, v in SD35_MEDIUM.items() if k != "pos_embed_max_size"})
+    assert no_table.params == spec.trainable_params and no_table.buffer_params == 0

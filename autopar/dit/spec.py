@@ -310,6 +310,15 @@ class DiTSpec:
     def params(self) -> int:
         return sum(self.params_breakdown().values())
 
+    @property
+    def buffer_params(self) -> int:
+        """Stored but not trained: SD3's fixed position table (a diffusers buffer, in the checkpoint)."""
+        return self.pos_embed_tokens * self.hidden
+
+    @property
+    def trainable_params(self) -> int:
+        return self.params - self.buffer_params
+
     # ---------------------------------------------------------------- the request -> tokens
     def latent_shape(self, height: int, width: int, frames: int) -> tuple[int, int, int]:
         """(latent frames, latent height, latent width) of one sample."""
