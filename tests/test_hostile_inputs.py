@@ -1,10 +1,13 @@
 """A corpus of bad and hostile inputs, one per case, run through the CLI in-process.
 
 Every case must end with exit status 2 and exactly one line on stderr (``error: <problem> (<what to
-do>)``), no traceback, and no file created, replaced, or touched in the working directory: the
-directory tree (names, types, sizes, modification times, inodes) is compared before and after, and
+do>)``), printable (a newline or ESC in a name is escaped) and bounded in length, naming the real
+cause where the case gives one (``EXPECT``), no traceback, and no file created, replaced, or
+touched in the working directory: the directory tree (names, types, sizes, modification times, inodes) is compared before and after, and
 it holds a symlink to a directory, a dangling symlink, a FIFO, a character device (where this user
-may create one) and a directory, each used as a destination or a source somewhere below.
+may create one) and a directory, each used as a destination or a source somewhere below. The
+limits these cases probe are in :mod:`autopar.limits`. The tests after the corpus run hostile names
+that must print as written (exit 0): rich markup, a foreign MPLBACKEND, an ASCII-only terminal.
 """
 
 from __future__ import annotations
