@@ -43,11 +43,11 @@ def local_cpus() -> int:
 def connect(address: Any = "local") -> bool:
     """Make sure Ray is initialized; returns True when this call started it (then :func:`shutdown`)."""
     global _started_here
+    if not (address is True or str(address) in LOCAL):
+        _probe(str(address))  # before importing Ray: an unreachable address is refused at once
     ray = _ray()
     if ray.is_initialized():
         return False
-    if not (address is True or str(address) in LOCAL):
-        _probe(str(address))
     try:
         if address is True or str(address) in LOCAL:
             with _loopback_node(ray):
