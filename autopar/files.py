@@ -30,6 +30,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -37,8 +38,14 @@ from pathlib import Path
 from typing import Any, get_args, get_origin
 
 from autopar.errors import FileError
-
-MAX_INPUT_BYTES = 64 * 1024 * 1024  # no configuration, layout or calibration file comes near this
+from autopar.limits import (
+    MAX_EXPANDED_NODES,
+    MAX_INPUT_BYTES,
+    MAX_INT_DIGITS,
+    IntegerTooLong,
+    json_int,
+    terminal_safe,
+)
 
 __all__ = [
     "MAX_INPUT_BYTES",
@@ -131,9 +138,15 @@ def _no_constant(where: str) -> Callable[[str], Any]:
 
 
 def parse_json(text: str, where: str) -> Any:
-    """JSON with duplicate keys and NaN/Infinity refused; ``where`` prefixes every error."""
+    """JSON with duplicate keys, NaN/Infinity and over-long integers (:mod:`autopar.limits`) refused;
+    ``where`` prefixes every error."""
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates(where), parse_constant=_no_constant(where))
+        return json.loads(
+            text,
+            object_pairs_hook=_no_duplicates(where),
+            parse_constant=_no_constant(where),
+            parse_int=json_int(where, FileError),
+        )
     except json.JSONDecodeError as exc:
         raise FileError(
             f"{where}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})",
@@ -169,7 +182,19 @@ def _yaml_loader() -> Any:
                 seen[key] = True
         return base.construct_mapping(self, node, deep=deep)
 
+    def construct_int(self: Any, node: Any) -> Any:
+        body = str(node.value).strip().lstrip("+-").replace("_", "")
+        if len(body) > MAX_INT_DIGITS:  # Python's int() would raise past 4,300 digits, a traceback
+            mark = node.start_mark
+            raise _LongInteger(None, None, str(IntegerTooLong(body)), mark)
+        return base.construct_yaml_int(self, node)
+
+    class _LongInteger(yaml.constructor.ConstructorError):
+        pass
+
+    Loader.long_integer = _LongInteger
     Loader.construct_mapping = construct_mapping  # type: ignore[method-assign]
+    Loader.add_constructor("tag:yaml.org,2002:int", construct_int)
     return Loader
 
 
@@ -191,12 +216,11 @@ def parse_yaml(text: str, where: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if isinstance(exc, _LOADER.long_integer):
+            raise FileError(f"{where}{at}: {problem}", "write a number of a sensible size") from None
         raise FileError(f"{where}: not valid YAML{at}: {problem}", "fix the YAML syntax") from None
     except RecursionError:
         raise FileError(f"{where}: YAML nested too deeply", "flatten the file") from None
-
-
-MAX_EXPANDED_NODES = 1_000_000  # values a YAML document may expand to through its aliases
 
 
 def _check_expanded_size(data: Any, where: str) -> None:
@@ -234,13 +258,37 @@ def parse_toml(text: str, where: str) -> Any:
     import tomllib
 
     try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        data = tomllib.loads(text)
+    except ValueError as exc:  # tomllib calls int(): a literal past Python's 4,300 digits
+        if not isinstance(exc, tomllib.TOMLDecodeError):
+            digits = max((len(m) for m in re.findall(r"[0-9_]+", text)), default=0)
+            raise FileError(
+                f"{where}: an integer literal has {digits:,} digits, more than the {MAX_INT_DIGITS} allowed",
+                "write a number of a sensible size",
+            ) from None
         raise FileError(
             f"{where}: not valid TOML: {str(exc).splitlines()[0]}", "fix the TOML syntax"
         ) from None
     except RecursionError:
         raise FileError(f"{where}: TOML nested too deeply", "flatten the file") from None
+    _check_int_sizes(data, where)
+    return data
+
+
+def _check_int_sizes(data: Any, where: str) -> None:
+    """Refuse an integer of more than MAX_INT_DIGITS digits anywhere in ``data`` (TOML has no int hook)."""
+    stack = [data]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+        elif isinstance(x, int) and not isinstance(x, bool) and abs(x) >= 10**MAX_INT_DIGITS:
+            raise FileError(
+                f"{where}: an integer has more than the {MAX_INT_DIGITS} digits allowed",
+                "write a number of a sensible size",
+            )
 
 
 def load_json(path: str | os.PathLike[str], what: str, hint: str) -> Any:
@@ -353,6 +401,7 @@ def check_output(path: str | os.PathLike[str], what: str, flag: str) -> Path:
     """
     if str(path).strip() == "":
         raise FileError(f"{flag} is empty", f"pass a file path for the {what}")
+    _check_utf8_name(path, flag)
     p = Path(path).expanduser()
     target = Path(os.path.realpath(p))  # a symlink (chain) is followed to the file it names
     via = f" (the target of symlink {p})" if target != Path(os.path.abspath(p)) else ""
@@ -395,10 +444,22 @@ def check_output(path: str | os.PathLike[str], what: str, flag: str) -> Path:
     return target
 
 
+def _check_utf8_name(path: str | os.PathLike[str], flag: str) -> None:
+    """A name that is not UTF-8 (its bytes reach Python as lone surrogates) cannot be written into
+    a report or a JSON record: refused before any work, with the name escaped."""
+    try:
+        os.fspath(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise FileError(
+            f"{flag} {terminal_safe(os.fspath(path))} is not a UTF-8 file name", "pass a UTF-8 name"
+        ) from None
+
+
 def check_output_dir(path: str | os.PathLike[str], flag: str) -> Path:
     """An existing, writable directory for several outputs (never created silently)."""
     if str(path).strip() == "":
         raise FileError(f"{flag} is empty", "pass a directory")
+    _check_utf8_name(path, flag)
     p = Path(path).expanduser()
     try:
         st = os.stat(p)

@@ -20,6 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from autopar.errors import AutoparError
 from autopar.frameworks import DEFAULT_MEMORY_HEADROOM, FrameworkProfile, framework_profile
 from autopar.hardware import DeviceProfile, load_cluster
+from autopar.limits import (  # noqa: F401 - re-exported: job.MAX_* is public
+    MAX_FRAMES,
+    MAX_GLOBAL_BATCH,
+    MAX_NUM_DEVICES,
+    MAX_PIXELS,
+    MAX_SEQ_LEN,
+    MAX_STEPS,
+)
 from autopar.model import ModelSpec, check_context, check_costed, load_model
 from autopar.moe import A2A_OVERLAP_DESCRIPTION, DISPATCHER_DESCRIPTION, Dispatcher, MoEOptions
 from autopar.schedules import PIPELINE_SCHEDULE_DESCRIPTION, PipelineSchedule
@@ -65,10 +73,8 @@ ModelRef = Annotated[
 DeviceRef = Annotated[
     str, Field(min_length=1, description="device id, e.g. h100-sxm-80gb, or a device YAML path")
 ]
-# Upper bounds keep absurd jobs (a typo, a hostile file) from building absurd arrays.
-MAX_NUM_DEVICES = 2**20
-MAX_SEQ_LEN = 2**24
-MAX_GLOBAL_BATCH = 2**24
+# Upper bounds keep absurd jobs (a typo, a hostile file) from building absurd arrays: they live in
+# autopar.limits with every other input bound (MAX_NUM_DEVICES, MAX_SEQ_LEN, MAX_GLOBAL_BATCH, ...).
 NumDevices = Annotated[
     int, Field(strict=True, ge=1, le=MAX_NUM_DEVICES, description="devices the job runs on")
 ]
@@ -194,11 +200,6 @@ class ServingWorkload(_Frozen):
         return self.ttft_ms is not None or self.tpot_ms is not None
 
 
-MAX_PIXELS = 16384  # pixels per side of a generated image or video
-MAX_FRAMES = 4096
-MAX_STEPS = 10000
-
-
 class GenerationWorkload(_Frozen):
     """Diffusion inference (``autopar.dit.inference``): one image or video per prompt batch."""
 
@@ -236,6 +237,15 @@ class GenerationWorkload(_Frozen):
         gt=0,
         description="latency per image/video the layout must meet (s); ranks by throughput among those",
     )
+
+    @model_validator(mode="after")
+    def _warmup_within_steps(self) -> GenerationWorkload:
+        if self.warmup_steps > self.steps:
+            raise ValueError(
+                f"warmup_steps {self.warmup_steps} exceeds steps {self.steps} (the warm-up steps are "
+                "some of the denoising steps); pass --warmup-steps at most --steps"
+            )
+        return self
 
 
 class DiTTrainingWorkload(_Frozen):

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from autopar.errors import ModelConfigError, UnsupportedArchitecture
 from autopar.files import read_text
+from autopar.limits import MAX_CONFIG_BYTES, json_int
 
 __all__ = [
     "ModelSpec",
@@ -1331,6 +1332,9 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
     h = _int(c, "hidden_size", ctx=ctx)
     L = _int(c, "num_hidden_layers", ctx=ctx)
     a = _int(c, "num_attention_heads", ctx=ctx)
+    for key, v in (("hidden_size", h), ("num_hidden_layers", L), ("num_attention_heads", a)):
+        if v < 1:  # a count of zero would divide by zero below
+            raise ModelConfigError(f"{ctx}{key} is {v}; it must be positive", f"fix {key} in the config")
     if h % a and c.get("head_dim") is None and not c.get("kv_lora_rank"):
         raise ModelConfigError(
             f"{ctx}hidden_size {h} is not a multiple of num_attention_heads {a} and head_dim is not given"
@@ -1614,6 +1618,10 @@ def _from_raw(d: dict) -> ModelSpec:
     f.setdefault("name", "custom")
     if "heads" in f:
         f.setdefault("kv_heads", f["heads"])  # HF and published_runs_dev.csv convention: absent => MHA
+        if f["heads"] < 1:  # checked before hidden % heads divides by it
+            raise ModelConfigError(
+                f"{ctx}heads must be positive, got {f['heads']}", "fix heads in the config"
+            )
         if "hidden" in f:
             if f["hidden"] % f["heads"] and "head_dim" not in f:
                 raise ModelConfigError(f"{ctx}hidden is not a multiple of heads and head_dim is not given")
@@ -1648,7 +1656,7 @@ def _read_json(path: Path | Any, what: str) -> Any:
         raise ModelConfigError(f"cannot read {what}: {e.strerror or e}") from None
 
 
-CONFIG_MAX_BYTES = 1 << 20  # the largest config.json seen is ~30 KB (Phi-3 long-RoPE factor lists)
+CONFIG_MAX_BYTES = MAX_CONFIG_BYTES  # autopar.limits: a config.json of ~30 KB is the largest seen
 
 
 class _NonFinite:
@@ -1764,7 +1772,12 @@ def read_config_file(path: Path) -> dict:
     # autopar.files: a regular file (a FIFO or device would block), no NUL byte, UTF-8 text
     text = read_text(path, "model config", "pass the model's config.json", max_bytes=CONFIG_MAX_BYTES)
     try:
-        doc = json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_NonFinite)
+        doc = json.loads(
+            text,
+            object_pairs_hook=_reject_duplicates,
+            parse_constant=_NonFinite,
+            parse_int=json_int("", ModelConfigError),  # autopar.limits: no 4,300-digit traceback
+        )
     except json.JSONDecodeError as e:
         raise ModelConfigError(
             f"malformed JSON in {what}: {e.msg} at line {e.lineno} column {e.colno}", "fix the JSON syntax"

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import io
 import itertools
+import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,7 +33,24 @@ PALETTE = (
 _ids = itertools.count(1)
 
 
+def _import_matplotlib() -> Any:
+    """matplotlib, imported without reading ``MPLBACKEND``: these plots draw on a bare Figure and
+    never use a backend, and a value set for another program (Jupyter's
+    ``module://matplotlib_inline.backend_inline`` where that module is absent, a typo) would make
+    the import raise. The variable is put back at once for anything else this process starts."""
+    if "matplotlib" in sys.modules:
+        return sys.modules["matplotlib"]
+    saved = os.environ.pop("MPLBACKEND", None)
+    try:
+        import matplotlib
+    finally:
+        if saved is not None:
+            os.environ["MPLBACKEND"] = saved
+    return matplotlib
+
+
 def _figure(width: float, height: float) -> Any:
+    _import_matplotlib()
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
@@ -40,7 +59,7 @@ def _figure(width: float, height: float) -> Any:
 
 def to_svg(fig: Any) -> str:
     """The figure as an inline ``<svg>`` element (no XML prolog, DOCTYPE, metadata or xmlns URLs)."""
-    import matplotlib
+    matplotlib = _import_matplotlib()
 
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": "autopar", "svg.fonttype": "path"}):

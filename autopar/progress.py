@@ -61,6 +61,8 @@ class Bar:
                 TimeRemainingColumn,
             )
 
+            from autopar.limits import markup_safe
+
             self.bar = Progress(
                 TextColumn("{task.description}"),
                 BarColumn(),
@@ -72,9 +74,11 @@ class Bar:
                 transient=True,
             )
             self.bar.start()
-            self.task = self.bar.add_task(self.label, total=self.total, note="")
+            self.task = self.bar.add_task(markup_safe(self.label), total=self.total, note="")
         if self.bar is not None:
-            self.bar.update(self.task, completed=self.done, note=note)
+            from autopar.limits import markup_safe
+
+            self.bar.update(self.task, completed=self.done, note=markup_safe(note))
 
     def close(self) -> None:
         if self.bar is not None:

@@ -446,3 +446,78 @@ def test_bad_dit_calibration_is_one_line_error(tmp_path: Path) -> None:
     bad.write_text("schema: 2\nglobal:\n  elementwise_passes_eager: 1.0\n")
     with pytest.raises(AutoparError, match="lacks 'attention_llm_ratio'"):
         dit_coefficients(H100, str(bad))
+
+
+# ------------------------------------------------------------------ SD3.5 dual attention, bad inputs
+# stabilityai/stable-diffusion-3.5-medium transformer/config.json (diffusers SD3Transformer2DModel)
+SD35_MEDIUM = {
+    "_class_name": "SD3Transformer2DModel",
+    "attention_head_dim": 64,
+    "caption_projection_dim": 1536,
+    "dual_attention_layers": list(range(13)),
+    "in_channels": 16,
+    "joint_attention_dim": 4096,
+    "num_attention_heads": 24,
+    "num_layers": 24,
+    "out_channels": 16,
+    "patch_size": 2,
+    "pooled_projection_dim": 2048,
+    "pos_embed_max_size": 384,
+    "qk_norm": "rms_norm",
+    "sample_size": 128,
+}
+
+
+def test_sd35_medium_counts_its_dual_attention_blocks() -> None:
+    spec = from_diffusers_config(SD35_MEDIUM)
+    assert spec.dual_attention_layers == 13
+    assert abs(spec.params / 2.5e9 - 1) < 0.02, spec.params  # model card: 2.5 billion parameters
+    single = from_diffusers_config({**SD35_MEDIUM, "dual_attention_layers": []})
+    d, hd = 1536, 64
+    attn2 = 3 * (d * d + d) + (d * d + d)  # to_q/k/v and to_out of the image-only attention
+    modulation = 3 * (d * d + d)  # SD35AdaLayerNormZeroX: 9 vectors instead of 6
+    assert spec.params - single.params == 13 * (attn2 + modulation + 2 * hd)
+    fl, fl1 = spec.forward_flops(1024, 1024, 1), single.forward_flops(1024, 1024, 1)
+    assert fl["attention"] > fl1["attention"] and fl["gemm"] > fl1["gemm"]
+
+
+@pytest.mark.parametrize(
+    ("patch", "match"),
+    [
+        ({"attention_head_dim": 127.5}, "whole number"),
+        ({"num_layers": 10**12}, "1,024"),
+        ({"dual_attention_layers": [0, 30]}, "distinct blocks"),
+        ({"num_attention_heads": 4096, "attention_head_dim": 4096}, "over the limit"),
+    ],
+)
+def test_invalid_diffusers_sizes_are_refused(patch: dict, match: str) -> None:
+    from autopar.errors import ModelConfigError
+
+    with pytest.raises(ModelConfigError, match=match):
+        from_diffusers_config({**SD35_MEDIUM, **patch})
+
+
+def test_frames_a_causal_vae_cannot_take_are_refused() -> None:
+    from autopar.errors import ModelConfigError
+
+    spec = load_dit("wan2.1-t2v-1.3b")
+    assert spec.tokens(480, 832, 81) == 21 * 30 * 52
+    with pytest.raises(ModelConfigError, match="81 or 85"):
+        spec.tokens(480, 832, 82)
+
+
+def test_pipefusion_above_the_blocks_is_refused() -> None:
+    from autopar.errors import AutoparError
+
+    spec = load_dit("wan2.1-t2v-1.3b")  # 30 blocks
+    req = inference.Generation(height=480, width=832, frames=81, steps=10)
+    with pytest.raises(AutoparError, match="exceeds the 30 transformer blocks"):
+        inference.check_layout(spec, 60, req, {"pipefusion": 60})
+
+
+def test_the_sd3_position_table_is_stored_not_trained() -> None:
+    spec = from_diffusers_config(SD35_MEDIUM)
+    assert spec.buffer_params == 384**2 * 1536  # pos_embed_max_size^2 positions x hidden
+    assert spec.trainable_params == spec.params - spec.buffer_params
+    no_table = from_diffusers_config({k: v for k, v in SD35_MEDIUM.items() if k != "pos_embed_max_size"})
+    assert no_table.params == spec.trainable_params and no_table.buffer_params == 0

@@ -1,10 +1,13 @@
 """A corpus of bad and hostile inputs, one per case, run through the CLI in-process.
 
 Every case must end with exit status 2 and exactly one line on stderr (``error: <problem> (<what to
-do>)``), no traceback, and no file created, replaced, or touched in the working directory: the
-directory tree (names, types, sizes, modification times, inodes) is compared before and after, and
+do>)``), printable (a newline or ESC in a name is escaped) and bounded in length, naming the real
+cause where the case gives one (``EXPECT``), no traceback, and no file created, replaced, or
+touched in the working directory: the directory tree (names, types, sizes, modification times, inodes) is compared before and after, and
 it holds a symlink to a directory, a dangling symlink, a FIFO, a character device (where this user
-may create one) and a directory, each used as a destination or a source somewhere below.
+may create one) and a directory, each used as a destination or a source somewhere below. The
+limits these cases probe are in :mod:`autopar.limits`. The tests after the corpus run hostile names
+that must print as written (exit 0): rich markup, a foreign MPLBACKEND, an ASCII-only terminal.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import pytest
 
 from autopar.cli.main import main
+from autopar.limits import MAX_MESSAGE_CHARS
 
 J = ["--model", "llama-3.1-8b", "--device", "h100-sxm-80gb", "--num-devices", "8"]
 J += ["--seq-len", "4096", "--global-batch", "64"]
@@ -84,10 +88,13 @@ def _json(obj: Any) -> str:
 
 
 CASES: list[tuple[str, list[str], dict[str, Any]]] = []
+EXPECT: dict[str, str] = {}  # case id -> a phrase its error line must contain (the real cause)
 
 
-def case(cid: str, argv: list[str], **files: Any) -> None:
+def case(cid: str, argv: list[str], expect: str | None = None, **files: Any) -> None:
     CASES.append((cid, argv, {k.replace("__", "/"): v for k, v in files.items()}))
+    if expect is not None:
+        EXPECT[cid] = expect
 
 
 P = ["predict", *J]
@@ -492,6 +499,188 @@ case(
     ],
 )
 
+# ------------------------------------------------------- limits (autopar.limits): one place for every bound
+BIG = "9" * 5000  # past Python's 4,300-digit int() guard: a traceback before the limits module
+LONG = "1" * 31  # one digit over limits.MAX_INT_DIGITS
+case(
+    "int-5000-digits-model-config",
+    ["predict", "--model", "m.json", *J[2:]],
+    "digits",
+    **{"m.json": _json(HF)[:-1] + f', "rope_theta": {BIG}}}'},
+)
+case(
+    "int-31-digits-model-config",
+    ["predict", "--model", "m.json", *J[2:]],
+    "digits",
+    **{"m.json": _json(HF)[:-1] + f', "rope_theta": {LONG}}}'},
+)
+case(
+    "int-5000-digits-model-cmd",
+    ["model", "m.json"],
+    "digits",
+    **{"m.json": _json(HF)[:-1] + f', "x": {BIG}}}'},
+)
+case(
+    "int-5000-digits-dit-config",
+    ["dit", "model", "t.json"],
+    "digits",
+    **{"t.json": '{"_class_name": "SD3Transformer2DModel", "num_layers": ' + BIG + "}"},
+)
+case(
+    "int-5000-digits-device",
+    ["predict", *J[:3], "d.yaml", *J[4:]],
+    "digits",
+    **{"d.yaml": _dev() + f"tdp_extra: {BIG}\n"},
+)
+case("int-5000-digits-calibration", C, "digits", **{"c.yaml": _DEFAULT_CAL + f"extra: {BIG}\n"})
+case(
+    "int-5000-digits-space-yaml", [*R, "--space", "s.yaml"], "digits", **{"s.yaml": f"name: a\ntp: [{BIG}]\n"}
+)
+case(
+    "int-5000-digits-space-toml",
+    [*R, "--space", "s.toml"],
+    "digits",
+    **{"s.toml": f'name = "a"\nx = {BIG}\n'},
+)
+case(
+    "int-31-digits-space-toml", [*R, "--space", "s.toml"], "digits", **{"s.toml": f'name = "a"\nx = {LONG}\n'}
+)
+case("int-5000-digits-sweep", ["sweep", "w.yaml"], "digits", **{"w.yaml": SW.replace("[8]", f"[{BIG}]")})
+case(
+    "int-5000-digits-layouts",
+    ["validate", "--layouts", "b.json"],
+    "digits",
+    **{"b.json": '[{"dp": ' + BIG + "}]"},
+)
+case(
+    "int-5000-digits-from-json",
+    ["export", "--from-json", "b.json"],
+    "digits",
+    **{"b.json": '{"tp": ' + BIG + "}"},
+)
+case(
+    "int-5000-digits-from-raw",
+    ["calibrate", "--from-raw", "r.json"],
+    "digits",
+    **{"r.json": '{"world_size": ' + BIG + "}"},
+)
+case("int-5000-digits-flag", [*P, "--tp", BIG], "digits")
+case("int-5000-digits-set", [*R, "--set", f"tp={BIG}"], "...")
+case(
+    "int-5000-digits-buckets",
+    [
+        "dit",
+        "train",
+        "--model",
+        "wan2.1-t2v-1.3b",
+        *J[2:6],
+        "--buckets",
+        f"{BIG}x832x81",
+        "--global-batch",
+        "8",
+    ],
+)
+case("int-5000-digits-whatif-n", ["whatif", *J, "--vary", f"memory_gb=10:100:{BIG}"])
+case(
+    "model-zero-heads",
+    ["predict", "--model", "m.json", *J[2:]],
+    "num_attention_heads is 0",
+    **{"m.json": _json(HF | {"num_attention_heads": 0})},
+)
+case(
+    "model-cmd-zero-heads",
+    ["model", "m.json"],
+    "must be positive",
+    **{"m.json": _json(HF | {"num_attention_heads": 0})},
+)
+case(
+    "model-raw-zero-heads",
+    ["model", "t.json"],
+    "heads must be positive",
+    **{"t.json": _json(TINY | {"heads": 0})},
+)
+case(
+    "model-zero-layers",
+    ["model", "m.json"],
+    "num_hidden_layers is 0",
+    **{"m.json": _json(HF | {"num_hidden_layers": 0})},
+)
+# ------------------------------------------------- names and paths reach the terminal escaped, on one line
+case("path-newline", [*P, "--calibration", "a\nb.yaml"], "a\\nb.yaml")
+case("path-escape", [*P, "--calibration", "\x1b[31mred.yaml"], "\\x1b[31mred.yaml")
+case("path-newline-model", ["predict", "--model", "x\ny.json", *J[2:]], "\\n")
+case("path-markup", [*P, "--calibration", "[bold]x[/].yaml"], "[bold]x[/].yaml")
+case("flag-escape", [*P, "--tp", "\x1b]0;title\x07"], "\\x1b]0;title\\x07")
+case("html-not-utf8", [*R, "--html", "\udcff.html"], "not a UTF-8 file name")
+case("model-path-escape", ["predict", "--model", "\x1b[2J.json", *J[2:]], "\\x1b[2J")
+# ------------------------------------------------------------------------------- serving and what-if
+SV = ["serve", "--model", "llama-3.1-8b", "--device", "h100-sxm-80gb", "--num-devices", "8"]
+SV += ["--isl", "128", "--osl", "128"]
+case("serve-html-not-utf8", [*SV, "--html", "\udcffx.html"], "not a UTF-8 file name")
+case("serve-num-devices-2^20", [*SV[:5], "--num-devices", str(2**20), *SV[7:]], "16,384")
+case("serve-tp-3-dense", [*SV, "--tp", "3"], "must divide the attention heads")
+case("serve-ep-4-dense", [*SV, "--ep", "4"], "dense model")
+case("serve-adp-2-dense", [*SV, "--adp", "2"], "dense model")
+case(
+    "whatif-grid-10^6",
+    ["whatif", *J, "--vary", "memory_bw_gbps=2000:8000:1000", "--vary", "peak_tflops.bf16=500:2000:1000"],
+    "10,000",
+)
+case("whatif-axis-n-huge", ["whatif", *J, "--vary", "memory_bw_gbps=2000:8000:1000000"], "10,000")
+case(
+    "compare-cells-over-limit",
+    [*CMP[:7], "--workload", "training", "--seq-len", ",".join(str(64 * i) for i in range(1, 41))]
+    + ["--global-batch", ",".join(str(i) for i in range(1, 41))],
+    "1,000",
+)
+case("recommend-ray-unreachable", [*R, "--ray", "127.0.0.1:1"], "cannot reach Ray")
+case("recommend-ray-port-out-of-range", [*R, "--ray", "127.0.0.1:70000"], "out of range")
+# ----------------------------------------------------------------------------------------------- DiT
+SD35M = {
+    "_class_name": "SD3Transformer2DModel",
+    "attention_head_dim": 64,
+    "caption_projection_dim": 1536,
+    "dual_attention_layers": list(range(13)),
+    "in_channels": 16,
+    "joint_attention_dim": 4096,
+    "num_attention_heads": 24,
+    "num_layers": 24,
+    "patch_size": 2,
+    "pooled_projection_dim": 2048,
+    "pos_embed_max_size": 384,
+}
+G = ["dit", "generate", "--model", "wan2.1-t2v-1.3b", "--device", "h100-sxm-80gb", "--num-devices", "64"]
+G += ["--height", "480", "--width", "832"]
+case(
+    "dit-head-dim-fraction",
+    ["dit", "model", "t.json"],
+    "whole number",
+    **{"t.json": _json(SD35M | {"attention_head_dim": 127.5})},
+)
+case(
+    "dit-layers-1e12",
+    ["dit", "model", "t.json"],
+    "1,024",
+    **{"t.json": _json(SD35M | {"num_layers": 10**12})},
+)
+case(
+    "dit-width-huge",
+    ["dit", "model", "t.json"],
+    "over the limit",
+    **{"t.json": _json(SD35M | {"num_attention_heads": 60000})},
+)
+case(
+    "dit-dual-layers-out-of-range",
+    ["dit", "model", "t.json"],
+    "distinct blocks",
+    **{"t.json": _json(SD35M | {"dual_attention_layers": [0, 24]})},
+)
+case("dit-frames-vae-cannot-take", [*G, "--frames", "82"], "81 or 85")
+case("dit-pipefusion-above-blocks", [*G, "--frames", "81", "--pipefusion", "64"], "30 transformer blocks")
+case(
+    "dit-warmup-above-steps", [*G, "--frames", "81", "--steps", "10", "--warmup-steps", "20"], "exceeds steps"
+)
+
 
 def _tree(root: Path) -> dict[str, tuple[int, int, int, int]]:
     out = {}
@@ -537,9 +726,14 @@ def _run(argv: list[str]) -> int:
         return int(exc.code or 0)
 
 
-@pytest.mark.parametrize(("argv", "files"), [(a, f) for _, a, f in CASES], ids=[c for c, _, _ in CASES])
+@pytest.mark.parametrize(("cid", "argv", "files"), CASES, ids=[c for c, _, _ in CASES])
 def test_bad_input_is_one_line_exit_2_and_touches_no_file(
-    workdir: Path, argv: list[str], files: dict[str, Any], capsys: pytest.CaptureFixture[str], monkeypatch
+    workdir: Path,
+    cid: str,
+    argv: list[str],
+    files: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch,
 ) -> None:
     from autopar.runner import launch
 
@@ -564,8 +758,12 @@ def test_bad_input_is_one_line_exit_2_and_touches_no_file(
     assert len(lines) == 1, err
     line = lines[0]
     assert line.startswith("error: ") and "Traceback" not in err
+    assert line.isprintable(), f"a control character reaches the terminal: {line!r}"
+    assert len(line) <= 2 * MAX_MESSAGE_CHARS + 100, f"a {len(line):,}-character line"
     assert line.rstrip().endswith(")") and " (" in line, f"no hint (what to do) in: {line}"
     assert _tree(workdir) == before, "a file was created, replaced or touched"
+    if cid in EXPECT:  # the line names the real cause
+        assert EXPECT[cid] in line, line
 
 
 def test_corpus_is_large_and_varied() -> None:
@@ -583,4 +781,94 @@ def test_corpus_is_large_and_varied() -> None:
         "compare",
         "serve",
         "model",
+        "dit",
+        "whatif",
     }
+
+
+# ------------------------------------------------------ hostile names that must print as written (exit 0)
+def test_markup_in_study_and_model_names_prints_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A study named ``[/]`` crashed rich after its trials ran; ``[bold]`` in a name was swallowed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "[bold]m.json").write_text(json.dumps(HF))
+    argv = ["study", "run", "--name", "[/]", "--model", "[bold]m.json", *J[2:], "--storage", "s.log"]
+    assert _run([*argv, "--n-trials", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "study [/]: [bold]m.json on 8 x h100-sxm-80gb" in out
+    (tmp_path / "space.yaml").write_text('name: "[red]x[/]"\n')
+    assert _run(["recommend", "--model", "[bold]m.json", *J[2:], "--space", "space.yaml", "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "search space [red]x[/]" in out and "[bold]m.json on 8 x h100-sxm-80gb" in out
+
+
+def test_a_non_utf8_html_name_is_refused_before_the_search(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import autopar.search.recommend as rec
+
+    def no_search(*a: Any, **k: Any) -> Any:
+        raise AssertionError("the search ran before the --html name was checked")
+
+    monkeypatch.setattr(rec, "recommend", no_search)
+    assert _run([*R, "--html", "r\udcff.html"]) == 2
+    assert "r\\udcff.html is not a UTF-8 file name" in capsys.readouterr().err
+
+
+def _cli(args: list[str], cwd: Path, **env: str) -> Any:
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in os.environ.items() if k not in ("MPLBACKEND", "PYTHONIOENCODING")} | env
+    return subprocess.run(
+        [sys.executable, "-m", "autopar", *args], cwd=cwd, env=e, capture_output=True, timeout=300
+    )
+
+
+@pytest.mark.parametrize("backend", ["module://matplotlib_inline_absent.backend_inline", "bogus"])
+def test_a_foreign_mplbackend_does_not_break_the_report(tmp_path: Path, backend: str) -> None:
+    """Jupyter exports MPLBACKEND=module://matplotlib_inline.backend_inline; where that module is
+    absent (or the value is mistyped) the import of matplotlib used to raise after the search."""
+    r = _cli([*R, "--top", "1", "--html", "r.html"], tmp_path, MPLBACKEND=backend)
+    assert r.returncode == 0, r.stderr.decode()
+    assert b"Traceback" not in r.stderr
+    assert (tmp_path / "r.html").read_text().count("<svg") >= 1
+
+
+def test_an_ascii_terminal_gets_escapes_not_a_traceback(tmp_path: Path) -> None:
+    (tmp_path / "m.json").write_text(json.dumps(HF | {"_name_or_path": "caf\u00e9-\u6a21\u578b"}))
+    r = _cli(["model", "m.json"], tmp_path, PYTHONIOENCODING="ascii")
+    assert r.returncode == 0, r.stderr.decode()
+    assert b"caf\\xe9-\\u6a21\\u578b" in r.stdout
+    r = _cli(["predict", "--model", "caf\u00e9.json", *J[2:]], tmp_path, PYTHONIOENCODING="ascii")
+    assert r.returncode == 2 and b"Traceback" not in r.stderr
+    assert len(r.stderr.splitlines()) == 1 and b"caf\\xe9.json" in r.stderr
+
+
+def test_serving_exports_name_a_loadable_checkpoint(
+    workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``vllm serve llama-3.1-8b`` named a preset id, which vLLM cannot load."""
+    from autopar.export import parse
+    from autopar.serving.search import serve
+
+    kw = dict(device="h100-sxm-80gb", num_devices=8, isl=128, osl=128, top=1)
+    (workdir / "s.json").write_text(json.dumps(serve(model="llama-3.1-8b", **kw).to_dict(), default=float))
+    assert _run(["export", "--from-json", "s.json", "--format", "vllm"]) == 0
+    text = capsys.readouterr().out
+    assert "vllm serve meta-llama/Llama-3.1-8B" in text
+    assert parse(text, "vllm")[1].model == "llama-3.1-8b"  # the checkpoint maps back to the job's model
+    assert _run(["export", "--from-json", "s.json", "--format", "sglang"]) == 0
+    assert "--model-path meta-llama/Llama-3.1-8B" in capsys.readouterr().out
+    # a config.json: its folder is the checkpoint
+    assert _run(["serve", "--model", "cfg/tiny.json", *["--device", "h100-sxm-80gb", "--num-devices", "1"],
+                 "--isl", "16", "--osl", "16", "--top", "1", "--json"]) == 0  # fmt: skip
+    (workdir / "t.json").write_text(capsys.readouterr().out)
+    assert _run(["export", "--from-json", "t.json", "--format", "vllm"]) == 0
+    assert "vllm serve cfg \\" in capsys.readouterr().out
+    # a preset without a checkpoint (a NeMo recipe's dimensions) is refused, saying what to pass
+    (workdir / "g.json").write_text(json.dumps(serve(model="gpt3-20b", **kw).to_dict(), default=float))
+    assert _run(["export", "--from-json", "g.json", "--format", "vllm"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "records no loadable checkpoint" in err and "config.json" in err

@@ -45,8 +45,10 @@ def test_every_data_preset_exists_and_is_well_formed():
     pdir = Path(__file__).parents[1] / "autopar" / "presets"
     for pid in presets:
         doc = json.loads((pdir / f"{pid}.json").read_text())
-        assert set(doc) == {"id", "source", "hf", "notes"}
+        assert set(doc) - {"hf_id"} == {"id", "source", "hf", "notes"}
         assert doc["id"] == pid and doc["source"] and doc["notes"]
+        if "hf_id" in doc:  # the loadable checkpoint a serving export names: the repo the config came from
+            assert doc["source"].startswith(f"{doc['hf_id']} (config.json)"), pid
         m = load_model(pid)
         assert m.name == pid and m.source == doc["source"]
 

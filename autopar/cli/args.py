@@ -15,6 +15,17 @@ from pydantic.fields import FieldInfo
 
 from autopar.job import ClusterSpec, Job, TrainingWorkload
 from autopar.layout import DERIVED_DEFAULTS, LAYOUT_ARGS, Layout
+from autopar.limits import (  # noqa: F401 - the caps commands import from here
+    MAX_LOCAL_RANKS,
+    MAX_MESSAGE_CHARS,
+    MAX_SEED,
+    MAX_TOP,
+    MAX_WORKERS,
+    IntegerTooLong,
+    echo,
+    int_literal,
+    terminal_safe,
+)
 
 EXIT_USAGE = 2
 
@@ -28,15 +39,22 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"error: {message} (see `{self.prog} --help`)\n")
+        sys.stderr.write(f"error: {terminal_safe(message, MAX_MESSAGE_CHARS)} (see `{self.prog} --help`)\n")
         sys.exit(EXIT_USAGE)
 
 
-def _int_at_least(text: str, low: int) -> int:
+def parse_int(text: str) -> int:
+    """An integer flag's value (:func:`autopar.limits.int_literal`: at most MAX_INT_DIGITS digits)."""
     try:
-        v = int(text)
+        return int_literal(text)
+    except IntegerTooLong as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{echo(text)} is not an integer") from None
+
+
+def _int_at_least(text: str, low: int) -> int:
+    v = parse_int(text)
     if v < low:
         raise argparse.ArgumentTypeError(f"{v} must be >= {low}")
     return v
@@ -79,9 +97,9 @@ def _finite(text: str, ok: Callable[[float], bool], rule: str) -> float:
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{echo(text)} is not a number") from None
     if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number")
+        raise argparse.ArgumentTypeError(f"{echo(text)} must be a finite number")
     if not ok(v):
         raise argparse.ArgumentTypeError(f"{v:g} must be {rule}")
     return v
@@ -102,12 +120,6 @@ def int_range(low: int, high: int) -> Callable[[str], int]:
 
     parse.__name__ = "int"
     return parse
-
-
-MAX_TOP = 10_000  # results a command lists
-MAX_WORKERS = 256  # scoring processes
-MAX_SEED = 2**32 - 1  # numpy's seed range (Optuna samplers seed a RandomState)
-MAX_LOCAL_RANKS = 256  # processes one local torchrun launch may start (calibrate, validate)
 
 
 def nonneg_int(text: str) -> int:
@@ -156,12 +168,13 @@ def _number(kind: type, bounds: dict[str, float]) -> Callable[[str], Any]:
     checks.update({"le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)})
 
     def parse(text: str) -> Any:
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not {'an integer' if kind is int else 'a number'}"
-            ) from None
+        if kind is int:
+            v = parse_int(text)
+        else:
+            try:
+                v = kind(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{echo(text)} is not a number") from None
         if kind is float and not math.isfinite(v):
             raise argparse.ArgumentTypeError(f"{v} must be finite")
         for k, b in bounds.items():

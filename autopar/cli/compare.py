@@ -12,6 +12,8 @@ from autopar.cli.args import add_field_args, positive_int
 from autopar.cli.serve import positive_float
 from autopar.errors import AutoparError
 from autopar.job import Job, ServingWorkload
+from autopar.limits import markup_safe as ms
+from autopar.limits import terminal_safe
 
 
 def _int_list(text: str) -> list[int]:
@@ -176,7 +178,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
         return 0
     _print(res)
     for p in written:
-        print(f"wrote {p}")
+        print(f"wrote {terminal_safe(p)}")
     return 0
 
 
@@ -219,10 +221,10 @@ def _print(res) -> None:
     for c in res.cells:
         if not c["feasible"]:
             t.add_row(
-                c["model"],
+                ms(c["model"]),
                 str(c["seq_len"]),
                 str(c["batch"] or "max"),
-                c["device"],
+                ms(c["device"]),
                 "infeasible",
                 "-",
                 "-",
@@ -232,10 +234,10 @@ def _print(res) -> None:
             continue
         cost = c.get("cost_per_mtok")
         t.add_row(
-            c["model"],
+            ms(c["model"]),
             str(c["seq_len"]),
             str(c["batch"] or "max"),
-            c["device"],
+            ms(c["device"]),
             c["layout"],
             f"{c['tokens_per_s_per_device']:,.0f}",
             f"{c['tokens_per_joule']:.2f}",
@@ -246,6 +248,6 @@ def _print(res) -> None:
     if res.changes:
         con.print("winner changes:")
         for s in res.changes:
-            con.print(f"  {s}")
+            con.print(f"  {ms(s)}")
     else:
         con.print("the winner is the same in every cell")

@@ -14,6 +14,7 @@ from importlib import import_module
 from autopar.cli.args import EXIT_USAGE, Parser
 from autopar.cli.commands import COMMAND_MODULES
 from autopar.errors import AutoparError
+from autopar.limits import MAX_MESSAGE_CHARS, terminal_safe
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -32,7 +33,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
     return parser, handlers
 
 
+def _tolerant_streams() -> None:
+    """A character the terminal's encoding cannot show (``PYTHONIOENCODING=ascii`` and a name with
+    an accent, a file name that is not UTF-8) is written as an escape instead of raising."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None and getattr(stream, "errors", "strict") in ("strict", "surrogateescape"):
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # pragma: no cover - a stream that cannot change
+                pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _tolerant_streams()
     parser, handlers = build_parser()
     args = parser.parse_args(argv)
     from autopar import progress
@@ -44,7 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_distinct(*command_paths(args))  # no output replaces an input or another output
         return handlers[args.command](args)
     except AutoparError as exc:
-        sys.stderr.write(f"error: {exc}\n")
+        # one line: a path's newline is escaped; a 5,000-character value it quotes is cut in the middle
+        text = terminal_safe(exc.message, MAX_MESSAGE_CHARS)
+        if exc.hint:
+            text += f" ({terminal_safe(exc.hint, MAX_MESSAGE_CHARS)})"
+        sys.stderr.write(f"error: {text}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autopar.limits import terminal_safe
+
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
     """Search-space and scoring flags shared by recommend, study and sweep."""
@@ -190,7 +192,7 @@ def cmd_recommend(a: argparse.Namespace) -> int:
 
         search_report(res, export_format=a.export).write(a.html)
         if not a.json:
-            print(f"wrote {a.html}")
+            print(f"wrote {terminal_safe(a.html)}")
     return 0
 
 
@@ -248,6 +250,7 @@ def _ranked_table(title: str, preds: list, res, extra_cols: list[str]):
 
 def print_search_result(res) -> None:
     from autopar.cli.render import breakdown_table, console
+    from autopar.limits import markup_safe as ms
 
     con = console()
     from autopar.cli.render import print_assumptions
@@ -257,7 +260,7 @@ def print_search_result(res) -> None:
     tj = res.training_job
     tokens = w["seq_len"] * w["global_batch"]
     con.print(
-        f"[bold]{job['model']}[/] on {c['num_devices']:,} x {c['device']} ({c['devices_per_node']} per node), "
+        f"[bold]{ms(job['model'])}[/] on {c['num_devices']:,} x {ms(c['device'])} ({c['devices_per_node']} per node), "
         f"seq {w['seq_len']:,}, global batch {w['global_batch']:,} = {tokens:,} tokens/step"
         + (", LoRA (base weights frozen)" if w.get("lora") else "")
         + f", framework {job['framework']}"
@@ -267,7 +270,7 @@ def print_search_result(res) -> None:
         m = tj.model
         con.print(
             f"model: {m.total_params / 1e9:.1f} B parameters ({m.active_params / 1e9:.1f} B active), "
-            f"{m.layers} layers; search space {res.space} ({res.space_fingerprint})"
+            f"{m.layers} layers; search space {ms(res.space)} ({res.space_fingerprint})"
         )
     con.print(
         f"{res.layouts_enumerated:,} legal layouts of {res.candidates_total:,} candidates scored in "
@@ -309,4 +312,4 @@ def print_search_result(res) -> None:
             "memory per device (GiB)", win.memory_breakdown, win.memory_gib_per_device, lambda x: f"{x:.2f}"
         )
     )
-    con.print(f"[bold]why:[/] {res.why()}")
+    con.print(f"[bold]why:[/] {ms(res.why())}")

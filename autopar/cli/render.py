@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from autopar.limits import markup_safe as ms
+
 # Output that goes to a pipe or a log gets a fixed width that fits a ranked layout table; a
 # terminal uses its own width.
 PIPE_WIDTH = 150
@@ -25,7 +27,7 @@ def _fmt_s(x: float) -> str:
 
 
 def print_model(spec) -> None:
-    t = Table(title=f"{spec.name}", show_header=False)
+    t = Table(title=ms(spec.name), show_header=False)
     t.add_column("field")
     t.add_column("value", justify="right")
     t.add_row("total parameters", f"{spec.total_params / 1e9:.2f} B")
@@ -35,20 +37,20 @@ def print_model(spec) -> None:
             continue
         if k.startswith("mamba_") and not spec.mamba_layers:
             continue
-        t.add_row(k, str(v))
+        t.add_row(k, ms(v))
     _console.print(t)
 
 
 def print_assumptions(assumptions) -> None:
     for a in assumptions:
-        _console.print(f"[yellow]assumption:[/] {a}")
+        _console.print(f"[yellow]assumption:[/] {ms(a)}")
 
 
 def print_prediction(pred) -> None:
     d = pred.to_dict()
     job, c, w = pred.job, pred.job["cluster"], pred.job["workload"]
     _console.print(
-        f"[bold]{job['model']}[/] on {c['num_devices']} x {c['device']} "
+        f"[bold]{ms(job['model'])}[/] on {c['num_devices']} x {ms(c['device'])} "
         f"({c['devices_per_node']} per node), seq {w['seq_len']}, global batch {w['global_batch']} "
         f"= {w['seq_len'] * w['global_batch']:,} tokens/step"
         + (", LoRA (base weights frozen)" if w.get("lora") else "")
@@ -73,7 +75,7 @@ def print_prediction(pred) -> None:
     summary.add_row("fits", "yes" if pred.fits else "[red]no[/]")
     summary.add_row("exposed communication", f"{pred.exposed_comm_fraction:.1%} of step")
     if pred.coefficients:
-        summary.add_row("coefficients", pred.coefficients)
+        summary.add_row("coefficients", ms(pred.coefficients))
     if pred.expected_error is not None:
         summary.add_row("expected error", pred.expected_error.describe())
     summary.add_row(
@@ -87,7 +89,7 @@ def print_prediction(pred) -> None:
         )
     )
     for r in d["reasons"]:
-        _console.print(f"[red]{r['code']}[/]: {r['message']}")
+        _console.print(f"[red]{r['code']}[/]: {ms(r['message'])}")
 
 
 def breakdown_table(title: str, parts: dict[str, float], total: float, fmt) -> Table:
@@ -98,6 +100,6 @@ def breakdown_table(title: str, parts: dict[str, float], total: float, fmt) -> T
     for k, v in parts.items():
         if v <= 0:
             continue
-        t.add_row(k, fmt(v), f"{v / total:.1%}" if total else "-")
+        t.add_row(ms(k), fmt(v), f"{v / total:.1%}" if total else "-")
     t.add_row("[bold]total[/]", fmt(total), "100%")
     return t

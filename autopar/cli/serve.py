@@ -9,6 +9,8 @@ from typing import Any
 
 from autopar.cli.args import MAX_TOP, add_field_args, int_range, positive_int
 from autopar.job import ClusterSpec, Job, ServingWorkload
+from autopar.limits import markup_safe as ms
+from autopar.limits import terminal_safe
 
 
 def positive_float(text: str) -> float:
@@ -131,7 +133,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
         serving_report(res).write(a.html)
         if not a.json:
-            print(f"wrote {a.html}")
+            print(f"wrote {terminal_safe(a.html)}")
     return 0
 
 
@@ -160,11 +162,11 @@ def print_serving(res) -> None:
         else "concurrency sweep"
     )
     con.print(
-        f"{job['model']} on {c['num_devices']} x {c['device']}: isl {w['isl']}, osl {w['osl']}, "
+        f"{ms(job['model'])} on {c['num_devices']} x {ms(c['device'])}: isl {w['isl']}, osl {w['osl']}, "
         f"{load}; weights {w['weight_precision']} (GEMMs {cost['compute_precision']}), "
         f"KV {cost['kv_precision']}"
     )
-    con.print(f"coefficients: {cost.get('coefficients', 'default')}")
+    con.print(f"coefficients: {ms(cost.get('coefficients', 'default'))}")
     con.print(
         f"{res.layouts_enumerated} candidates, {res.layouts_feasible} feasible; infeasible: "
         + (", ".join(f"{k} {v}" for k, v in res.infeasible_by_reason.items()) or "none")
@@ -191,4 +193,4 @@ def print_serving(res) -> None:
         )
     con.print(f"Pareto front (tok/s/device vs tok/s/user): {len(res.pareto)} points; `--json` lists them")
     for n in res.notes:
-        con.print(f"note: {n}")
+        con.print(f"note: {ms(n)}")

@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from autopar.limits import terminal_safe
+
 STORAGE_HELP = "journal file, *.db (SQLite) or Optuna storage URL (default: autopar-studies.log)"
 
 
@@ -118,7 +120,7 @@ def cmd_study(a: argparse.Namespace) -> int:
 
             study_report(rep).write(a.html)
             if not a.json:
-                print(f"wrote {a.html}")
+                print(f"wrote {terminal_safe(a.html)}")
         return 0
     from autopar.search.study import list_studies
 
@@ -129,11 +131,12 @@ def cmd_study(a: argparse.Namespace) -> int:
         if not rows:
             print("no studies")
         for r in rows:
-            print(
+            line = (
                 f"{r['name']}: {r['trials']} trials, {r.get('sampler')} seed {r.get('seed')}, "
                 f"objectives {','.join(r.get('objectives') or [])}, space {r.get('space')}, "
                 f"{job_line(r.get('job'))}"
             )
+            print(terminal_safe(line))  # names read from a storage file: no raw control characters
     return 0
 
 
@@ -208,11 +211,12 @@ def _emit(rep: Any, as_json: bool) -> None:
     from rich.table import Table
 
     from autopar.cli.render import console
+    from autopar.limits import markup_safe as ms
 
     con = console()
     con.print(
-        f"[bold]study {rep.name}[/]: {job_line(rep.attrs.get('job'))}, "
-        f"space {rep.attrs.get('space')}, objectives {', '.join(rep.objectives)}; sampler {rep.sampler} "
+        f"[bold]study {ms(rep.name)}[/]: {ms(job_line(rep.attrs.get('job')))}, "
+        f"space {ms(rep.attrs.get('space'))}, objectives {', '.join(rep.objectives)}; sampler {rep.sampler} "
         f"seed {rep.seed} (optuna {rep.attrs.get('optuna_version')})"
     )
     con.print(
@@ -238,6 +242,6 @@ def _emit(rep: Any, as_json: bool) -> None:
             f"{b.get('tokens_per_s_per_device') or 0:,.1f}",
             f"{b.get('memory_gib_per_device') or 0:.1f} GiB",
             f"{st:.3f} s",
-            str(b["layout"]),
+            ms(b["layout"]),
         )
     con.print(t)

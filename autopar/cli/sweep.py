@@ -6,6 +6,9 @@ import argparse
 import time
 from typing import Any
 
+from autopar.limits import markup_safe as ms
+from autopar.limits import terminal_safe
+
 
 def register(sub: Any) -> dict[str, Any]:
     p = sub.add_parser(
@@ -82,7 +85,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         return 0
     print_summary(sw, rows, path, time.perf_counter() - t0, "ray" if a.ray is not None else "in-process")
     if a.html:
-        print(f"wrote {a.html}")
+        print(f"wrote {terminal_safe(a.html)}")
     return 0
 
 
@@ -97,8 +100,8 @@ def print_summary(sw: Any, rows: list[dict[str, Any]], path: Any, elapsed: float
     errors = [r for r in rows if r["status"] == "error"]
     scored = sum(r["layouts_enumerated"] or 0 for r in ok)
     con.print(
-        f"[bold]sweep {sw.name}[/]: {len(rows)} points ({len(ok)} ok, {len(infeasible)} nothing fits, "
-        f"{len(errors)} errors), {scored:,} layouts scored in {elapsed:.1f} s ({backend}); wrote {path}"
+        f"[bold]sweep {ms(sw.name)}[/]: {len(rows)} points ({len(ok)} ok, {len(infeasible)} nothing fits, "
+        f"{len(errors)} errors), {scored:,} layouts scored in {elapsed:.1f} s ({backend}); wrote {ms(path)}"
     )
     t = Table(title=f"best layout per point (objective {sw.objective})")
     for c in ("model", "device", "devices", "seq", "batch", "layout", "tokens/s/device", "MFU", "memory"):
@@ -111,8 +114,8 @@ def print_summary(sw: Any, rows: list[dict[str, Any]], path: Any, elapsed: float
     for r in rows:
         if r["status"] == "ok":
             t.add_row(
-                r["model"],
-                r["device"],
+                ms(r["model"]),
+                ms(r["device"]),
                 str(r["num_devices"]),
                 str(r["seq_len"]),
                 str(r["global_batch"]),
@@ -123,12 +126,12 @@ def print_summary(sw: Any, rows: list[dict[str, Any]], path: Any, elapsed: float
             )
         else:
             t.add_row(
-                r["model"],
-                r["device"],
+                ms(r["model"]),
+                ms(r["device"]),
                 str(r["num_devices"]),
                 str(r["seq_len"]),
                 str(r["global_batch"]),
-                f"[red]{r['status']}[/]: {(r['message'] or '')[:60]}",
+                f"[red]{r['status']}[/]: {ms((r['message'] or '')[:60])}",
                 "-",
                 "-",
                 "-",
@@ -140,6 +143,6 @@ def print_summary(sw: Any, rows: list[dict[str, Any]], path: Any, elapsed: float
             best[r["model"]] = r
     for m, r in best.items():
         con.print(
-            f"highest MFU for {m}: {r['mfu']:.1%} ({r['mfu_basis']}) on {r['num_devices']} x {r['device']} "
+            f"highest MFU for {ms(m)}: {r['mfu']:.1%} ({r['mfu_basis']}) on {r['num_devices']} x {ms(r['device'])} "
             f"(seq {r['seq_len']}, batch {r['global_batch']}): {r['layout']}"
         )

@@ -12,6 +12,8 @@ import math
 import sys
 from typing import Any
 
+from autopar.limits import markup_safe as ms
+
 
 def register(sub: Any) -> dict[str, Any]:
     from autopar.cli.args import add_job_args, int_range
@@ -82,6 +84,7 @@ def cmd_whatif(a: argparse.Namespace) -> int:
     from autopar.search.space import load_space
     from autopar.whatif.sweep import (
         RESOURCES,
+        check_grid,
         parse_vary,
         sensitivity,
         sweep,
@@ -89,6 +92,7 @@ def cmd_whatif(a: argparse.Namespace) -> int:
     )
 
     axes = [parse_vary(v) for v in a.vary]  # bad axes are refused before any work
+    check_grid(axes)
     kw = job_kwargs(a)
     cal_path = kw.pop("calibration", None)
     job = training_job(**kw)
@@ -139,7 +143,7 @@ def cmd_whatif(a: argparse.Namespace) -> int:
 
     con = console()
     con.print(
-        f"{job.model.name} on {job.num_devices} x {job.device.id} (seq {job.seq_len}, global batch "
+        f"{ms(job.model.name)} on {job.num_devices} x {ms(job.device.id)} (seq {job.seq_len}, global batch "
         f"{job.global_batch}): {res['n_points']:,} hardware points x {res['n_layouts']:,} layouts "
         f"= {res['evaluations']:,} evaluations"
     )

@@ -122,6 +122,12 @@ def check_layout(spec: DiTSpec, n: int, req: Generation, lay: dict[str, int]) ->
             f"{tokens} tokens do not split over ulysses x ring = {full['ulysses'] * full['ring']}",
             "pick degrees dividing the token count",
         )
+    blocks = spec.layers + spec.single_layers
+    if full["pipefusion"] > blocks:
+        raise AutoparError(
+            f"pipefusion degree {full['pipefusion']} exceeds the {blocks} transformer blocks of {spec.id}",
+            f"pick a pipefusion degree of at most {blocks}",
+        )
     _, rows, _ = spec.token_grid(req.height, req.width, req.frames)
     if full["pipefusion"] > 1 and rows % full["pipefusion"]:
         raise AutoparError(

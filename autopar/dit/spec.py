@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from autopar.errors import ModelConfigError, UnsupportedArchitecture
+from autopar.limits import MAX_DIT_LAYERS, MAX_DIT_WIDTH, echo
 
 Arch = Literal["mmdit", "cross", "stdit", "cogvideo", "asym"]
 Stream = Literal["img", "txt", "joint"]
@@ -66,11 +67,20 @@ class VAESpec:
     layers_per_block: int
     conv3d: bool  # 3x3x3 kernels (video) or 3x3 (image, or a video VAE decoding frame by frame)
     source: str
+    causal: bool = True  # a causal video VAE: the first frame alone, then ``temporal`` frames per latent
 
     def latent_frames(self, frames: int) -> int:
-        """Causal video VAEs keep the first frame: (frames - 1) / temporal + 1."""
+        """Causal video VAEs keep the first frame: (frames - 1) / temporal + 1; they take
+        1 + k x temporal frames (Wan, HunyuanVideo, CogVideoX: 4k + 1, e.g. 81), anything else is refused."""
         if self.temporal == 1:
             return frames
+        if self.causal and (frames - 1) % self.temporal:
+            k = (frames - 1) // self.temporal
+            near = sorted({1 + k * self.temporal, 1 + (k + 1) * self.temporal})
+            raise ModelConfigError(
+                f"{self.name} encodes 1 + k x {self.temporal} frames; {frames} frames is not one of them",
+                f"pass --frames {' or '.join(str(n) for n in near)}",
+            )
         return (frames - 1) // self.temporal + 1
 
     def decode_flops(self, frames: int, height: int, width: int) -> float:
@@ -153,6 +163,11 @@ class DiTSpec:
     guidance_embed: bool = False  # guidance-distilled: guidance scale embedded, no CFG pass
     context_pre_only_last: bool = False  # the last block does not update the text stream (SD3, Mochi)
     refiner_layers: int = 0  # HunyuanVideo token refiner blocks over the text
+    # mmdit blocks with a second, image-only self-attention (SD3.5 MMDiT-X: diffusers
+    # SD3Transformer2DModel ``dual_attention_layers``; JointTransformerBlock ``attn2`` and a
+    # 9-way SD35AdaLayerNormZeroX modulation instead of the 6-way AdaLayerNormZero)
+    dual_attention_layers: int = 0
+    pos_embed_tokens: int = 0  # SD3 PatchEmbed table of pos_embed_max_size^2 positions (stored, fixed)
     self_attention: Literal["softmax", "linear"] = "softmax"
     published_params: float = 0.0
     published_source: str = ""
@@ -186,6 +201,9 @@ class DiTSpec:
             out += self._ffn("img", d, f, L)
             out += [Linear("txt", d, 3 * self.inner, L), Linear("txt", self.inner, d, L - last)]
             out += self._ffn("txt", d, f, L - last)
+            if self.dual_attention_layers:  # attn2: to_q/k/v and to_out on the image stream
+                n2 = self.dual_attention_layers
+                out += [Linear("img", d, 3 * self.inner, n2), Linear("img", self.inner, d, n2)]
             if self.single_layers:
                 S = self.single_layers
                 out += [Linear("joint", d, 3 * self.inner + f, S), Linear("joint", self.inner + f, d, S)]
@@ -229,7 +247,8 @@ class DiTSpec:
         if self.arch == "mmdit":
             last = 1 if self.context_pre_only_last else 0
             dbl = L * 2 * (c * 6 * d + 6 * d) - last * (c * 4 * d + 4 * d)
-            return dbl + self.single_layers * (c * 3 * d + 3 * d)
+            dual = self.dual_attention_layers * (c * 3 * d + 3 * d)  # 9 modulation vectors, not 6
+            return dbl + dual + self.single_layers * (c * 3 * d + 3 * d)
         if self.arch == "cogvideo":
             return L * 2 * (c * 6 * d + 6 * d)
         if self.arch == "asym":
@@ -240,7 +259,10 @@ class DiTSpec:
     def attentions(self) -> list[Attention]:
         L, H, hd = self.layers, self.heads, self.head_dim
         if self.arch in ("mmdit", "cogvideo", "asym"):
-            return [Attention("joint", L + self.single_layers, H, hd)]
+            out = [Attention("joint", L + self.single_layers, H, hd)]
+            if self.dual_attention_layers:
+                out.append(Attention("self", self.dual_attention_layers, H, hd))
+            return out
         if self.arch == "cross":
             kind: AttnKind = "linear" if self.self_attention == "linear" else "self"
             return [Attention(kind, L, H, hd), Attention("cross", L, H, hd)]
@@ -253,6 +275,7 @@ class DiTSpec:
         patch_in = pt * ph * pw * self.in_channels
         patch_out = pt * ph * pw * self.vae.channels
         p = patch_in * d + d  # patch embedding
+        p += self.pos_embed_tokens * d  # SD3: the position table the checkpoint stores
         tw = self.text_hidden or d
         p += self.text_dim * tw + tw  # caption projection
         if self.arch in ("cross", "stdit"):
@@ -272,7 +295,7 @@ class DiTSpec:
     def norm_params(self) -> int:
         """LayerNorm/RMSNorm weights (qk-norm, affine norms): small, counted for the 1% golden check."""
         per = 4 * self.head_dim  # q/k norms of the image and text streams
-        return (self.layers + self.single_layers) * per
+        return (self.layers + self.single_layers) * per + self.dual_attention_layers * 2 * self.head_dim
 
     def params_breakdown(self) -> dict[str, int]:
         blocks = sum(lin.params for lin in self.block_linears())
@@ -286,6 +309,15 @@ class DiTSpec:
     @property
     def params(self) -> int:
         return sum(self.params_breakdown().values())
+
+    @property
+    def buffer_params(self) -> int:
+        """Stored but not trained: SD3's fixed position table (a diffusers buffer, in the checkpoint)."""
+        return self.pos_embed_tokens * self.hidden
+
+    @property
+    def trainable_params(self) -> int:
+        return self.params - self.buffer_params
 
     # ---------------------------------------------------------------- the request -> tokens
     def latent_shape(self, height: int, width: int, frames: int) -> tuple[int, int, int]:
@@ -371,6 +403,7 @@ def _vae(name: str) -> VAESpec:
         layers_per_block=v["layers_per_block"],
         conv3d=v["conv3d"],
         source=v["source"],
+        causal=v.get("causal", True),
     )
 
 
@@ -384,6 +417,7 @@ _SPEC_KEYS = {
     "in_channels", "text_dim", "text_tokens", "vae", "text_encoders", "cfg", "ffn_kind", "cond_dim",
     "text_hidden", "text_ffn", "pooled_dim", "guidance_embed", "context_pre_only_last",
     "refiner_layers", "self_attention", "published_params", "published_source", "source", "defaults",
+    "dual_attention_layers", "pos_embed_tokens",
 }  # fmt: skip
 
 
@@ -436,13 +470,46 @@ def _need(cfg: dict[str, Any], key: str, cls: str, where: str) -> Any:
             "pass the transformer's own config.json (the transformer/ folder of a diffusers checkpoint)",
         )
     v = cfg[key]
-    if (
-        isinstance(v, bool)
-        or not isinstance(v, int | float | list)
-        or (isinstance(v, int | float) and v <= 0)
-    ):
-        raise ModelConfigError(f"{where}: {cls} key {key!r} must be a positive number, got {v!r}")
+    if key in _FLOAT_KEYS:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 64:
+            raise ModelConfigError(
+                f"{where}: {cls} key {key!r} must be a number in (0, 64], got {echo(v)}",
+                f"fix {key} in the config",
+            )
+        return v
+    items = v if isinstance(v, list) else [v]
+    cap = MAX_DIT_LAYERS if "layers" in key else MAX_DIT_WIDTH
+    for x in items:
+        if (
+            isinstance(x, bool)
+            or not isinstance(x, int)
+            or not 1 <= x <= cap
+            or (isinstance(v, list) and len(v) > 3)
+        ):
+            raise ModelConfigError(
+                f"{where}: {cls} key {key!r} must be a whole number from 1 to {cap:,}, got {echo(v)}",
+                f"fix {key} in the config",
+            )
     return v
+
+
+_FLOAT_KEYS = ("mlp_ratio",)
+
+
+def _dual_attention_layers(cfg: dict[str, Any], layers: int, where: str) -> int:
+    """How many SD3 blocks carry the MMDiT-X second attention (``dual_attention_layers``: block indices)."""
+    v = cfg.get("dual_attention_layers") or []
+    if not isinstance(v, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in v):
+        raise ModelConfigError(
+            f"{where}: dual_attention_layers must be a list of block indices, got {echo(v)}",
+            "fix dual_attention_layers in the config",
+        )
+    if len(set(v)) != len(v) or any(not 0 <= i < layers for i in v):
+        raise ModelConfigError(
+            f"{where}: dual_attention_layers must list distinct blocks from 0 to {layers - 1}, got {echo(v)}",
+            "fix dual_attention_layers in the config",
+        )
+    return len(v)
 
 
 def from_diffusers_config(cfg: dict[str, Any], *, source: str = "(dict)") -> DiTSpec:
@@ -451,6 +518,17 @@ def from_diffusers_config(cfg: dict[str, Any], *, source: str = "(dict)") -> DiT
     The VAE and text encoders are not in the transformer's config: they are taken from the preset of
     the same family (its VAE strides are what the class implies), and said so in ``source``.
     """
+    spec = _from_diffusers(cfg, source)
+    for what, v in (("hidden width", spec.hidden), ("attention width (heads x head dim)", spec.inner)):
+        if v > MAX_DIT_WIDTH:
+            raise ModelConfigError(
+                f"{source}: the {what} is {v:,}, over the limit of {MAX_DIT_WIDTH:,}",
+                "fix attention_head_dim / num_attention_heads in the config",
+            )
+    return spec
+
+
+def _from_diffusers(cfg: dict[str, Any], source: str) -> DiTSpec:
     cls = cfg.get("_class_name")
     if not isinstance(cls, str):
         raise ModelConfigError(
@@ -483,11 +561,13 @@ def from_diffusers_config(cfg: dict[str, Any], *, source: str = "(dict)") -> DiT
         hd, H = need("attention_head_dim"), need("num_attention_heads")
         d = hd * H
         base = _build("sd3.5-large", _data()["models"]["sd3.5-large"])
-        p = need("patch_size")
+        p, L = need("patch_size"), need("num_layers")
+        pos = need("pos_embed_max_size") ** 2 if cfg.get("pos_embed_max_size") is not None else 0
         return _replace(
-            base, id=name, name=name, hidden=d, heads=H, head_dim=hd, ffn=4 * d, layers=need("num_layers"),
+            base, id=name, name=name, hidden=d, heads=H, head_dim=hd, ffn=4 * d, layers=L,
             patch=(1, p, p), in_channels=need("in_channels"), text_dim=need("joint_attention_dim"),
-            pooled_dim=need("pooled_projection_dim"),
+            pooled_dim=need("pooled_projection_dim"), pos_embed_tokens=pos,
+            dual_attention_layers=_dual_attention_layers(cfg, L, source),
             source=f"{source} (VAE and text encoders of the SD3.5 preset)", **common,
         )  # fmt: skip
     if cls == "HunyuanVideoTransformer3DModel":

@@ -159,7 +159,7 @@ def predict(
     # FSDP/HSDP: all-gather weights (fwd, bwd, + recompute fwd) and reduce-scatter grads within the
     # shard group; HSDP all-reduces the sharded grads across replicas. Per micro-sample steps
     # the gathers repeat (no_reshard_after_forward is not assumed).
-    wbytes = spec.params * BF16 / tp
+    wbytes = spec.trainable_params * BF16 / tp  # a stored buffer (SD3's position table) is not sharded
     gathers = (2.0 + rec) * samples
     ag = C.all_gather(links, wbytes, shard, u * r * tp)
     rs = C.reduce_scatter(links, wbytes, shard, u * r * tp)
@@ -167,13 +167,13 @@ def predict(
     ar = C.all_reduce(links, wbytes / shard, rep, shard * u * r * tp)
     fsdp = gathers * ag + rs + ar
     exposed = np.maximum(fsdp - compute, 0.0) + np.where(shard > 1, ag, 0.0)  # the first gather is exposed
-    optimizer = spec.params * BYTES_PER_PARAM_STATE / (tp * shard) * 2.0 / co.hbm_bw
+    optimizer = spec.trainable_params * BYTES_PER_PARAM_STATE / (tp * shard) * 2.0 / co.hbm_bw
     step = compute + exposed + optimizer
 
     tokens_step = work.global_batch * tokens
-    state = spec.params * BYTES_PER_PARAM_STATE / (tp * shard)
+    state = spec.trainable_params * BYTES_PER_PARAM_STATE / (tp * shard) + spec.buffer_params * BF16
     gathered = (
-        2.0 * spec.params * BF16 / tp / np.maximum(spec.layers + spec.single_layers, 1)
+        2.0 * spec.trainable_params * BF16 / tp / np.maximum(spec.layers + spec.single_layers, 1)
     )  # two blocks in flight
     memory = state + gathered + act_peak + 1.0e9
     return {

@@ -70,6 +70,37 @@ def model_features(model_ref: Any) -> tuple[ModelFeature, ...]:
     return tuple(out)
 
 
+def serving_model_ref(model_ref: str, fmt: str) -> str:
+    """What a serving command (``vllm serve``, ``--model-path``) loads for the job's model.
+
+    A preset id is not a checkpoint: its ``hf_id`` (the Hugging Face repo its config.json came
+    from) is named instead; a preset that records none (a paper's or NeMo recipe's dimensions) is
+    refused, saying what to pass. A config.json path becomes its folder (the checkpoint directory).
+    """
+    import os
+    from importlib import resources
+    from pathlib import Path
+
+    from autopar.files import parse_json
+    from autopar.model import list_presets
+
+    key = model_ref.strip().lower()
+    if key in list_presets():
+        text = resources.files("autopar").joinpath("presets", f"{key}.json").read_text(encoding="utf-8")
+        hf_id = parse_json(text, f"preset {key}").get("hf_id")
+        if not hf_id:
+            raise ExportError(
+                f"preset {key!r} records no loadable checkpoint (its dimensions come from a paper or a "
+                f"NeMo recipe), so a {fmt} command cannot name one",
+                "give --model the checkpoint's config.json (or its folder) instead of the preset id",
+            )
+        return str(hf_id)
+    p = Path(model_ref).expanduser()
+    if p.is_file():
+        return os.fspath(p.parent) if os.fspath(p.parent) else "."
+    return model_ref
+
+
 def recompute_modules(mode: str, job: Job, fmt: str) -> list[str]:
     """Megatron-Core ``recompute_modules`` of a selective ``mode`` that apply to ``job``'s model."""
     try:
@@ -741,10 +772,12 @@ def parse_flags(
 def to_int(value: Any, what: str, fmt: str) -> int:
     if isinstance(value, bool):
         raise ExportError(f"{what} must be an integer in the {fmt} text, got {value!r}")
+    from autopar.limits import echo, int_literal
+
     try:
-        return int(value)
+        return int_literal(value) if isinstance(value, str) else int(value)
     except (TypeError, ValueError):
-        raise ExportError(f"{what} must be an integer in the {fmt} text, got {value!r}") from None
+        raise ExportError(f"{what} must be an integer in the {fmt} text, got {echo(value)}") from None
 
 
 def exact_div(a: int, b: int, what: str, fmt: str) -> int:

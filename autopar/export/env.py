@@ -88,10 +88,7 @@ class EnvExporter(Exporter):
             elif k in STR_FIELDS:
                 lay[k] = v
             else:
-                try:
-                    lay[k] = int(v)
-                except ValueError:
-                    raise ExportError(f"{PREFIX}{k.upper()}={v!r} is not an integer") from None
+                lay[k] = _int(v, k)
         jd: dict[str, Any] = {}
         for k in JOB_FIELDS:
             if k in env:
@@ -111,7 +108,11 @@ class EnvExporter(Exporter):
 
 
 def _int(v: str, k: str) -> int:
+    from autopar.limits import IntegerTooLong, echo, int_literal
+
     try:
-        return int(v)
+        return int_literal(v)  # at most limits.MAX_INT_DIGITS digits
+    except IntegerTooLong as exc:
+        raise ExportError(f"{PREFIX}{k.upper()}: {exc}") from None
     except ValueError:
-        raise ExportError(f"{PREFIX}{k.upper()}={v!r} is not an integer") from None
+        raise ExportError(f"{PREFIX}{k.upper()}={echo(v)} is not an integer") from None

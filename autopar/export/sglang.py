@@ -30,6 +30,7 @@ from autopar.export.base import (
     merge_job,
     read_header,
     register,
+    serving_model_ref,
     shell_lines,
     to_int,
     unsupported,
@@ -82,7 +83,7 @@ class SglangExporter(Exporter):
             )
         a = [
             "python -m sglang.launch_server",
-            flag("--model-path", job.model),
+            flag("--model-path", serving_model_ref(job.model, FMT)),
             flag("--tp-size", layout.tp),
             flag("--pp-size", layout.pp),
             flag("--dp-size", layout.dp),
@@ -125,10 +126,13 @@ class SglangExporter(Exporter):
         mb = num("--max-running-requests")
         if "--model-path" not in f:
             raise ExportError(f"--model-path missing from the {FMT} text")
+        model = f["--model-path"]
+        if header and model == serving_model_ref(str(header["job"].get("model", "")), FMT):
+            model = header["job"]["model"]  # the checkpoint named for the job's preset or config
         job = merge_job(
             header,
             {
-                "model": f["--model-path"],
+                "model": model,
                 "seq_len": num("--context-length"),
                 "num_devices": tp * pp * dp,
                 "global_batch": mb * dp,

@@ -34,6 +34,7 @@ from autopar.export.base import (
     merge_job,
     read_header,
     register,
+    serving_model_ref,
     shell_lines,
     to_int,
     unsupported,
@@ -90,7 +91,7 @@ class VllmExporter(Exporter):
                 f"vLLM's EP is a switch: EP width = tp*dp*cp = {width} with etp = 1",
             )
         a = [
-            f"vllm serve {shlex.quote(job.model)}",
+            f"vllm serve {shlex.quote(serving_model_ref(job.model, FMT))}",
             flag("--tensor-parallel-size", layout.tp),
             flag("--pipeline-parallel-size", layout.pp),
             flag("--data-parallel-size", layout.dp),
@@ -134,6 +135,8 @@ class VllmExporter(Exporter):
         )
         cp = num("--prefill-context-parallel-size", 1)
         mb = num("--max-num-seqs")
+        if header and model == serving_model_ref(str(header["job"].get("model", "")), FMT):
+            model = header["job"]["model"]  # the checkpoint named for the job's preset or config
         job = merge_job(
             header,
             {

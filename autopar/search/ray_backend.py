@@ -43,6 +43,8 @@ def local_cpus() -> int:
 def connect(address: Any = "local") -> bool:
     """Make sure Ray is initialized; returns True when this call started it (then :func:`shutdown`)."""
     global _started_here
+    if not (address is True or str(address) in LOCAL):
+        _probe(str(address))  # before importing Ray: an unreachable address is refused at once
     ray = _ray()
     if ray.is_initialized():
         return False
@@ -78,6 +80,34 @@ def connect(address: Any = "local") -> bool:
         ) from None
     _started_here = True
     return True
+
+
+def _probe(address: str) -> None:
+    """Refuse a ``HOST:PORT`` or ``ray://HOST:PORT`` where nothing accepts a TCP connection within
+    :data:`~autopar.limits.RAY_CONNECT_TIMEOUT_S` (``ray.init`` would retry for minutes: a hang).
+    Other forms (``auto``) are left to Ray."""
+    import socket
+
+    from autopar.limits import RAY_CONNECT_TIMEOUT_S, terminal_safe
+
+    hostport = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = hostport.rstrip("/").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    host = host.strip("[]")
+    hint = "start the cluster (ray start --head) or pass --ray for a local instance"
+    if not 0 < int(port) < 65536:
+        raise AutoparError(f"Ray address {terminal_safe(address)!r}: port {port} is out of range", hint)
+    try:
+        with socket.create_connection((host, int(port)), timeout=RAY_CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+        raise AutoparError(
+            f"cannot reach Ray at {terminal_safe(address)!r}: {why} "
+            f"(waited at most {RAY_CONNECT_TIMEOUT_S:g} s)",
+            hint,
+        ) from None
 
 
 @contextlib.contextmanager

@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from autopar.errors import AutoparError, SearchSpaceError
 from autopar.layout import Layout
+from autopar.limits import MAX_SWEEP_POINTS
 
-MAX_POINTS = 10_000  # jobs in one sweep grid
+MAX_POINTS = MAX_SWEEP_POINTS  # jobs in one sweep grid (autopar.limits)
 
 # The layout columns of a sweep row: the Layout's own fields, in their declared order.
 LAYOUT_FIELDS = tuple(Layout.model_fields)

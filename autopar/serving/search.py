@@ -19,6 +19,7 @@ import numpy as np
 from autopar.energy import NODE_OVERHEAD_LOAD
 from autopar.errors import AutoparError, InfeasibleError
 from autopar.job import SCHEMA_VERSION, Job
+from autopar.limits import MAX_SERVE_DEVICES, check_count
 from autopar.objectives import cost_per_mtok, pareto_front
 from autopar.serving.estimate import (
     GIB,
@@ -45,6 +46,8 @@ TARGET_REASONS = {
     "tpot_target": "mean TPOT above the target",
     "goodput_target": "share of requests meeting the targets below the goodput target",
 }
+# Rules of the layout's shape alone: a search that fails only on these failed on divisibility.
+LEGALITY_REASONS = frozenset({"tp_heads", "tp_kv_heads", "pp_layers", "ep_experts", "attention_dp_dense"})
 # Order in which an infeasible candidate's first reason is counted.
 REASON_ORDER = (
     "tp_heads",
@@ -742,6 +745,17 @@ def _infeasible_message(ctx: ServingContext, result: ServingResult) -> str:
     reasons = result.infeasible_by_reason
     c = result.closest or {}
     top = ", ".join(f"{k} {v}" for k, v in list(reasons.items())[:4])
+    if reasons and set(reasons) <= LEGALITY_REASONS:  # the cause is divisibility, not memory
+        m = ctx.model
+        sizes = {
+            "tp_heads": f"{m.heads} attention heads",
+            "tp_kv_heads": f"{m.kv_heads} KV heads",
+            "pp_layers": f"{m.layers} layers",
+            "ep_experts": f"{m.num_experts} experts" if m.is_moe else "no experts (a dense model)",
+            "attention_dp_dense": "no experts (a dense model)",
+        }
+        why = "; ".join(f"{REASONS[k]} ({m.name} has {sizes[k]})" for k in reasons)
+        return f"no serving layout is legal: {why} [{top}]"
     if "needs_gib_per_device" in c:
         return (
             f"no serving layout fits in memory: even {c['least_memory_layout']} needs "
@@ -784,6 +798,8 @@ def _chips_to_hold(ctx: ServingContext) -> int:
 
 def _infeasible_hint(result: ServingResult) -> str:
     r = result.infeasible_by_reason
+    if r and set(r) <= LEGALITY_REASONS:
+        return "pin degrees that divide those counts (--ep and --adp only for MoE models), or drop the pin"
     if "weights_do_not_fit" in r and set(r) <= {"weights_do_not_fit", "kv_cache", "devices"}:
         return "use more devices, a lower weight precision, or a device with more memory"
     return "relax the targets, add devices, or lower the load"
@@ -871,6 +887,13 @@ def serve(
     workload = decl.workload
     assert isinstance(workload, ServingWorkload)
     num_devices = decl.cluster.num_devices
+    check_count(
+        num_devices,
+        MAX_SERVE_DEVICES,
+        "num_devices of a serving deployment",
+        "pass fewer devices: a larger fleet is replicas of the layout found for a part of it",
+        AutoparError,
+    )
     if top < 1:
         raise AutoparError(f"top must be >= 1, got {top}")
     if price_per_device_hour is not None and not price_per_device_hour > 0:

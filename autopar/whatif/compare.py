@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autopar.errors import AutoparError, InfeasibleError
+from autopar.limits import MAX_COMPARE_CELLS
 from autopar.objectives import SERVING, cost_per_mtok
 
 __all__ = ["compare", "CompareResult", "METRICS", "write_outputs"]
@@ -247,6 +248,13 @@ def compare(
         raise AutoparError(f"unknown metric {metric!r}", f"use one of {', '.join(METRICS)}")
     if len(devices) < 1 or len(set(devices)) != len(devices):
         raise AutoparError("give one or more distinct devices", "e.g. --devices h100-sxm-80gb,h200-sxm-141gb")
+    n_cells = len(models) * len(devices) * len(seq_lens) * len(batches)
+    if n_cells > MAX_COMPARE_CELLS:  # each is a search of its own (~0.3 s training, more serving)
+        raise AutoparError(
+            f"the comparison has {n_cells:,} cells (models x devices x sequence lengths x batches), "
+            f"over the limit of {MAX_COMPARE_CELLS:,}",
+            "compare fewer values per list, or split the comparison into several runs",
+        )
     prices = prices or {}
     if metric == "cost_per_mtok":
         missing = [d for d in devices if d not in prices]

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from autopar.errors import AutoparError
+from autopar.limits import MAX_WHATIF_POINTS, echo
 
 __all__ = [
     "FIELDS",
@@ -71,7 +72,7 @@ FIELDS: dict[str, str] = {
     "power.idle_w": "power",
 }
 RESOURCES = RATES + LATENCIES
-MAX_POINTS = 10_000_000
+MAX_POINTS = MAX_WHATIF_POINTS  # autopar.limits: ~0.5 ms a point, so seconds, not hours
 
 
 @dataclass(frozen=True)
@@ -107,12 +108,11 @@ def parse_vary(text: str) -> Axis:
         if len(parts) != 3:
             raise AutoparError(f"{what}: {spec!r} is not LO:HI:N", "e.g. memory_bw_gbps=2000:8000:7")
         lo, hi = _num(parts[0], what), _num(parts[1], what)
-        try:
-            n = int(parts[2])
-        except ValueError:
-            n = 0
-        if n < 1 or n > 100_000 or hi < lo:
-            raise AutoparError(f"{what}: {spec!r} needs LO <= HI and 1 <= N <= 100000", "e.g. 2000:8000:7")
+        n = int(parts[2]) if parts[2].strip().isdigit() and len(parts[2].strip()) <= 9 else 0
+        if n < 1 or n > MAX_POINTS or hi < lo:
+            raise AutoparError(
+                f"{what}: {echo(spec)} needs LO <= HI and 1 <= N <= {MAX_POINTS:,}", "e.g. 2000:8000:7"
+            )
         vals = np.linspace(lo, hi, n)
     else:
         vals = np.array([_num(v, what) for v in spec.split(",") if v.strip()])
@@ -299,14 +299,23 @@ def _best(
     return idx, best
 
 
+def check_grid(axes: list[Axis]) -> int:
+    """The number of hardware points of ``axes``; over :data:`MAX_POINTS` refused (call it before any work)."""
+    n = math.prod(len(a.values) for a in axes) if axes else 1
+    if n > MAX_POINTS:
+        raise AutoparError(
+            f"the --vary grid has {n:,} hardware points, over the limit of {MAX_POINTS:,}",
+            "use fewer values per axis, or split the grid into several runs",
+        )
+    return n
+
+
 def grid(device, axes: list[Axis]) -> dict[str, np.ndarray]:
     """The cartesian product of the axes: one array per varied field, one entry per point."""
     names = [a.field for a in axes]
     if len(set(names)) != len(names):
         raise AutoparError("a field is varied twice", "give each --vary field once")
-    n = math.prod(len(a.values) for a in axes) if axes else 1
-    if n > MAX_POINTS:
-        raise AutoparError(f"{n:,} hardware points exceed {MAX_POINTS:,}", "use fewer values per axis")
+    check_grid(axes)
     for a in axes:
         base_value(device, a.field) if a.field != "scale_up.domain" else None
     mesh = np.meshgrid(*[a.values for a in axes], indexing="ij") if axes else []
