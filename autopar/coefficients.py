@@ -372,7 +372,12 @@ def lookup_expected_error(
     for k in kinds:
         factor *= float((widening.get(k) or {}).get("factor", 1.0))
     return ExpectedError(
-        float(entry["p90_ape"]) * factor, "out_of_sample", group, int(entry["rows"]), tuple(kinds), factor
+        round(float(entry["p90_ape"]) * factor, 4),
+        "out_of_sample",
+        group,
+        int(entry["rows"]),
+        tuple(kinds),
+        factor,
     )
 
 

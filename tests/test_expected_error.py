@@ -171,9 +171,8 @@ def test_table_round_trips_through_yaml(tmp_path: Path):
     assert back["coverage"]["source"]["rows"] == 201 and back["coverage"]["device"]["rows"] == 160
     e = lookup_expected_error(back, "megatron", ("device",))
     assert e is not None and e.widened_by == ("device",)
-    assert e.p90 == pytest.approx(
-        back["base"]["stack"]["megatron"]["p90_ape"] * back["widening"]["device"]["factor"]
-    )
+    want = back["base"]["stack"]["megatron"]["p90_ape"] * back["widening"]["device"]["factor"]
+    assert e.p90 == pytest.approx(want, abs=5e-5)
 
 
 @pytest.mark.parametrize(
