@@ -151,7 +151,9 @@ class Calibration(BaseModel):
         if device_id in self.devices:
             return self.devices[device_id]
         die = self.transfer.dies.get(device_id)
-        mate = next((d for d, x in sorted(self.transfer.dies.items()) if x == die and d in self.devices), None)
+        mate = next(
+            (d for d, x in sorted(self.transfer.dies.items()) if x == die and d in self.devices), None
+        )
         twin = mate if die is not None and mate is not None else self.transfer.same_silicon.get(device_id)
         if twin in self.devices:
             d = self.devices[twin]

@@ -342,7 +342,9 @@ class DeviceProfile(_Frozen):
             raise ValueError(
                 f"memory_tiers repeats {self.memory_kind!r}, which memory_gb/memory_bw_gbps already describe"
             )
-        extra = sorted(k for k in self.efficiency.gemm if _PRECISION_ALIASES.get(k, k) not in self.peak_tflops)
+        extra = sorted(
+            k for k in self.efficiency.gemm if _PRECISION_ALIASES.get(k, k) not in self.peak_tflops
+        )
         if extra:
             raise ValueError(f"efficiency.gemm lists {extra}, which have no peak_tflops entry")
         known = set(_field_paths(self))

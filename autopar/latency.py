@@ -99,7 +99,14 @@ MAMF_REFERENCE_DIM = 16384.0
 
 
 def gemm_time(
-    co: Coefficients, flops_peak: np.ndarray, eff_max: np.ndarray, M, N, K, elem_bytes=ACT_BYTES, half_dim=None
+    co: Coefficients,
+    flops_peak: np.ndarray,
+    eff_max: np.ndarray,
+    M,
+    N,
+    K,
+    elem_bytes=ACT_BYTES,
+    half_dim=None,
 ) -> np.ndarray:
     """Roofline time of one GEMM (M×K by K×N) with efficiency falling for small M, N, K (tiles, waves).
 
@@ -164,7 +171,9 @@ def stage_slot(
     for code, name in enumerate(PRECISION_CODES):
         sel = prec_code == code
         if sel.any():
-            ghd[sel] = co.gemm_half_dim_by.get(name, co.gemm_half_dim_by.get(P.EFFICIENCY_KEY[name], co.gemm_half_dim))
+            ghd[sel] = co.gemm_half_dim_by.get(
+                name, co.gemm_half_dim_by.get(P.EFFICIENCY_KEY[name], co.gemm_half_dim)
+            )
             peak[sel] = np.broadcast_to(co.peak(P.PEAK_KEY[name]), (n,))[sel]
             # the format's own measured rate (block-scaled formats), else its peak precision's
             geff[sel] = co.gemm_eff.get(name, co.gemm_eff.get(P.EFFICIENCY_KEY[name], co.gemm_eff["bf16"]))
@@ -390,21 +399,16 @@ def stage_slot(
     # recipe (the NVFP4 paper keeps the output head in bf16 too).
     head_peak = np.where(is_low, bf16_peak, peak)
     head_eff = np.where(is_low, co.gemm_eff["bf16"], geff)
-    head_f = gemm_time(co, head_peak, head_eff, T, model.vocab / tp, h, elem, np.where(is_low, co.gemm_half_dim, ghd))
+    head_f = gemm_time(
+        co, head_peak, head_eff, T, model.vocab / tp, h, elem, np.where(is_low, co.gemm_half_dim, ghd)
+    )
     head_f = head_f + T * model.vocab / tp * 4.0 * 2 / co.hbm_bw
     head_f = np.where(head, head_f, 0.0)
     gemm_f = gemm_f + head_f
 
     fwd = gemm_f + attn_tot_f + scan_tot_f + elem_tot_f + perm_f + quant_f
     wgrad = 0.0 if frozen_weights else 1.0  # weight-gradient GEMMs, as many FLOPs as the forward
-    bwd = (
-        (1.0 + wgrad) * gemm_f
-        + attn_tot_b
-        + 2.0 * scan_tot_f
-        + 2.0 * elem_tot_f
-        + perm_f
-        + quant_b
-    )
+    bwd = (1.0 + wgrad) * gemm_f + attn_tot_b + 2.0 * scan_tot_f + 2.0 * elem_tot_f + perm_f + quant_b
     # Selective modes recompute in backward what they dropped (memory.activation_bytes_per_layer):
     # the attention core; + norm_act: the two norms, the routed experts' activation and MLA's
     # up-projection GEMMs (+ RoPE); + norm_act_mlp: the dense MLP's and shared experts' forward.

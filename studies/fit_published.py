@@ -47,7 +47,7 @@ SAME_SILICON = {
 
 # The compute die of each device with published runs (one die, one coefficient: a fit gives every
 # device of a die the same GEMM and attention efficiencies; their peaks, clocks, memory and links stay
-# their own). GA100: A100 SXM 40/80 GB and A100 PCIe; GH100: H100/H200/H800; B200 and GB200 NVL72 carry
+# their own). GA100: A100 SXM 40/80 GB and A100 PCIe; GH100: H100/H200/H800 and GH200's GPU; B200 and GB200 NVL72 carry
 # the same Blackwell GPU, B300 and GB300 NVL72 the Blackwell Ultra one (NVIDIA datasheets [S4][S5]).
 DIES = {
     "a100-40gb": "ga100",
@@ -57,6 +57,7 @@ DIES = {
     "h200-sxm-141gb": "gh100",
     "h800-sxm-80gb": "gh100",
     "h100-sxm-96gb": "gh100",
+    "gh200": "gh100",
     "b200": "blackwell",
     "gb200-nvl72": "blackwell",
     "b300": "blackwell-ultra",
@@ -70,8 +71,22 @@ BASE = Calibration.model_validate({"transfer": {"same_silicon": SAME_SILICON, "d
 # The columns that make two rows one configuration: a recipe re-run in successive container releases
 # (the Megatron-Bridge archive) is a repeated measurement, weighted as one (README-dev3).
 CONFIG_KEYS = (
-    "source_id", "model", "device", "num_devices", "tp", "pp", "vpp", "cp", "ep", "etp", "precision",
-    "seq_len", "micro_batch", "global_batch", "orig_zero_or_fsdp", "recompute",
+    "source_id",
+    "model",
+    "device",
+    "num_devices",
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "etp",
+    "precision",
+    "seq_len",
+    "micro_batch",
+    "global_batch",
+    "orig_zero_or_fsdp",
+    "recompute",
 )
 
 

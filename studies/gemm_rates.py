@@ -51,7 +51,11 @@ DIMS = (1024, 2048, 3072, 4096, 5120, 6144, 8192, 10240, 12288, 16384)
 
 
 def table_path(system: str, version: str) -> Path:
-    return Path(str(resources.files("aiconfigurator_core") / "systems" / "data" / system / "gemm" / "trtllm" / version))
+    return Path(
+        str(
+            resources.files("aiconfigurator_core") / "systems" / "data" / system / "gemm" / "trtllm" / version
+        )
+    )
 
 
 def rates(device_id: str) -> dict[str, dict[str, float]]:
@@ -73,8 +77,12 @@ def rates(device_id: str) -> dict[str, dict[str, float]]:
         M, N, K = (g[c].to_numpy(float) for c in ("m", "n", "k"))
         eff = 2.0 * M * N * K / (g.latency.to_numpy(float) * 1e-3) / (dev.peak_tflops[peak_key] * 1e12)
         e16k, hd, rms = fit_shape(M, N, K, eff)
-        out[prec] = {"efficiency": round(e16k, 3), "half_dim": round(hd, 0), "rms_log_error": round(rms, 3),
-                     "shapes": int(len(g))}
+        out[prec] = {
+            "efficiency": round(e16k, 3),
+            "half_dim": round(hd, 0),
+            "rms_log_error": round(rms, 3),
+            "shapes": int(len(g)),
+        }
     return out
 
 
@@ -103,14 +111,21 @@ def main(argv: list[str] | None = None) -> int:
         import aiconfigurator_core  # noqa: F401
         import pyarrow  # noqa: F401
     except ImportError:
-        print("error: this study reads aiconfigurator-core's tables: pip install -e '.[aiconfigurator]'", file=sys.stderr)
+        print(
+            "error: this study reads aiconfigurator-core's tables: pip install -e '.[aiconfigurator]'",
+            file=sys.stderr,
+        )
         return 2
     table = {d: rates(d) for d in SYSTEMS}
-    print("efficiency at the 16384^3 reference (fraction of the profile's dense peak) / half-dimension / rms log error")
+    print(
+        "efficiency at the 16384^3 reference (fraction of the profile's dense peak) / half-dimension / rms log error"
+    )
     print(f"{'device':<16} " + " ".join(f"{p:>22}" for p in DTYPES))
     for d, r in table.items():
         cells = [
-            f"{r[p]['efficiency']:6.3f} {r[p]['half_dim']:6.0f} {r[p]['rms_log_error']:5.2f}" if p in r else "-"
+            f"{r[p]['efficiency']:6.3f} {r[p]['half_dim']:6.0f} {r[p]['rms_log_error']:5.2f}"
+            if p in r
+            else "-"
             for p in DTYPES
         ]
         print(f"{d:<16} " + " ".join(f"{c:>22}" for c in cells))

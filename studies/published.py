@@ -156,8 +156,14 @@ BRIDGE_MOE_RECIPES: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("qwen3_235b", "b300", "*"): ("alltoall", False),
     ("qwen3_235b", "h100-sxm-80gb", "*"): ("alltoall", True),
     # Qwen3-30B-A3B and Nemotron 3 Nano: HybridEP everywhere, no overlap.
-    **{("qwen3_30b", d, "*"): ("deepep", False) for d in ("gb200-nvl72", "gb300-nvl72", "b200", "b300", "h100-sxm-80gb")},
-    **{("nemotron_3_nano", d, "*"): ("deepep", False) for d in ("gb200-nvl72", "gb300-nvl72", "b200", "b300", "h100-sxm-80gb")},
+    **{
+        ("qwen3_30b", d, "*"): ("deepep", False)
+        for d in ("gb200-nvl72", "gb300-nvl72", "b200", "b300", "h100-sxm-80gb")
+    },
+    **{
+        ("nemotron_3_nano", d, "*"): ("deepep", False)
+        for d in ("gb200-nvl72", "gb300-nvl72", "b200", "b300", "h100-sxm-80gb")
+    },
     # GPT-OSS-120B (V2): HybridEP with overlap for MXFP8 on the racks and on B300; B300 bf16 HybridEP;
     # GB200 bf16 the all-to-all with overlap; B200, GB300 bf16 and H100 the plain all-to-all.
     ("gpt_oss_120b", "gb300-nvl72", "mxfp8"): ("deepep", True),
@@ -174,7 +180,10 @@ BRIDGE_MOE_RECIPES: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("deepseekv3", "gb200-nvl72", "mxfp8"): ("deepep", True),
     ("deepseekv3", "gb300-nvl72", "mxfp8"): ("deepep", True),
     ("deepseekv3", "b300", "mxfp8"): ("deepep", True),
-    **{("deepseekv3", d, "*"): ("deepep", False) for d in ("gb200-nvl72", "gb300-nvl72", "b200", "b300", "h100-sxm-80gb")},
+    **{
+        ("deepseekv3", d, "*"): ("deepep", False)
+        for d in ("gb200-nvl72", "gb300-nvl72", "b200", "b300", "h100-sxm-80gb")
+    },
 }
 # Models whose recipe this table does not list (Kimi K2): the flex dispatcher on Blackwell, as the
 # listed models' recipes mostly run, and the plain all-to-all elsewhere.

@@ -268,7 +268,9 @@ def test_one_die_one_coefficient(rows):
     sub = samples(_subset(rows, 3))
     names, x0, lo, hi = F._parameter_space(sub, BASE)
     dies = {BASE.transfer.dies[s.job.device.id] for s in sub}
-    assert sorted(n for n in names if n.endswith(".gemm_scale")) == sorted(f"die:{d}.gemm_scale" for d in dies)
+    assert sorted(n for n in names if n.endswith(".gemm_scale")) == sorted(
+        f"die:{d}.gemm_scale" for d in dies
+    )
     assert not any(n.startswith(("a100", "h100")) for n in names)  # nothing per device
     x = x0.copy()
     x[names.index("die:ga100.gemm_scale")] = 0.8
@@ -287,7 +289,9 @@ def test_one_die_one_coefficient(rows):
     # the attention factor never lets a kernel beat ATTENTION_MAX of the tensor-core peak
     for n, h in zip(names, hi, strict=True):
         if n.endswith(".attention_ratio"):
-            mates = [s.job.device for s in sub if f"die:{BASE.transfer.dies[s.job.device.id]}" == n.split(".")[0]]
+            mates = [
+                s.job.device for s in sub if f"die:{BASE.transfer.dies[s.job.device.id]}" == n.split(".")[0]
+            ]
             assert max(h * m.efficiency.attention * m.efficiency.fused_attention_speedup for m in mates) <= (
                 F.ATTENTION_MAX + 1e-12
             )

@@ -26,7 +26,11 @@ def test_profile_gemm_rates_are_the_measured_ones(device_id: str) -> None:
             continue  # Hopper cannot run MXFP8 (autopar.precision.REQUIRES): not in its profile
         assert prof.efficiency.gemm[prec] == pytest.approx(row["efficiency"], abs=5e-4), prec
         assert "studies/gemm_rates.py" in prof.provenance[f"efficiency.gemm.{prec}"]
-        hd = prof.efficiency.gemm_half_dim if prec == "bf16" else prof.efficiency.gemm_half_dim_by_precision[prec]
+        hd = (
+            prof.efficiency.gemm_half_dim
+            if prec == "bf16"
+            else prof.efficiency.gemm_half_dim_by_precision[prec]
+        )
         assert hd == pytest.approx(row["half_dim"], abs=0.5), prec
         assert row["shapes"] >= 300  # the whole training-size grid (5 x 10 x 10 shapes, a few missing)
         assert row["rms_log_error"] < 0.35  # the shape law follows the measured rates

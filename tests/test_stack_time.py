@@ -327,7 +327,10 @@ def test_sfu_rates_of_the_shipped_devices() -> None:
     from autopar.coefficients import coefficients_for
     from autopar.hardware import load_device
 
-    rate = {d: coefficients_for(load_device(d))[0].exp_rate for d in ("h100-sxm-80gb", "b200", "b300", "a100-80gb")}
+    rate = {
+        d: coefficients_for(load_device(d))[0].exp_rate
+        for d in ("h100-sxm-80gb", "b200", "b300", "a100-80gb")
+    }
     assert rate["h100-sxm-80gb"] == pytest.approx(67e12 / 16)  # FA3 paper: ~3.9 T exp/s
     assert rate["b200"] == pytest.approx(75e12 / 16)  # tensor cores 2.3x H100, SFU 1.1x
     assert rate["b300"] == pytest.approx(2 * 75e12 / 16)  # Blackwell Ultra doubles MUFU.EX2
@@ -350,8 +353,16 @@ def test_torchtitan_fsdp_under_pp_gathers_once_per_micro_batch_and_reduces_once_
     def tail(profile, pp):
         lay = LayoutTable.from_layouts([Layout(pp=pp, dp=8, zero=3, micro_batch=1, grad_accum=4)])
         return data_parallel_tail(
-            model, lay, links=links, co=CO, nonexpert_params=params, expert_params=z,
-            fwd=np.ones(1), bwd=np.ones(1), recompute=z, profile=profile,
+            model,
+            lay,
+            links=links,
+            co=CO,
+            nonexpert_params=params,
+            expert_params=z,
+            fwd=np.ones(1),
+            bwd=np.ones(1),
+            recompute=z,
+            profile=profile,
         )
 
     plain = TORCHTITAN.model_copy(update={"fsdp_pp_defer": False})
@@ -366,9 +377,14 @@ def test_torchtitan_fsdp_under_pp_gathers_once_per_micro_batch_and_reduces_once_
     # and the stage keeps its parameters and gradients unsharded for the step (16-bit each)
     mem = {
         prof.name + str(pp): memory_breakdown(
-            model, LayoutTable.from_layouts([Layout(pp=pp, dp=8, zero=3, micro_batch=1, grad_accum=4)]),
-            seq_len=2048, profile=prof,
+            model,
+            LayoutTable.from_layouts([Layout(pp=pp, dp=8, zero=3, micro_batch=1, grad_accum=4)]),
+            seq_len=2048,
+            profile=prof,
         )["zero3_buffers"][0]
-        for prof, pp in ((TORCHTITAN, 2), (TORCHTITAN.model_copy(update={"name": "plain", "fsdp_pp_defer": False}), 2))
+        for prof, pp in (
+            (TORCHTITAN, 2),
+            (TORCHTITAN.model_copy(update={"name": "plain", "fsdp_pp_defer": False}), 2),
+        )
     }
     assert mem["torchtitan2"] > mem["plain2"]

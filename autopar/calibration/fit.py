@@ -166,7 +166,9 @@ def _die_parameter_space(samples: Sequence[Sample], base: Calibration):
         hi.append(GEMM_SCALE_BOUNDS[1])
         x0.append(0.9)
         members = [s.job.device for s in samples if fit_scope(s.job.device.id, base) == d]
-        top = min(ATTENTION_MAX / (m.efficiency.attention * m.efficiency.fused_attention_speedup) for m in members)
+        top = min(
+            ATTENTION_MAX / (m.efficiency.attention * m.efficiency.fused_attention_speedup) for m in members
+        )
         names.append(f"{d}.attention_ratio")
         lo.append(0.1)
         hi.append(top)
@@ -301,11 +303,9 @@ def vector_from_calibration(names: Sequence[str], cal: Calibration, default: np.
 
 def group_weights(samples: Sequence[Sample]) -> np.ndarray:
     """Weight 1/sqrt(group size): a large group counts more than a small one, but not linearly."""
-    from collections import Counter
-
-    n: Counter[str] = Counter()
+    n: dict[str, float] = {}
     for s in samples:
-        n[s.group] += s.weight
+        n[s.group] = n.get(s.group, 0.0) + s.weight
     w = np.array([s.weight / np.sqrt(n[s.group]) for s in samples])
     return w / w.mean()
 
