@@ -17,7 +17,7 @@ By default the three shipped CSVs (``studies/data/published_runs_dev.csv``, ``..
   training rows with a target, run with ``fit_published.BASE``), then refitted without each source
   with >= 10 fit rows (leave-one-source-out) and, with ``--lodo``, without each device with >= 10
   fit rows (leave-one-device-out; unfitted devices take ``coefficients.Transfer``'s rules) and
-  without every device of one die together (``same_silicon``: holding out the A100 40GB alone
+  without every device of one die together (``same_silicon`` and the fit's ``dies``: holding out the A100 40GB alone
   leaves its 80GB twin, whose rates it takes, in the fit). Each refit starts from the fit on every
   row (``--cold``: from the profiles) and the refits run in ``--workers`` processes. Per fold it
   prints the rows, the in-sample MAPE and bias (the fit on every row), the held-out MAPE and bias,
@@ -842,7 +842,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = _fit_rows([str(p) for p in paths])
         folds: list[Fold] = [("source", s) for s in loso_sources(rows)]
         if a.lodo:
-            folds += lodo_folds(rows, BASE.transfer.same_silicon)
+            # dies: the fit's own (one die, one coefficient: BASE.transfer.dies) joined with same_silicon
+            dies = {d: f"die:{x}" for d, x in BASE.transfer.dies.items()}
+            folds += lodo_folds(rows, {**BASE.transfer.same_silicon, **dies})
         fits = refits(rows, folds, a.max_nfev, a.workers, paths, warm=not a.cold)
         seconds = time.perf_counter() - t1
         shipped_of = defaultdict(list)
