@@ -198,6 +198,17 @@ class MemoryTier(_Frozen):
     per_system: bool = Field(False, description="shared by the whole system (e.g. MemoryX), not per chip")
 
 
+def _per_precision(v: dict[str, float], top: float, what: str) -> dict[str, float]:
+    """A per-precision mapping of ``efficiency``: known keys, every value in (0, top]."""
+    unknown = sorted(set(v) - set(GEMM_EFFICIENCY_KEYS))
+    if unknown:
+        raise ValueError(f"unknown precision(s) {unknown}; allowed: {', '.join(GEMM_EFFICIENCY_KEYS)}")
+    bad = {k: x for k, x in v.items() if not 0 < x <= top}  # NaN fails too
+    if bad:
+        raise ValueError(f"{what} must be in (0, {top:g}]: {bad}")
+    return v
+
+
 class Efficiency(_Frozen):
     """Achieved-efficiency coefficients (fractions of the matching peak)."""
 
@@ -233,26 +244,14 @@ class Efficiency(_Frozen):
     @field_validator("gemm_half_dim_by_precision")
     @classmethod
     def _half_dim_keys(cls, v: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(v) - set(GEMM_EFFICIENCY_KEYS))
-        if unknown:
-            raise ValueError(f"unknown precision(s) {unknown}; allowed: {', '.join(GEMM_EFFICIENCY_KEYS)}")
-        bad = {k: x for k, x in v.items() if not 0 < x <= 1e6}
-        if bad:
-            raise ValueError(f"half-dimensions must be in (0, 1e6]: {bad}")
-        return v
+        return _per_precision(v, 1e6, "half-dimensions")
 
     @field_validator("gemm")
     @classmethod
     def _gemm_keys(cls, v: dict[str, float]) -> dict[str, float]:
-        unknown = sorted(set(v) - set(GEMM_EFFICIENCY_KEYS))
-        if unknown:
-            raise ValueError(f"unknown precision(s) {unknown}; allowed: {', '.join(GEMM_EFFICIENCY_KEYS)}")
         if "bf16" not in v:
             raise ValueError("needs a 'bf16' entry (the fallback for precisions without one)")
-        bad = {k: x for k, x in v.items() if not 0 < x <= 1}
-        if bad:
-            raise ValueError(f"efficiencies must be in (0, 1]: {bad}")
-        return v
+        return _per_precision(v, 1.0, "efficiencies")
 
 
 # Special-function-unit rate: 16 exponentials (MUFU.EX2) per clock per SM on compute capability 8.x to

@@ -125,7 +125,12 @@ def _parameter_space(samples: Sequence[Sample], base: Calibration):
             hi.append(b)
             v = getattr(dev.efficiency, name)
             x0.append(min(max(v, a), b))
-    for name, a, b in GLOBAL_PARAMS:
+    return _with_shared(names, lo, hi, x0, samples, base, GLOBAL_PARAMS)
+
+
+def _with_shared(names, lo, hi, x0, samples, base: Calibration, global_params):
+    """The parameter space completed with the global and the per-stack coefficients."""
+    for name, a, b in global_params:
         names.append(f"global.{name}")
         lo.append(a)
         hi.append(b)
@@ -140,15 +145,14 @@ def _parameter_space(samples: Sequence[Sample], base: Calibration):
 
 
 # Die mode (``base.transfer.dies`` given): few physical coefficients. Per die, one factor on its
-# members' measured matmul rates (each device's MAMF per precision from its profile: what end-to-end
-# training reaches of the microbenchmark), the GEMM half-efficiency dimension and a factor on its
-# members' FlashAttention-class rate (the softmax exponentials are charged apart, at the
-# SFU rate), per die as well: each die runs its own attention kernels (FA2 on GA100, cuDNN/FA3 on GH100,
-# cuDNN/FA4 on Blackwell). Bounds: a stack cannot beat its microbenchmark (MAMF_SLACK); the attention kernels reach
-# at most ATTENTION_MAX of the tensor-core peak (FA3 75% forward on H100, FA4 ~71% on B200).
+# members' measured matmul rates (each device's GEMM efficiency per precision from its profile,
+# measured on the device: what end-to-end training reaches of the kernels) and one on its members'
+# FlashAttention-class rate (the softmax exponentials are charged apart, at the SFU rate): each die
+# runs its own attention kernels (FA2 on GA100, cuDNN/FA3 on GH100, cuDNN/FA4 on Blackwell). Bounds:
+# a stack cannot beat its kernels (MAMF_SLACK); the attention kernels reach at most ATTENTION_MAX of
+# the tensor-core peak (FA3 75% forward on H100, FA4 ~71% on B200).
 GEMM_SCALE_BOUNDS = (0.3, MAMF_SLACK)
 ATTENTION_MAX = 0.75
-DIE_PARAMS: tuple[tuple[str, float, float], ...] = ()
 # Die mode's global coefficients: the classic ones and the half-dimension factor on every device's
 # measured GEMM shape law (what a training stack's small GEMMs lose beyond the kernels').
 DIE_GLOBAL_PARAMS = (*GLOBAL_PARAMS, ("half_dim_scale", 0.25, 16.0), ("moe_host_factor", 0.0, 4.0))
@@ -160,7 +164,6 @@ def _die_parameter_space(samples: Sequence[Sample], base: Calibration):
     hi: list[float] = []
     x0: list[float] = []
     for d in sorted({fit_scope(s.job.device.id, base) for s in samples}):
-        dev = next(s.job.device for s in samples if fit_scope(s.job.device.id, base) == d)
         names.append(f"{d}.gemm_scale")
         lo.append(GEMM_SCALE_BOUNDS[0])
         hi.append(GEMM_SCALE_BOUNDS[1])
@@ -173,23 +176,7 @@ def _die_parameter_space(samples: Sequence[Sample], base: Calibration):
         lo.append(0.1)
         hi.append(top)
         x0.append(min(0.5, top))
-        for name, a, b in DIE_PARAMS:
-            names.append(f"{d}.{name}")
-            lo.append(a)
-            hi.append(b)
-            x0.append(min(max(getattr(dev.efficiency, name), a), b))
-    for name, a, b in DIE_GLOBAL_PARAMS:
-        names.append(f"global.{name}")
-        lo.append(a)
-        hi.append(b)
-        x0.append(min(max(base.global_value(name), a), b))
-    for st in fitted_stacks(samples):
-        for name, a, b in STACK_PARAMS:
-            names.append(f"stack:{st}.{name}")
-            lo.append(a)
-            hi.append(b)
-            x0.append(min(max(base.stack_value(st, name), a), b))
-    return names, np.array(x0), np.array(lo), np.array(hi)
+    return _with_shared(names, lo, hi, x0, samples, base, DIE_GLOBAL_PARAMS)
 
 
 def _profile(device_id: str):
