@@ -44,6 +44,7 @@ __all__ = [
     "check_context",
     "check_costed",
     "SUPPORTED_MODEL_TYPES",
+    "raw_config",
 ]
 
 
@@ -1209,7 +1210,8 @@ def _moe_layers(cfg: dict, arch: _Arch, L: int, ffn: list[str], ctx: str) -> lis
     if rule == "nemotron_h":
         return [f == "moe" for f in ffn]
     if rule == "qwen":  # Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer / Qwen3NextDecoderLayer
-        if _int(cfg, "num_experts", 0, ctx=ctx) == 0:
+        # num_experts (published configs) is num_local_experts in transformers >= 5 to_dict()
+        if _int(cfg, "num_experts", 0, ctx=ctx) == 0 and _int(cfg, "num_local_experts", 0, ctx=ctx) == 0:
             return [False] * L
         step = _int(cfg, "decoder_sparse_step", 1, ctx=ctx)
         only = set(cfg.get("mlp_only_layers") or [])
@@ -1428,7 +1430,7 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
                     "latent-MoE projections are not modeled yet; remove the field only if it is null",
                 )
         else:
-            f["num_experts"] = _int(c, "num_experts", ctx=ctx)
+            f["num_experts"] = _first_int(c, ("num_experts", "num_local_experts"), ctx=ctx)
             f["shared_expert_ffn"] = _int(c, "shared_expert_intermediate_size", 0, ctx=ctx)
     else:
         f["ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx) if dense_needed else 0
@@ -1793,6 +1795,24 @@ def _load_preset(pid: str) -> ModelSpec:
     return _normalize_hf(doc["hf"], name=doc.get("id", pid), source=doc.get("source", ""))
 
 
+def raw_config(name_or_path: str | os.PathLike) -> dict | None:
+    """The HF config a preset id or config.json path holds (None for raw dimensions or an unknown name).
+
+    What :mod:`autopar.hf_meta` builds with the model's own ``transformers`` class.
+    """
+    key = os.fspath(name_or_path)
+    if key.strip().lower() in list_presets():
+        doc = _read_json(_preset_dir().joinpath(f"{key.strip().lower()}.json"), f"preset {key!r}")
+        hf = doc.get("hf") if isinstance(doc, dict) else None
+        return dict(hf) if isinstance(hf, dict) else None
+    path = Path(key).expanduser()
+    if not path.exists():
+        return None
+    cfg = read_config_file(path)
+    check_sizes(cfg, str(path))
+    return cfg if any(k in cfg for k in ("model_type", "architectures", *_TEXT_KEYS)) else None
+
+
 def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
     """Load a :class:`ModelSpec` from a preset id, an HF ``config.json`` (file or directory) or a dict."""
     if isinstance(name_or_path, ModelSpec):
@@ -1824,7 +1844,9 @@ def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
     try:
         if not any(k in cfg for k in ("model_type", "architectures", *_TEXT_KEYS)):
             return _from_raw(cfg)
-        name = str(cfg.get("_name_or_path") or path.parent.name or path.stem)
+        # the publisher's id; else the file's own name, or its folder's for a plain config.json
+        stem = path.parent.name if path.name == "config.json" else path.stem
+        name = str(cfg.get("_name_or_path") or stem or path.stem)
         return _normalize_hf(cfg, name=name, source=str(path))
     except ModelConfigError as e:
         raise type(e)(f"{str(path)!r}: {e.message}", e.hint) from None
