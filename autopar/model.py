@@ -639,9 +639,18 @@ _NO_COST = frozenset(
     embedding_multiplier residual_multiplier attention_multiplier logits_scaling
     hidden_act hidden_activation mlp_hidden_act max_window_layers use_sliding_window
     original_max_position_embeddings use_flash_attn attn_implementation _attn_implementation
-    initializer_factor use_return_dict gradient_checkpointing
+    initializer_factor use_return_dict gradient_checkpointing cache_implementation
+    add_classification_head classifier_dropout num_labels eod_token_id time_step_limit time_step_min
+    time_step_max time_step_floor mamba_chunk_size chunk_size use_mamba_kernels
     """.split()
 )
+
+
+def _no_cost(key: str) -> bool:
+    """Token ids (``image_token_id``, ``boi_token_index``, ...) and the fields above cost nothing."""
+    return key in _NO_COST or key.endswith(("_token_id", "_token_index", "_token_ids"))
+
+
 # The fields a plain decoder (Llama semantics) understands.
 _PLAIN = frozenset(
     """
@@ -969,6 +978,14 @@ def _int(cfg: dict, key: str, default: Any = ..., *, ctx: str = "", lenient: boo
     CSV cells) accepts numeric strings.
     """
     v = cfg.get(key)
+    if isinstance(v, list) and v and not lenient:  # a per-layer list of sizes: one shape if all equal
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            if len(set(v)) == 1:
+                return int(v[0])
+            raise UnsupportedArchitecture(
+                f"{ctx}per-layer {key!r} ({len(set(v))} different sizes over {len(v)} layers) is not modeled",
+                "autopar models one size for every layer of a kind; describe the model with raw dimensions",
+            )
     if v is None:
         if default is ...:
             raise ModelConfigError(
@@ -1042,6 +1059,13 @@ def _tower_params(kind: str, t: Any, ctx: str) -> tuple[int, str]:
     if not isinstance(t, dict):
         return 0, f"{kind} tower present but not an object: not counted"
     try:
+        return _vit_params(kind, t, ctx)
+    except (ModelConfigError, UnsupportedArchitecture) as e:  # a tower never sinks the text model
+        return 0, f"{kind} tower present but its shape is not readable ({e.message}): not counted"
+
+
+def _vit_params(kind: str, t: dict, ctx: str) -> tuple[int, str]:
+    try:
         h = _first_int(t, ("hidden_size", "embed_dim", "width", "d_model"), ctx=ctx)
         L = _first_int(t, ("num_hidden_layers", "depth", "num_layers", "encoder_layers"), ctx=ctx)
     except ModelConfigError:
@@ -1049,14 +1073,22 @@ def _tower_params(kind: str, t: Any, ctx: str) -> tuple[int, str]:
     ffn = _int(t, "intermediate_size", 4 * h, ctx=ctx)
     layer = 4 * h * h + 4 * h + 2 * h * ffn + ffn + h + 4 * h
     p = L * layer + 2 * h
-    patch = _int(t, "patch_size", 0, ctx=ctx)
+    patch, img = _side(t, "patch_size", ctx), _side(t, "image_size", ctx)
     if patch:
         ch = _int(t, "num_channels", 3, ctx=ctx)
-        p += ch * patch * patch * h + h
-        img = _int(t, "image_size", 0, ctx=ctx)
+        p += ch * patch[0] * patch[1] * h + h
         if img:
-            p += (img // patch) ** 2 * h
+            p += (img[0] // patch[0]) * (img[1] // patch[1]) * h
     return p, f"{kind} tower ~{p / 1e9:.2f} B parameters (standard ViT count), reported apart, not costed"
+
+
+def _side(t: dict, key: str, ctx: str) -> tuple[int, int] | None:
+    """A square size (``14``) or a (height, width) pair (``[14, 14]``) of a vision tower."""
+    v = t.get(key)
+    if isinstance(v, list | tuple) and len(v) == 2:
+        return _int({key: v[0]}, key, ctx=ctx), _int({key: v[1]}, key, ctx=ctx)
+    n = _int(t, key, 0, ctx=ctx)
+    return (n, n) if n else None
 
 
 def _split_wrapper(cfg: dict, ctx: str) -> tuple[dict, dict[str, int], list[str]]:
@@ -1136,7 +1168,7 @@ def _check_understood(cfg: dict, mt: str, ctx: str) -> None:
     # fields no known model_type reads first: they are the likely new cost (e.g. a sparse-attention
     # indexer); then fields whose meaning is specific to another model_type's class
     unknown = sorted(
-        (k for k in cfg if k not in _PLAIN and k not in _NO_COST and cfg[k] is not None),
+        (k for k in cfg if k not in _PLAIN and not _no_cost(k) and cfg[k] is not None),
         key=lambda k: (k in _READ_BY_SOME_CLASS, k),
     )
     if unknown:
@@ -1177,8 +1209,12 @@ def _mixers(cfg: dict, arch: _Arch, mt: str, L: int, ctx: str) -> tuple[list[str
         mix = ["attention" if i % p == o else "mamba" for i in range(L)]
     elif arch.mixer == "nemotron_h":  # NemotronHConfig.hybrid_override_pattern, one char per block
         pat = cfg.get("hybrid_override_pattern")
+        if pat is None and cfg.get("layers_block_type") is not None:
+            pat = _nemotron_pattern(cfg["layers_block_type"], ctx)
         if not isinstance(pat, str):
-            raise ModelConfigError(f"{ctx}missing required field 'hybrid_override_pattern' (a string)")
+            raise ModelConfigError(
+                f"{ctx}missing required field 'hybrid_override_pattern' (a string) or 'layers_block_type' (a list)"
+            )
         if len(pat) != L:
             raise ModelConfigError(f"{ctx}hybrid_override_pattern has {len(pat)} characters for {L} layers")
         table = {
@@ -1200,6 +1236,28 @@ def _mixers(cfg: dict, arch: _Arch, mt: str, L: int, ctx: str) -> tuple[list[str
                 f"{ctx}attn_layer_indices", "only Falcon-H1 with attention in every block is modeled"
             )
     return mix, ffn
+
+
+# NemotronHConfig.layers_block_type (transformers >= 5, Nemotron 3 Ultra): one name per block
+_NEMOTRON_BLOCKS = {
+    "mamba": "M",
+    "linear_attention": "M",
+    "attention": "*",
+    "full_attention": "*",
+    "mlp": "-",
+    "moe": "E",
+}
+
+
+def _nemotron_pattern(types: Any, ctx: str) -> str:
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise ModelConfigError(f"{ctx}layers_block_type must be a list of block names")
+    bad = next((t for t in types if t not in _NEMOTRON_BLOCKS), None)
+    if bad is not None:
+        raise UnsupportedArchitecture(
+            f"{ctx}block {bad!r} in layers_block_type", f"known blocks: {', '.join(_NEMOTRON_BLOCKS)}"
+        )
+    return "".join(_NEMOTRON_BLOCKS[t] for t in types)
 
 
 def _moe_layers(cfg: dict, arch: _Arch, L: int, ffn: list[str], ctx: str) -> list[bool]:
@@ -1320,9 +1378,16 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
     ctx0 = f"{name}: " if name else ""
     dec, towers, warnings = _split_wrapper(cfg, ctx0)
     mt = _resolve_model_type(dec)
+    _refuse_by_name(dec, mt)
     arch = _ARCH.get(mt)
     ctx = f"{name} ({mt}): " if name and name != mt else f"{mt}: "
     c = _canonical(dec, arch, mt, ctx)
+    if (
+        mt == "nemotron_h"
+        and c.get("num_hidden_layers") is None
+        and isinstance(c.get("layers_block_type"), list)
+    ):
+        c["num_hidden_layers"] = len(c["layers_block_type"])  # NemotronHConfig: the list sets the depth
     if arch is None:
         _check_understood(c, mt, ctx)
         arch = _Arch(f"{mt} (read as a plain Llama-style decoder)", **_LLAMA)
@@ -1468,6 +1533,69 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
     f["name"] = name or str(c.get("_name_or_path") or mt)
     f["source"] = source
     return _build(f, ctx)
+
+
+# Not decoder-only: BERT-style encoders and encoder-decoder models. autopar costs decoder stacks;
+# reading these as a gated RMSNorm decoder would be wrong (a BERT-base config gave 0.16 B, not 110 M).
+_ENCODERS = frozenset(
+    """
+    bert roberta xlm-roberta xlm-roberta-xl camembert data2vec-text electra ernie megatron-bert
+    roc_bert roformer rembert big_bird nezha mpnet deberta deberta-v2 distilbert albert modernbert
+    xmod ibert layoutlm luke convbert funnel squeezebert mobilebert canine esm nomic_bert jina_bert
+    bert-generation
+    """.split()
+)
+_ENCODER_DECODERS = frozenset(
+    """
+    t5 mt5 umt5 t5gemma t5gemma2 bart mbart pegasus pegasus_x marian blenderbot blenderbot-small
+    plbart prophetnet bigbird_pegasus led longt5 switch_transformers whisper mvp fsmt m2m_100 nllb_moe
+    seamless_m4t encoder-decoder speech-encoder-decoder vision-encoder-decoder trocr
+    """.split()
+)
+# Decoders with a block autopar does not price, refused by name with the reason (issue 22).
+_REFUSED_KINDS: dict[str, str] = {
+    "deepseek_v32": "DeepSeek-V3.2 sparse attention (DSA lightning indexer + top-k key selection)",
+    "glm_moe_dsa": "GLM-5 sparse attention (DSA indexer, as DeepSeek-V3.2)",
+    "minimax": "MiniMax lightning (linear) attention blocks",
+    "minimax_m3_vl_text": "MiniMax lightning attention and mixed dense/MoE widths",
+    "gemma4_text": "Gemma 4 blocks (shared K=V attention, per-layer input embeddings)",
+    "gemma4": "Gemma 4 blocks (shared K=V attention, per-layer input embeddings)",
+    "gemma3n_text": "Gemma 3n (AltUp, Laurel blocks and per-layer input embeddings)",
+    "gemma3n": "Gemma 3n (AltUp, Laurel blocks and per-layer input embeddings)",
+    "falcon_mamba": "an attention-free, MLP-free Mamba1 stack (Falcon-Mamba)",
+    "mamba": "an attention-free, MLP-free Mamba1 stack",
+    "mamba2": "an attention-free, MLP-free Mamba2 stack",
+    "lfm2": "LFM2 short-convolution blocks",
+    "lfm2_moe": "LFM2 short-convolution blocks",
+    "rwkv": "RWKV time-mix / channel-mix blocks",
+    "xlstm": "xLSTM blocks",
+    "recurrent_gemma": "RecurrentGemma RG-LRU blocks",
+    "kimi_linear": "Kimi Delta Attention (KDA) blocks",
+    "mllama_text_model": "cross-attention image layers (Llama 3.2 Vision)",
+    "bitnet": "BitNet ternary layers with extra sub-layer norms",
+    "zamba": "Zamba shared attention blocks",
+    "zamba2": "Zamba2 shared attention blocks with LoRA adapters",
+}
+
+
+def _refuse_by_name(cfg: dict, mt: str) -> None:
+    if mt in _ENCODERS or (
+        mt not in _ARCH and "type_vocab_size" in cfg and "attention_probs_dropout_prob" in cfg
+    ):
+        raise UnsupportedArchitecture(
+            f"{mt}: a BERT-style encoder (bidirectional, post-norm, learned positions), not a decoder",
+            "autopar costs decoder-only language models; describe it with raw dimensions only if a decoder is meant",
+        )
+    if mt in _ENCODER_DECODERS or cfg.get("is_encoder_decoder") is True:
+        raise UnsupportedArchitecture(
+            f"{mt}: an encoder-decoder model (separate encoder and cross-attending decoder stacks)",
+            "autopar costs decoder-only language models",
+        )
+    if mt in _REFUSED_KINDS:
+        raise UnsupportedArchitecture(
+            f"{mt}: {_REFUSED_KINDS[mt]} not modeled yet",
+            "`autopar model --reader transformers` still counts its parameters when transformers has its class",
+        )
 
 
 def _falcon(c: dict, ctx: str) -> dict:
@@ -1669,11 +1797,21 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
+# Fields where a published config writes a non-finite bound: Mamba2's dt clamp of every Nemotron-H /
+# Nemotron 3 config, ``"time_step_limit": [0.0, Infinity]`` (transformers' own default). Read as
+# floats; they change no cost. NaN is refused everywhere.
+_INFINITY_ALLOWED = frozenset({"time_step_limit"})
+
+
 def _non_finite_path(obj: Any, path: str = "") -> str | None:
     if isinstance(obj, _NonFinite):
         return path or "(top level)"
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
     for k, v in items:
+        if k in _INFINITY_ALLOWED and isinstance(v, list):
+            if all(not isinstance(x, _NonFinite) or x.token in ("Infinity", "-Infinity") for x in v):
+                obj[k] = [float(x.token) if isinstance(x, _NonFinite) else x for x in v]
+                continue
         hit = _non_finite_path(
             v, f"{path}.{k}" if path and isinstance(k, str) else f"{path}[{k}]" if path else str(k)
         )
@@ -1729,6 +1867,11 @@ def check_sizes(cfg: Any, where: str, depth: int = 0) -> None:
             check_sizes(v, where, depth + 1)
             continue
         field = _HF_SIZES.get(k, k if k in MAX_MODEL_SIZES else None)
+        if field is not None and isinstance(v, list):  # a per-layer list of sizes: each one checked
+            for x in v:
+                if not isinstance(x, list | dict):
+                    check_sizes({k: x}, where, depth + 1)
+            continue
         if field is not None and v is not None and not isinstance(v, bool | str):
             cap = MAX_MODEL_SIZES[field]
             if not isinstance(v, int | float) or v != v or not -cap <= v <= cap:
