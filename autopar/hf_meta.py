@@ -45,7 +45,7 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
         r"(^|\.)(embed_tokens|embeddings|wte|wpe|word_embeddings|position_embeddings|token_type_embeddings|"
         r"embed_in|tok_embeddings|embed_positions|shared)(\.|$)"
     ),
-    "shared_experts": re.compile(r"(^|\.)shared_experts?(_gate)?(\.|$)"),
+    "shared_experts": re.compile(r"(^|\.)(shared_experts?(_gate)?|shared_mlp)(\.|$)"),
     "experts": re.compile(r"(^|\.)experts(\.|$)"),
     "router": re.compile(r"(^|\.)(router|gate|e_score_correction_bias)(\.|$)(weight|bias|e_score\w*)?"),
     "ssm": re.compile(

@@ -929,6 +929,96 @@ _ARCH: dict[str, _Arch] = {
 }
 _ARCH["grok1"] = _ARCH["grok-1"]
 _ARCH["mistral3_text"] = _ARCH["mistral"]
+# ---- 2025-2026 families, each checked against its transformers class on the meta device
+# (tests/test_hf_meta.py): the class semantics below are read from that class's modeling code.
+_ARCH.update(
+    {
+        # ApertusMLP: up_proj -> xIELU -> down_proj (not gated); per-head QK RMSNorm
+        "apertus": _Arch("ApertusConfig", gated=False, qk_norm="head", **_LLAMA),
+        "arcee": _Arch("ArceeConfig", gated=False, **_LLAMA),  # ArceeMLP: up -> ReLU^2 -> down
+        "cohere2": _Arch(  # Cohere2: Cohere's parallel block, 3 local : 1 global attention
+            "Cohere2Config",
+            defaults={"attention_bias": False, "sliding_window_pattern": 4},
+            norm="layernorm_nobias",
+            norms=1,
+            parallel=True,
+            mlp_bias=False,
+            sliding="gemma3",
+            tie=True,
+            extra=("sliding_window_pattern",),
+        ),
+        # Exaone4: post-attention and post-MLP RMSNorms only (2), per-head QK-norm, 3 local : 1 global
+        "exaone4": _Arch(
+            "Exaone4Config",
+            defaults={"sliding_window_pattern": 4, "attention_bias": False, "mlp_bias": False},
+            qk_norm="head",
+            sliding="gemma3",
+            extra=("sliding_window_pattern",),
+        ),
+        "seed_oss": _Arch(  # SeedOssAttention: q/k/v bias = attention_bias, o bias = attention_out_bias
+            "SeedOssConfig",
+            defaults={"attention_bias": True, "attention_out_bias": False, "mlp_bias": False},
+            o_bias="attention_out_bias",
+            extra=("attention_out_bias",),
+        ),
+        "smollm3": _Arch(  # NoPE layers change no cost
+            "SmolLM3Config", sliding="qwen", extra=("no_rope_layers", "no_rope_layer_interval"), **_LLAMA
+        ),
+        "ernie4_5": _Arch(
+            "Ernie4_5Config",
+            defaults={"use_bias": False},
+            qkv_bias="use_bias",
+            o_bias="use_bias",
+            mlp_bias="use_bias",
+            tie=True,
+        ),
+        "minimax_m2": _Arch(  # MiniMaxM2: every layer MoE, q/k RMSNorm over all heads
+            "MiniMaxM2Config",
+            qkv_bias=False,
+            o_bias=False,
+            mlp_bias=False,
+            moe="all",
+            qk_norm="full",
+            extra=("use_qk_norm", "qk_norm_type", "rotary_dim", "use_routing_bias"),
+        ),
+        "granitemoeshared": _Arch(  # GraniteMoeShared: GraniteMoE + a shared MLP
+            "GraniteMoeSharedConfig", moe="all", extra=("shared_intermediate_size",), **_LLAMA
+        ),
+        "qwen3_5_text": _Arch(  # Qwen3.5 dense: Qwen3-Next's Gated DeltaNet + gated attention, dense MLPs
+            "Qwen3_5TextConfig",
+            defaults={"attention_bias": False, "linear_conv_kernel_dim": 4, "full_attention_interval": 4},
+            qk_norm="head",
+            mlp_bias=False,
+            mixer="qwen3_next",
+            extra=_ARCH["qwen3_next"].extra,
+        ),
+        "qwen3_5_moe_text": _Arch(
+            "Qwen3_5MoeTextConfig",
+            defaults={"attention_bias": False, "linear_conv_kernel_dim": 4, "full_attention_interval": 4},
+            qk_norm="head",
+            mlp_bias=False,
+            moe="qwen",
+            mixer="qwen3_next",
+            extra=_ARCH["qwen3_next"].extra,
+        ),
+        "hunyuan_v1_dense": _Arch(  # HunYuanDenseV1Attention: per-head query/key layernorms
+            "HunYuanDenseV1Config",
+            defaults={"use_qk_norm": True, "attention_bias": False},
+            qk_norm="field:use_qk_norm:head",
+            mlp_bias=False,
+            extra=("use_qk_norm",),
+        ),
+        "dots1": _Arch(  # Dots1: DeepSeek-V3-style MoE (no MLA) with per-head QK-norm
+            "Dots1Config",
+            qkv_bias="attention_bias",
+            o_bias=False,
+            mlp_bias=False,
+            qk_norm="head",
+            moe="deepseek",
+            sliding="qwen",
+        ),
+    }
+)
 SUPPORTED_MODEL_TYPES = tuple(sorted(_ARCH))
 # multimodal wrappers whose text_config is one of the above, and older spellings
 _TEXT_ALIASES = {
@@ -941,6 +1031,12 @@ _TEXT_ALIASES = {
     "RefinedWeb": "falcon",
     "RefinedWebModel": "falcon",
     "internlm2_5": "internlm2",
+    "apertus1p5_text": "apertus",
+    "glm4v_moe_text": "glm4_moe",  # GLM-4.5V: its text model is GLM-4.5-Air
+    "glm4v_text": "glm4",
+    "mimo": "qwen2",  # Xiaomi MiMo: Qwen2 blocks + num_nextn_predict_layers MTP (remote code)
+    "qwen3_5": "qwen3_5_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
 }
 _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -1427,7 +1523,7 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         f["norms_per_layer"], f["parallel_block"] = c["_norms"], c["_parallel"]
     if mt == "phimoe":
         f["head_bias"] = _bool(c, "lm_head_bias", False, ctx=ctx)
-    if mt == "qwen3_next":
+    if arch.mixer == "qwen3_next":
         f["attn_output_gate"] = True  # Qwen3NextAttention: gated attention, q_proj -> 2 x heads x head_dim
     # ---- activation: a gated MLP has 3 matrices, a plain one 2
     act = c.get("mlp_hidden_act") if mt == "nemotron_h" else c.get("hidden_act", c.get("activation_function"))
@@ -1469,6 +1565,7 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         f["ffn_hidden"] = 0
         f["moe_ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)
         f["num_experts"] = _first_int(c, ("num_local_experts", "num_experts"), ctx=ctx)
+        f["shared_expert_ffn"] = _int(c, "shared_intermediate_size", 0, ctx=ctx)  # GraniteMoeShared
     elif arch.moe == "llama4":
         f["ffn_hidden"] = _int(c, "intermediate_size_mlp", ctx=ctx) if dense_needed else 0
         f["moe_ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)

@@ -313,6 +313,19 @@ def test_fields_that_cost_nothing_and_per_layer_shapes():
     assert odd.total_params == plain and odd.vision_params == 0 and "not counted" in odd.warnings[0]
 
 
+def test_multimodal_wrapper_of_a_supported_text_model():
+    # GLM-4.5V: a glm4v_moe wrapper whose text model is GLM-4.5-Air, with the wrapper's image-token
+    # ids at the top level
+    air = cfg("glm-4.5-air")
+    wrap = {
+        "architectures": ["Glm4vMoeForConditionalGeneration"], "model_type": "glm4v_moe",
+        "image_token_id": 151363, "video_token_id": 151364, "image_start_token_id": 151339,
+        "image_end_token_id": 151340, "video_start_token_id": 151341, "video_end_token_id": 151342,
+        "text_config": dict(air, model_type="glm4v_moe_text"),
+    }  # fmt: skip
+    assert load_model(wrap).total_params == load_model(air).total_params
+
+
 def test_nemotron_real_time_step_limit_and_layers_block_type(tmp_path):
     # the shipped copies carry the published "time_step_limit": [0.0, Infinity]
     assert '"time_step_limit"' in (CONFIGS / "nemotron-h-8b.json").read_text()
