@@ -45,6 +45,7 @@ __all__ = [
     "check_costed",
     "SUPPORTED_MODEL_TYPES",
     "raw_config",
+    "classic_decoder",
 ]
 
 
@@ -1850,6 +1851,85 @@ def _from_raw(d: dict) -> ModelSpec:
         if d.get(k) not in (None, "") and _int(d, k, ctx=ctx, lenient=True) != getattr(spec, k):
             raise ModelConfigError(f"{ctx}{k}={d[k]} does not match the dimensions ({getattr(spec, k)})")
     return spec
+
+
+# ====================================================================== classic decoders
+# Decoders published by their dimensions only (papers' tables, no config.json): each family's
+# conventions as its paper states them. Learned absolute positions (GPT-3, OPT) are not counted,
+# as for GPT-2 above; ALiBi (BLOOM) and RoPE (PaLM) have no parameters.
+_CLASSIC: tuple[tuple[tuple[str, ...], dict[str, Any], str], ...] = (
+    (
+        ("palm",),
+        dict(gated_mlp=True, norm="layernorm_nobias", parallel_block=True, tie_embeddings=True, vocab=256000),
+        "PaLM (arXiv 2204.02311 Sec. 2): SwiGLU MLP, parallel attention+MLP block, multi-query attention "
+        "(kv_heads=1 unless stated), no biases, shared input/output embedding, RoPE, 256k vocabulary",
+    ),
+    (
+        ("bloom",),
+        dict(qkv_bias=True, o_bias=True, mlp_bias=True, vocab=250880),
+        "BLOOM (arXiv 2211.05100): GELU MLP 4h, LayerNorm, ALiBi positions, tied embeddings, biases, "
+        "250,880-token vocabulary",
+    ),
+    (
+        ("opt",),
+        dict(qkv_bias=True, o_bias=True, mlp_bias=True, vocab=50272),
+        "OPT (arXiv 2205.01068): ReLU MLP 4h, LayerNorm, learned positions (not counted), tied "
+        "embeddings, biases, 50,272-token vocabulary",
+    ),
+)
+_GPT = (
+    dict(qkv_bias=True, o_bias=True, mlp_bias=True, vocab=50257),
+    "GPT-style decoder (GPT-3, arXiv 2005.14165; Megatron-LM): GELU MLP 4h, LayerNorm, learned positions "
+    "(not counted), tied embeddings, biases, 50,257-token vocabulary",
+)
+
+
+def classic_decoder(
+    name: str,
+    *,
+    hidden: int,
+    layers: int,
+    heads: int,
+    ffn_hidden: int | None = None,
+    vocab: int | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+) -> tuple[ModelSpec, list[str]]:
+    """A classic (pre-2023) dense decoder known by its dimensions, with its family's conventions.
+
+    PaLM, BLOOM and OPT by name, any other as a GPT-3-style decoder; the conventions used, and each
+    default taken for a dimension not given, are returned as assumptions to state. Sizes given win.
+    """
+    low = name.lower()
+    fields, note = next(((f, n) for keys, f, n in _CLASSIC if any(k in low for k in keys)), _GPT)
+    fields = dict(fields)
+    notes = [note]
+    default_vocab = fields.pop("vocab")
+    f: dict[str, Any] = dict(
+        name=name, hidden=hidden, layers=layers, heads=heads, gated_mlp=False, norm="layernorm",
+        tie_embeddings=True,
+    )  # fmt: skip
+    f.update(fields)
+    if ffn_hidden is None:
+        ffn_hidden = 4 * hidden
+        notes.append(f"ffn_hidden=4*hidden={ffn_hidden} (the family's convention)")
+    if vocab is None:
+        vocab = default_vocab
+        notes.append(f"vocab={vocab} (the family's tokenizer)")
+    if kv_heads is None:
+        kv_heads = 1 if "palm" in low else heads
+    if head_dim is None:
+        if "palm" in low and hidden // heads != 256:
+            head_dim = 256  # PaLM Table 1: head size 256 for every model
+            notes.append("head_dim=256 (PaLM Table 1)")
+        elif hidden % heads:
+            raise ModelConfigError(
+                f"{name}: hidden {hidden} is not a multiple of heads {heads}; give head_dim"
+            )
+        else:
+            head_dim = hidden // heads
+    f.update(ffn_hidden=ffn_hidden, vocab=vocab, kv_heads=kv_heads, head_dim=head_dim)
+    return _build(f, f"{name}: "), notes
 
 
 # ================================================================================= presets
