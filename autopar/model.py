@@ -930,6 +930,20 @@ _ARCH: dict[str, _Arch] = {
 }
 _ARCH["grok1"] = _ARCH["grok-1"]
 _ARCH["mistral3_text"] = _ARCH["mistral"]
+_MAMBA2_FIELDS = (
+    "mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv", "mamba_expand",
+    "mamba_conv_bias", "mamba_proj_bias",
+)  # fmt: skip
+_MAMBA2_DEFAULTS = {
+    "attention_bias": False,
+    "mlp_bias": False,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 256,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+}
 # ---- 2025-2026 families, each checked against its transformers class on the meta device
 # (tests/test_hf_meta.py): the class semantics below are read from that class's modeling code.
 _ARCH.update(
@@ -1008,6 +1022,59 @@ _ARCH.update(
             qk_norm="field:use_qk_norm:head",
             mlp_bias=False,
             extra=("use_qk_norm",),
+        ),
+        # Granite 4 (GraniteMoeHybrid) and Bamba: Mamba2 or attention mixer per block (layer_types /
+        # attn_layer_indices), each block with a feed-forward part
+        "granitemoehybrid": _Arch(
+            "GraniteMoeHybridConfig",
+            defaults=_MAMBA2_DEFAULTS,
+            moe="granite_hybrid",
+            mixer="granite_hybrid",
+            extra=("shared_intermediate_size", "position_embedding_type", *_MAMBA2_FIELDS),
+            qkv_bias="attention_bias",
+            o_bias="attention_bias",
+            mlp_bias=False,
+        ),
+        "bamba": _Arch(
+            "BambaConfig",
+            defaults=_MAMBA2_DEFAULTS,
+            mixer="granite_hybrid",
+            extra=("attn_layer_indices", *_MAMBA2_FIELDS),
+            qkv_bias="attention_bias",
+            o_bias="attention_bias",
+        ),
+        # GPT-J / CodeGen: parallel attention+MLP after one LayerNorm, no attention biases, GELU MLP
+        # with biases, untied LM head with bias, rotary positions
+        "gptj": _Arch(
+            "GPTJConfig",
+            norm="layernorm",
+            norms=1,
+            gated=False,
+            parallel=True,
+            qkv_bias=False,
+            o_bias=False,
+            mlp_bias=True,
+        ),
+        "codegen": _Arch(
+            "CodeGenConfig",
+            norm="layernorm",
+            norms=1,
+            gated=False,
+            parallel=True,
+            qkv_bias=False,
+            o_bias=False,
+            mlp_bias=True,
+        ),
+        # StarCoder 1 / SantaCoder: GPT-2 with multi-query attention (learned positions not counted)
+        "gpt_bigcode": _Arch(
+            "GPTBigCodeConfig",
+            norm="layernorm",
+            gated=False,
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+            tie=True,
+            extra=("multi_query",),
         ),
         "dots1": _Arch(  # Dots1: DeepSeek-V3-style MoE (no MLA) with per-head QK-norm
             "Dots1Config",
@@ -1238,6 +1305,7 @@ def _canonical(dec: dict, arch: _Arch | None, mt: str, ctx: str) -> dict:
                 "moe_normalize_expert_weights",
                 "uniform_expert_assignment",
                 "attn_pdrop",
+                "model_type",  # a nested config's own (empty) model_type in transformers >= 5 to_dict()
             ):
                 continue  # DbrxAttentionConfig / DbrxFFNConfig fields without a cost
             if k in cfg and cfg[k] != v:
@@ -1327,6 +1395,25 @@ def _mixers(cfg: dict, arch: _Arch, mt: str, L: int, ctx: str) -> tuple[list[str
                     "known blocks: M (Mamba2), * (attention), - (MLP), E (MoE)",
                 )
             mix[i], ffn[i] = table[c]
+    elif arch.mixer == "granite_hybrid":  # GraniteMoeHybrid layer_types / Bamba attn_layer_indices
+        types = cfg.get("layer_types")
+        if types is None:
+            idx = cfg.get("attn_layer_indices") or []
+            if not isinstance(idx, list):
+                raise ModelConfigError(f"{ctx}attn_layer_indices must be a list of layer indices")
+            types = ["attention" if i in idx else "mamba" for i in range(L)]
+        if not isinstance(types, list) or len(types) != L:
+            raise ModelConfigError(f"{ctx}layer_types must list {L} entries")
+        kinds = {
+            "mamba": "mamba",
+            "linear_attention": "mamba",
+            "attention": "attention",
+            "full_attention": "attention",
+        }
+        for i, t in enumerate(types):
+            if t not in kinds:
+                raise UnsupportedArchitecture(f"{ctx}layer type {t!r} in layer_types", "mamba or attention")
+            mix[i] = kinds[t]
     elif arch.mixer == "falcon_h1":
         if cfg.get("attn_layer_indices") not in (None, []):
             raise UnsupportedArchitecture(
@@ -1364,6 +1451,8 @@ def _moe_layers(cfg: dict, arch: _Arch, L: int, ffn: list[str], ctx: str) -> lis
         return [True] * L
     if rule == "nemotron_h":
         return [f == "moe" for f in ffn]
+    if rule == "granite_hybrid":  # GraniteMoeHybridDecoderLayer: block_sparse_moe when experts > 0
+        return [_int(cfg, "num_local_experts", 0, ctx=ctx) > 0] * L
     if rule == "qwen":  # Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer / Qwen3NextDecoderLayer
         # num_experts (published configs) is num_local_experts in transformers >= 5 to_dict()
         if _int(cfg, "num_experts", 0, ctx=ctx) == 0 and _int(cfg, "num_local_experts", 0, ctx=ctx) == 0:
@@ -1398,7 +1487,7 @@ def _sliding_layers(
     """(window, number of sliding-window or chunked attention layers)."""
     L = len(mix)
     window = _int(cfg, "sliding_window", 0, ctx=ctx)
-    types = cfg.get("layer_types") if arch.mixer != "qwen3_next" else None
+    types = cfg.get("layer_types") if arch.mixer not in ("qwen3_next", "granite_hybrid") else None
     if arch.sliding == "gpt_oss" and types is None and window > 0:  # GptOssConfig: sliding on even layers
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
     if arch.sliding == "gemma2" and types is None:  # Gemma2Config: sliding on even layers
@@ -1490,8 +1579,10 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         arch = _Arch(f"{mt} (read as a plain Llama-style decoder)", **_LLAMA)
     if mt == "falcon":
         c = _falcon(c, ctx)
-    if mt == "gpt2" and c.get("intermediate_size") is None:
+    if mt in ("gpt2", "gptj", "codegen", "gpt_bigcode", "gpt_neo") and c.get("intermediate_size") is None:
         c["intermediate_size"] = 4 * _int(c, "hidden_size", ctx=ctx)  # GPT2MLP: n_inner or 4 * n_embd
+    if mt == "gpt_bigcode":  # GPTBigCodeAttention: one shared K/V head when multi_query
+        c["num_key_value_heads"] = 1 if _bool(c, "multi_query", True, ctx=ctx) else c["num_attention_heads"]
     h = _int(c, "hidden_size", ctx=ctx)
     L = _int(c, "num_hidden_layers", ctx=ctx)
     a = _int(c, "num_attention_heads", ctx=ctx)
@@ -1524,6 +1615,8 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         f["norms_per_layer"], f["parallel_block"] = c["_norms"], c["_parallel"]
     if mt == "phimoe":
         f["head_bias"] = _bool(c, "lm_head_bias", False, ctx=ctx)
+    if mt in ("gptj", "codegen"):
+        f["head_bias"] = True  # GPTJForCausalLM / CodeGenForCausalLM: lm_head with bias
     if arch.mixer == "qwen3_next":
         f["attn_output_gate"] = True  # Qwen3NextAttention: gated attention, q_proj -> 2 x heads x head_dim
     # ---- activation: a gated MLP has 3 matrices, a plain one 2
@@ -1567,6 +1660,15 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         f["moe_ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)
         f["num_experts"] = _first_int(c, ("num_local_experts", "num_experts"), ctx=ctx)
         f["shared_expert_ffn"] = _int(c, "shared_intermediate_size", 0, ctx=ctx)  # GraniteMoeShared
+    elif arch.moe == "granite_hybrid":  # experts of intermediate_size + the shared_mlp; else shared_mlp only
+        shared = _int(c, "shared_intermediate_size", ctx=ctx)
+        if n_moe:
+            f["ffn_hidden"] = 0
+            f["moe_ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)
+            f["num_experts"] = _int(c, "num_local_experts", ctx=ctx)
+            f["shared_expert_ffn"] = shared
+        else:
+            f["ffn_hidden"] = shared
     elif arch.moe == "llama4":
         f["ffn_hidden"] = _int(c, "intermediate_size_mlp", ctx=ctx) if dense_needed else 0
         f["moe_ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)
@@ -1742,6 +1844,24 @@ def _mamba_fields(c: dict, arch: _Arch, h: int, ctx: str) -> dict[str, Any]:
             mamba_groups=_int(c, "n_groups", ctx=ctx),
             mamba_conv=_int(c, "conv_kernel", ctx=ctx),
             mamba_conv_bias=_bool(c, "use_conv_bias", True, ctx=ctx),
+            mamba_gated_norm=True,
+        )
+    if arch.mixer == "granite_hybrid":  # GraniteMoeHybridMambaLayer / BambaMixer (Mamba2)
+        nh = _int(c, "mamba_n_heads", ctx=ctx)
+        di = _int(c, "mamba_expand", ctx=ctx) * h
+        dh = c.get("mamba_d_head")
+        if dh not in (None, "auto") and _int(c, "mamba_d_head", ctx=ctx) * nh != di:
+            raise ModelConfigError(f"{ctx}mamba_n_heads x mamba_d_head != mamba_expand x hidden_size ({di})")
+        if _bool(c, "mamba_proj_bias", False, ctx=ctx):
+            raise UnsupportedArchitecture(f"{ctx}mamba_proj_bias", "Mamba projection biases are not modeled")
+        return dict(
+            mamba_version=2,
+            mamba_heads=nh,
+            mamba_inner=di,
+            mamba_state=_int(c, "mamba_d_state", ctx=ctx),
+            mamba_groups=_int(c, "mamba_n_groups", ctx=ctx),
+            mamba_conv=_int(c, "mamba_d_conv", ctx=ctx),
+            mamba_conv_bias=_bool(c, "mamba_conv_bias", True, ctx=ctx),
             mamba_gated_norm=True,
         )
     # FalconH1Mixer: d_inner = mamba_d_ssm, else mamba_n_heads * mamba_d_head

@@ -47,7 +47,8 @@ DEFAULT_CONFIG_TYPES = [
     # 2025-2026 families (issue 22)
     "apertus", "apertus1p5_text", "arcee", "cohere2", "exaone4", "seed_oss", "smollm3", "ernie4_5",
     "minimax_m2", "granitemoeshared", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe",
-    "glm4v", "hunyuan_v1_dense", "dots1",
+    "glm4v", "hunyuan_v1_dense", "dots1", "nemotron_h", "bamba", "granitemoehybrid", "gptj", "codegen",
+    "gpt_bigcode",
 ]  # fmt: skip
 # Where the class default cannot be built or leaves a part out, these arguments are passed to it
 # (each the value of the family's published flagship config).
@@ -60,7 +61,25 @@ DEFAULT_OVERRIDES: dict[str, dict] = {
         "first_k_dense_replace": 1,
     },
     "granitemoeshared": {"shared_intermediate_size": 1024},  # the default 0 has no shared expert
+    # the defaults have no attention block at all: one, as Granite 4 / Bamba place them
+    "bamba": {"attn_layer_indices": [9, 18, 27]},
+    "granitemoehybrid": {"layer_types": ["mamba"] * 5 + ["attention"] + ["mamba"] * 26},
 }
+
+
+def test_granite4_dense_hybrid_uses_the_shared_mlp() -> None:
+    from transformers import GraniteMoeHybridConfig
+
+    raw = GraniteMoeHybridConfig(
+        num_local_experts=0,
+        shared_intermediate_size=8192,
+        num_hidden_layers=4,
+        layer_types=["mamba"] * 3 + ["attention"],
+    ).to_dict()
+    spec = load_model(dict(raw))
+    assert (spec.num_experts, spec.ffn_hidden, spec.mamba_layers, spec.attn_layers) == (0, 8192, 3, 1)
+    mc, _ = meta_count(raw)
+    assert mc is not None and spec.total_params == mc.text_total
 
 
 def _agree(name: str, raw: dict) -> tuple[float, float | None]:
