@@ -106,6 +106,8 @@ def kind_of(name: str) -> str:
 def _cfg_int(cfg: Any, names: tuple[str, ...]) -> int | None:
     for n in names:
         v = getattr(cfg, n, None)
+        if isinstance(v, list) and v and len(set(v)) == 1:  # a per-layer list of one value
+            v = v[0]
         if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             return v
     return None

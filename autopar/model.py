@@ -1076,6 +1076,16 @@ _ARCH.update(
             tie=True,
             extra=("multi_query",),
         ),
+        # Hunyuan-A13B (HunYuanMoEV1Moe): every layer routed experts + a shared MLP, per-head QK-norm;
+        # per-layer lists (moe_topk, moe_intermediate_size, num_shared_expert) of one value each
+        "hunyuan_v1_moe": _Arch(
+            "HunYuanMoEV1Config",
+            defaults={"use_qk_norm": True, "attention_bias": False},
+            qk_norm="field:use_qk_norm:head",
+            mlp_bias=False,
+            moe="hunyuan",
+            extra=("use_qk_norm", "moe_topk", "num_shared_expert", "use_mixed_mlp_moe"),
+        ),
         "dots1": _Arch(  # Dots1: DeepSeek-V3-style MoE (no MLA) with per-head QK-norm
             "Dots1Config",
             qkv_bias="attention_bias",
@@ -1451,6 +1461,8 @@ def _moe_layers(cfg: dict, arch: _Arch, L: int, ffn: list[str], ctx: str) -> lis
         return [True] * L
     if rule == "nemotron_h":
         return [f == "moe" for f in ffn]
+    if rule == "hunyuan":
+        return [True] * L
     if rule == "granite_hybrid":  # GraniteMoeHybridDecoderLayer: block_sparse_moe when experts > 0
         return [_int(cfg, "num_local_experts", 0, ctx=ctx) > 0] * L
     if rule == "qwen":  # Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer / Qwen3NextDecoderLayer
@@ -1660,6 +1672,13 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         f["moe_ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)
         f["num_experts"] = _first_int(c, ("num_local_experts", "num_experts"), ctx=ctx)
         f["shared_expert_ffn"] = _int(c, "shared_intermediate_size", 0, ctx=ctx)  # GraniteMoeShared
+    elif arch.moe == "hunyuan":  # experts and shared MLP at moe_intermediate_size (= intermediate_size)
+        width = _int(c, "moe_intermediate_size", _int(c, "intermediate_size", ctx=ctx), ctx=ctx)
+        f["ffn_hidden"] = 0
+        f["moe_ffn_hidden"] = width
+        f["num_experts"] = _first_int(c, ("num_experts", "num_local_experts"), ctx=ctx)
+        f["shared_expert_ffn"] = width * _int(c, "num_shared_expert", 1, ctx=ctx)
+        c["num_experts_per_tok"] = _first_int(c, ("moe_topk", "num_experts_per_tok"), ctx=ctx)
     elif arch.moe == "granite_hybrid":  # experts of intermediate_size + the shared_mlp; else shared_mlp only
         shared = _int(c, "shared_intermediate_size", ctx=ctx)
         if n_moe:

@@ -48,7 +48,7 @@ DEFAULT_CONFIG_TYPES = [
     "apertus", "apertus1p5_text", "arcee", "cohere2", "exaone4", "seed_oss", "smollm3", "ernie4_5",
     "minimax_m2", "granitemoeshared", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe",
     "glm4v", "hunyuan_v1_dense", "dots1", "nemotron_h", "bamba", "granitemoehybrid", "gptj", "codegen",
-    "gpt_bigcode",
+    "gpt_bigcode", "hunyuan_v1_moe",
 ]  # fmt: skip
 # Where the class default cannot be built or leaves a part out, these arguments are passed to it
 # (each the value of the family's published flagship config).
@@ -60,7 +60,13 @@ DEFAULT_OVERRIDES: dict[str, dict] = {
         "num_experts_per_tok": 6,
         "first_k_dense_replace": 1,
     },
-    "granitemoeshared": {"shared_intermediate_size": 1024},  # the default 0 has no shared expert
+    "granitemoeshared": {"shared_intermediate_size": 1024},
+    "hunyuan_v1_moe": {
+        "head_dim": 128,
+        "num_experts": 64,
+        "moe_topk": 8,
+        "intermediate_size": 3072,
+    },  # the default 0 has no shared expert
     # the defaults have no attention block at all: one, as Granite 4 / Bamba place them
     "bamba": {"attn_layer_indices": [9, 18, 27]},
     "granitemoehybrid": {"layer_types": ["mamba"] * 5 + ["attention"] + ["mamba"] * 26},
@@ -173,3 +179,19 @@ def test_cli_model_config_shows_the_reader(tmp_path: Path) -> None:
         timeout=300,
     )
     assert r.returncode == 0 and "read by: autopar's field reader" in r.stdout
+
+
+def test_hunyuan_a13b_per_layer_lists() -> None:
+    # Hunyuan-A13B's cost fields as a public test fixture transcribes tencent/Hunyuan-A13B's config.json
+    # (per-layer lists of one value each; tie_word_embeddings not given); published: 80 B total, 13 B active
+    c = {
+        "architectures": ["HunYuanMoEV1ForCausalLM"], "model_type": "hunyuan_v1_moe", "hidden_size": 4096,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "intermediate_size": 3072, "vocab_size": 128167, "num_experts": 64, "moe_intermediate_size": [3072] * 32,
+        "moe_topk": [8] * 32, "num_shared_expert": [1] * 32, "use_qk_norm": True,
+    }  # fmt: skip
+    spec = load_model(dict(c))
+    mc, _ = meta_count(c)
+    assert mc is not None and mc.text_active is not None
+    assert spec.total_params == mc.text_total and spec.active_params == mc.text_active
+    assert abs(spec.total_params / 80e9 - 1) < 0.015 and abs(spec.active_params / 13e9 - 1) < 0.03
