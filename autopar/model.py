@@ -1086,6 +1086,45 @@ _ARCH.update(
             moe="hunyuan",
             extra=("use_qk_norm", "moe_topk", "num_shared_expert", "use_mixed_mlp_moe"),
         ),
+        # Mistral 4 / Mistral Large 3: DeepSeek-V3 blocks (MLA attention, routed + shared experts)
+        "mistral4": _Arch("Mistral4Config", qkv_bias=False, o_bias=False, mlp_bias=False, moe="deepseek"),
+        # ERNIE 4.5 MoE: MoE on every moe_layer_interval-th layer in [moe_layer_start_index,
+        # moe_layer_end_index], shared experts of moe_num_shared_experts x moe_intermediate_size
+        "ernie4_5_moe": _Arch(
+            "Ernie4_5_MoeConfig",
+            defaults={
+                "use_bias": False,
+                "moe_layer_start_index": 0,
+                "moe_layer_interval": 1,
+                "moe_num_shared_experts": 0,
+            },
+            qkv_bias="use_bias",
+            o_bias="use_bias",
+            mlp_bias="use_bias",
+            moe="ernie",
+            tie=True,
+            extra=(
+                "moe_k",
+                "moe_num_shared_experts",
+                "moe_layer_start_index",
+                "moe_layer_end_index",
+                "moe_layer_interval",
+            ),
+        ),
+        # EXAONE MoE: EXAONE 4 attention, mlp_layer_types dense / sparse, shared experts
+        "exaone_moe": _Arch(
+            "ExaoneMoeConfig",
+            defaults={
+                "sliding_window_pattern": 4,
+                "attention_bias": False,
+                "mlp_bias": False,
+                "num_shared_experts": 0,
+            },
+            qk_norm="head",
+            sliding="gemma3",
+            moe="mlp_layer_types",
+            extra=("sliding_window_pattern", "mlp_layer_types", "num_shared_experts"),
+        ),
         "dots1": _Arch(  # Dots1: DeepSeek-V3-style MoE (no MLA) with per-head QK-norm
             "Dots1Config",
             qkv_bias="attention_bias",
@@ -1112,7 +1151,9 @@ _TEXT_ALIASES = {
     "apertus1p5_text": "apertus",
     "glm4v_moe_text": "glm4_moe",  # GLM-4.5V: its text model is GLM-4.5-Air
     "glm4v_text": "glm4",
-    "mimo": "qwen2",  # Xiaomi MiMo: Qwen2 blocks + num_nextn_predict_layers MTP (remote code)
+    "mimo": "qwen2",
+    "mistral_large4_text": "mistral4",
+    "mistral_large4": "mistral4",  # Xiaomi MiMo: Qwen2 blocks + num_nextn_predict_layers MTP (remote code)
     "qwen3_5": "qwen3_5_text",
     "qwen3_5_moe": "qwen3_5_moe_text",
 }
@@ -1463,6 +1504,17 @@ def _moe_layers(cfg: dict, arch: _Arch, L: int, ffn: list[str], ctx: str) -> lis
         return [f == "moe" for f in ffn]
     if rule == "hunyuan":
         return [True] * L
+    if rule == "ernie":  # Ernie4_5_MoeDecoderLayer
+        step = _int(cfg, "moe_layer_interval", ctx=ctx)
+        lo, hi = _int(cfg, "moe_layer_start_index", ctx=ctx), _int(cfg, "moe_layer_end_index", L - 1, ctx=ctx)
+        if _int(cfg, "num_local_experts", 0, ctx=ctx) == 0:
+            return [False] * L
+        return [step > 0 and (i + 1) % step == 0 and lo <= i <= hi for i in range(L)]
+    if rule == "mlp_layer_types":  # ExaoneMoeDecoderLayer: "sparse" layers are MoE
+        types = cfg.get("mlp_layer_types")
+        if not isinstance(types, list) or len(types) != L or any(t not in ("dense", "sparse") for t in types):
+            raise ModelConfigError(f"{ctx}mlp_layer_types must list {L} entries of 'dense' or 'sparse'")
+        return [t == "sparse" for t in types]
     if rule == "granite_hybrid":  # GraniteMoeHybridDecoderLayer: block_sparse_moe when experts > 0
         return [_int(cfg, "num_local_experts", 0, ctx=ctx) > 0] * L
     if rule == "qwen":  # Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer / Qwen3NextDecoderLayer
@@ -1628,7 +1680,11 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
     if mt == "phimoe":
         f["head_bias"] = _bool(c, "lm_head_bias", False, ctx=ctx)
     if mt in ("gptj", "codegen"):
-        f["head_bias"] = True  # GPTJForCausalLM / CodeGenForCausalLM: lm_head with bias
+        f["head_bias"] = True
+    if mt == "ernie4_5_moe":
+        f["head_bias"] = _bool(
+            c, "use_bias", False, ctx=ctx
+        )  # GPTJForCausalLM / CodeGenForCausalLM: lm_head with bias
     if arch.mixer == "qwen3_next":
         f["attn_output_gate"] = True  # Qwen3NextAttention: gated attention, q_proj -> 2 x heads x head_dim
     # ---- activation: a gated MLP has 3 matrices, a plain one 2
@@ -1672,6 +1728,14 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         f["moe_ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)
         f["num_experts"] = _first_int(c, ("num_local_experts", "num_experts"), ctx=ctx)
         f["shared_expert_ffn"] = _int(c, "shared_intermediate_size", 0, ctx=ctx)  # GraniteMoeShared
+    elif arch.moe in ("ernie", "mlp_layer_types") and n_moe:
+        f["ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx) if dense_needed else 0
+        f["moe_ffn_hidden"] = _int(c, "moe_intermediate_size", ctx=ctx)
+        f["num_experts"] = _first_int(c, ("num_local_experts", "num_experts"), ctx=ctx)
+        n_shared = "moe_num_shared_experts" if arch.moe == "ernie" else "num_shared_experts"
+        f["shared_expert_ffn"] = f["moe_ffn_hidden"] * _int(c, n_shared, 0, ctx=ctx)
+        if arch.moe == "ernie":
+            c["num_experts_per_tok"] = _first_int(c, ("moe_k", "num_experts_per_tok"), ctx=ctx)
     elif arch.moe == "hunyuan":  # experts and shared MLP at moe_intermediate_size (= intermediate_size)
         width = _int(c, "moe_intermediate_size", _int(c, "intermediate_size", ctx=ctx), ctx=ctx)
         f["ffn_hidden"] = 0
@@ -1793,6 +1857,7 @@ _REFUSED_KINDS: dict[str, str] = {
     "mllama_text_model": "cross-attention image layers (Llama 3.2 Vision)",
     "bitnet": "BitNet ternary layers with extra sub-layer norms",
     "zamba": "Zamba shared attention blocks",
+    "mistral_large4_text": "Mistral Large 4 indexed (sparse) attention layers",
     "zamba2": "Zamba2 shared attention blocks with LoRA adapters",
 }
 
