@@ -1125,6 +1125,42 @@ _ARCH.update(
             moe="mlp_layer_types",
             extra=("sliding_window_pattern", "mlp_layer_types", "num_shared_experts"),
         ),
+        # Phi-2 (PhiForCausalLM): parallel block after one LayerNorm, biases everywhere (LM head too),
+        # GELU MLP; optional per-head QK LayerNorm
+        "phi": _Arch(
+            "PhiConfig",
+            norm="layernorm",
+            norms=1,
+            gated=False,
+            parallel=True,
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+            qk_norm="field:qk_layernorm:head",
+            extra=("qk_layernorm",),
+        ),
+        # Persimmon / Fuyu: LayerNorm, ReLU^2 MLP with biases, QKV/dense biases, per-head QK LayerNorm
+        "persimmon": _Arch(
+            "PersimmonConfig",
+            norm="layernorm",
+            gated=False,
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+            qk_norm="field:qk_layernorm:head",
+            defaults={"qk_layernorm": True},
+            extra=("qk_layernorm",),
+        ),
+        # StableLM 2: LayerNorms, SwiGLU, QKV bias by use_qkv_bias
+        "stablelm": _Arch(
+            "StableLmConfig",
+            norm="layernorm",
+            qkv_bias="use_qkv_bias",
+            o_bias=False,
+            mlp_bias=False,
+            defaults={"use_qkv_bias": False},
+            extra=("use_qkv_bias", "qk_layernorm", "use_parallel_residual"),
+        ),
         "dots1": _Arch(  # Dots1: DeepSeek-V3-style MoE (no MLA) with per-head QK-norm
             "Dots1Config",
             qkv_bias="attention_bias",
@@ -1681,6 +1717,14 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         f["head_bias"] = _bool(c, "lm_head_bias", False, ctx=ctx)
     if mt in ("gptj", "codegen"):
         f["head_bias"] = True
+    if mt == "phi":
+        f["head_bias"] = True  # PhiForCausalLM: lm_head with bias
+    if mt == "stablelm" and (
+        _bool(c, "qk_layernorm", False, ctx=ctx) or _bool(c, "use_parallel_residual", False, ctx=ctx)
+    ):
+        raise UnsupportedArchitecture(
+            f"{ctx}StableLM qk_layernorm / use_parallel_residual", "not modeled yet"
+        )
     if mt == "ernie4_5_moe":
         f["head_bias"] = _bool(
             c, "use_bias", False, ctx=ctx

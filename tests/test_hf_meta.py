@@ -48,7 +48,8 @@ DEFAULT_CONFIG_TYPES = [
     "apertus", "apertus1p5_text", "arcee", "cohere2", "exaone4", "seed_oss", "smollm3", "ernie4_5",
     "minimax_m2", "granitemoeshared", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe",
     "glm4v", "hunyuan_v1_dense", "dots1", "nemotron_h", "bamba", "granitemoehybrid", "gptj", "codegen",
-    "gpt_bigcode", "hunyuan_v1_moe", "mistral4", "exaone4_5", "ernie4_5_moe", "exaone_moe",
+    "gpt_bigcode", "hunyuan_v1_moe", "mistral4", "exaone4_5", "ernie4_5_moe", "exaone_moe", "phi", "persimmon",
+    "stablelm", "fuyu",
 ]  # fmt: skip
 # Where the class default cannot be built or leaves a part out, these arguments are passed to it
 # (each the value of the family's published flagship config).
