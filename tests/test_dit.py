@@ -488,3 +488,27 @@ def test_bad_dit_calibration_is_one_line_error(tmp_path: Path) -> None:
     bad.write_text("schema: 2\nglobal:\n  elementwise_passes_eager: 1.0\n")
     with pytest.raises(AutoparError, match="lacks 'attention_llm_ratio'"):
         dit_coefficients(H100, str(bad))
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs",
+    [
+        ("FluxTransformer2DModel", {}),
+        ("SD3Transformer2DModel", {}),
+        ("HunyuanVideoTransformer3DModel", {}),
+        ("WanTransformer3DModel", {}),
+        ("PixArtTransformer2DModel", {"caption_channels": 4096}),  # the class leaves it None; T5-XXL width
+        ("CogVideoXTransformer3DModel", {}),
+        ("MochiTransformer3DModel", {}),
+    ],
+)
+def test_diffusers_default_configs_match_diffusers_on_meta(cls: str, kwargs: dict) -> None:
+    """Each diffusers class's own default config (diffusers' source is the config), built on the meta
+    device: autopar's count within 1 %."""
+    torch = pytest.importorskip("torch")
+    diffusers = pytest.importorskip("diffusers")
+    with torch.device("meta"):
+        m = getattr(diffusers, cls)(**kwargs)
+    cfg = json.loads(json.dumps(dict(m.config), default=list)) | {"_class_name": cls}
+    truth = sum(p.numel() for p in m.parameters())
+    assert from_diffusers_config(cfg).params == pytest.approx(truth, rel=0.01)
