@@ -326,6 +326,17 @@ def test_multimodal_wrapper_of_a_supported_text_model():
     assert load_model(wrap).total_params == load_model(air).total_params
 
 
+def test_mimo_is_qwen2_blocks_with_mtp():
+    # Xiaomi MiMo (remote code, no transformers class): Qwen2 blocks with QKV bias + MTP layers
+    qwen = json.loads((Path(__file__).parents[1] / "autopar/presets/qwen2.5-7b.json").read_text())["hf"]
+    mimo = load_model(
+        dict(qwen, model_type="mimo", architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
+    )
+    base = load_model(qwen)
+    assert mimo.qkv_bias and mimo.mtp_layers == 1 and mimo.total_params == base.total_params
+    assert mimo.mtp_params > 0
+
+
 def test_nemotron_real_time_step_limit_and_layers_block_type(tmp_path):
     # the shipped copies carry the published "time_step_limit": [0.0, Infinity]
     assert '"time_step_limit"' in (CONFIGS / "nemotron-h-8b.json").read_text()
