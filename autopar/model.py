@@ -1161,6 +1161,30 @@ _ARCH.update(
             defaults={"use_qkv_bias": False},
             extra=("use_qkv_bias", "qk_layernorm", "use_parallel_residual"),
         ),
+        # BLOOM: LayerNorm, GELU MLP 4h, biases, ALiBi (no parameters), tied; its embedding LayerNorm
+        # (2 x hidden) is not counted
+        "bloom": _Arch(
+            "BloomConfig",
+            norm="layernorm",
+            gated=False,
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+            tie=True,
+            extra=("apply_residual_connection_post_layernorm", "slow_but_exact"),
+        ),
+        # GPT-Neo: GPT-2 blocks without q/k/v biases, global and local (window_size) attention layers
+        "gpt_neo": _Arch(
+            "GPTNeoConfig",
+            norm="layernorm",
+            gated=False,
+            qkv_bias=False,
+            o_bias=True,
+            mlp_bias=True,
+            tie=True,
+            sliding="gpt_neo",
+            extra=("attention_types", "attention_layers", "window_size"),
+        ),
         "dots1": _Arch(  # Dots1: DeepSeek-V3-style MoE (no MLA) with per-head QK-norm
             "Dots1Config",
             qkv_bias="attention_bias",
@@ -1590,6 +1614,20 @@ def _sliding_layers(
     types = cfg.get("layer_types") if arch.mixer not in ("qwen3_next", "granite_hybrid") else None
     if arch.sliding == "gpt_oss" and types is None and window > 0:  # GptOssConfig: sliding on even layers
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
+    if arch.sliding == "gpt_neo":  # GPTNeoConfig.attention_layers, else expand attention_types
+        layers = cfg.get("attention_layers")
+        if layers is None:
+            layers = []
+            for pat, n in cfg.get("attention_types") or [[["global"], L]]:
+                layers += list(pat) * int(n)
+        if (
+            not isinstance(layers, list)
+            or len(layers) != L
+            or any(t not in ("global", "local") for t in layers)
+        ):
+            raise ModelConfigError(f"{ctx}attention_layers must list {L} entries of 'global' or 'local'")
+        n = sum(t == "local" for t in layers)
+        return (_int(cfg, "window_size", 256, ctx=ctx), n) if n else (0, 0)
     if arch.sliding == "gemma2" and types is None:  # Gemma2Config: sliding on even layers
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
     if arch.sliding == "gemma3" and types is None:  # Gemma3TextConfig: 5 local : 1 global by default
@@ -1679,7 +1717,10 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         arch = _Arch(f"{mt} (read as a plain Llama-style decoder)", **_LLAMA)
     if mt == "falcon":
         c = _falcon(c, ctx)
-    if mt in ("gpt2", "gptj", "codegen", "gpt_bigcode", "gpt_neo") and c.get("intermediate_size") is None:
+    if (
+        mt in ("gpt2", "gptj", "codegen", "gpt_bigcode", "gpt_neo", "bloom")
+        and c.get("intermediate_size") is None
+    ):
         c["intermediate_size"] = 4 * _int(c, "hidden_size", ctx=ctx)  # GPT2MLP: n_inner or 4 * n_embd
     if mt == "gpt_bigcode":  # GPTBigCodeAttention: one shared K/V head when multi_query
         c["num_key_value_heads"] = 1 if _bool(c, "multi_query", True, ctx=ctx) else c["num_attention_heads"]

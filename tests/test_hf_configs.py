@@ -326,6 +326,22 @@ def test_multimodal_wrapper_of_a_supported_text_model():
     assert load_model(wrap).total_params == load_model(air).total_params
 
 
+def test_gpt_neo_local_attention_layers():
+    neo = {
+        "model_type": "gpt_neo",
+        "hidden_size": 2048,
+        "num_layers": 24,
+        "num_heads": 16,
+        "vocab_size": 50257,
+        "max_position_embeddings": 2048,
+        "window_size": 256,
+        "attention_types": [[["global", "local"], 12]],
+    }  # fmt: skip  (EleutherAI/gpt-neo-1.3B config.json, cost fields)
+    m = load_model(neo)
+    assert (m.sliding_window, m.sliding_window_layers, m.qkv_bias, m.o_bias) == (256, 12, False, True)
+    assert abs(m.total_params / 1.3e9 - 1) < 0.02
+
+
 def test_mimo_is_qwen2_blocks_with_mtp():
     # Xiaomi MiMo (remote code, no transformers class): Qwen2 blocks with QKV bias + MTP layers
     qwen = json.loads((Path(__file__).parents[1] / "autopar/presets/qwen2.5-7b.json").read_text())["hf"]
