@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MetaCount", "meta_count", "KINDS"]
+__all__ = ["MetaCount", "meta_count", "dit_meta_count", "KINDS"]
 
 # Module kinds, in the order a parameter name is tested against them (first match wins).
 KINDS = (
@@ -213,3 +213,36 @@ def _build(cfg: Any, trust_remote_code: bool) -> tuple[Any, str]:
             )
         return m, type(m).__name__
     return None, f"no model class for {type(cfg).__name__} ({last})"
+
+
+def dit_meta_count(raw: dict) -> tuple[int | None, str]:
+    """Parameters of a diffusers transformer ``config.json`` built by its own class on the meta device.
+
+    ``(count, how)``, or ``(None, why)`` when diffusers is absent or has no such class.
+    """
+    try:
+        import diffusers
+        import torch
+    except ImportError:
+        return None, "diffusers is not installed (pip install 'autopar[models]')"
+    import contextlib
+    import io
+    import logging
+    import warnings
+
+    cls_name = raw.get("_class_name")
+    cls = getattr(diffusers, cls_name, None) if isinstance(cls_name, str) else None
+    if cls is None:
+        return None, f"diffusers {diffusers.__version__} has no class {cls_name!r}"
+    kw = {k: v for k, v in raw.items() if not k.startswith("_")}
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            model = cls(**kw)
+    except Exception as e:  # noqa: BLE001 - the library's own refusal, reported as such
+        return None, f"diffusers {diffusers.__version__} could not build {cls_name}: {type(e).__name__}"
+    finally:
+        logging.disable(logging.NOTSET)
+    n = sum(int(p.numel()) for p in model.parameters())
+    return n, f"diffusers {diffusers.__version__} {cls_name} on the meta device"

@@ -512,3 +512,22 @@ def test_diffusers_default_configs_match_diffusers_on_meta(cls: str, kwargs: dic
     cfg = json.loads(json.dumps(dict(m.config), default=list)) | {"_class_name": cls}
     truth = sum(p.numel() for p in m.parameters())
     assert from_diffusers_config(cfg).params == pytest.approx(truth, rel=0.01)
+
+
+def test_cli_dit_model_shows_the_diffusers_count(tmp_path: Path) -> None:
+    pytest.importorskip("diffusers")
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(WAN_I2V_14B))
+    r = subprocess.run(
+        [sys.executable, "-m", "autopar", "dit", "model", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["meta_params"] == 16_394_878_784 and "WanTransformer3DModel" in d["meta_note"]
+    assert d["params"] == pytest.approx(d["meta_params"], rel=0.01)
