@@ -1185,6 +1185,15 @@ _ARCH.update(
             sliding="gpt_neo",
             extra=("attention_types", "attention_layers", "window_size"),
         ),
+        # GLM-4.7-Flash (Glm4MoeLite): MLA attention, dense/sparse MLPs by mlp_layer_types
+        "glm4_moe_lite": _Arch(
+            "Glm4MoeLiteConfig",
+            qkv_bias=False,
+            o_bias=False,
+            mlp_bias=False,
+            moe="mlp_layer_types",
+            extra=("mlp_layer_types", "qk_head_dim", "rope_interleave"),
+        ),
         "dots1": _Arch(  # Dots1: DeepSeek-V3-style MoE (no MLA) with per-head QK-norm
             "Dots1Config",
             qkv_bias="attention_bias",
@@ -1212,6 +1221,7 @@ _TEXT_ALIASES = {
     "glm4v_moe_text": "glm4_moe",  # GLM-4.5V: its text model is GLM-4.5-Air
     "glm4v_text": "glm4",
     "mimo": "qwen2",
+    "flex_olmo": "olmoe",  # FlexOlmo: OLMoE blocks
     "mistral_large4_text": "mistral4",
     "mistral_large4": "mistral4",  # Xiaomi MiMo: Qwen2 blocks + num_nextn_predict_layers MTP (remote code)
     "qwen3_5": "qwen3_5_text",
@@ -1816,9 +1826,13 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
     elif arch.moe in ("ernie", "mlp_layer_types") and n_moe:
         f["ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx) if dense_needed else 0
         f["moe_ffn_hidden"] = _int(c, "moe_intermediate_size", ctx=ctx)
-        f["num_experts"] = _first_int(c, ("num_local_experts", "num_experts"), ctx=ctx)
-        n_shared = "moe_num_shared_experts" if arch.moe == "ernie" else "num_shared_experts"
-        f["shared_expert_ffn"] = f["moe_ffn_hidden"] * _int(c, n_shared, 0, ctx=ctx)
+        f["num_experts"] = _first_int(c, ("n_routed_experts", "num_local_experts", "num_experts"), ctx=ctx)
+        n_shared = (
+            ("moe_num_shared_experts",) if arch.moe == "ernie" else ("num_shared_experts", "n_shared_experts")
+        )
+        f["shared_expert_ffn"] = f["moe_ffn_hidden"] * next(
+            (_int(c, k, ctx=ctx) for k in n_shared if c.get(k) is not None), 0
+        )
         if arch.moe == "ernie":
             c["num_experts_per_tok"] = _first_int(c, ("moe_k", "num_experts_per_tok"), ctx=ctx)
     elif arch.moe == "hunyuan":  # experts and shared MLP at moe_intermediate_size (= intermediate_size)
@@ -1881,7 +1895,7 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
     else:
         for k in ("num_experts", "moe_ffn_hidden", "shared_expert_ffn"):
             f.pop(k, None)
-    if arch.moe == "deepseek" and c.get("kv_lora_rank"):
+    if arch.moe in ("deepseek", "mlp_layer_types") and c.get("kv_lora_rank"):
         f["q_lora_rank"] = _int(c, "q_lora_rank", 0, ctx=ctx)  # null in DeepSeek-V2-Lite
         for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             f[k] = _int(c, k, ctx=ctx)

@@ -49,7 +49,7 @@ DEFAULT_CONFIG_TYPES = [
     "minimax_m2", "granitemoeshared", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe",
     "glm4v", "hunyuan_v1_dense", "dots1", "nemotron_h", "bamba", "granitemoehybrid", "gptj", "codegen",
     "gpt_bigcode", "hunyuan_v1_moe", "mistral4", "exaone4_5", "ernie4_5_moe", "exaone_moe", "phi", "persimmon",
-    "stablelm", "fuyu", "bloom", "gpt_neo",
+    "stablelm", "fuyu", "bloom", "gpt_neo", "glm4_moe_lite", "flex_olmo",
 ]  # fmt: skip
 # Where the class default cannot be built or leaves a part out, these arguments are passed to it
 # (each the value of the family's published flagship config).
