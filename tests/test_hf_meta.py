@@ -198,7 +198,7 @@ def test_hunyuan_a13b_per_layer_lists() -> None:
     assert abs(spec.total_params / 80e9 - 1) < 0.015 and abs(spec.active_params / 13e9 - 1) < 0.03
 
 
-def test_cli_counts_what_it_refuses_to_cost(tmp_path: Path) -> None:
+def test_cli_counts_what_it_refuses_to_cost_when_asked(tmp_path: Path) -> None:
     # BERT-base (google-bert/bert-base-uncased config.json): refused as an encoder, still counted
     bert = {
         "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
@@ -210,11 +210,14 @@ def test_cli_counts_what_it_refuses_to_cost(tmp_path: Path) -> None:
     cfg = tmp_path / "bert-base-uncased.json"
     cfg.write_text(json.dumps(bert))
     cmd = [sys.executable, "-m", "autopar", "model", "--config", str(cfg)]
-    r = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [*cmd, "--reader", "transformers", "--json"], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0 and "not costed" in r.stderr and "encoder" in r.stderr
     d = json.loads(r.stdout)
     assert d["reader"] == "transformers" and d["spec"] is None
     assert abs(d["meta"]["total_params"] / 110e6 - 1) < 0.01  # BERT-base: 110 M
-    r = subprocess.run([*cmd, "--reader", "fields"], capture_output=True, text=True, timeout=300)
-    lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert r.returncode == 2 and len(lines) == 1 and "encoder" in lines[0]
+    for reader in ("fields", "auto"):  # refused alike with and without the optional extra
+        r = subprocess.run([*cmd, "--reader", reader], capture_output=True, text=True, timeout=300)
+        lines = [x for x in r.stderr.splitlines() if x.strip()]
+        assert r.returncode == 2 and len(lines) == 1 and "encoder" in lines[0]

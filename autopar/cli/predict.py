@@ -47,9 +47,9 @@ def cmd_model(a: argparse.Namespace) -> int:
     try:
         spec = load_model(name)
     except UnsupportedArchitecture as e:
-        if meta is None:
-            raise
-        # the library counts it, autopar cannot cost it: show the count, say why it is not costed
+        if meta is None or a.reader != "transformers":
+            raise  # refused the same way with or without the optional extra
+        # asked for the library's count of what autopar cannot cost: the count, and why not costed
         sys.stderr.write(f"warning: not costed by autopar: {e.message}\n")
         if a.json:
             print_json({"name": str(name), "reader": "transformers", "meta": meta.to_dict(), "spec": None})
@@ -91,7 +91,8 @@ def register(sub: Any) -> dict[str, Any]:
         default="auto",
         help="auto: also count the parameters with the model's transformers class on the meta device "
         "when the optional extra autopar[models] is installed; fields: autopar's field reader only; "
-        "transformers: require the transformers count (default: auto)",
+        "transformers: require the transformers count, and show it even for a model autopar refuses "
+        "to cost (default: auto)",
     )
     p.add_argument("--list", action="store_true", help="list the presets")
     p.add_argument("--json", action="store_true", help="machine-readable output")
