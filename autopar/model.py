@@ -2131,6 +2131,10 @@ def _from_raw(d: dict) -> ModelSpec:
     """Raw dimensions keyed by ModelSpec field names (blank/None cells mean "not given")."""
     fields = set(ModelSpec.model_fields)
     ctx = f"{d.get('name') or 'raw model'}: "
+    if isinstance(d.get("_class_name"), str):
+        raise UnsupportedArchitecture(
+            f"a diffusers config ({d['_class_name']}), not a language model", "use `autopar dit model` for it"
+        )
     for k in d:
         if k not in fields and k not in _DERIVED:
             raise ModelConfigError(

@@ -342,6 +342,11 @@ def test_gpt_neo_local_attention_layers():
     assert abs(m.total_params / 1.3e9 - 1) < 0.02
 
 
+def test_a_diffusers_config_points_to_autopar_dit_model():
+    with pytest.raises(UnsupportedArchitecture, match="autopar dit model"):
+        load_model({"_class_name": "WanTransformer3DModel", "num_layers": 40})
+
+
 def test_mimo_is_qwen2_blocks_with_mtp():
     # Xiaomi MiMo (remote code, no transformers class): Qwen2 blocks with QKV bias + MTP layers
     qwen = json.loads((Path(__file__).parents[1] / "autopar/presets/qwen2.5-7b.json").read_text())["hf"]
