@@ -153,6 +153,17 @@ def test_moe_active_count_is_topk_of_experts() -> None:
     assert mc.total - mc.active == ex - ex * raw["num_experts_per_tok"] // raw["num_experts"]
 
 
+def test_without_the_library_the_field_reader_stays(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autopar.hf_meta import dit_meta_count
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "diffusers", None)
+    raw = read_config_file(CONFIGS / "mistral-7b-v0.1.json")
+    assert meta_count(raw) == (None, "transformers is not installed (pip install 'autopar[models]')")
+    assert dit_meta_count({"_class_name": "FluxTransformer2DModel"})[0] is None
+    assert load_model(dict(raw)).total_params > 0
+
+
 def test_no_class_says_why() -> None:
     mc, how = meta_count({"model_type": "no_such_type", "hidden_size": 8})
     assert mc is None and "no class for model_type 'no_such_type'" in how
