@@ -45,6 +45,8 @@ __all__ = [
     "check_context",
     "check_costed",
     "SUPPORTED_MODEL_TYPES",
+    "raw_config",
+    "classic_decoder",
 ]
 
 
@@ -639,9 +641,18 @@ _NO_COST = frozenset(
     embedding_multiplier residual_multiplier attention_multiplier logits_scaling
     hidden_act hidden_activation mlp_hidden_act max_window_layers use_sliding_window
     original_max_position_embeddings use_flash_attn attn_implementation _attn_implementation
-    initializer_factor use_return_dict gradient_checkpointing
+    initializer_factor use_return_dict gradient_checkpointing cache_implementation
+    add_classification_head classifier_dropout num_labels eod_token_id time_step_limit time_step_min
+    time_step_max time_step_floor mamba_chunk_size chunk_size use_mamba_kernels
     """.split()
 )
+
+
+def _no_cost(key: str) -> bool:
+    """Token ids (``image_token_id``, ``boi_token_index``, ...) and the fields above cost nothing."""
+    return key in _NO_COST or key.endswith(("_token_id", "_token_index", "_token_ids"))
+
+
 # The fields a plain decoder (Llama semantics) understands.
 _PLAIN = frozenset(
     """
@@ -920,6 +931,281 @@ _ARCH: dict[str, _Arch] = {
 }
 _ARCH["grok1"] = _ARCH["grok-1"]
 _ARCH["mistral3_text"] = _ARCH["mistral"]
+_MAMBA2_FIELDS = (
+    "mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv", "mamba_expand",
+    "mamba_conv_bias", "mamba_proj_bias",
+)  # fmt: skip
+_MAMBA2_DEFAULTS = {
+    "attention_bias": False,
+    "mlp_bias": False,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 256,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_conv_bias": True,
+    "mamba_proj_bias": False,
+}
+# ---- 2025-2026 families, each checked against its transformers class on the meta device
+# (tests/test_hf_meta.py): the class semantics below are read from that class's modeling code.
+_ARCH.update(
+    {
+        # ApertusMLP: up_proj -> xIELU -> down_proj (not gated); per-head QK RMSNorm
+        "apertus": _Arch("ApertusConfig", gated=False, qk_norm="head", **_LLAMA),
+        "arcee": _Arch("ArceeConfig", gated=False, **_LLAMA),  # ArceeMLP: up -> ReLU^2 -> down
+        "cohere2": _Arch(  # Cohere2: Cohere's parallel block, 3 local : 1 global attention
+            "Cohere2Config",
+            defaults={"attention_bias": False, "sliding_window_pattern": 4},
+            norm="layernorm_nobias",
+            norms=1,
+            parallel=True,
+            mlp_bias=False,
+            sliding="gemma3",
+            tie=True,
+            extra=("sliding_window_pattern",),
+        ),
+        # Exaone4: post-attention and post-MLP RMSNorms only (2), per-head QK-norm, 3 local : 1 global
+        "exaone4": _Arch(
+            "Exaone4Config",
+            defaults={"sliding_window_pattern": 4, "attention_bias": False, "mlp_bias": False},
+            qk_norm="head",
+            sliding="gemma3",
+            extra=("sliding_window_pattern",),
+        ),
+        "seed_oss": _Arch(  # SeedOssAttention: q/k/v bias = attention_bias, o bias = attention_out_bias
+            "SeedOssConfig",
+            defaults={"attention_bias": True, "attention_out_bias": False, "mlp_bias": False},
+            o_bias="attention_out_bias",
+            extra=("attention_out_bias",),
+        ),
+        "smollm3": _Arch(  # NoPE layers change no cost
+            "SmolLM3Config", sliding="qwen", extra=("no_rope_layers", "no_rope_layer_interval"), **_LLAMA
+        ),
+        "ernie4_5": _Arch(
+            "Ernie4_5Config",
+            defaults={"use_bias": False},
+            qkv_bias="use_bias",
+            o_bias="use_bias",
+            mlp_bias="use_bias",
+            tie=True,
+        ),
+        "minimax_m2": _Arch(  # MiniMaxM2: every layer MoE, q/k RMSNorm over all heads
+            "MiniMaxM2Config",
+            qkv_bias=False,
+            o_bias=False,
+            mlp_bias=False,
+            moe="all",
+            qk_norm="full",
+            extra=("use_qk_norm", "qk_norm_type", "rotary_dim", "use_routing_bias"),
+        ),
+        "granitemoeshared": _Arch(  # GraniteMoeShared: GraniteMoE + a shared MLP
+            "GraniteMoeSharedConfig", moe="all", extra=("shared_intermediate_size",), **_LLAMA
+        ),
+        "qwen3_5_text": _Arch(  # Qwen3.5 dense: Qwen3-Next's Gated DeltaNet + gated attention, dense MLPs
+            "Qwen3_5TextConfig",
+            defaults={"attention_bias": False, "linear_conv_kernel_dim": 4, "full_attention_interval": 4},
+            qk_norm="head",
+            mlp_bias=False,
+            mixer="qwen3_next",
+            extra=_ARCH["qwen3_next"].extra,
+        ),
+        "qwen3_5_moe_text": _Arch(
+            "Qwen3_5MoeTextConfig",
+            defaults={"attention_bias": False, "linear_conv_kernel_dim": 4, "full_attention_interval": 4},
+            qk_norm="head",
+            mlp_bias=False,
+            moe="qwen",
+            mixer="qwen3_next",
+            extra=_ARCH["qwen3_next"].extra,
+        ),
+        "hunyuan_v1_dense": _Arch(  # HunYuanDenseV1Attention: per-head query/key layernorms
+            "HunYuanDenseV1Config",
+            defaults={"use_qk_norm": True, "attention_bias": False},
+            qk_norm="field:use_qk_norm:head",
+            mlp_bias=False,
+            extra=("use_qk_norm",),
+        ),
+        # Granite 4 (GraniteMoeHybrid) and Bamba: Mamba2 or attention mixer per block (layer_types /
+        # attn_layer_indices), each block with a feed-forward part
+        "granitemoehybrid": _Arch(
+            "GraniteMoeHybridConfig",
+            defaults=_MAMBA2_DEFAULTS,
+            moe="granite_hybrid",
+            mixer="granite_hybrid",
+            extra=("shared_intermediate_size", "position_embedding_type", *_MAMBA2_FIELDS),
+            qkv_bias="attention_bias",
+            o_bias="attention_bias",
+            mlp_bias=False,
+        ),
+        "bamba": _Arch(
+            "BambaConfig",
+            defaults=_MAMBA2_DEFAULTS,
+            mixer="granite_hybrid",
+            extra=("attn_layer_indices", *_MAMBA2_FIELDS),
+            qkv_bias="attention_bias",
+            o_bias="attention_bias",
+        ),
+        # GPT-J / CodeGen: parallel attention+MLP after one LayerNorm, no attention biases, GELU MLP
+        # with biases, untied LM head with bias, rotary positions
+        "gptj": _Arch(
+            "GPTJConfig",
+            norm="layernorm",
+            norms=1,
+            gated=False,
+            parallel=True,
+            qkv_bias=False,
+            o_bias=False,
+            mlp_bias=True,
+        ),
+        "codegen": _Arch(
+            "CodeGenConfig",
+            norm="layernorm",
+            norms=1,
+            gated=False,
+            parallel=True,
+            qkv_bias=False,
+            o_bias=False,
+            mlp_bias=True,
+        ),
+        # StarCoder 1 / SantaCoder: GPT-2 with multi-query attention (learned positions not counted)
+        "gpt_bigcode": _Arch(
+            "GPTBigCodeConfig",
+            norm="layernorm",
+            gated=False,
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+            tie=True,
+            extra=("multi_query",),
+        ),
+        # Hunyuan-A13B (HunYuanMoEV1Moe): every layer routed experts + a shared MLP, per-head QK-norm;
+        # per-layer lists (moe_topk, moe_intermediate_size, num_shared_expert) of one value each
+        "hunyuan_v1_moe": _Arch(
+            "HunYuanMoEV1Config",
+            defaults={"use_qk_norm": True, "attention_bias": False},
+            qk_norm="field:use_qk_norm:head",
+            mlp_bias=False,
+            moe="hunyuan",
+            extra=("use_qk_norm", "moe_topk", "num_shared_expert", "use_mixed_mlp_moe"),
+        ),
+        # Mistral 4 / Mistral Large 3: DeepSeek-V3 blocks (MLA attention, routed + shared experts)
+        "mistral4": _Arch("Mistral4Config", qkv_bias=False, o_bias=False, mlp_bias=False, moe="deepseek"),
+        # ERNIE 4.5 MoE: MoE on every moe_layer_interval-th layer in [moe_layer_start_index,
+        # moe_layer_end_index], shared experts of moe_num_shared_experts x moe_intermediate_size
+        "ernie4_5_moe": _Arch(
+            "Ernie4_5_MoeConfig",
+            defaults={
+                "use_bias": False,
+                "moe_layer_start_index": 0,
+                "moe_layer_interval": 1,
+                "moe_num_shared_experts": 0,
+            },
+            qkv_bias="use_bias",
+            o_bias="use_bias",
+            mlp_bias="use_bias",
+            moe="ernie",
+            tie=True,
+            extra=(
+                "moe_k",
+                "moe_num_shared_experts",
+                "moe_layer_start_index",
+                "moe_layer_end_index",
+                "moe_layer_interval",
+            ),
+        ),
+        # EXAONE MoE: EXAONE 4 attention, mlp_layer_types dense / sparse, shared experts
+        "exaone_moe": _Arch(
+            "ExaoneMoeConfig",
+            defaults={
+                "sliding_window_pattern": 4,
+                "attention_bias": False,
+                "mlp_bias": False,
+                "num_shared_experts": 0,
+            },
+            qk_norm="head",
+            sliding="gemma3",
+            moe="mlp_layer_types",
+            extra=("sliding_window_pattern", "mlp_layer_types", "num_shared_experts"),
+        ),
+        # Phi-2 (PhiForCausalLM): parallel block after one LayerNorm, biases everywhere (LM head too),
+        # GELU MLP; optional per-head QK LayerNorm
+        "phi": _Arch(
+            "PhiConfig",
+            norm="layernorm",
+            norms=1,
+            gated=False,
+            parallel=True,
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+            qk_norm="field:qk_layernorm:head",
+            extra=("qk_layernorm",),
+        ),
+        # Persimmon / Fuyu: LayerNorm, ReLU^2 MLP with biases, QKV/dense biases, per-head QK LayerNorm
+        "persimmon": _Arch(
+            "PersimmonConfig",
+            norm="layernorm",
+            gated=False,
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+            qk_norm="field:qk_layernorm:head",
+            defaults={"qk_layernorm": True},
+            extra=("qk_layernorm",),
+        ),
+        # StableLM 2: LayerNorms, SwiGLU, QKV bias by use_qkv_bias
+        "stablelm": _Arch(
+            "StableLmConfig",
+            norm="layernorm",
+            qkv_bias="use_qkv_bias",
+            o_bias=False,
+            mlp_bias=False,
+            defaults={"use_qkv_bias": False},
+            extra=("use_qkv_bias", "qk_layernorm", "use_parallel_residual"),
+        ),
+        # BLOOM: LayerNorm, GELU MLP 4h, biases, ALiBi (no parameters), tied; its embedding LayerNorm
+        # (2 x hidden) is not counted
+        "bloom": _Arch(
+            "BloomConfig",
+            norm="layernorm",
+            gated=False,
+            qkv_bias=True,
+            o_bias=True,
+            mlp_bias=True,
+            tie=True,
+            extra=("apply_residual_connection_post_layernorm", "slow_but_exact"),
+        ),
+        # GPT-Neo: GPT-2 blocks without q/k/v biases, global and local (window_size) attention layers
+        "gpt_neo": _Arch(
+            "GPTNeoConfig",
+            norm="layernorm",
+            gated=False,
+            qkv_bias=False,
+            o_bias=True,
+            mlp_bias=True,
+            tie=True,
+            sliding="gpt_neo",
+            extra=("attention_types", "attention_layers", "window_size"),
+        ),
+        # GLM-4.7-Flash (Glm4MoeLite): MLA attention, dense/sparse MLPs by mlp_layer_types
+        "glm4_moe_lite": _Arch(
+            "Glm4MoeLiteConfig",
+            qkv_bias=False,
+            o_bias=False,
+            mlp_bias=False,
+            moe="mlp_layer_types",
+            extra=("mlp_layer_types", "qk_head_dim", "rope_interleave"),
+        ),
+        "dots1": _Arch(  # Dots1: DeepSeek-V3-style MoE (no MLA) with per-head QK-norm
+            "Dots1Config",
+            qkv_bias="attention_bias",
+            o_bias=False,
+            mlp_bias=False,
+            qk_norm="head",
+            moe="deepseek",
+            sliding="qwen",
+        ),
+    }
+)
 SUPPORTED_MODEL_TYPES = tuple(sorted(_ARCH))
 # multimodal wrappers whose text_config is one of the above, and older spellings
 _TEXT_ALIASES = {
@@ -932,6 +1218,15 @@ _TEXT_ALIASES = {
     "RefinedWeb": "falcon",
     "RefinedWebModel": "falcon",
     "internlm2_5": "internlm2",
+    "apertus1p5_text": "apertus",
+    "glm4v_moe_text": "glm4_moe",  # GLM-4.5V: its text model is GLM-4.5-Air
+    "glm4v_text": "glm4",
+    "mimo": "qwen2",
+    "flex_olmo": "olmoe",  # FlexOlmo: OLMoE blocks
+    "mistral_large4_text": "mistral4",
+    "mistral_large4": "mistral4",  # Xiaomi MiMo: Qwen2 blocks + num_nextn_predict_layers MTP (remote code)
+    "qwen3_5": "qwen3_5_text",
+    "qwen3_5_moe": "qwen3_5_moe_text",
 }
 _ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -969,6 +1264,14 @@ def _int(cfg: dict, key: str, default: Any = ..., *, ctx: str = "", lenient: boo
     CSV cells) accepts numeric strings.
     """
     v = cfg.get(key)
+    if isinstance(v, list) and v and not lenient:  # a per-layer list of sizes: one shape if all equal
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            if len(set(v)) == 1:
+                return int(v[0])
+            raise UnsupportedArchitecture(
+                f"{ctx}per-layer {key!r} ({len(set(v))} different sizes over {len(v)} layers) is not modeled",
+                "autopar models one size for every layer of a kind; describe the model with raw dimensions",
+            )
     if v is None:
         if default is ...:
             raise ModelConfigError(
@@ -1042,6 +1345,13 @@ def _tower_params(kind: str, t: Any, ctx: str) -> tuple[int, str]:
     if not isinstance(t, dict):
         return 0, f"{kind} tower present but not an object: not counted"
     try:
+        return _vit_params(kind, t, ctx)
+    except (ModelConfigError, UnsupportedArchitecture) as e:  # a tower never sinks the text model
+        return 0, f"{kind} tower present but its shape is not readable ({e.message}): not counted"
+
+
+def _vit_params(kind: str, t: dict, ctx: str) -> tuple[int, str]:
+    try:
         h = _first_int(t, ("hidden_size", "embed_dim", "width", "d_model"), ctx=ctx)
         L = _first_int(t, ("num_hidden_layers", "depth", "num_layers", "encoder_layers"), ctx=ctx)
     except ModelConfigError:
@@ -1049,14 +1359,22 @@ def _tower_params(kind: str, t: Any, ctx: str) -> tuple[int, str]:
     ffn = _int(t, "intermediate_size", 4 * h, ctx=ctx)
     layer = 4 * h * h + 4 * h + 2 * h * ffn + ffn + h + 4 * h
     p = L * layer + 2 * h
-    patch = _int(t, "patch_size", 0, ctx=ctx)
+    patch, img = _side(t, "patch_size", ctx), _side(t, "image_size", ctx)
     if patch:
         ch = _int(t, "num_channels", 3, ctx=ctx)
-        p += ch * patch * patch * h + h
-        img = _int(t, "image_size", 0, ctx=ctx)
+        p += ch * patch[0] * patch[1] * h + h
         if img:
-            p += (img // patch) ** 2 * h
+            p += (img[0] // patch[0]) * (img[1] // patch[1]) * h
     return p, f"{kind} tower ~{p / 1e9:.2f} B parameters (standard ViT count), reported apart, not costed"
+
+
+def _side(t: dict, key: str, ctx: str) -> tuple[int, int] | None:
+    """A square size (``14``) or a (height, width) pair (``[14, 14]``) of a vision tower."""
+    v = t.get(key)
+    if isinstance(v, list | tuple) and len(v) == 2:
+        return _int({key: v[0]}, key, ctx=ctx), _int({key: v[1]}, key, ctx=ctx)
+    n = _int(t, key, 0, ctx=ctx)
+    return (n, n) if n else None
 
 
 def _split_wrapper(cfg: dict, ctx: str) -> tuple[dict, dict[str, int], list[str]]:
@@ -1109,6 +1427,7 @@ def _canonical(dec: dict, arch: _Arch | None, mt: str, ctx: str) -> dict:
                 "moe_normalize_expert_weights",
                 "uniform_expert_assignment",
                 "attn_pdrop",
+                "model_type",  # a nested config's own (empty) model_type in transformers >= 5 to_dict()
             ):
                 continue  # DbrxAttentionConfig / DbrxFFNConfig fields without a cost
             if k in cfg and cfg[k] != v:
@@ -1136,7 +1455,7 @@ def _check_understood(cfg: dict, mt: str, ctx: str) -> None:
     # fields no known model_type reads first: they are the likely new cost (e.g. a sparse-attention
     # indexer); then fields whose meaning is specific to another model_type's class
     unknown = sorted(
-        (k for k in cfg if k not in _PLAIN and k not in _NO_COST and cfg[k] is not None),
+        (k for k in cfg if k not in _PLAIN and not _no_cost(k) and cfg[k] is not None),
         key=lambda k: (k in _READ_BY_SOME_CLASS, k),
     )
     if unknown:
@@ -1177,8 +1496,12 @@ def _mixers(cfg: dict, arch: _Arch, mt: str, L: int, ctx: str) -> tuple[list[str
         mix = ["attention" if i % p == o else "mamba" for i in range(L)]
     elif arch.mixer == "nemotron_h":  # NemotronHConfig.hybrid_override_pattern, one char per block
         pat = cfg.get("hybrid_override_pattern")
+        if pat is None and cfg.get("layers_block_type") is not None:
+            pat = _nemotron_pattern(cfg["layers_block_type"], ctx)
         if not isinstance(pat, str):
-            raise ModelConfigError(f"{ctx}missing required field 'hybrid_override_pattern' (a string)")
+            raise ModelConfigError(
+                f"{ctx}missing required field 'hybrid_override_pattern' (a string) or 'layers_block_type' (a list)"
+            )
         if len(pat) != L:
             raise ModelConfigError(f"{ctx}hybrid_override_pattern has {len(pat)} characters for {L} layers")
         table = {
@@ -1194,12 +1517,53 @@ def _mixers(cfg: dict, arch: _Arch, mt: str, L: int, ctx: str) -> tuple[list[str
                     "known blocks: M (Mamba2), * (attention), - (MLP), E (MoE)",
                 )
             mix[i], ffn[i] = table[c]
+    elif arch.mixer == "granite_hybrid":  # GraniteMoeHybrid layer_types / Bamba attn_layer_indices
+        types = cfg.get("layer_types")
+        if types is None:
+            idx = cfg.get("attn_layer_indices") or []
+            if not isinstance(idx, list):
+                raise ModelConfigError(f"{ctx}attn_layer_indices must be a list of layer indices")
+            types = ["attention" if i in idx else "mamba" for i in range(L)]
+        if not isinstance(types, list) or len(types) != L:
+            raise ModelConfigError(f"{ctx}layer_types must list {L} entries")
+        kinds = {
+            "mamba": "mamba",
+            "linear_attention": "mamba",
+            "attention": "attention",
+            "full_attention": "attention",
+        }
+        for i, t in enumerate(types):
+            if t not in kinds:
+                raise UnsupportedArchitecture(f"{ctx}layer type {t!r} in layer_types", "mamba or attention")
+            mix[i] = kinds[t]
     elif arch.mixer == "falcon_h1":
         if cfg.get("attn_layer_indices") not in (None, []):
             raise UnsupportedArchitecture(
                 f"{ctx}attn_layer_indices", "only Falcon-H1 with attention in every block is modeled"
             )
     return mix, ffn
+
+
+# NemotronHConfig.layers_block_type (transformers >= 5, Nemotron 3 Ultra): one name per block
+_NEMOTRON_BLOCKS = {
+    "mamba": "M",
+    "linear_attention": "M",
+    "attention": "*",
+    "full_attention": "*",
+    "mlp": "-",
+    "moe": "E",
+}
+
+
+def _nemotron_pattern(types: Any, ctx: str) -> str:
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        raise ModelConfigError(f"{ctx}layers_block_type must be a list of block names")
+    bad = next((t for t in types if t not in _NEMOTRON_BLOCKS), None)
+    if bad is not None:
+        raise UnsupportedArchitecture(
+            f"{ctx}block {bad!r} in layers_block_type", f"known blocks: {', '.join(_NEMOTRON_BLOCKS)}"
+        )
+    return "".join(_NEMOTRON_BLOCKS[t] for t in types)
 
 
 def _moe_layers(cfg: dict, arch: _Arch, L: int, ffn: list[str], ctx: str) -> list[bool]:
@@ -1209,8 +1573,24 @@ def _moe_layers(cfg: dict, arch: _Arch, L: int, ffn: list[str], ctx: str) -> lis
         return [True] * L
     if rule == "nemotron_h":
         return [f == "moe" for f in ffn]
+    if rule == "hunyuan":
+        return [True] * L
+    if rule == "ernie":  # Ernie4_5_MoeDecoderLayer
+        step = _int(cfg, "moe_layer_interval", ctx=ctx)
+        lo, hi = _int(cfg, "moe_layer_start_index", ctx=ctx), _int(cfg, "moe_layer_end_index", L - 1, ctx=ctx)
+        if _int(cfg, "num_local_experts", 0, ctx=ctx) == 0:
+            return [False] * L
+        return [step > 0 and (i + 1) % step == 0 and lo <= i <= hi for i in range(L)]
+    if rule == "mlp_layer_types":  # ExaoneMoeDecoderLayer: "sparse" layers are MoE
+        types = cfg.get("mlp_layer_types")
+        if not isinstance(types, list) or len(types) != L or any(t not in ("dense", "sparse") for t in types):
+            raise ModelConfigError(f"{ctx}mlp_layer_types must list {L} entries of 'dense' or 'sparse'")
+        return [t == "sparse" for t in types]
+    if rule == "granite_hybrid":  # GraniteMoeHybridDecoderLayer: block_sparse_moe when experts > 0
+        return [_int(cfg, "num_local_experts", 0, ctx=ctx) > 0] * L
     if rule == "qwen":  # Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer / Qwen3NextDecoderLayer
-        if _int(cfg, "num_experts", 0, ctx=ctx) == 0:
+        # num_experts (published configs) is num_local_experts in transformers >= 5 to_dict()
+        if _int(cfg, "num_experts", 0, ctx=ctx) == 0 and _int(cfg, "num_local_experts", 0, ctx=ctx) == 0:
             return [False] * L
         step = _int(cfg, "decoder_sparse_step", 1, ctx=ctx)
         only = set(cfg.get("mlp_only_layers") or [])
@@ -1242,9 +1622,23 @@ def _sliding_layers(
     """(window, number of sliding-window or chunked attention layers)."""
     L = len(mix)
     window = _int(cfg, "sliding_window", 0, ctx=ctx)
-    types = cfg.get("layer_types") if arch.mixer != "qwen3_next" else None
+    types = cfg.get("layer_types") if arch.mixer not in ("qwen3_next", "granite_hybrid") else None
     if arch.sliding == "gpt_oss" and types is None and window > 0:  # GptOssConfig: sliding on even layers
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
+    if arch.sliding == "gpt_neo":  # GPTNeoConfig.attention_layers, else expand attention_types
+        layers = cfg.get("attention_layers")
+        if layers is None:
+            layers = []
+            for pat, n in cfg.get("attention_types") or [[["global"], L]]:
+                layers += list(pat) * int(n)
+        if (
+            not isinstance(layers, list)
+            or len(layers) != L
+            or any(t not in ("global", "local") for t in layers)
+        ):
+            raise ModelConfigError(f"{ctx}attention_layers must list {L} entries of 'global' or 'local'")
+        n = sum(t == "local" for t in layers)
+        return (_int(cfg, "window_size", 256, ctx=ctx), n) if n else (0, 0)
     if arch.sliding == "gemma2" and types is None:  # Gemma2Config: sliding on even layers
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(L)]
     if arch.sliding == "gemma3" and types is None:  # Gemma3TextConfig: 5 local : 1 global by default
@@ -1319,16 +1713,28 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
     ctx0 = f"{name}: " if name else ""
     dec, towers, warnings = _split_wrapper(cfg, ctx0)
     mt = _resolve_model_type(dec)
+    _refuse_by_name(dec, mt)
     arch = _ARCH.get(mt)
     ctx = f"{name} ({mt}): " if name and name != mt else f"{mt}: "
     c = _canonical(dec, arch, mt, ctx)
+    if (
+        mt == "nemotron_h"
+        and c.get("num_hidden_layers") is None
+        and isinstance(c.get("layers_block_type"), list)
+    ):
+        c["num_hidden_layers"] = len(c["layers_block_type"])  # NemotronHConfig: the list sets the depth
     if arch is None:
         _check_understood(c, mt, ctx)
         arch = _Arch(f"{mt} (read as a plain Llama-style decoder)", **_LLAMA)
     if mt == "falcon":
         c = _falcon(c, ctx)
-    if mt == "gpt2" and c.get("intermediate_size") is None:
+    if (
+        mt in ("gpt2", "gptj", "codegen", "gpt_bigcode", "gpt_neo", "bloom")
+        and c.get("intermediate_size") is None
+    ):
         c["intermediate_size"] = 4 * _int(c, "hidden_size", ctx=ctx)  # GPT2MLP: n_inner or 4 * n_embd
+    if mt == "gpt_bigcode":  # GPTBigCodeAttention: one shared K/V head when multi_query
+        c["num_key_value_heads"] = 1 if _bool(c, "multi_query", True, ctx=ctx) else c["num_attention_heads"]
     h = _int(c, "hidden_size", ctx=ctx)
     L = _int(c, "num_hidden_layers", ctx=ctx)
     a = _int(c, "num_attention_heads", ctx=ctx)
@@ -1364,7 +1770,21 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         f["norms_per_layer"], f["parallel_block"] = c["_norms"], c["_parallel"]
     if mt == "phimoe":
         f["head_bias"] = _bool(c, "lm_head_bias", False, ctx=ctx)
-    if mt == "qwen3_next":
+    if mt in ("gptj", "codegen"):
+        f["head_bias"] = True
+    if mt == "phi":
+        f["head_bias"] = True  # PhiForCausalLM: lm_head with bias
+    if mt == "stablelm" and (
+        _bool(c, "qk_layernorm", False, ctx=ctx) or _bool(c, "use_parallel_residual", False, ctx=ctx)
+    ):
+        raise UnsupportedArchitecture(
+            f"{ctx}StableLM qk_layernorm / use_parallel_residual", "not modeled yet"
+        )
+    if mt == "ernie4_5_moe":
+        f["head_bias"] = _bool(
+            c, "use_bias", False, ctx=ctx
+        )  # GPTJForCausalLM / CodeGenForCausalLM: lm_head with bias
+    if arch.mixer == "qwen3_next":
         f["attn_output_gate"] = True  # Qwen3NextAttention: gated attention, q_proj -> 2 x heads x head_dim
     # ---- activation: a gated MLP has 3 matrices, a plain one 2
     act = c.get("mlp_hidden_act") if mt == "nemotron_h" else c.get("hidden_act", c.get("activation_function"))
@@ -1406,6 +1826,35 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         f["ffn_hidden"] = 0
         f["moe_ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)
         f["num_experts"] = _first_int(c, ("num_local_experts", "num_experts"), ctx=ctx)
+        f["shared_expert_ffn"] = _int(c, "shared_intermediate_size", 0, ctx=ctx)  # GraniteMoeShared
+    elif arch.moe in ("ernie", "mlp_layer_types") and n_moe:
+        f["ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx) if dense_needed else 0
+        f["moe_ffn_hidden"] = _int(c, "moe_intermediate_size", ctx=ctx)
+        f["num_experts"] = _first_int(c, ("n_routed_experts", "num_local_experts", "num_experts"), ctx=ctx)
+        n_shared = (
+            ("moe_num_shared_experts",) if arch.moe == "ernie" else ("num_shared_experts", "n_shared_experts")
+        )
+        f["shared_expert_ffn"] = f["moe_ffn_hidden"] * next(
+            (_int(c, k, ctx=ctx) for k in n_shared if c.get(k) is not None), 0
+        )
+        if arch.moe == "ernie":
+            c["num_experts_per_tok"] = _first_int(c, ("moe_k", "num_experts_per_tok"), ctx=ctx)
+    elif arch.moe == "hunyuan":  # experts and shared MLP at moe_intermediate_size (= intermediate_size)
+        width = _int(c, "moe_intermediate_size", _int(c, "intermediate_size", ctx=ctx), ctx=ctx)
+        f["ffn_hidden"] = 0
+        f["moe_ffn_hidden"] = width
+        f["num_experts"] = _first_int(c, ("num_experts", "num_local_experts"), ctx=ctx)
+        f["shared_expert_ffn"] = width * _int(c, "num_shared_expert", 1, ctx=ctx)
+        c["num_experts_per_tok"] = _first_int(c, ("moe_topk", "num_experts_per_tok"), ctx=ctx)
+    elif arch.moe == "granite_hybrid":  # experts of intermediate_size + the shared_mlp; else shared_mlp only
+        shared = _int(c, "shared_intermediate_size", ctx=ctx)
+        if n_moe:
+            f["ffn_hidden"] = 0
+            f["moe_ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)
+            f["num_experts"] = _int(c, "num_local_experts", ctx=ctx)
+            f["shared_expert_ffn"] = shared
+        else:
+            f["ffn_hidden"] = shared
     elif arch.moe == "llama4":
         f["ffn_hidden"] = _int(c, "intermediate_size_mlp", ctx=ctx) if dense_needed else 0
         f["moe_ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)
@@ -1432,7 +1881,7 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
                     "latent-MoE projections are not modeled yet; remove the field only if it is null",
                 )
         else:
-            f["num_experts"] = _int(c, "num_experts", ctx=ctx)
+            f["num_experts"] = _first_int(c, ("num_experts", "num_local_experts"), ctx=ctx)
             f["shared_expert_ffn"] = _int(c, "shared_expert_intermediate_size", 0, ctx=ctx)
     else:
         f["ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx) if dense_needed else 0
@@ -1450,7 +1899,7 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
     else:
         for k in ("num_experts", "moe_ffn_hidden", "shared_expert_ffn"):
             f.pop(k, None)
-    if arch.moe == "deepseek" and c.get("kv_lora_rank"):
+    if arch.moe in ("deepseek", "mlp_layer_types") and c.get("kv_lora_rank"):
         f["q_lora_rank"] = _int(c, "q_lora_rank", 0, ctx=ctx)  # null in DeepSeek-V2-Lite
         for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             f[k] = _int(c, k, ctx=ctx)
@@ -1470,6 +1919,70 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
     f["name"] = name or str(c.get("_name_or_path") or mt)
     f["source"] = source
     return _build(f, ctx)
+
+
+# Not decoder-only: BERT-style encoders and encoder-decoder models. autopar costs decoder stacks;
+# reading these as a gated RMSNorm decoder would be wrong (a BERT-base config gave 0.16 B, not 110 M).
+_ENCODERS = frozenset(
+    """
+    bert roberta xlm-roberta xlm-roberta-xl camembert data2vec-text electra ernie megatron-bert
+    roc_bert roformer rembert big_bird nezha mpnet deberta deberta-v2 distilbert albert modernbert
+    xmod ibert layoutlm luke convbert funnel squeezebert mobilebert canine esm nomic_bert jina_bert
+    bert-generation
+    """.split()
+)
+_ENCODER_DECODERS = frozenset(
+    """
+    t5 mt5 umt5 t5gemma t5gemma2 bart mbart pegasus pegasus_x marian blenderbot blenderbot-small
+    plbart prophetnet bigbird_pegasus led longt5 switch_transformers whisper mvp fsmt m2m_100 nllb_moe
+    seamless_m4t encoder-decoder speech-encoder-decoder vision-encoder-decoder trocr
+    """.split()
+)
+# Decoders with a block autopar does not price, refused by name with the reason (issue 22).
+_REFUSED_KINDS: dict[str, str] = {
+    "deepseek_v32": "DeepSeek-V3.2 sparse attention (DSA lightning indexer + top-k key selection)",
+    "glm_moe_dsa": "GLM-5 sparse attention (DSA indexer, as DeepSeek-V3.2)",
+    "minimax": "MiniMax lightning (linear) attention blocks",
+    "minimax_m3_vl_text": "MiniMax lightning attention and mixed dense/MoE widths",
+    "gemma4_text": "Gemma 4 blocks (shared K=V attention, per-layer input embeddings)",
+    "gemma4": "Gemma 4 blocks (shared K=V attention, per-layer input embeddings)",
+    "gemma3n_text": "Gemma 3n (AltUp, Laurel blocks and per-layer input embeddings)",
+    "gemma3n": "Gemma 3n (AltUp, Laurel blocks and per-layer input embeddings)",
+    "falcon_mamba": "an attention-free, MLP-free Mamba1 stack (Falcon-Mamba)",
+    "mamba": "an attention-free, MLP-free Mamba1 stack",
+    "mamba2": "an attention-free, MLP-free Mamba2 stack",
+    "lfm2": "LFM2 short-convolution blocks",
+    "lfm2_moe": "LFM2 short-convolution blocks",
+    "rwkv": "RWKV time-mix / channel-mix blocks",
+    "xlstm": "xLSTM blocks",
+    "recurrent_gemma": "RecurrentGemma RG-LRU blocks",
+    "kimi_linear": "Kimi Delta Attention (KDA) blocks",
+    "mllama_text_model": "cross-attention image layers (Llama 3.2 Vision)",
+    "bitnet": "BitNet ternary layers with extra sub-layer norms",
+    "zamba": "Zamba shared attention blocks",
+    "mistral_large4_text": "Mistral Large 4 indexed (sparse) attention layers",
+    "zamba2": "Zamba2 shared attention blocks with LoRA adapters",
+}
+
+
+def _refuse_by_name(cfg: dict, mt: str) -> None:
+    if mt in _ENCODERS or (
+        mt not in _ARCH and "type_vocab_size" in cfg and "attention_probs_dropout_prob" in cfg
+    ):
+        raise UnsupportedArchitecture(
+            f"{mt}: a BERT-style encoder (bidirectional, post-norm, learned positions), not a decoder",
+            "autopar costs decoder-only language models; describe it with raw dimensions only if a decoder is meant",
+        )
+    if mt in _ENCODER_DECODERS or cfg.get("is_encoder_decoder") is True:
+        raise UnsupportedArchitecture(
+            f"{mt}: an encoder-decoder model (separate encoder and cross-attending decoder stacks)",
+            "autopar costs decoder-only language models",
+        )
+    if mt in _REFUSED_KINDS:
+        raise UnsupportedArchitecture(
+            f"{mt}: {_REFUSED_KINDS[mt]} not modeled yet",
+            "`autopar model --reader transformers` still counts its parameters when transformers has its class",
+        )
 
 
 def _falcon(c: dict, ctx: str) -> dict:
@@ -1518,6 +2031,24 @@ def _mamba_fields(c: dict, arch: _Arch, h: int, ctx: str) -> dict[str, Any]:
             mamba_groups=_int(c, "n_groups", ctx=ctx),
             mamba_conv=_int(c, "conv_kernel", ctx=ctx),
             mamba_conv_bias=_bool(c, "use_conv_bias", True, ctx=ctx),
+            mamba_gated_norm=True,
+        )
+    if arch.mixer == "granite_hybrid":  # GraniteMoeHybridMambaLayer / BambaMixer (Mamba2)
+        nh = _int(c, "mamba_n_heads", ctx=ctx)
+        di = _int(c, "mamba_expand", ctx=ctx) * h
+        dh = c.get("mamba_d_head")
+        if dh not in (None, "auto") and _int(c, "mamba_d_head", ctx=ctx) * nh != di:
+            raise ModelConfigError(f"{ctx}mamba_n_heads x mamba_d_head != mamba_expand x hidden_size ({di})")
+        if _bool(c, "mamba_proj_bias", False, ctx=ctx):
+            raise UnsupportedArchitecture(f"{ctx}mamba_proj_bias", "Mamba projection biases are not modeled")
+        return dict(
+            mamba_version=2,
+            mamba_heads=nh,
+            mamba_inner=di,
+            mamba_state=_int(c, "mamba_d_state", ctx=ctx),
+            mamba_groups=_int(c, "mamba_n_groups", ctx=ctx),
+            mamba_conv=_int(c, "mamba_d_conv", ctx=ctx),
+            mamba_conv_bias=_bool(c, "mamba_conv_bias", True, ctx=ctx),
             mamba_gated_norm=True,
         )
     # FalconH1Mixer: d_inner = mamba_d_ssm, else mamba_n_heads * mamba_d_head
@@ -1604,6 +2135,10 @@ def _from_raw(d: dict) -> ModelSpec:
     """Raw dimensions keyed by ModelSpec field names (blank/None cells mean "not given")."""
     fields = set(ModelSpec.model_fields)
     ctx = f"{d.get('name') or 'raw model'}: "
+    if isinstance(d.get("_class_name"), str):
+        raise UnsupportedArchitecture(
+            f"a diffusers config ({d['_class_name']}), not a language model", "use `autopar dit model` for it"
+        )
     for k in d:
         if k not in fields and k not in _DERIVED:
             raise ModelConfigError(
@@ -1631,6 +2166,85 @@ def _from_raw(d: dict) -> ModelSpec:
         if d.get(k) not in (None, "") and _int(d, k, ctx=ctx, lenient=True) != getattr(spec, k):
             raise ModelConfigError(f"{ctx}{k}={d[k]} does not match the dimensions ({getattr(spec, k)})")
     return spec
+
+
+# ====================================================================== classic decoders
+# Decoders published by their dimensions only (papers' tables, no config.json): each family's
+# conventions as its paper states them. Learned absolute positions (GPT-3, OPT) are not counted,
+# as for GPT-2 above; ALiBi (BLOOM) and RoPE (PaLM) have no parameters.
+_CLASSIC: tuple[tuple[tuple[str, ...], dict[str, Any], str], ...] = (
+    (
+        ("palm",),
+        dict(gated_mlp=True, norm="layernorm_nobias", parallel_block=True, tie_embeddings=True, vocab=256000),
+        "PaLM (arXiv 2204.02311 Sec. 2): SwiGLU MLP, parallel attention+MLP block, multi-query attention "
+        "(kv_heads=1 unless stated), no biases, shared input/output embedding, RoPE, 256k vocabulary",
+    ),
+    (
+        ("bloom",),
+        dict(qkv_bias=True, o_bias=True, mlp_bias=True, vocab=250880),
+        "BLOOM (arXiv 2211.05100): GELU MLP 4h, LayerNorm, ALiBi positions, tied embeddings, biases, "
+        "250,880-token vocabulary",
+    ),
+    (
+        ("opt",),
+        dict(qkv_bias=True, o_bias=True, mlp_bias=True, vocab=50272),
+        "OPT (arXiv 2205.01068): ReLU MLP 4h, LayerNorm, learned positions (not counted), tied "
+        "embeddings, biases, 50,272-token vocabulary",
+    ),
+)
+_GPT = (
+    dict(qkv_bias=True, o_bias=True, mlp_bias=True, vocab=50257),
+    "GPT-style decoder (GPT-3, arXiv 2005.14165; Megatron-LM): GELU MLP 4h, LayerNorm, learned positions "
+    "(not counted), tied embeddings, biases, 50,257-token vocabulary",
+)
+
+
+def classic_decoder(
+    name: str,
+    *,
+    hidden: int,
+    layers: int,
+    heads: int,
+    ffn_hidden: int | None = None,
+    vocab: int | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+) -> tuple[ModelSpec, list[str]]:
+    """A classic (pre-2023) dense decoder known by its dimensions, with its family's conventions.
+
+    PaLM, BLOOM and OPT by name, any other as a GPT-3-style decoder; the conventions used, and each
+    default taken for a dimension not given, are returned as assumptions to state. Sizes given win.
+    """
+    low = name.lower()
+    fields, note = next(((f, n) for keys, f, n in _CLASSIC if any(k in low for k in keys)), _GPT)
+    fields = dict(fields)
+    notes = [note]
+    default_vocab = fields.pop("vocab")
+    f: dict[str, Any] = dict(
+        name=name, hidden=hidden, layers=layers, heads=heads, gated_mlp=False, norm="layernorm",
+        tie_embeddings=True,
+    )  # fmt: skip
+    f.update(fields)
+    if ffn_hidden is None:
+        ffn_hidden = 4 * hidden
+        notes.append(f"ffn_hidden=4*hidden={ffn_hidden} (the family's convention)")
+    if vocab is None:
+        vocab = default_vocab
+        notes.append(f"vocab={vocab} (the family's tokenizer)")
+    if kv_heads is None:
+        kv_heads = 1 if "palm" in low else heads
+    if head_dim is None:
+        if "palm" in low and hidden // heads != 256:
+            head_dim = 256  # PaLM Table 1: head size 256 for every model
+            notes.append("head_dim=256 (PaLM Table 1)")
+        elif hidden % heads:
+            raise ModelConfigError(
+                f"{name}: hidden {hidden} is not a multiple of heads {heads}; give head_dim"
+            )
+        else:
+            head_dim = hidden // heads
+    f.update(ffn_hidden=ffn_hidden, vocab=vocab, kv_heads=kv_heads, head_dim=head_dim)
+    return _build(f, f"{name}: "), notes
 
 
 # ================================================================================= presets
@@ -1675,11 +2289,21 @@ def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
+# Fields where a published config writes a non-finite bound: Mamba2's dt clamp of every Nemotron-H /
+# Nemotron 3 config, ``"time_step_limit": [0.0, Infinity]`` (transformers' own default). Read as
+# floats; they change no cost. NaN is refused everywhere.
+_INFINITY_ALLOWED = frozenset({"time_step_limit"})
+
+
 def _non_finite_path(obj: Any, path: str = "") -> str | None:
     if isinstance(obj, _NonFinite):
         return path or "(top level)"
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, list) else ()
     for k, v in items:
+        if k in _INFINITY_ALLOWED and isinstance(v, list):
+            if all(not isinstance(x, _NonFinite) or x.token in ("Infinity", "-Infinity") for x in v):
+                obj[k] = [float(x.token) if isinstance(x, _NonFinite) else x for x in v]
+                continue
         hit = _non_finite_path(
             v, f"{path}.{k}" if path and isinstance(k, str) else f"{path}[{k}]" if path else str(k)
         )
@@ -1735,6 +2359,11 @@ def check_sizes(cfg: Any, where: str, depth: int = 0) -> None:
             check_sizes(v, where, depth + 1)
             continue
         field = _HF_SIZES.get(k, k if k in MAX_MODEL_SIZES else None)
+        if field is not None and isinstance(v, list):  # a per-layer list of sizes: each one checked
+            for x in v:
+                if not isinstance(x, list | dict):
+                    check_sizes({k: x}, where, depth + 1)
+            continue
         if field is not None and v is not None and not isinstance(v, bool | str):
             cap = MAX_MODEL_SIZES[field]
             if not isinstance(v, int | float) or v != v or not -cap <= v <= cap:
@@ -1806,6 +2435,24 @@ def _load_preset(pid: str) -> ModelSpec:
     return _normalize_hf(doc["hf"], name=doc.get("id", pid), source=doc.get("source", ""))
 
 
+def raw_config(name_or_path: str | os.PathLike) -> dict | None:
+    """The HF config a preset id or config.json path holds (None for raw dimensions or an unknown name).
+
+    What :mod:`autopar.hf_meta` builds with the model's own ``transformers`` class.
+    """
+    key = os.fspath(name_or_path)
+    if key.strip().lower() in list_presets():
+        doc = _read_json(_preset_dir().joinpath(f"{key.strip().lower()}.json"), f"preset {key!r}")
+        hf = doc.get("hf") if isinstance(doc, dict) else None
+        return dict(hf) if isinstance(hf, dict) else None
+    path = Path(key).expanduser()
+    if not path.exists():
+        return None
+    cfg = read_config_file(path)
+    check_sizes(cfg, str(path))
+    return cfg if any(k in cfg for k in ("model_type", "architectures", *_TEXT_KEYS)) else None
+
+
 def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
     """Load a :class:`ModelSpec` from a preset id, an HF ``config.json`` (file or directory) or a dict."""
     if isinstance(name_or_path, ModelSpec):
@@ -1837,7 +2484,9 @@ def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
     try:
         if not any(k in cfg for k in ("model_type", "architectures", *_TEXT_KEYS)):
             return _from_raw(cfg)
-        name = str(cfg.get("_name_or_path") or path.parent.name or path.stem)
+        # the publisher's id; else the file's own name, or its folder's for a plain config.json
+        stem = path.parent.name if path.name == "config.json" else path.stem
+        name = str(cfg.get("_name_or_path") or stem or path.stem)
         return _normalize_hf(cfg, name=name, source=str(path))
     except ModelConfigError as e:
         raise type(e)(f"{str(path)!r}: {e.message}", e.hint) from None

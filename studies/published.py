@@ -344,8 +344,17 @@ def build_model(case: Case):
     if source.startswith(MEGATRON_GPT_SOURCES):
         name = "gpt " + name
     conv = next((c for c in FAMILY_CONVENTIONS if any(k in name for k in c[0])), None)
-    if conv is None:
-        raise AutoparError(f"no preset and unknown family for dims-only model {row.get('model')!r}")
+    if conv is None:  # a classic dense decoder (PaLM, BLOOM, OPT, else GPT-3-style), conventions stated
+        from autopar.model import classic_decoder
+
+        if _int(row, "num_experts"):
+            raise AutoparError(f"no preset and unknown family for dims-only MoE model {row.get('model')!r}")
+        spec, notes = classic_decoder(
+            row.get("model") or "model", **dims, ffn_hidden=_int(row, "ffn_hidden"), vocab=_int(row, "vocab"),
+            kv_heads=_int(row, "kv_heads"),
+        )  # fmt: skip
+        case.assumptions.extend(notes)
+        return spec
     keys, fields, note, gpt_defaults = conv
     h = dims["hidden"]
     ffn = _int(row, "ffn_hidden")

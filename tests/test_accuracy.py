@@ -19,6 +19,7 @@ from published import (  # noqa: E402
     DEV_CSV,
     Case,
     at_depth,
+    build_model,
     megatron_model_flops_per_token,
     run_case,
 )
@@ -183,3 +184,21 @@ def test_accuracy_smoke(tmp_path: Path):
     (rank,) = d["tables"]["ranking"]  # the three Llama-3-70B proxy layouts
     assert rank["rows"] == 3 and -1 <= rank["spearman"] <= 1
     assert "preset" in next(x["skipped"] for x in d["records"] if x["run_id"] == "386")  # nvfp4 is modeled
+
+
+def test_dims_only_classic_rows_build_a_stated_decoder() -> None:
+    # rows of classic models by dimensions only were refused as "unknown family"
+    for model, h, L, a, total in (
+        ("BLOOM-176B", 14336, 70, 112, 176.25e9),
+        ("PaLM 540B", 18432, 118, 48, 540.35e9),
+    ):
+        case = Case(row={"model": model, "hidden": str(h), "layers": str(L), "heads": str(a)}, run_id="r")
+        spec = build_model(case)
+        assert abs(spec.total_params / total - 1) < 0.01
+        assert any(model.split("-")[0].split()[0] in x for x in case.assumptions), case.assumptions
+    moe = Case(
+        row={"model": "Foo-MoE", "hidden": "4096", "layers": "32", "heads": "32", "num_experts": "8"},
+        run_id="r",
+    )
+    with pytest.raises(Exception, match="unknown family"):
+        build_model(moe)

@@ -137,6 +137,48 @@ def test_diffusers_wan_config() -> None:
     assert from_diffusers_config(cfg).params == load_dit("wan2.1-t2v-1.3b").params
 
 
+# Wan2.1-I2V-14B-720P's transformer config (diffusers scripts/convert_wan_to_diffusers.py, "Wan-I2V-14B-720p")
+WAN_I2V_14B = {
+    "_class_name": "WanTransformer3DModel", "added_kv_proj_dim": 5120, "attention_head_dim": 128,
+    "cross_attn_norm": True, "eps": 1e-06, "ffn_dim": 13824, "freq_dim": 256, "image_dim": 1280,
+    "in_channels": 36, "num_attention_heads": 40, "num_layers": 40, "out_channels": 16,
+    "patch_size": [1, 2, 2], "qk_norm": "rms_norm_across_heads", "rope_max_seq_len": 1024, "text_dim": 4096,
+}  # fmt: skip
+
+
+def test_diffusers_wan_i2v_image_conditioning() -> None:
+    i2v = from_diffusers_config(WAN_I2V_14B)
+    t2v = from_diffusers_config(
+        {k: v for k, v in WAN_I2V_14B.items() if k not in ("image_dim", "added_kv_proj_dim")}
+        | {"in_channels": 16}
+    )
+    d, L, e = 5120, 40, 1280
+    embedder = 2 * e + e * e + e + e * d + d + 2 * d  # LayerNorm, Linear, Linear, LayerNorm
+    per_block = 2 * (d * d + d) + d  # add_k_proj, add_v_proj (with biases), norm_added_k
+    patch = 20 * 1 * 2 * 2 * d  # 36 - 16 more input channels
+    assert i2v.params - t2v.params == embedder + L * per_block + patch
+    # diffusers builds 16,394,878,784 parameters from this config (meta device, diffusers 0.42.1)
+    assert i2v.params == pytest.approx(16_394_878_784, rel=0.01)
+    # FLOPs: the 257 CLIP image tokens' K/V projections and the image cross-attention per block
+    f_i, f_t = i2v.forward_flops(720, 1280, 81), t2v.forward_flops(720, 1280, 81)
+    s = 21 * 45 * 80
+    assert f_i["attention"] - f_t["attention"] == pytest.approx(L * 4.0 * s * 257 * d)
+    assert f_i["gemm"] - f_t["gemm"] == pytest.approx(L * 2.0 * 257 * 5120 * 2 * d)
+    with pytest.raises(ModelConfigError, match="together"):
+        from_diffusers_config({k: v for k, v in WAN_I2V_14B.items() if k != "image_dim"})
+
+
+def test_diffusers_wan_i2v_matches_diffusers_on_meta() -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("diffusers")
+    from diffusers import WanTransformer3DModel
+
+    with torch.device("meta"):
+        m = WanTransformer3DModel(**{k: v for k, v in WAN_I2V_14B.items() if not k.startswith("_")})
+    truth = sum(p.numel() for p in m.parameters())
+    assert from_diffusers_config(WAN_I2V_14B).params == pytest.approx(truth, rel=0.01)
+
+
 def test_diffusers_unknown_class_and_missing_key() -> None:
     with pytest.raises(UnsupportedArchitecture, match="not modelled"):
         from_diffusers_config({"_class_name": "UNet2DConditionModel"})
@@ -521,3 +563,46 @@ def test_the_sd3_position_table_is_stored_not_trained() -> None:
     assert spec.trainable_params == spec.params - spec.buffer_params
     no_table = from_diffusers_config({k: v for k, v in SD35_MEDIUM.items() if k != "pos_embed_max_size"})
     assert no_table.params == spec.trainable_params and no_table.buffer_params == 0
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs",
+    [
+        ("FluxTransformer2DModel", {}),
+        ("SD3Transformer2DModel", {}),
+        ("HunyuanVideoTransformer3DModel", {}),
+        ("WanTransformer3DModel", {}),
+        ("PixArtTransformer2DModel", {"caption_channels": 4096}),  # the class leaves it None; T5-XXL width
+        ("CogVideoXTransformer3DModel", {}),
+        ("MochiTransformer3DModel", {}),
+    ],
+)
+def test_diffusers_default_configs_match_diffusers_on_meta(cls: str, kwargs: dict) -> None:
+    """Each diffusers class's own default config (diffusers' source is the config), built on the meta
+    device: autopar's count within 1 %."""
+    torch = pytest.importorskip("torch")
+    diffusers = pytest.importorskip("diffusers")
+    with torch.device("meta"):
+        m = getattr(diffusers, cls)(**kwargs)
+    cfg = json.loads(json.dumps(dict(m.config), default=list)) | {"_class_name": cls}
+    truth = sum(p.numel() for p in m.parameters())  # parameters only: SD3's position table is a buffer
+    assert from_diffusers_config(cfg).trainable_params == pytest.approx(truth, rel=0.01)
+
+
+def test_cli_dit_model_shows_the_diffusers_count(tmp_path: Path) -> None:
+    pytest.importorskip("diffusers")
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(WAN_I2V_14B))
+    r = subprocess.run(
+        [sys.executable, "-m", "autopar", "dit", "model", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["meta_params"] == 16_394_878_784 and "WanTransformer3DModel" in d["meta_note"]
+    assert d["params"] == pytest.approx(d["meta_params"], rel=0.01)

@@ -260,8 +260,8 @@ def test_unknown_and_refused_architectures():
         index_n_heads=64,
         index_topk=2048,
     )
-    with pytest.raises(UnsupportedArchitecture, match="index_head_dim"):
-        load_model(v32)  # DeepSeek Sparse Attention is refused, not costed as dense MLA
+    with pytest.raises(UnsupportedArchitecture, match="DeepSeek-V3.2 sparse attention"):
+        load_model(v32)  # DeepSeek Sparse Attention is refused by name, not costed as dense MLA
     nano = cfg("nemotron-3-nano-30b-a3b")
     with pytest.raises(UnsupportedArchitecture, match="moe_latent_size"):
         load_model(dict(nano, moe_latent_size=1024))  # Nemotron 3 Super/Ultra latent MoE
@@ -269,6 +269,114 @@ def test_unknown_and_refused_architectures():
         load_model(dict(nano, hybrid_override_pattern="X" * 52))
     with pytest.raises(ModelConfigError, match="52 layers"):
         load_model(dict(nano, hybrid_override_pattern="M" * 51))
+
+
+def test_encoders_are_refused_by_name_not_read_as_decoders():
+    # BERT-base's published config.json (google-bert/bert-base-uncased), unedited
+    bert = {
+        "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.1, "gradient_checkpointing": False,
+        "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02,
+        "intermediate_size": 3072, "layer_norm_eps": 1e-12, "max_position_embeddings": 512,
+        "model_type": "bert", "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0,
+        "position_embedding_type": "absolute", "transformers_version": "4.6.0.dev0", "type_vocab_size": 2,
+        "use_cache": True, "vocab_size": 30522,
+    }  # fmt: skip
+    with pytest.raises(UnsupportedArchitecture, match="BERT-style encoder"):
+        load_model(bert)
+    with pytest.raises(UnsupportedArchitecture, match="BERT-style encoder"):
+        load_model(dict(bert, model_type="my_bert"))  # unknown name, BERT fields
+    with pytest.raises(UnsupportedArchitecture, match="encoder-decoder"):
+        load_model({"model_type": "t5", "d_model": 512, "num_layers": 6, "num_heads": 8, "vocab_size": 32128})
+
+
+def test_fields_that_cost_nothing_and_per_layer_shapes():
+    base = cfg("mistral-7b-v0.1")
+    plain = load_model(base).total_params
+    # an unknown model_type with only no-cost extras (Cohere 2's cache_implementation, Hunyuan's
+    # add_classification_head, a wrapper's image-token ids) loads as the plain decoder it is
+    extra = dict(base, model_type="some_llama", cache_implementation="hybrid", add_classification_head=False)
+    extra.update(image_token_id=151363, video_token_id=151364, image_start_token_id=151339)
+    extra.pop("sliding_window")
+    assert load_model(extra).total_params == plain
+    # a per-layer list of one size is that shape; different sizes are refused as what they are
+    same = dict(base, intermediate_size=[14336] * 32)
+    assert load_model(same).total_params == plain
+    with pytest.raises(UnsupportedArchitecture, match="per-layer 'intermediate_size'"):
+        load_model(dict(base, intermediate_size=[14336] * 31 + [8192]))
+    # a vision tower field shaped [14, 14] is read as (height, width); an unreadable one never
+    # sinks the text model
+    tower = {"hidden_size": 1024, "num_hidden_layers": 24, "patch_size": [14, 14], "image_size": [336, 336]}
+    square = dict(tower, patch_size=14, image_size=336)
+    wrap = {"model_type": "llava", "text_config": dict(base), "vision_config": tower}
+    assert load_model(wrap).vision_params == load_model(dict(wrap, vision_config=square)).vision_params > 0
+    odd = load_model(dict(wrap, vision_config=dict(tower, patch_size={"h": 14})))
+    assert odd.total_params == plain and odd.vision_params == 0 and "not counted" in odd.warnings[0]
+
+
+def test_multimodal_wrapper_of_a_supported_text_model():
+    # GLM-4.5V: a glm4v_moe wrapper whose text model is GLM-4.5-Air, with the wrapper's image-token
+    # ids at the top level
+    air = cfg("glm-4.5-air")
+    wrap = {
+        "architectures": ["Glm4vMoeForConditionalGeneration"], "model_type": "glm4v_moe",
+        "image_token_id": 151363, "video_token_id": 151364, "image_start_token_id": 151339,
+        "image_end_token_id": 151340, "video_start_token_id": 151341, "video_end_token_id": 151342,
+        "text_config": dict(air, model_type="glm4v_moe_text"),
+    }  # fmt: skip
+    assert load_model(wrap).total_params == load_model(air).total_params
+
+
+def test_gpt_neo_local_attention_layers():
+    neo = {
+        "model_type": "gpt_neo",
+        "hidden_size": 2048,
+        "num_layers": 24,
+        "num_heads": 16,
+        "vocab_size": 50257,
+        "max_position_embeddings": 2048,
+        "window_size": 256,
+        "attention_types": [[["global", "local"], 12]],
+    }  # fmt: skip  (EleutherAI/gpt-neo-1.3B config.json, cost fields)
+    m = load_model(neo)
+    assert (m.sliding_window, m.sliding_window_layers, m.qkv_bias, m.o_bias) == (256, 12, False, True)
+    assert abs(m.total_params / 1.3e9 - 1) < 0.02
+
+
+def test_a_diffusers_config_points_to_autopar_dit_model():
+    with pytest.raises(UnsupportedArchitecture, match="autopar dit model"):
+        load_model({"_class_name": "WanTransformer3DModel", "num_layers": 40})
+
+
+def test_mimo_is_qwen2_blocks_with_mtp():
+    # Xiaomi MiMo (remote code, no transformers class): Qwen2 blocks with QKV bias + MTP layers
+    qwen = json.loads((Path(__file__).parents[1] / "autopar/presets/qwen2.5-7b.json").read_text())["hf"]
+    mimo = load_model(
+        dict(qwen, model_type="mimo", architectures=["MiMoForCausalLM"], num_nextn_predict_layers=1)
+    )
+    base = load_model(qwen)
+    assert mimo.qkv_bias and mimo.mtp_layers == 1 and mimo.total_params == base.total_params
+    assert mimo.mtp_params > 0
+
+
+def test_nemotron_real_time_step_limit_and_layers_block_type(tmp_path):
+    # the shipped copies carry the published "time_step_limit": [0.0, Infinity]
+    assert '"time_step_limit"' in (CONFIGS / "nemotron-h-8b.json").read_text()
+    nano = load_model(CONFIGS / "nemotron-3-nano-30b-a3b.json")
+    # NaN stays refused, Infinity elsewhere too
+    bad = (
+        (CONFIGS / "nemotron-h-8b.json")
+        .read_text()
+        .replace('"max_position_embeddings": 8192', '"max_position_embeddings": Infinity')
+    )
+    (tmp_path / "config.json").write_text(bad)
+    with pytest.raises(ModelConfigError, match="max_position_embeddings"):
+        load_model(tmp_path)
+    # Nemotron 3 Ultra's spelling: layers_block_type, no num_hidden_layers
+    raw = cfg("nemotron-3-nano-30b-a3b")
+    names = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    listed = {k: v for k, v in raw.items() if k not in ("hybrid_override_pattern", "num_hidden_layers")}
+    listed["layers_block_type"] = [names[c] for c in raw["hybrid_override_pattern"]]
+    assert load_model(listed).total_params == nano.total_params
 
 
 # ------------------------------------------------------------------ hybrid and linear attention

@@ -470,3 +470,27 @@ def test_spec_is_frozen_and_strict():
             "v_dim",
         )
     )
+
+
+# Classic decoders published by dimensions only: each family's paper's conventions, against the
+# published totals (PaLM Table 1: 540.35 B; BLOOM model card: 176,247,271,424; OPT and GPT-3: 175 B,
+# learned positions not counted; MT-NLG 530 B).
+@pytest.mark.parametrize(
+    "name,h,L,a,published",
+    [
+        ("PaLM 540B", 18432, 118, 48, 540.35e9),
+        ("BLOOM-176B", 14336, 70, 112, 176.247e9),
+        ("OPT-175B", 12288, 96, 96, 175e9),
+        ("MT-NLG 530B", 20480, 105, 128, 530e9),
+        ("GPT-3 175B", 12288, 96, 96, 175e9),
+    ],
+)
+def test_classic_decoders_by_dimensions(name: str, h: int, L: int, a: int, published: float) -> None:
+    from autopar.model import classic_decoder
+
+    spec, notes = classic_decoder(name, hidden=h, layers=L, heads=a)
+    assert abs(spec.total_params / published - 1) < 0.01, spec.total_params
+    assert not spec.gated_mlp or "PaLM" in name  # GELU/ReLU MLPs; PaLM's SwiGLU
+    assert spec.norm.startswith("layernorm") and notes and "ffn_hidden=4*hidden" in " ".join(notes)
+    given, _ = classic_decoder(name, hidden=h, layers=L, heads=a, ffn_hidden=3 * h, vocab=1000)
+    assert given.ffn_hidden == 3 * h and given.vocab == 1000  # sizes given win over conventions

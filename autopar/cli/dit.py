@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from autopar.cli.args import MAX_TOP, add_field_args, int_range, positive_int, print_json, print_names
@@ -37,7 +38,7 @@ def _gb(x: float) -> str:
 
 
 def cmd_model(a: argparse.Namespace) -> int:
-    from autopar.dit.spec import describe, list_dit_presets, load_dit
+    from autopar.dit.spec import describe, is_dit_preset, list_dit_presets, load_dit
 
     if a.list:
         print_names(list_dit_presets(), a.json)
@@ -48,6 +49,14 @@ def cmd_model(a: argparse.Namespace) -> int:
         )
     spec = load_dit(a.name)
     d = describe(spec, a.height, a.width, a.frames)
+    meta, how = None, "a preset (no diffusers config.json)"
+    if not is_dit_preset(a.name):  # a diffusers config: its own class's count beside autopar's
+        from autopar.hf_meta import dit_meta_count
+        from autopar.model import read_config_file
+
+        path = Path(a.name).expanduser()
+        meta, how = dit_meta_count(read_config_file(path))
+    d["meta_params"], d["meta_note"] = meta, how
     if a.json:
         print_json(d)
         return 0
@@ -64,6 +73,11 @@ def cmd_model(a: argparse.Namespace) -> int:
         f"  one forward: {d['forward_tflops']['gemm']:.1f} TFLOP linear + {d['forward_tflops']['attention']:.1f} TFLOP attention; "
         f"VAE decode {d['vae_decode_tflops']:.1f} TFLOP; CFG {'yes' if d['cfg'] else 'no (guidance-distilled)'}",
         f"  source: {d['source']}",
+        (
+            f"  read by autopar's spec; {how}: {meta / 1e9:.3f}B (autopar {d['params'] / meta - 1:+.2%})"
+            if meta
+            else f"  read by autopar's spec; diffusers count: {how}"
+        ),
     ]
     sys.stdout.write("\n".join(out) + "\n")
     return 0

@@ -28,6 +28,7 @@ EXAMPLES: dict[str, list[str]] = {
     "model": [
         "autopar model llama-3.1-70b",
         "autopar model path/to/config.json --json",
+        "autopar model --config path/to/config.json --reader transformers",
         "autopar model --list",
     ],
     "export": [

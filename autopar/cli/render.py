@@ -41,6 +41,29 @@ def print_model(spec) -> None:
     _console.print(t)
 
 
+def print_meta(name: str, meta, how: str, spec) -> None:
+    """Which reader read the model, and the transformers count by module kind beside autopar's."""
+    if meta is None:
+        _console.print(f"read by: autopar's field reader (autopar/model.py); transformers count: {how}")
+        return
+    _console.print(f"read by: {how}" + (" and autopar's field reader" if spec is not None else ""))
+    t = Table(title=f"{name}: parameters by module ({meta.library} {meta.model_class})", show_header=False)
+    t.add_column("kind")
+    t.add_column("parameters", justify="right")
+    for k, v in meta.by_kind.items():
+        t.add_row(k, f"{v / 1e9:.4f} B")
+    t.add_row("total", f"{meta.total / 1e9:.4f} B")
+    t.add_row("language model (no towers, no MTP)", f"{meta.text_total / 1e9:.4f} B")
+    if meta.text_active is not None:
+        t.add_row("language model active", f"{meta.text_active / 1e9:.4f} B")
+    if spec is not None:
+        dev = (spec.total_params - meta.text_total) / meta.text_total
+        t.add_row("autopar field reader total", f"{spec.total_params / 1e9:.4f} B ({dev:+.2%})")
+    _console.print(t)
+    for n in meta.notes:
+        _console.print(f"[yellow]note:[/] {n}")
+
+
 def print_assumptions(assumptions) -> None:
     for a in assumptions:
         _console.print(f"[yellow]assumption:[/] {ms(a)}")

@@ -161,7 +161,8 @@ def forward_time(
     t, h, w = spec.token_grid(height, width, frames)
     s_img, s_txt = float(t * h * w), float(spec.text_tokens)
     sp = u * r
-    n_tok = {"img": s_img / sp, "txt": s_txt / sp, "joint": (s_img + s_txt) / sp}
+    s_ictx = float(spec.image_tokens)
+    n_tok = {"img": s_img / sp, "txt": s_txt / sp, "joint": (s_img + s_txt) / sp, "ictx": s_ictx / sp}
     peak = co.peak("bf16")
     peak_a = np.asarray(peak)
     eff = np.asarray(co.gemm_eff.get("bf16", 0.8))
@@ -175,9 +176,16 @@ def forward_time(
 
     attn = np.zeros_like(gemm)
     for a in spec.attentions():
-        flops = b * a.count * share * attention_flops(a, s_img, s_txt, t, h * w) / (sp * tp)
-        q_len = {"joint": s_img + s_txt, "self": s_img, "cross": s_img, "linear": s_img}.get(a.kind, 0.0)
-        kv_len = {"joint": s_img + s_txt, "self": s_img, "cross": s_txt, "linear": s_img}.get(a.kind, 0.0)
+        flops = b * a.count * share * attention_flops(a, s_img, s_txt, t, h * w, s_ictx) / (sp * tp)
+        q_by = {"joint": s_img + s_txt, "self": s_img, "cross": s_img, "cross_image": s_img, "linear": s_img}
+        kv_by = {
+            "joint": s_img + s_txt,
+            "self": s_img,
+            "cross": s_txt,
+            "cross_image": s_ictx,
+            "linear": s_img,
+        }
+        q_len, kv_len = q_by.get(a.kind, 0.0), kv_by.get(a.kind, 0.0)
         if a.kind == "spatial":
             q_len = kv_len = float(h * w)
         elif a.kind == "temporal":

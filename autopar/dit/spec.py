@@ -26,8 +26,8 @@ from autopar.errors import ModelConfigError, UnsupportedArchitecture
 from autopar.limits import MAX_DIT_LAYERS, MAX_DIT_WIDTH, echo
 
 Arch = Literal["mmdit", "cross", "stdit", "cogvideo", "asym"]
-Stream = Literal["img", "txt", "joint"]
-AttnKind = Literal["joint", "self", "cross", "spatial", "temporal", "linear"]
+Stream = Literal["img", "txt", "joint", "ictx"]  # ictx: image-condition tokens (Wan I2V CLIP)
+AttnKind = Literal["joint", "self", "cross", "cross_image", "spatial", "temporal", "linear"]
 ARCHES: tuple[str, ...] = ("mmdit", "cross", "stdit", "cogvideo", "asym")
 
 
@@ -169,6 +169,12 @@ class DiTSpec:
     dual_attention_layers: int = 0
     pos_embed_tokens: int = 0  # SD3 PatchEmbed table of pos_embed_max_size^2 positions (stored, fixed)
     self_attention: Literal["softmax", "linear"] = "softmax"
+    # image conditioning (Wan 2.1 I2V/FLF2V): CLIP image features of image_dim enter through an
+    # image embedder (LayerNorm, GELU MLP, LayerNorm) as image_tokens extra cross-attention keys with
+    # their own K/V projections (added_kv_dim -> inner, + RMSNorm on K) in every block
+    image_dim: int = 0
+    image_tokens: int = 0
+    added_kv_dim: int = 0
     published_params: float = 0.0
     published_source: str = ""
     source: str = ""
@@ -209,11 +215,13 @@ class DiTSpec:
                 out += [Linear("joint", d, 3 * self.inner + f, S), Linear("joint", self.inner + f, d, S)]
             return out
         if a == "cross":
+            image = [Linear("ictx", self.added_kv_dim, 2 * self.inner, L)] if self.added_kv_dim else []
             return [
                 Linear("img", d, 3 * self.inner, L),
                 Linear("img", self.inner, d, L),
                 Linear("img", d, self.inner, L),  # cross-attention query
                 Linear("txt", d, 2 * self.inner, L),  # cross-attention key/value of the caption
+                *image,  # diffusers WanAttention add_k_proj / add_v_proj (I2V)
                 Linear("img", self.inner, d, L),
                 *self._ffn("img", d, f, L),
             ]
@@ -265,7 +273,8 @@ class DiTSpec:
             return out
         if self.arch == "cross":
             kind: AttnKind = "linear" if self.self_attention == "linear" else "self"
-            return [Attention(kind, L, H, hd), Attention("cross", L, H, hd)]
+            image = [Attention("cross_image", L, H, hd)] if self.added_kv_dim and self.image_tokens else []
+            return [Attention(kind, L, H, hd), Attention("cross", L, H, hd), *image]
         return [Attention("spatial", L, H, hd), Attention("temporal", L, H, hd), Attention("cross", L, H, hd)]
 
     def embedding_params(self) -> int:
@@ -288,6 +297,9 @@ class DiTSpec:
         if self.arch in ("cross", "stdit"):
             p += c * 6 * d + 6 * d  # adaLN-single shared projection
         p += c * 2 * d + 2 * d + d * patch_out + patch_out  # final adaLN + projection
+        if self.image_dim:  # diffusers WanImageEmbedding: LayerNorm, Linear+GELU, Linear, LayerNorm
+            e = self.image_dim
+            p += 2 * e + e * e + e + e * d + d + 2 * d
         if self.refiner_layers:  # HunyuanVideo individual token refiner (self-attn + MLP + adaLN)
             p += self.refiner_layers * (4 * d * d + 4 * d + 2 * 4 * d * d + 5 * d + d * 2 * d + 2 * d)
         return p
@@ -295,7 +307,8 @@ class DiTSpec:
     def norm_params(self) -> int:
         """LayerNorm/RMSNorm weights (qk-norm, affine norms): small, counted for the 1% golden check."""
         per = 4 * self.head_dim  # q/k norms of the image and text streams
-        return (self.layers + self.single_layers) * per + self.dual_attention_layers * 2 * self.head_dim
+        added = self.layers * self.inner if self.added_kv_dim else 0  # norm_added_k (Wan I2V)
+        return (self.layers + self.single_layers) * per + self.dual_attention_layers * 2 * self.head_dim + added
 
     def params_breakdown(self) -> dict[str, int]:
         blocks = sum(lin.params for lin in self.block_linears())
@@ -352,17 +365,21 @@ class DiTSpec:
         t, h, w = self.token_grid(height, width, frames)
         s_img = float(t * h * w)
         s_txt = float(self.text_tokens)
-        n = {"img": s_img, "txt": s_txt, "joint": s_img + s_txt}
+        n = {"img": s_img, "txt": s_txt, "joint": s_img + s_txt, "ictx": float(self.image_tokens)}
         gemm = sum(2.0 * n[lin.stream] * lin.count * lin.k_in * lin.n_out for lin in self.block_linears())
         attn = 0.0
         for a in self.attentions():
-            attn += a.count * attention_flops(a, s_img, s_txt, t, h * w)
+            attn += a.count * attention_flops(a, s_img, s_txt, t, h * w, float(self.image_tokens))
         return {"gemm": gemm, "attention": attn}
 
 
-def attention_flops(a: Attention, s_img: float, s_txt: float, frames: float, hw: float) -> float:
+def attention_flops(
+    a: Attention, s_img: float, s_txt: float, frames: float, hw: float, s_ictx: float = 0.0
+) -> float:
     """Forward FLOPs of one attention op: 4 x q_len x kv_len x heads x head_dim (QK^T and PV)."""
     width = a.heads * a.head_dim
+    if a.kind == "cross_image":  # Wan I2V: image tokens attend the CLIP image tokens, a softmax apart
+        return 4.0 * s_img * s_ictx * width
     if a.kind == "joint":
         return 4.0 * (s_img + s_txt) ** 2 * width
     if a.kind == "self":
@@ -586,10 +603,27 @@ def _from_diffusers(cfg: dict[str, Any], source: str) -> DiTSpec:
         hd, H = need("attention_head_dim"), need("num_attention_heads")
         base = _build("wan2.1-t2v-14b", _data()["models"]["wan2.1-t2v-14b"])
         pt, ph, pw = need("patch_size")
+        # I2V / FLF2V: image_dim (CLIP ViT-H/14 features) and added_kv_proj_dim; 257 image tokens
+        # (CLIP's 16 x 16 patches + class token at 224 px), 514 for FLF2V's two frames (pos_embed_seq_len)
+        image_dim = int(cfg.get("image_dim") or 0)
+        added = int(cfg.get("added_kv_proj_dim") or 0)
+        if bool(image_dim) != bool(added):
+            raise ModelConfigError(
+                f"{source}: WanTransformer3DModel needs image_dim and added_kv_proj_dim together",
+                "set both (image-to-video) or neither (text-to-video)",
+            )
+        if cfg.get("pos_embed_seq_len") is not None:
+            image_tokens = _need(cfg, "pos_embed_seq_len", cls, source)
+            raise UnsupportedArchitecture(
+                f"{source}: pos_embed_seq_len {image_tokens} (FLF2V learned image-token positions) is not modelled",
+                "remove it only if the model has no first-last-frame position embedding",
+            )
         return _replace(
             base, id=name, name=name, hidden=hd * H, heads=H, head_dim=hd, ffn=need("ffn_dim"),
             layers=need("num_layers"), patch=(pt, ph, pw), in_channels=need("in_channels"),
-            text_dim=need("text_dim"), source=f"{source} (VAE and umT5 of the Wan 2.1 preset)", **common,
+            text_dim=need("text_dim"), image_dim=image_dim, added_kv_dim=added,
+            image_tokens=257 if image_dim else 0,
+            source=f"{source} (VAE and umT5 of the Wan 2.1 preset)", **common,
         )  # fmt: skip
     if cls == "PixArtTransformer2DModel":
         hd, H = need("attention_head_dim"), need("num_attention_heads")
