@@ -161,9 +161,9 @@ class FrameworkProfile(BaseModel):
     )
     fsdp_pp_defer: bool = Field(
         False,
-        description="under pipeline parallelism, FSDP keeps the gathered parameters from forward to "
-        "backward and reduce-scatters the gradients once, after the last micro-batch (one all-gather per "
-        "micro-batch and one reduction per step instead of two gathers and a reduction per micro-batch)",
+        description="under pipeline parallelism, FSDP's gradient sync is off until the step's last "
+        "backward: the unsharded gradients accumulate and are reduce-scattered once per step, not once "
+        "per micro-batch",
     )
     zero3_fetch_gbps: float | None = Field(
         default=None,
@@ -225,10 +225,9 @@ TORCHTITAN = FrameworkProfile(
     grad_reduce_fp32=True,
     kernels_per_layer=99,
     pipeline_schedules=("1f1b", "zb", "zbv", "dualpipev"),
-    # torchtitan parallelize: with pipeline parallelism FSDP does not reshard after forward
-    # (fsdp_reshard_after_forward "default" -> not pp_enabled), and torch.distributed.pipelining's
-    # stage defers the gradient reduce-scatter and the reshard to the last backward of the step
-    # (PipelineStage: set_requires_gradient_sync / set_reshard_after_backward only on the last one).
+    # torch.distributed.pipelining's stage turns an FSDP module's gradient sync off for every backward
+    # of the step but the last (PipelineStage backward: set_requires_gradient_sync(last_backward)), so
+    # the reduce-scatter runs once per step; the gathers follow the reshard policy the export writes.
     fsdp_pp_defer=True,
     **_FSDP,
 )

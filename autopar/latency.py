@@ -727,9 +727,9 @@ def data_parallel_tail(
         z3_ag, z3_rs = ag + fetch, rs + fetch
         per_mb = np.select([zero >= 3, zero == 2], [2.0 * z3_ag + z3_rs + ar_rep, rs + ar_rep], default=0.0)
         z3_step = 0.0
-        if profile.fsdp_pp_defer:  # under PP: one gather per micro-batch, the reduction once per step
+        if profile.fsdp_pp_defer:  # under PP: the gradient reduction once per step, not per micro-batch
             deferred = (zero >= 3) & (pp > 1)
-            per_mb = np.where(deferred, z3_ag, per_mb)
+            per_mb = np.where(deferred, 2.0 * z3_ag, per_mb)
             z3_step = np.where(deferred, z3_rs + ar_rep, 0.0)
         reduce_step = z3_step + np.select(
             [zero >= 3, zero == 2, zero == 1],
@@ -739,8 +739,7 @@ def data_parallel_tail(
         # The updated parameters' all-gather of ZeRO-1/2 (the distributed optimizer's param gather).
         gather_step = np.where((zero == 1) | (zero == 2), ag, 0.0)
         if frozen_weights:  # only ZeRO-3's parameter gathers remain
-            gathers = np.where((zero >= 3) & (pp > 1), 1.0, 2.0) if profile.fsdp_pp_defer else 2.0
-            per_mb = np.where(zero >= 3, gathers * z3_ag, 0.0)
+            per_mb = np.where(zero >= 3, 2.0 * z3_ag, 0.0)
             reduce_step = np.zeros_like(reduce_step)
             gather_step = np.zeros_like(gather_step)
         return per_mb, reduce_step, gather_step

@@ -445,10 +445,11 @@ def stage_memory(
         # backward) every layer of the stage is unsharded beside its sharded fp32 copy.
         z3 = z3 + np.where(zero == 2, unit * (nonexp + exp), 0.0)
     if profile.fsdp_pp_defer:
-        # Under pipeline parallelism torchtitan's FSDP keeps the stage's parameters gathered from the
-        # first forward to the last backward and accumulates unsharded gradients until the step's one
-        # reduce-scatter (latency.data_parallel_tail): both unsharded, 16-bit, for the whole step.
-        z3 = z3 + np.where((zero >= 3) & (lay["pp"] > 1), 2.0 * unit * (nonexp + exp), 0.0)
+        # Under pipeline parallelism torch.distributed.pipelining turns FSDP's gradient sync off until
+        # the step's last backward (latency.data_parallel_tail): the stage accumulates its unsharded
+        # gradients (the reduce dtype's bytes, fp32 in torchtitan) for the whole step.
+        grad_unit = np.where(fp32 | profile.grad_reduce_fp32, 4.0, unit)
+        z3 = z3 + np.where((zero >= 3) & (lay["pp"] > 1), grad_unit * (nonexp + exp), 0.0)
 
     groups = dims.process_groups.astype(np.float64)
     out: dict[str, Any] = {

@@ -45,22 +45,35 @@ def test_codes_of_the_earlier_precisions_are_unchanged() -> None:
     assert PRECISION_CODES[4:] == ("mxfp8", "nvfp4")
 
 
-def test_gemms_run_at_the_fp8_and_fp4_peaks_with_the_fp8_efficiency() -> None:
+def test_gemms_run_at_the_fp8_and_fp4_peaks_with_their_own_measured_rates() -> None:
+    from dataclasses import replace
+
     job = _job("gb200-nvl72")
-    s, co = _slot(job, _lays(8, ["bf16", "mxfp8", "nvfp4"]))
+    lays = _lays(8, ["bf16", "mxfp8", "nvfp4"])
+    s, co = _slot(job, lays)
     pk = job.device.peak_tflops
     assert (pk["fp8"], pk["fp4"]) == (5000.0, 10000.0)
-    # llama-3.1-8b's GEMMs at 8192 tokens are compute bound on GB200, so GEMM time scales as
-    # 1 / (peak x efficiency): nvfp4 uses the fp4 peak but the fp8 efficiency.
-    rate = {
-        "bf16": co.peak("bf16") * co.gemm_eff["bf16"],
-        "mxfp8": co.peak("fp8") * co.gemm_eff["fp8"],
-        "nvfp4": co.peak("fp4") * co.gemm_eff["fp8"],
-    }
+    # Each block-scaled format has its own measured efficiency and half-dimension (studies/gemm_rates.py)
+    # at its peak's rate: mxfp8 at the fp8 peak, nvfp4 at the fp4 peak. llama-3.1-8b's GEMMs at 8192
+    # tokens are compute bound on GB200, so doubling a format's efficiency or its peak halves its GEMMs.
+    assert co.gemm_eff["mxfp8"] != co.gemm_eff["fp8"] and co.gemm_eff["nvfp4"] != co.gemm_eff["fp8"]
+    assert co.gemm_half_dim_by["nvfp4"] > co.gemm_half_dim_by["mxfp8"] > co.gemm_half_dim
+    links = C.Links.from_cluster(job.device, job.devices_per_node, coefficients_for(job.device)[1])
+
+    def gemm(c):
+        return stage_slot(
+            job.model, lays, seq_len=job.seq_len, links=links, co=c,
+            n_dense=np.full(3, float(job.model.layers)), n_moe=np.zeros(3), head=np.zeros(3, dtype=bool),
+        )["gemm"]  # fmt: skip
+
     g = s["gemm"]
-    assert g[0] / g[1] == pytest.approx(rate["mxfp8"] / rate["bf16"], rel=1e-9)
-    assert g[0] / g[2] == pytest.approx(rate["nvfp4"] / rate["bf16"], rel=1e-9)
-    assert co.gemm_eff["fp4"] != co.gemm_eff["fp8"]  # the profile's fp4 estimate is not the one used
+    eff2 = gemm(replace(co, gemm_eff={**co.gemm_eff, "mxfp8": 2 * co.gemm_eff["mxfp8"]}))
+    assert eff2[1] == pytest.approx(g[1] / 2, rel=1e-9) and eff2[[0, 2]] == pytest.approx(g[[0, 2]])
+    fp4x2 = gemm(replace(co, peak_flops={**co.peak_flops, "fp4": 2 * co.peak_flops["fp4"]}))
+    assert fp4x2[2] == pytest.approx(g[2] / 2, rel=1e-9) and fp4x2[1] == pytest.approx(g[1])
+    # without its own half-dimension a format falls back to bf16's, which makes its GEMMs faster
+    flat = gemm(replace(co, gemm_half_dim_by={}))
+    assert flat[0] == pytest.approx(g[0]) and flat[1] < g[1] and flat[2] < g[2]
 
 
 def test_scaling_bytes_of_one_gemm_by_hand() -> None:

@@ -205,6 +205,16 @@ CHECKS: dict[tuple[str, object, str], Callable[[str, str], None] | None] = {
         ("launch_latency_us", p.launch_latency_us, FRAMEWORK_EXPORT_FORMAT[n]): HOST_FLOOR
         for n, p in PROFILES.items()
     },
+    # torchtitan under PP: torch.distributed.pipelining itself defers FSDP's gradient sync to the step's
+    # last backward; no launch setting turns it on or off
+    ("fsdp_pp_defer", True, "torchtitan"): None,
+    # the other stacks' ZeRO-3/FSDP has no such deferral to switch on (Megatron-FSDP, DeepSpeed ZeRO-3,
+    # accelerate's FSDP without pipeline parallelism): nothing a launch sets
+    **{
+        ("fsdp_pp_defer", False, FRAMEWORK_EXPORT_FORMAT[n]): None
+        for n, p in PROFILES.items()
+        if not p.fsdp_pp_defer
+    },
     # a measured rate of the stack's own ZeRO-3 code (DeepSpeed 0.3.x), not a launch setting
     **{
         ("zero3_fetch_gbps", p.zero3_fetch_gbps, FRAMEWORK_EXPORT_FORMAT[n]): None

@@ -308,7 +308,9 @@ class DiTSpec:
         """LayerNorm/RMSNorm weights (qk-norm, affine norms): small, counted for the 1% golden check."""
         per = 4 * self.head_dim  # q/k norms of the image and text streams
         added = self.layers * self.inner if self.added_kv_dim else 0  # norm_added_k (Wan I2V)
-        return (self.layers + self.single_layers) * per + self.dual_attention_layers * 2 * self.head_dim + added
+        return (
+            (self.layers + self.single_layers) * per + self.dual_attention_layers * 2 * self.head_dim + added
+        )
 
     def params_breakdown(self) -> dict[str, int]:
         blocks = sum(lin.params for lin in self.block_linears())
