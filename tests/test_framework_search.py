@@ -107,3 +107,40 @@ def test_cli_says_what_it_cut_and_refuses_an_unlaunchable_pin(tmp_path) -> None:
     )
     assert bad.returncode == 2 and bad.stdout == ""
     assert len(bad.stderr.strip().splitlines()) == 1 and "cannot launch pp=4" in bad.stderr
+
+
+def test_study_searches_only_what_the_framework_launches(tmp_path) -> None:
+    # autopar study runs the same restriction as recommend: every trial of a deepspeed study is a
+    # layout the ds_config export renders (no PP, CP or recompute), and the cut is said on stderr.
+    import json
+
+    from autopar.job import Job
+
+    base = [sys.executable, "-m", "autopar"]
+    args = ["--model", "llama-3.1-8b", "--device", "h100-sxm-80gb", "--num-devices", "16", "--seq-len", "4096",
+            "--global-batch", "64", "--framework", "deepspeed"]  # fmt: skip
+    store = str(tmp_path / "ds.log")
+    run = subprocess.run(
+        [*base, "study", "run", "--name", "ds", *args, "--n-trials", "6", "--storage", store, "--quiet"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "deepspeed export) cannot launch, so the search leaves out: pp other than 1" in run.stderr
+    show = subprocess.run(
+        [*base, "study", "show", "--name", "ds", "--storage", store, "--json"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert show.returncode == 0, show.stderr
+    rep = json.loads(show.stdout)
+    trials = rep.get("best") or rep.get("trials") or []
+    assert trials, rep.keys()
+    job = Job.from_flat(model="llama-3.1-8b", device="h100-sxm-80gb", num_devices=16, seq_len=4096,
+                        global_batch=64, framework="deepspeed")  # fmt: skip
+    xjob = ExportJob.from_core(job, num_layers=32)
+    from autopar.layout import Layout
+
+    fields = set(Layout.model_fields)
+    for t in trials:
+        lay = Layout.model_validate({k: v for k, v in t.items() if k in fields})
+        assert lay.pp == 1 and lay.cp == 1 and lay.recompute == "none"
+        get_exporter("deepspeed").render(lay, xjob)  # raises if ds_config cannot express it

@@ -165,9 +165,20 @@ def _run(a: argparse.Namespace) -> int:
     check_storage(a.storage)  # a bad storage is refused before the job and space are built
     objectives = Objectives.parse(a.objective, price_per_device_hour=price(a), price_per_kwh=a.price_per_kwh)
     space = load_space(a.space, tuple(a.overrides))
+    job = job_from_args(a).resolve()
+    # The study searches only what the job's framework can launch, as recommend does
+    # (autopar.search.recommend.launch_check): its trials export as they were scored.
+    from autopar.search.recommend import launch_check
+    from autopar.search.space import restrict_axes
+
+    fmt = job.job.export_format
+    limits, _ = launch_check(job, fmt)
+    space, cut = restrict_axes(space, limits, f"--framework {job.job.framework} ({fmt} export)")
+    if cut:
+        print(terminal_safe(cut), file=sys.stderr)
     cfg = StudyConfig(
         name=a.name,
-        job=job_from_args(a).resolve(),
+        job=job,
         space=space,
         objectives=objectives,
         sampler=a.sampler,
