@@ -265,7 +265,8 @@ def repair_torn_tail(p: Path, lock: Any, *, say: Callable[[str], Any] | None = N
 
 
 def _append_side(side: Path, data: bytes) -> None:
-    """Append ``data`` to a side file and fsync it; on failure it is as it was (or absent again)."""
+    """Append ``data`` to a file (a journal or its side file) and fsync it; on failure it is as it was
+    (or absent again, where the append created it)."""
     existed = side.exists()
     fd = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
     try:
@@ -371,21 +372,7 @@ def _journal_backend(path: str, lock: Any) -> Any:
             try:
                 self._lock.acquire()
                 try:
-                    existed = os.path.exists(self._file_path)
-                    fd = os.open(self._file_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-                    try:
-                        start = os.fstat(fd).st_size
-                        try:
-                            _write_all(fd, data)
-                            os.fsync(fd)
-                        except OSError:
-                            with contextlib.suppress(OSError):
-                                os.ftruncate(fd, start)
-                                if not existed and start == 0:
-                                    os.unlink(self._file_path)
-                            raise
-                    finally:
-                        os.close(fd)
+                    _append_side(Path(self._file_path), data)
                 finally:
                     self._lock.release()
             except OSError as exc:
