@@ -150,11 +150,8 @@ class Calibration(BaseModel):
         """Fitted coefficients of a device, or ones carried over from the fit (see Transfer)."""
         if device_id in self.devices:
             return self.devices[device_id]
-        die = self.transfer.dies.get(device_id)
-        mate = next(
-            (d for d, x in sorted(self.transfer.dies.items()) if x == die and d in self.devices), None
-        )
-        twin = mate if die is not None and mate is not None else self.transfer.same_silicon.get(device_id)
+        # (a die-mode fit writes every member of a fitted die, each on its own rates: nothing to carry)
+        twin = self.transfer.same_silicon.get(device_id)
         if twin in self.devices:
             d = self.devices[twin]
             return DeviceCoefficients(gemm=dict(d.gemm), gemm_half_dim=d.gemm_half_dim, attention=d.attention)

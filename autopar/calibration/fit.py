@@ -106,12 +106,16 @@ def _parameter_space(samples: Sequence[Sample], base: Calibration):
     x0: list[float] = []
     if base.transfer.dies:
         return _die_parameter_space(samples, base)
-    devices = sorted({fit_scope(s.job.device.id, base) for s in samples})
+    devices = sorted({s.job.device.id for s in samples})
     for d in devices:
-        # a die's coefficients are bounded by its members' measured microbenchmarks (the lowest)
-        mine = [s for s in samples if fit_scope(s.job.device.id, base) == d]
-        dev = min((s.job.device for s in mine), key=lambda v: v.efficiency.gemm["bf16"])
-        precs = sorted({("bf16" if s.precision in ("bf16", "fp16") else s.precision) for s in mine})
+        dev = next(s.job.device for s in samples if s.job.device.id == d)
+        precs = sorted(
+            {
+                ("bf16" if s.precision in ("bf16", "fp16") else s.precision)
+                for s in samples
+                if s.job.device.id == d
+            }
+        )
         for p in precs:
             names.append(f"{d}.gemm_{p}")
             mamf = dev.efficiency.gemm.get(p, dev.efficiency.gemm["bf16"])
@@ -205,7 +209,6 @@ def calibration_from_vector(
 ) -> Calibration:
     devices: dict[str, dict[str, Any]] = {}
     glob = dict(base.global_)
-    transfer = base.transfer.model_dump()
     stacks = {k: v.model_dump(exclude_none=True) for k, v in base.stacks.items()}
     for n, v in zip(names, x, strict=True):
         scope, key = n.split(".", 1)
@@ -214,8 +217,6 @@ def calibration_from_vector(
             continue
         if scope.startswith("stack:"):
             stacks.setdefault(scope[len("stack:") :], {})[key] = float(v)
-            continue
-        if scope == "transfer":
             continue
         members = (
             sorted(k for k, x in base.transfer.dies.items() if x == scope[len("die:") :])
@@ -245,7 +246,7 @@ def calibration_from_vector(
             "schema": "autopar.calibration/v1",
             "provenance": provenance or dict(base.provenance),
             "global": glob,
-            "transfer": transfer,
+            "transfer": base.transfer.model_dump(),
             "devices": {k: DeviceCoefficients(**v) for k, v in merged.items()},
             "stacks": stacks,
         }
@@ -455,10 +456,7 @@ def fit(
     w = group_weights(samples)
     every = list(range(len(rows.groups)))
     # the groups of rows each coefficient moves
-    moved = [
-        every if n.startswith(("global.", "transfer.")) else rows.groups_of(n.split(".", 1)[0], base)
-        for n in names
-    ]
+    moved = [every if n.startswith("global.") else rows.groups_of(n.split(".", 1)[0], base) for n in names]
     member = [
         np.isin(np.arange(len(samples)), np.concatenate([rows.groups[k].rows for k in g])) for g in moved
     ]
