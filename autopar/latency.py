@@ -562,7 +562,8 @@ def stage_slot(
     # Host floor: the host enqueues every kernel (asynchronously, so its time hides while the GPU
     # is busier); a stage cannot run a micro-batch faster than its layers' launches. Full
     # recompute relaunches the forward, a third of the forward + backward kernels.
-    launches = profile.kernels_per_layer * n_layers * np.where(rec == REC_FULL, 4.0 / 3.0, 1.0)
+    relaunch = np.where(rec == REC_FULL, 4.0 / 3.0, 1.0)
+    launches = profile.kernels_per_layer * n_layers * relaunch
     host_wait = np.maximum(launches * profile.launch_latency_us * 1e-6 - slot, 0.0)
     # A dropless MoE layer is host-bound where it has many local experts: the grouped expert GEMMs
     # launch one GEMM per local expert (TE GroupedLinear: fc1 and fc2 forward, their data and weight
@@ -574,7 +575,7 @@ def stage_slot(
     # not modelled.)
     if model.is_moe:
         local_experts = model.num_experts / ep
-        expert_launches = MOE_LAUNCHES_PER_EXPERT * local_experts * np.where(rec == REC_FULL, 4.0 / 3.0, 1.0)
+        expert_launches = MOE_LAUNCHES_PER_EXPERT * local_experts * relaunch
         moe_host = n_moe * expert_launches * profile.launch_latency_us * 1e-6 * co.moe_host_factor
     else:
         moe_host = np.zeros(n)

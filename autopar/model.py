@@ -682,6 +682,13 @@ _READ_BY_SOME_CLASS = frozenset(
 )
 
 
+# GPT-J's block, which CodeGen reuses: parallel attention + MLP after one LayerNorm, no attention
+# biases, a GELU MLP with biases.
+_GPTJ_BLOCK: dict[str, Any] = dict(
+    norm="layernorm", norms=1, gated=False, parallel=True, qkv_bias=False, o_bias=False, mlp_bias=True
+)
+
+
 class _Arch:
     """Semantics and transformers-class defaults of one model_type."""
 
@@ -1046,26 +1053,8 @@ _ARCH.update(
         ),
         # GPT-J / CodeGen: parallel attention+MLP after one LayerNorm, no attention biases, GELU MLP
         # with biases, untied LM head with bias, rotary positions
-        "gptj": _Arch(
-            "GPTJConfig",
-            norm="layernorm",
-            norms=1,
-            gated=False,
-            parallel=True,
-            qkv_bias=False,
-            o_bias=False,
-            mlp_bias=True,
-        ),
-        "codegen": _Arch(
-            "CodeGenConfig",
-            norm="layernorm",
-            norms=1,
-            gated=False,
-            parallel=True,
-            qkv_bias=False,
-            o_bias=False,
-            mlp_bias=True,
-        ),
+        "gptj": _Arch("GPTJConfig", **_GPTJ_BLOCK),
+        "codegen": _Arch("CodeGenConfig", **_GPTJ_BLOCK),
         # StarCoder 1 / SantaCoder: GPT-2 with multi-query attention (learned positions not counted)
         "gpt_bigcode": _Arch(
             "GPTBigCodeConfig",

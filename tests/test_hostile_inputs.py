@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_dit import SD35_MEDIUM
 
 from autopar.cli.main import main
 from autopar.limits import MAX_MESSAGE_CHARS
@@ -636,19 +637,7 @@ case(
 case("recommend-ray-unreachable", [*R, "--ray", "127.0.0.1:1"], "cannot reach Ray")
 case("recommend-ray-port-out-of-range", [*R, "--ray", "127.0.0.1:70000"], "out of range")
 # ----------------------------------------------------------------------------------------------- DiT
-SD35M = {
-    "_class_name": "SD3Transformer2DModel",
-    "attention_head_dim": 64,
-    "caption_projection_dim": 1536,
-    "dual_attention_layers": list(range(13)),
-    "in_channels": 16,
-    "joint_attention_dim": 4096,
-    "num_attention_heads": 24,
-    "num_layers": 24,
-    "patch_size": 2,
-    "pooled_projection_dim": 2048,
-    "pos_embed_max_size": 384,
-}
+SD35M = SD35_MEDIUM  # stabilityai/stable-diffusion-3.5-medium transformer config (test_dit)
 G = ["dit", "generate", "--model", "wan2.1-t2v-1.3b", "--device", "h100-sxm-80gb", "--num-devices", "64"]
 G += ["--height", "480", "--width", "832"]
 case(

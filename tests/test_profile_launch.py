@@ -10,12 +10,12 @@ profile field, or a profile value without a check here, fails the walk.
 from __future__ import annotations
 
 import json
-import shlex
 import tomllib
 from collections.abc import Callable
 
 import pytest
 import yaml
+from test_export_validators import _megatron_flags as megatron_flags
 
 from autopar.export import Job, export
 from autopar.export.base import get_exporter
@@ -70,18 +70,6 @@ def texts(framework: str) -> list[str]:
         except Exception:  # noqa: BLE001 - layouts this launcher does not run
             continue
     assert out, framework
-    return out
-
-
-def megatron_flags(text: str) -> dict[str, object]:
-    body = "\n".join(ln for ln in text.splitlines() if not ln.startswith("#")).replace("\\\n", " ")
-    toks, out, i = shlex.split(body), {}, 0
-    while i < len(toks):
-        name = toks[i][2:].replace("-", "_")
-        if i + 1 < len(toks) and not toks[i + 1].startswith("--"):
-            out[name], i = toks[i + 1], i + 2
-        else:
-            out[name], i = True, i + 1
     return out
 
 

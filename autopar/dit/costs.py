@@ -30,6 +30,7 @@ import numpy as np
 from autopar import collectives as C
 from autopar.dit.spec import DiTSpec, attention_flops
 from autopar.errors import AutoparError
+from autopar.hardware import sfu_exp_rate as sfu_rate  # exponentials per second (the softmax's term)
 from autopar.latency import Coefficients, gemm_time
 
 BF16 = 2.0
@@ -85,13 +86,6 @@ def _dit_yaml(path: str | None) -> dict[str, Any]:
             f"{where}: 'global' lacks {sorted(need)[0]!r}", "see cost_models/calibration/dit.yaml"
         )
     return data
-
-
-def sfu_rate(device) -> float:
-    """Exponentials per second of ``device`` (:func:`autopar.hardware.sfu_exp_rate`)."""
-    from autopar.hardware import sfu_exp_rate
-
-    return sfu_exp_rate(device)
 
 
 def dit_coefficients(device, path: str | None = None, co: Coefficients | None = None) -> DiTCoefficients:
