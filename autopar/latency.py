@@ -281,8 +281,9 @@ def stage_slot(
     # The softmax's exponentials run on the special-function units, one per score element forward
     # and one more backward (FlashAttention recomputes P = exp(S - lse)), in series with the matmuls
     # that produce and consume them (BMM1 -> softmax -> BMM2: NVIDIA, "Making Softmax More Efficient
-    # with NVIDIA Blackwell Ultra"). On H100 they cost ~25% of the matmul time at head dim 128; on
-    # Blackwell, whose tensor cores doubled and SFUs did not, ~55% (FlashAttention-4 paper): this is
+    # with NVIDIA Blackwell Ultra"). At both units' peak rates and head dim 128 they add 26% to the
+    # matmul time on H100 and 54% on B200, whose tensor cores doubled and SFUs did not (the
+    # FlashAttention-4 paper's point): this is
     # why attention does not speed up with the tensor-core peak. fp32 attention has no SFU bound
     # beyond its slow matmuls; an unfused core's exponentials are in its memory-bound passes.
     def attn_fwd(s_kv, cp_ring=True):  # noqa: E306
