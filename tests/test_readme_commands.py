@@ -1,11 +1,13 @@
-"""A fresh clone: every command in the README's code blocks runs as written.
+"""A fresh clone: every command in the code blocks of the README and the docs pages runs as written.
 
-The tracked files are copied to a temporary directory (a fresh clone: no ``autopar-calibration/``,
+The shell blocks of ``README.md`` and of every ``docs/*.md`` page (a fence with no language, or
+``bash``/``sh``/``console``; ``text`` blocks are output excerpts) are read in that order, and a command
+written twice runs once. The tracked files are copied to a temporary directory (a fresh clone: no ``autopar-calibration/``,
 no ``autopar-studies.log``, nothing the checkout made) and each command runs there, with ``autopar``
 and ``python`` from this interpreter's environment, so nothing is written into the checkout.
 Transcript blocks (``$ command`` followed by its output) must end as shown: a shown ``error:`` line
 means exit status 2 and that error. The commands too slow for the test suite are listed in
-:data:`SKIPPED` with the reason; every entry there must still match a README command.
+:data:`SKIPPED` with the reason; every entry there must still match a documented command.
 """
 
 from __future__ import annotations
@@ -24,11 +26,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+SHELL_FENCES = {"", "bash", "sh", "console", "shell"}
 BIN = Path(sys.executable).parent
 
 # command prefix -> why it is not run here (times measured on the 2-core development machine)
 SKIPPED = {
     "python -m pip install": "installs the package: the suite runs against the installed one already",
+    "mkdocs build --strict": "builds the documentation site: tests/test_docs_site.py builds it with the same "
+    "--strict flag into a temporary directory",
     "python -m pytest": "the whole test suite (11+ minutes), of which this test is part",
     "autopar calibrate --world-size 4": "microbenchmarks on 4 ranks (~75 s; --quick measured 39-62 s); the predict "
     "command after it runs on the files `calibrate --from-raw` fits from synthetic microbenchmarks",
@@ -46,13 +52,14 @@ SKIPPED = {
 
 @dataclass
 class Command:
-    line: int  # where it starts in README.md
+    line: int  # where it starts in its page
     text: str  # a shell command, or a whole script
     expect_error: str | None = None  # a transcript's "error: ..." line: exit 2 expected
+    page: str = "README.md"  # the page, relative to the repository root
 
     @property
     def id(self) -> str:
-        return f"L{self.line}: {self.text.splitlines()[0][:60]}"
+        return f"{self.page}:L{self.line}: {self.text.splitlines()[0][:60]}"
 
 
 def _logical_lines(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
@@ -74,19 +81,36 @@ def _logical_lines(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
     return out
 
 
-def readme_commands() -> list[Command]:
+def page_commands(page: Path) -> list[Command]:
+    """The commands of one Markdown page's shell blocks, in order."""
     cmds: list[Command] = []
     block: list[tuple[int, str]] | None = None
-    for n, line in enumerate(README.read_text().splitlines(), 1):
+    shell = False
+    for n, line in enumerate(page.read_text().splitlines(), 1):
         if line.startswith("```"):
             if block is None:
                 block = []
+                shell = line[3:].strip().lower() in SHELL_FENCES
                 continue
-            cmds += _block_commands(block)
+            if shell:
+                rel = page.relative_to(ROOT).as_posix()
+                cmds += [Command(c.line, c.text, c.expect_error, rel) for c in _block_commands(block)]
             block = None
         elif block is not None:
             block.append((n, line))
     return cmds
+
+
+def documented_commands() -> list[Command]:
+    """Every page's commands, README first; a command already met (same text) is not repeated."""
+    seen: set[str] = set()
+    out: list[Command] = []
+    for page in PAGES:
+        for c in page_commands(page):
+            if c.text not in seen:
+                seen.add(c.text)
+                out.append(c)
+    return out
 
 
 def _block_commands(block: list[tuple[int, str]]) -> list[Command]:
@@ -117,7 +141,7 @@ def _block_commands(block: list[tuple[int, str]]) -> list[Command]:
     return out
 
 
-COMMANDS = readme_commands()
+COMMANDS = documented_commands()
 
 
 def _skip_reason(cmd: Command) -> str | None:
@@ -127,11 +151,31 @@ def _skip_reason(cmd: Command) -> str | None:
     return None
 
 
-def test_the_readme_has_commands_and_every_skip_names_one() -> None:
+def test_the_docs_have_commands_and_every_skip_names_one() -> None:
     assert len(COMMANDS) >= 15
     for prefix in SKIPPED:
         assert any(c.text.startswith(prefix) for c in COMMANDS), f"stale skip entry: {prefix}"
     assert sum(_skip_reason(c) is None for c in COMMANDS) >= 10  # most commands really run
+    assert len(PAGES) > 1 and {c.page for c in COMMANDS} >= {"README.md", "docs/quickstart.md"}
+
+
+def test_the_readme_sets_up_in_two_commands_and_ci_runs_the_second() -> None:
+    """The README's first section holds exactly two commands: the main job and the whole test suite."""
+    lines = README.read_text().splitlines()
+    sections = [n for n, line in enumerate(lines, 1) if line.startswith("## ")]
+    assert lines[sections[0] - 1] == "## Set up"
+    first = [c for c in page_commands(README) if sections[0] < c.line < sections[1]]
+    starts = sorted({c.line for c in first})
+    assert len(starts) == 2, starts
+    main_job, suite = ([c.text for c in first if c.line == n] for n in starts)
+    assert main_job[0].startswith("python -m pip install ") and main_job[1].startswith("autopar recommend ")
+    assert suite == ['python -m pip install -e ".[dev]"', "python -m pytest"]
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'python -m pip install -q -e ".[dev]" && python -m pytest\n' in ci  # the same, quietly
+
+
+def test_the_readme_stays_short() -> None:
+    assert len(README.read_bytes()) < 15_000
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +209,7 @@ def _env() -> dict[str, str]:
 
 
 def _prepare(cmd: Command, clone: Path) -> None:
-    """The files a command reads that an earlier, skipped README command would have made."""
+    """The files a command reads that an earlier, skipped documented command would have made."""
     if "autopar-calibration/my-cpu-w4" in cmd.text and not (clone / "autopar-calibration").exists():
         from test_calibrate import synthetic_raw
 
@@ -183,7 +227,7 @@ def _prepare(cmd: Command, clone: Path) -> None:
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=[c.id for c in COMMANDS])
-def test_readme_command_runs_as_written(cmd: Command, clone: Path) -> None:
+def test_documented_command_runs_as_written(cmd: Command, clone: Path) -> None:
     why = _skip_reason(cmd)
     if why is not None:
         pytest.skip(why)
