@@ -1,8 +1,8 @@
 """Calibration files: fitted coefficients per device type, with their provenance.
 
 A calibration file (YAML) overrides the efficiency coefficients of device profiles. The shipped
-default, ``cost_models/calibration/default.yaml``, was fitted to the published runs (see README,
-"How the coefficients were obtained"); ``autopar calibrate`` writes files of the same schema from
+default, ``cost_models/calibration/default.yaml``, was fitted to the published runs (see
+docs/calibration.md, "How the coefficients were obtained"); ``autopar calibrate`` writes files of the same schema from
 local microbenchmarks and ``--calibration FILE`` selects one.
 """
 

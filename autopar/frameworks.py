@@ -267,7 +267,7 @@ PROFILES: dict[str, FrameworkProfile] = {
 
 # Headroom kept free on every device when judging whether a layout fits (fraction of capacity).
 # 5%: the allocated-memory model under-predicts the measured Megatron runs by up to 4.6% per model
-# (DeepSeek-V2 proxy; 1.8% MAPE overall: README, "Measured"), the reserved (fragmentation) figure
+# (DeepSeek-V2 proxy; 1.8% MAPE overall: docs/accuracy.md, "Measured"), the reserved (fragmentation) figure
 # has no measurement to check it against, and the allocator's peak moves by a few percent between
 # iterations (transient optimizer-step and NCCL buffers); planning at 100% of capacity leaves no
 # margin for any of them.

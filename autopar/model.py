@@ -1265,7 +1265,7 @@ def _int(cfg: dict, key: str, default: Any = ..., *, ctx: str = "", lenient: boo
         if default is ...:
             raise ModelConfigError(
                 f"{ctx}missing required field {key!r}",
-                "add it to the config (see README 'The model' for the fields and aliases read)",
+                "add it to the config (see docs/model.md for the fields and aliases read)",
             )
         return default
     if isinstance(v, str) and not lenient:

@@ -58,7 +58,7 @@ PUBLISHED = [
     ("wan2.1-t2v-1.3b", 1.42e9, "bf16 backbone 2.84 GB (Wan-AI card via localmodel-run)"),
     ("sana-1600m", 1.6e9, "NVlabs/Sana: Sana-1600M"),
 ]
-# round names: the block formulas land within a few percent (README: what the names round)
+# round names: the block formulas land within a few percent (docs/dit.md: what the names round)
 ROUND_NAMES = [
     ("wan2.1-t2v-14b", 14e9, 0.03),
     ("hunyuanvideo", 13e9, 0.02),

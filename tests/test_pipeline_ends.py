@@ -201,7 +201,7 @@ def test_megatron_refuses_mixed_forms_in_text() -> None:
 def test_llama3_405b_paper_degrees_have_a_fitting_plan(seq, gb, cp, published_mfu) -> None:
     """With the paper's degrees pinned, recommend finds settings (recompute, ZeRO, ends) that fit
     in 80 GB with the headroom kept; the exact paper layout without recompute does not (16
-    micro-batches of 8 layers in flight on stage 1: README, "Production layouts")."""
+    micro-batches of 8 layers in flight on stage 1: docs/accuracy.md, "Production layouts")."""
     from autopar.search.recommend import recommend
 
     res = recommend(

@@ -90,7 +90,7 @@ def test_cpu_validation_refuses_before_measuring(
 
 
 def test_cpu_validation_from_a_fresh_directory_gets_past_its_checks(guarded: Path) -> None:
-    """The README's `python studies/cpu_validation.py`: the default ./autopar-calibration need not
+    """The docs' `python studies/cpu_validation.py` (docs/accuracy.md): the default ./autopar-calibration need not
     exist (it is made once the fit succeeded); checking creates nothing."""
     mod = _cpu_validation()
     a = mod.argparse.Namespace(out_dir=None, name="cpu-gloo-w4", json="out.json", raw=None, from_raw=None)
