@@ -252,6 +252,38 @@ CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         dict(model="qwen2-57b-a14b.json", num_devices=32, seq_len=4096, global_batch=64),
         dict(tp=4, ep=8, etp=1, pp=2, recompute="norm_act_mlp"),
     ),
+    (
+        "mixtral-norm-act-mlp",
+        dict(model="mixtral-8x7b", num_devices=32, seq_len=4096, global_batch=128),
+        dict(tp=4, ep=8, etp=1, precision="fp8", recompute="norm_act_mlp"),
+    ),
+    (
+        "mixtral-overlap-full",
+        dict(model="mixtral-8x7b", num_devices=32, seq_len=4096, global_batch=128, moe_a2a_overlap=True),
+        dict(tp=2, pp=2, ep=8, etp=1, recompute="full"),
+    ),
+    (
+        "deepseek-v3-ends",
+        dict(model="deepseek-v3", num_devices=256, seq_len=4096, global_batch=1024),
+        dict(tp=1, pp=8, ep=32, first_stage_layers=5, last_stage_layers=8, recompute="selective"),
+    ),
+    (
+        "gemma3-27b-unfused",
+        dict(
+            model="gemma-3-27b", num_devices=16, seq_len=4096, global_batch=32, framework="megatron-deepspeed"
+        ),
+        dict(tp=4, recompute="selective"),
+    ),
+    (
+        "qwen3-next-fp32-cp",
+        dict(model="qwen3-next-80b-a3b", device="a100-80gb", num_devices=64, seq_len=8192, global_batch=64),
+        dict(tp=4, cp=2, ep=8, etp=1, precision="fp32"),
+    ),
+    (
+        "jamba-pcie-full",
+        dict(model="jamba-v0.1.json", device="a100-pcie-80gb", num_devices=16, seq_len=4096, global_batch=32),
+        dict(tp=4, pp=2, ep=2, etp=1, recompute="full"),
+    ),
 ]
 
 
