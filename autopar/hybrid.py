@@ -31,67 +31,23 @@ HBM traffic. Backward is twice the forward, as for the engine's other memory-bou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from autopar.blocks import gated_deltanet as gdn
 from autopar.blocks import mamba
+from autopar.blocks.stage import Mix, mix, recurrent_kinds  # noqa: F401  (re-exported)
+from autopar.blocks.stage import n_blocks as blocks  # noqa: F401  (re-exported)
 
 SSD_CHUNK = mamba.CHUNK
 GDN_CHUNK = gdn.CHUNK
 FP32 = 4.0
 
 
-@dataclass(frozen=True)
-class Mix:
-    """Share of a model's blocks with each part (per block; sums of kinds may exceed 1 with a
-    parallel Mamba beside attention)."""
-
-    attn: float  # self-attention mixers
-    linear: float  # Gated DeltaNet mixers
-    mamba: float  # Mamba mixers
-    mixer_sub: float  # blocks with a mixer sublayer (norm + residual); a parallel block counts once
-    ffn_sub: float  # blocks with a feed-forward sublayer
-    ffn_to_blocks: float  # blocks per block with a feed-forward part (n_dense + n_moe -> blocks)
-
-
 def gdn_widths(model) -> tuple[int, int, int]:
     """Gated DeltaNet widths: total key width, total value width and value heads."""
     return gdn.widths(model)
-
-
-def mix(model) -> Mix:
-    L = float(model.layers)
-    with_ffn = model.layers - model.no_ffn_layers
-    return Mix(
-        attn=model.attn_layers / L,
-        linear=model.linear_attn_layers / L,
-        mamba=model.mamba_layers / L,
-        mixer_sub=(model.layers - model.no_mixer_layers) / L,
-        ffn_sub=with_ffn / L,
-        ffn_to_blocks=L / with_ffn if with_ffn else float("nan"),
-    )
-
-
-def blocks(model, n_dense, n_moe) -> np.ndarray:
-    """Blocks of a stage holding ``n_dense`` dense-MLP and ``n_moe`` MoE blocks (proportional mix)."""
-    n = np.asarray(n_dense, dtype=np.float64) + np.asarray(n_moe, dtype=np.float64)
-    if not model.is_hybrid:
-        return n
-    return n * mix(model).ffn_to_blocks
-
-
-def recurrent_kinds(model) -> list[tuple[float, Any]]:
-    """(share of the blocks, block module) of each recurrent mixer kind the model has."""
-    mx = mix(model)
-    out: list[tuple[float, Any]] = []
-    if gdn.present(model):
-        out.append((mx.linear, gdn))
-    if mamba.present(model):
-        out.append((mx.mamba, mamba))
-    return out
 
 
 # --------------------------------------------------------------------------------------- GEMMs

@@ -24,8 +24,10 @@ from autopar.blocks.attention import FLASH_BWD_MULT, attn_fwd  # noqa: F401  (re
 from autopar.blocks.context import (  # noqa: F401  (re-exported)
     ACT_BYTES,
     FP32_BYTES,
+    MAMF_REFERENCE_DIM,
     NONCAUSAL_ATTENTION_SPEEDUP,
     SlotContext,
+    gemm_time,
     slot_context,
 )
 from autopar.blocks.moe_ffn import MOE_LAUNCHES_PER_EXPERT  # noqa: F401  (re-exported)
@@ -86,36 +88,6 @@ class Coefficients:
     def peak(self, precision: str) -> float:
         v = self.peak_flops.get(precision)  # a float, or an array per layout row (hardware what-if)
         return self.peak_flops["bf16"] if v is None or np.all(np.asarray(v) == 0) else v
-
-
-# The max-achievable-matmul (MAMF) efficiencies are measured on large square GEMMs of this size.
-MAMF_REFERENCE_DIM = 16384.0
-
-
-def gemm_time(
-    co: Coefficients,
-    flops_peak: np.ndarray,
-    eff_max: np.ndarray,
-    M,
-    N,
-    K,
-    elem_bytes=ACT_BYTES,
-    half_dim=None,
-) -> np.ndarray:
-    """Roofline time of one GEMM (M×K by K×N) with efficiency falling for small M, N, K (tiles, waves).
-
-    Efficiency is ``eff_max`` at the MAMF reference size and falls as 1/(1 + d/M + d/N + d/K) with
-    d = ``gemm_half_dim``; the memory side moves the three operands once. Serving and calibration use
-    the same function.
-    """
-    M = np.maximum(np.asarray(M, dtype=np.float64), 1.0)
-    N = np.maximum(np.asarray(N, dtype=np.float64), 1.0)
-    K = np.maximum(np.asarray(K, dtype=np.float64), 1.0)
-    hd = co.gemm_half_dim if half_dim is None else half_dim
-    shape = (1.0 + 3.0 * hd / MAMF_REFERENCE_DIM) / (1.0 + hd / M + hd / N + hd / K)
-    compute = 2.0 * M * N * K / (flops_peak * eff_max * shape)
-    traffic = elem_bytes * (M * K + K * N + M * N) / co.hbm_bw
-    return np.maximum(compute, traffic)
 
 
 def stage_slot(

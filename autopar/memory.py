@@ -17,8 +17,9 @@ import numpy as np
 
 from autopar import hybrid
 from autopar import precision as P
+from autopar.blocks.context import REC_FULL, REC_NONE, recompute_drops  # noqa: F401  (re-exported)
 from autopar.frameworks import MEGATRON, FrameworkProfile
-from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, RECOMPUTE_MODULES, LayoutTable
+from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.moe import routed_activation_parts
 from autopar.schedules import V_SHAPED, inflight_chunks
 
@@ -37,21 +38,8 @@ LOGIT_BYTES = 6.0
 # logits plus the fp32 log-probabilities the cross-entropy keeps.
 FP32_WEIGHT_BYTES, FP32_GRAD_BYTES, FP32_OPTIM_BYTES, FP32_LOGIT_BYTES = 4.0, 4.0, 8.0, 8.0
 
-REC_NONE, REC_FULL = RECOMPUTE_CODES.index("none"), RECOMPUTE_CODES.index("full")
 # Precision codes whose GEMMs run through TE's 8-/4-bit recipes (autopar.precision.LOW_PRECISION).
 LOW_PRECISION_CODES = [PRECISION_CODES.index(p) for p in P.LOW_PRECISION]
-# Codes of the selective modes whose Megatron module set recomputes each group of tensors
-# (autopar.layout.RECOMPUTE_MODULES): "layernorm" comes with moe_act and mla_up_proj, "mlp" with
-# shared_experts; core_attn is in every one of them.
-_NORM_CODES = [RECOMPUTE_CODES.index(m) for m, mods in RECOMPUTE_MODULES.items() if "layernorm" in mods]
-_MLP_CODES = [RECOMPUTE_CODES.index(m) for m, mods in RECOMPUTE_MODULES.items() if "mlp" in mods]
-
-
-def recompute_drops(recompute: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(attention core, norm/activation/up-projection outputs, MLP intermediates) recomputed by
-    each row's selective mode (all False for none; full recompute is handled on its own)."""
-    rec = np.asarray(recompute)
-    return rec != REC_NONE, np.isin(rec, _NORM_CODES), np.isin(rec, _MLP_CODES)
 
 
 # What the caching allocator hands out (torch.cuda.max_memory_allocated); ``fragmentation`` is the

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from autopar.blocks.context import SlotContext
+from autopar.blocks.context import SlotContext, gemm_time
 
 KIND = "attention"
 # FlashAttention backward: dQ, dK, dV and the recomputed QK^T, 2.5x the forward's matmul FLOPs.
@@ -104,8 +104,6 @@ def attn_fwd(model, ctx: SlotContext, s_kv, cp_ring: bool = True) -> tuple[np.nd
 def core_time(model, ctx: SlotContext) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of one layer's attention core per rank (the model's sliding-window
     share averaged over its attention layers)."""
-    from autopar.latency import gemm_time
-
     co = ctx.co
     window = model.sliding_window or 0
     s_kv_full = float(ctx.seq_len)

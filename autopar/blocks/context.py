@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from autopar import precision as P
-from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, LayoutTable
+from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, RECOMPUTE_MODULES, LayoutTable
 
 ACT_BYTES = 2.0
 FP32_BYTES = 4.0  # fp32 training (e.g. the CPU reference runs): activations, gradients and wire bytes
@@ -22,7 +22,49 @@ FP32_BYTES = 4.0  # fp32 training (e.g. the CPU reference runs): activations, gr
 # Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608) Fig. 5, H100 head dim 128, forward at 16k:
 # cuDNN 595 vs 539 TFLOP/s, FlashAttention-2 370 vs 335 (1.10 both).
 NONCAUSAL_ATTENTION_SPEEDUP = 1.10
-REC_FULL = RECOMPUTE_CODES.index("full")
+REC_NONE, REC_FULL = RECOMPUTE_CODES.index("none"), RECOMPUTE_CODES.index("full")
+# Codes of the selective modes whose Megatron module set recomputes each group of tensors
+# (autopar.layout.RECOMPUTE_MODULES): "layernorm" comes with moe_act and mla_up_proj, "mlp" with
+# shared_experts; core_attn is in every one of them.
+_NORM_CODES = [RECOMPUTE_CODES.index(m) for m, mods in RECOMPUTE_MODULES.items() if "layernorm" in mods]
+_MLP_CODES = [RECOMPUTE_CODES.index(m) for m, mods in RECOMPUTE_MODULES.items() if "mlp" in mods]
+
+
+def recompute_drops(recompute: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(attention core, norm/activation/up-projection outputs, MLP intermediates) recomputed by
+    each row's selective mode (all False for none; full recompute is handled on its own)."""
+    rec = np.asarray(recompute)
+    return rec != REC_NONE, np.isin(rec, _NORM_CODES), np.isin(rec, _MLP_CODES)
+
+
+# The max-achievable-matmul (MAMF) efficiencies are measured on large square GEMMs of this size.
+MAMF_REFERENCE_DIM = 16384.0
+
+
+def gemm_time(
+    co: Any,
+    flops_peak: np.ndarray,
+    eff_max: np.ndarray,
+    M,
+    N,
+    K,
+    elem_bytes=ACT_BYTES,
+    half_dim=None,
+) -> np.ndarray:
+    """Roofline time of one GEMM (M×K by K×N) with efficiency falling for small M, N, K (tiles, waves).
+
+    Efficiency is ``eff_max`` at the MAMF reference size and falls as 1/(1 + d/M + d/N + d/K) with
+    d = ``gemm_half_dim``; the memory side moves the three operands once. Serving and calibration use
+    the same function.
+    """
+    M = np.maximum(np.asarray(M, dtype=np.float64), 1.0)
+    N = np.maximum(np.asarray(N, dtype=np.float64), 1.0)
+    K = np.maximum(np.asarray(K, dtype=np.float64), 1.0)
+    hd = co.gemm_half_dim if half_dim is None else half_dim
+    shape = (1.0 + 3.0 * hd / MAMF_REFERENCE_DIM) / (1.0 + hd / M + hd / N + hd / K)
+    compute = 2.0 * M * N * K / (flops_peak * eff_max * shape)
+    traffic = elem_bytes * (M * K + K * N + M * N) / co.hbm_bw
+    return np.maximum(compute, traffic)
 
 
 @dataclass(frozen=True)
@@ -63,14 +105,10 @@ class SlotContext:
 
     def gt(self, M, N, K) -> np.ndarray:
         """One linear GEMM at the row's precision (``autopar.latency.gemm_time``)."""
-        from autopar.latency import gemm_time
-
         return gemm_time(self.co, self.peak, self.geff, M, N, K, self.elem, self.ghd)
 
     def gt16(self, M, N, K) -> np.ndarray:
         """One 16-bit matmul inside a mixer core (chunked scans: never FP8)."""
-        from autopar.latency import gemm_time
-
         co = self.co
         geff = np.where(self.is_fp32, co.gemm_eff.get("fp32", co.gemm_eff["bf16"]), co.gemm_eff["bf16"])
         return gemm_time(co, self.attn_peak, geff, M, N, K, self.elem)
@@ -90,8 +128,6 @@ class SlotContext:
 
 def slot_context(lay: LayoutTable, *, seq_len: float, co, links, profile) -> SlotContext:
     """The :class:`SlotContext` of every row of ``lay``."""
-    from autopar.memory import recompute_drops
-
     n = len(lay)
     prec_code = lay["precision"]
     # Per-precision GEMM peak and efficiency (attention and elementwise stay bf16: FP8 recipes

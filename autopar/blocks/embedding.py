@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from autopar.blocks.context import SlotContext
+from autopar.blocks.context import SlotContext, gemm_time
 
 KIND = "embedding"
 
@@ -33,8 +33,6 @@ def head_time(model, ctx: SlotContext) -> np.ndarray:
     bf16 under every FP8/FP4 recipe (the NVFP4 paper keeps the output head in bf16 too); the loss
     reads and writes the fp32 logits.
     """
-    from autopar.latency import gemm_time
-
     co, is_low = ctx.co, ctx.is_low
     head_peak = np.where(is_low, ctx.bf16_peak, ctx.peak)
     head_eff = np.where(is_low, co.gemm_eff["bf16"], ctx.geff)
