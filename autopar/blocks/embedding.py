@@ -21,6 +21,17 @@ def params(model) -> float:
     return float(model.vocab * model.hidden)
 
 
+def embed_output_elems(model, sb, sp_div) -> np.ndarray:
+    """Elements of the embedding output one micro-batch keeps (the first block's input), per rank:
+    ``sb h`` split by sequence parallelism, 16-bit counted as 2 per element."""
+    return 2.0 * sb * model.hidden / sp_div
+
+
+def logits_elems(model, sb, tp) -> np.ndarray:
+    """Logits of one micro-batch per rank (vocab-parallel): ``sb V / tp``."""
+    return sb * model.vocab / tp
+
+
 def head_flops_per_token(model) -> float:
     """Forward FLOPs per token of the LM head GEMM, unsharded."""
     return 2.0 * model.hidden * model.vocab
