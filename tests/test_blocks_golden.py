@@ -38,3 +38,28 @@ def test_figures_match_the_pre_restructure_table(case):
         if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300)
     ]
     assert not bad, bad[:5]
+
+
+SERVING = json.loads((GOLDEN / "serving_table.json").read_text())
+_sspec = importlib.util.spec_from_file_location("make_serving_table", GOLDEN / "make_serving_table.py")
+assert _sspec and _sspec.loader
+sgen = importlib.util.module_from_spec(_sspec)
+_sspec.loader.exec_module(sgen)
+
+
+def _same(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-300)
+
+
+def test_serving_table_covers_the_generator_cases():
+    assert [c["name"] for c in SERVING["cases"]] == [n for n, _, _, _ in sgen.CASES]
+    assert "before its per-block split" in SERVING["provenance"]
+
+
+@pytest.mark.parametrize("case", SERVING["cases"], ids=lambda c: c["name"])
+def test_serving_figures_match_the_pre_split_table(case):
+    now = sgen.compute(case["model"], case["workload"], case["instances"])
+    want = case["figures"]
+    assert sorted(now) == sorted(want)
+    bad = [(k, a, b) for k in want for a, b in zip(now[k], want[k], strict=True) if not _same(a, b)]
+    assert not bad, bad[:5]
