@@ -9,7 +9,8 @@ of the stack's profile), memory-bound elementwise work, recomputation, and the e
 TP/SP, CP and EP communication, never less than the host's kernel launches (the stack's host
 floor). Communication that overlaps compute still slows it by ``overlap_contention`` of its
 duration (collective kernels share SMs and HBM). Every term is a numpy array over layouts;
-breakdowns sum to ``step_time``.
+breakdowns sum to ``step_time``. Each layer kind's formulas live in its block module
+(:mod:`autopar.blocks`); :func:`stage_slot` sums them over the stage's blocks.
 """
 
 from __future__ import annotations
