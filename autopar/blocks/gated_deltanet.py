@@ -25,6 +25,11 @@ def present(model) -> bool:
     return bool(model.linear_attn_layers)
 
 
+def layers(model) -> int:
+    """Blocks of the model with this mixer."""
+    return int(model.linear_attn_layers)
+
+
 def params(model) -> float:
     """Parameters of one block's mixer (the model reader's count)."""
     return float(model.linear_attn_params_per_layer)

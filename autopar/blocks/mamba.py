@@ -28,6 +28,11 @@ def present(model) -> bool:
     return bool(model.mamba_layers)
 
 
+def layers(model) -> int:
+    """Blocks of the model with this mixer."""
+    return int(model.mamba_layers)
+
+
 def params(model) -> float:
     """Parameters of one block's mixer (the model reader's count)."""
     return float(model.mamba_params_per_layer)

@@ -54,15 +54,14 @@ def n_blocks(model, n_dense, n_moe) -> np.ndarray:
     return n * mix(model).ffn_to_blocks
 
 
+# The recurrent mixer kinds a hybrid stage can hold (a new one is added here and in ``KINDS``).
+RECURRENT: tuple[ModuleType, ...] = (gated_deltanet, mamba)
+
+
 def recurrent_kinds(model) -> list[tuple[float, Any]]:
     """(share of the blocks, block module) of each recurrent mixer kind the model has."""
-    mx = mix(model)
-    out: list[tuple[float, Any]] = []
-    if gated_deltanet.present(model):
-        out.append((mx.linear, gated_deltanet))
-    if mamba.present(model):
-        out.append((mx.mamba, mamba))
-    return out
+    L = float(model.layers)
+    return [(kind.layers(model) / L, kind) for kind in RECURRENT if kind.present(model)]
 
 
 @dataclass(frozen=True)
