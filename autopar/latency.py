@@ -9,7 +9,8 @@ of the stack's profile), memory-bound elementwise work, recomputation, and the e
 TP/SP, CP and EP communication, never less than the host's kernel launches (the stack's host
 floor). Communication that overlaps compute still slows it by ``overlap_contention`` of its
 duration (collective kernels share SMs and HBM). Every term is a numpy array over layouts;
-breakdowns sum to ``step_time``.
+breakdowns sum to ``step_time``. Each layer kind's formulas live in its block module
+(:mod:`autopar.blocks`); :func:`stage_slot` sums them over the stage's blocks.
 """
 
 from __future__ import annotations
@@ -18,20 +19,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autopar import blocks, hybrid, moe
 from autopar import collectives as C
-from autopar import hybrid, moe
-from autopar import precision as P
+from autopar.blocks.attention import FLASH_BWD_MULT, attn_fwd  # noqa: F401  (re-exported)
+from autopar.blocks.context import (  # noqa: F401  (re-exported)
+    ACT_BYTES,
+    FP32_BYTES,
+    MAMF_REFERENCE_DIM,
+    NONCAUSAL_ATTENTION_SPEEDUP,
+    SlotContext,
+    gemm_time,
+    slot_context,
+)
+from autopar.blocks.moe_ffn import MOE_LAUNCHES_PER_EXPERT  # noqa: F401  (re-exported)
 from autopar.frameworks import MEGATRON, FrameworkProfile
 from autopar.layout import PRECISION_CODES, LayoutTable
-from autopar.memory import LOW_PRECISION_CODES, REC_FULL, recompute_drops, stage_shape
+from autopar.memory import stage_shape
 from autopar.schedules import V_SHAPED, bubble_terms
-
-ACT_BYTES = 2.0
-# Attention kernel speed without a causal mask over with one (the off-diagonal steps of ring CP):
-# Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608) Fig. 5, H100 head dim 128, forward at 16k:
-# cuDNN 595 vs 539 TFLOP/s, FlashAttention-2 370 vs 335 (1.10 both).
-NONCAUSAL_ATTENTION_SPEEDUP = 1.10
-FP32_BYTES = 4.0  # fp32 training (e.g. the CPU reference runs): activations, gradients and wire bytes
 
 TIME_COMPONENTS = (
     "gemm",
@@ -87,43 +91,6 @@ class Coefficients:
         return self.peak_flops["bf16"] if v is None or np.all(np.asarray(v) == 0) else v
 
 
-# Kernels a grouped expert MLP launches per local expert per micro-batch: fc1 and fc2 forward, and the
-# data- and weight-gradient GEMMs of each backward (TE GroupedLinear runs one cuBLAS GEMM per expert).
-MOE_LAUNCHES_PER_EXPERT = 6.0
-
-# FlashAttention backward: dQ, dK, dV and the recomputed QK^T, 2.5x the forward's matmul FLOPs.
-FLASH_BWD_MULT = 2.5
-
-# The max-achievable-matmul (MAMF) efficiencies are measured on large square GEMMs of this size.
-MAMF_REFERENCE_DIM = 16384.0
-
-
-def gemm_time(
-    co: Coefficients,
-    flops_peak: np.ndarray,
-    eff_max: np.ndarray,
-    M,
-    N,
-    K,
-    elem_bytes=ACT_BYTES,
-    half_dim=None,
-) -> np.ndarray:
-    """Roofline time of one GEMM (M×K by K×N) with efficiency falling for small M, N, K (tiles, waves).
-
-    Efficiency is ``eff_max`` at the MAMF reference size and falls as 1/(1 + d/M + d/N + d/K) with
-    d = ``gemm_half_dim``; the memory side moves the three operands once. Serving and calibration use
-    the same function.
-    """
-    M = np.maximum(np.asarray(M, dtype=np.float64), 1.0)
-    N = np.maximum(np.asarray(N, dtype=np.float64), 1.0)
-    K = np.maximum(np.asarray(K, dtype=np.float64), 1.0)
-    hd = co.gemm_half_dim if half_dim is None else half_dim
-    shape = (1.0 + 3.0 * hd / MAMF_REFERENCE_DIM) / (1.0 + hd / M + hd / N + hd / K)
-    compute = 2.0 * M * N * K / (flops_peak * eff_max * shape)
-    traffic = elem_bytes * (M * K + K * N + M * N) / co.hbm_bw
-    return np.maximum(compute, traffic)
-
-
 def stage_slot(
     model,
     lay: LayoutTable,
@@ -141,342 +108,230 @@ def stage_slot(
     """Seconds one micro-batch takes on one pipeline stage per row, by component (``SLOT_PARTS``).
 
     Each row of ``lay`` is one stage: ``n_dense`` dense and ``n_moe`` MoE layers with the row's own
-    recompute mode, plus the LM head and loss where ``head``. Besides the parts it returns ``slot``
-    (their sum as the pipeline schedule sees it), ``head_slot`` (the LM head's share), ``fwd``,
-    ``bwd`` and ``recompute`` (the overlap windows of the data-parallel tail), and the raw TP/CP/EP
-    communication for the exposed-communication report. :func:`step_time_breakdown` calls it on the
-    heaviest stage of a uniform pipeline, ``autopar.search.uneven`` on every stage of an uneven one.
-    ``frozen_weights`` (LoRA-style fine-tuning): backward runs only the input-gradient GEMMs.
+    recompute mode, plus the LM head and loss where ``head``. The stage is costed as the sum over its
+    blocks (:func:`autopar.blocks.stage_blocks`) of each block module's cost. Besides the parts it
+    returns ``slot`` (their sum as the pipeline schedule sees it), ``head_slot`` (the LM head's share),
+    ``fwd``, ``bwd`` and ``recompute`` (the overlap windows of the data-parallel tail), and the raw
+    TP/CP/EP communication for the exposed-communication report. :func:`step_time_breakdown` calls it
+    on the heaviest stage of a uniform pipeline, ``autopar.search.uneven`` on every stage of an uneven
+    one. ``frozen_weights`` (LoRA-style fine-tuning): backward runs only the input-gradient GEMMs.
     ``moe_options``: the token dispatcher and the EP all-to-all overlap (:class:`autopar.moe.MoEOptions`).
     ``profile``: the training stack's attention kernel, host floor and TP overlap
     (:class:`autopar.frameworks.FrameworkProfile`).
     """
-    n = len(lay)
-    opts = moe_options or moe.MoEOptions()
-    tp = lay["tp"].astype(np.float64)
-    cp = lay["cp"].astype(np.float64)
-    ep = lay["ep"].astype(np.float64)
-    etp = lay["etp"].astype(np.float64)
-    mb = lay["micro_batch"].astype(np.float64)
-    rec = lay["recompute"]
-    prec_code = lay["precision"]
-    h = float(model.hidden)
-
-    # Per-precision GEMM peak and efficiency (attention and elementwise stay bf16: FP8 recipes
-    # only run GEMMs in FP8, data README caveat 2; the block-scaled keys: autopar.precision).
-    peak = np.empty(n)
-    geff = np.empty(n)
-    quant_bpe = np.zeros(n)  # block-scaling bytes per quantized GEMM-input element
-    ghd = np.full(n, co.gemm_half_dim)  # the precision's GEMM half-dimension
-    for code, name in enumerate(PRECISION_CODES):
-        sel = prec_code == code
-        if sel.any():
-            ghd[sel] = co.gemm_half_dim_by.get(
-                name, co.gemm_half_dim_by.get(P.EFFICIENCY_KEY[name], co.gemm_half_dim)
-            )
-            peak[sel] = np.broadcast_to(co.peak(P.PEAK_KEY[name]), (n,))[sel]
-            # the format's own measured rate (block-scaled formats), else its peak precision's
-            geff[sel] = co.gemm_eff.get(name, co.gemm_eff.get(P.EFFICIENCY_KEY[name], co.gemm_eff["bf16"]))
-            quant_bpe[sel] = P.QUANT_BYTES_PER_ELEMENT.get(name, 0.0)
-    bf16_peak = co.peak("bf16")
-    is_fp8 = prec_code == PRECISION_CODES.index("fp8")
-    is_low = np.isin(prec_code, LOW_PRECISION_CODES)
-    # Bytes per activation/gradient element: 16-bit, except fp32 training, whose activations,
-    # gradients and communication are fp32 and whose attention runs at the fp32 rate.
-    is_fp32 = prec_code == PRECISION_CODES.index("fp32")
-    elem = np.where(is_fp32, FP32_BYTES, ACT_BYTES)
-    attn_peak = np.where(is_fp32, co.peak("fp32"), bf16_peak)
-
-    s_loc = seq_len / cp
-    T = mb * s_loc  # tokens per rank per micro-batch (before SP sharding)
-
-    # ---- GEMMs of one layer, forward, per rank --------------------------------------------
-    a, g = model.heads, model.kv_heads
-
-    def gt(M, N, K):  # noqa: E306
-        return gemm_time(co, peak, geff, M, N, K, elem, ghd)
-
-    n_mb = lay["grad_accum"].astype(np.float64)
-
-    def scale_fwd(M, N, K):  # noqa: E306
-        return P.scaling_bytes(quant_bpe, M, N, K, n_mb)[0]
-
-    def scale_bwd(M, N, K):  # noqa: E306
-        return P.scaling_bytes(quant_bpe, M, N, K, n_mb)[1]
-
-    up_mult = 2.0 if model.gated_mlp else 1.0
-    sp_div = lay.dims.sp_divisor.astype(np.float64)
-    if model.is_moe:
-        T_r = moe.routed_tokens(T, sp_div)
-        tok_e = moe.tokens_per_expert(model, T, sp_div, ep, etp)
-
-    def layer_gemms(f):  # noqa: E306
-        """One layer's linear GEMMs, ``f(M, N, K)`` summed per part: ``attn`` (all of attention),
-        ``attn_up`` (its share that MLA's ``mla_up_proj`` recompute repeats: the Q and KV
-        up-projections), ``dense`` (the dense MLP), ``moe`` (routed + shared experts) and
-        ``shared`` (the shared experts alone)."""
-        zero = np.zeros(n)
-        if model.is_mla:
-            qd = model.heads * model.qk_head_dim
-            q_up = f(T, qd / tp, model.q_lora_rank) if model.q_lora_rank else f(T, qd / tp, h)
-            up = q_up + f(T, a * (model.qk_nope_head_dim + model.v_dim) / tp, model.kv_lora_rank)
-            down = f(T, model.kv_lora_rank + model.qk_rope_head_dim, h) + f(T, h, a * model.v_dim / tp)
-            if model.q_lora_rank:
-                down = down + f(T, model.q_lora_rank, h)
-            attn = up + down
-        else:
-            up = zero
-            q_mult = 2 if model.attn_output_gate else 1  # gated attention: q_proj also emits the gate
-            attn = f(T, (q_mult * a * model.head_dim + 2 * g * model.head_dim) / tp, h) + f(
-                T, h, a * model.head_dim / tp
-            )
-
-        def mlp(F, M, width_div):
-            return f(M, up_mult * F / width_div, h) + f(M, h, F / width_div)
-
-        dense = mlp(model.ffn_hidden, T, tp) if model.ffn_hidden else zero
-        if not model.is_moe:
-            return {"attn": attn, "attn_up": up, "dense": dense, "moe": zero, "shared": zero}
-        # Grouped GEMM = one GEMM per local expert with M = its tokens (autopar.moe): small per-expert
-        # M pays the same tile/wave quantization as any small GEMM. Shared experts run on the rank's
-        # sequence-parallel share of the tokens.
-        expert = (model.num_experts / ep) * mlp(model.moe_ffn_hidden, tok_e, etp)
-        shared = mlp(model.shared_expert_ffn, T, tp) if model.shared_expert_ffn else zero
-        return {"attn": attn, "attn_up": up, "dense": dense, "moe": expert + shared, "shared": shared}
-
-    gemms = layer_gemms(gt)
-    attn_gemm, dense_mlp, moe_mlp = gemms["attn"], gemms["dense"], gemms["moe"]
-    if model.is_moe:
-        # The router GEMM (not a TE module: never block-scaled) on the sequence-parallel share.
-        moe_mlp = moe_mlp + gt(T_r, model.num_experts, h)
-        # Memory-bound token shuffling (permutations/unpermutations, router top-k), fwd; the
-        # backward moves the same bytes once (not the 2x of the elementwise ops' recomputed reads).
-        moe_elem = (
-            moe.permutation_bytes(model, T, sp_div, ep, etp, elem) + moe.router_bytes(model, T, sp_div)
-        ) / co.hbm_bw
-    else:
-        moe_elem = np.zeros(n)
-    # Block scaling (mxfp8/nvfp4): quantize/dequantize + amax/scale passes over every linear GEMM's
-    # inputs, memory-bound; forward X and W, backward dY (autopar.precision.scaling_bytes).
-    sf, sb_ = layer_gemms(scale_fwd), layer_gemms(scale_bwd)
-    sa_f, sd_f, sm_f = sf["attn"], sf["dense"], sf["moe"]
-    sa_b, sd_b, sm_b = sb_["attn"], sb_["dense"], sb_["moe"]
-
-    # ---- attention core ---------------------------------------------------------------------------
-    window = model.sliding_window or 0
-    s_kv_full = float(seq_len)
-
-    # Transformer Engine's attention runs cuDNN's fused kernel where the device has one faster than
-    # FlashAttention-2 (sm90+; autopar.frameworks, "Attention kernel"); attention_eff is FA2's.
-    attn_speed = co.fused_attention_speedup if profile.attention == "te" else 1.0
-
-    # Under load-balanced ring CP only the first of the c steps (the rank's own KV) is a causal
-    # kernel; the c-1 others attend one half-chunk to the other without a mask (TE
-    # AttnFuncWithCPAndKVP2P: step i <= rank all of Q on the first half of KV, else the second half
-    # of Q on all of KV), each s_loc·s_loc/2 of the rank's s_loc·s/2 work. An unmasked kernel has no
-    # diagonal tiles to mask and no uneven work per CTA: Shah et al. 2024 (arXiv 2407.08608) Fig. 5,
-    # H100 head dim 128 at 16k, forward non-causal / causal = 595/539 (cuDNN) and 370/335 (FA2), 1.10.
-    ring = np.where(cp > 1, 1.0 / cp + (1.0 - 1.0 / cp) / NONCAUSAL_ATTENTION_SPEEDUP, 1.0)
-
-    # The softmax's exponentials run on the special-function units, one per score element forward
-    # and one more backward (FlashAttention recomputes P = exp(S - lse)), in series with the matmuls
-    # that produce and consume them (BMM1 -> softmax -> BMM2: NVIDIA, "Making Softmax More Efficient
-    # with NVIDIA Blackwell Ultra"). At both units' peak rates and head dim 128 they add 26% to the
-    # matmul time on H100 and 54% on B200, whose tensor cores doubled and SFUs did not (the
-    # FlashAttention-4 paper's point): this is
-    # why attention does not speed up with the tensor-core peak. fp32 attention has no SFU bound
-    # beyond its slow matmuls; an unfused core's exponentials are in its memory-bound passes.
-    def attn_fwd(s_kv, cp_ring=True):  # noqa: E306
-        fl = 2.0 * mb * s_loc * s_kv * (a / tp) * (model.qk_head_dim + model.v_dim) * 0.5
-        eff = co.attention_eff * attn_speed * s_kv / (s_kv + co.gemm_half_dim)
-        scale = ring if cp_ring else 1.0
-        mm = fl / (attn_peak * eff) * scale
-        exps = fl / (2.0 * (model.qk_head_dim + model.v_dim))
-        ex = np.where(is_fp32 | (co.exp_rate <= 0), 0.0, exps / max(co.exp_rate, 1.0)) * np.ones(n)
-        return mm, ex * scale
-
-    if not profile.flash_attention:
-        # Unfused core (Megatron-DeepSpeed CoreAttention): per (micro-batch, head) the full s x s_kv
-        # score matrix, causal mask and any sliding window applied by masking, not skipped:
-        # QK^T and PV as batched GEMMs (bf16/fp32 rate; their operand traffic includes writing and
-        # reading the scores), then memory-bound passes over the s·s_kv scores: masked fill and
-        # softmax read + write one score each, dropout reads one and writes one plus a 1-byte mask.
-        # Backward: dgrad of both operands of each GEMM and one backward pass per elementwise op
-        # reading its saved tensor and the incoming gradient: 2x the forward.
-        bh = mb * a / tp
-        geff_attn = np.where(is_fp32, co.gemm_eff.get("fp32", co.gemm_eff["bf16"]), co.gemm_eff["bf16"])
-        scores = gemm_time(co, attn_peak, geff_attn, s_loc, s_kv_full, model.qk_head_dim, elem)
-        context = gemm_time(co, attn_peak, geff_attn, s_loc, model.v_dim, s_kv_full, elem)
-        passes = bh * s_loc * s_kv_full * (6.0 * elem + 1.0) / co.hbm_bw
-        attn_f = bh * (scores + context) + passes
-        attn_b = 2.0 * attn_f
-    elif window and model.sliding_window_layers:
-        # FlashAttention: fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd.
-        frac_sw = model.sliding_window_layers / max(model.attn_layers, 1)
-        mm_full, ex_full = attn_fwd(s_kv_full)
-        mm_win, ex_win = attn_fwd(min(window, s_kv_full), False)
-        mm_f = (1 - frac_sw) * mm_full + frac_sw * mm_win
-        ex_f = (1 - frac_sw) * ex_full + frac_sw * ex_win
-        attn_f = mm_f + ex_f
-        attn_b = FLASH_BWD_MULT * mm_f + ex_f
-    else:
-        mm_f, ex_f = attn_fwd(s_kv_full)
-        attn_f = mm_f + ex_f
-        attn_b = FLASH_BWD_MULT * mm_f + ex_f
-
-    # ---- memory-bound elementwise work per layer (bytes moved, fwd) ------------------------------
-    act_mult = 3.0 if model.gated_mlp else 2.0  # activation reads (gate +) up, writes its output
-    act_f = model.ffn_hidden if model.ffn_hidden else model.moe_ffn_hidden * model.moe_topk
-    per_tok = (
-        2 * 2 * h / sp_div  # two norms: read + write
-        + 2 * 3 * h / sp_div  # two residual adds: 2 reads + 1 write
-        + act_mult * act_f / tp  # activation function
-        + 2 * (a + g) * model.qk_head_dim / tp  # RoPE on q and k
-    )
-    fp8_casts = np.where(is_fp8, 1.5 * (4 * h + act_f) / tp, 0.0)  # quantize inputs of each GEMM
-    elem_f = T * elem * (per_tok + fp8_casts) / co.hbm_bw
-
-    n_dense = np.asarray(n_dense, dtype=np.float64)
-    n_moe = np.asarray(n_moe, dtype=np.float64)
-    # Blocks of the stage: n_dense + n_moe, or for a hybrid model every block of the stage with its
-    # mixer-only blocks (autopar.hybrid: each stage holds the model's mix of block kinds).
-    n_layers = hybrid.blocks(model, n_dense, n_moe)
-
-    if model.is_hybrid:
-        # Per block of the mix: attention on a share mx.attn of the blocks, recurrent mixers on theirs,
-        # norms and residual adds per sublayer; the MLPs ride on n_dense / n_moe as for any model.
-        mx = hybrid.mix(model)
-        geff_scan = np.where(is_fp32, co.gemm_eff.get("fp32", co.gemm_eff["bf16"]), co.gemm_eff["bf16"])
-
-        def gt_scan(M, N, K):  # noqa: E306  (chunk-local matmuls: 16-bit, never FP8)
-            return gemm_time(co, attn_peak, geff_scan, M, N, K, elem)
-
-        scan_f = hybrid.scan_time(model, gt_scan, T, tp)
-        w_in, w_out = hybrid.mixer_in_out_widths(model)
-        sub = mx.mixer_sub + mx.ffn_sub
-        f_d, f_m = model.dense_layers / model.layers, model.moe_layers / model.layers
-        per_tok_h = (
-            sub * (2 * h + 3 * h) / sp_div  # a norm (read + write) and a residual add per sublayer
-            + mx.attn * 2 * (a + g) * model.qk_head_dim / tp  # RoPE on q and k
-            + hybrid.mixer_elementwise_elems(model, tp)
-            + (act_mult / tp) * (f_d * model.ffn_hidden + f_m * model.moe_ffn_hidden * model.moe_topk)
-        )
-        casts_h = np.where(
-            is_fp8,
-            1.5
-            * (
-                2 * mx.attn * h
-                + (mx.linear + mx.mamba) * h
-                + w_out
-                + f_d * (h + model.ffn_hidden)
-                + f_m * (h + model.moe_ffn_hidden * model.moe_topk)
-            )
-            / tp,
-            0.0,
-        )
-        elem_f = (T * elem * (per_tok_h + casts_h) + T * hybrid.state_pass_bytes(model, tp)) / co.hbm_bw
-        mixer_g = hybrid.mixer_gemms(model, gt, T, tp)
-        gemm_f = n_layers * (mx.attn * attn_gemm + mixer_g) + n_dense * dense_mlp + n_moe * moe_mlp
-        attn_tot_f = n_layers * mx.attn * attn_f
-        attn_tot_b = n_layers * mx.attn * attn_b
-        q_mix_f = hybrid.mixer_gemms(model, scale_fwd, T, tp)
-        q_mix_b = hybrid.mixer_gemms(model, scale_bwd, T, tp)
-        quant_f = (n_layers * (mx.attn * sa_f + q_mix_f) + n_dense * sd_f + n_moe * sm_f) / co.hbm_bw
-        quant_b = (n_layers * (mx.attn * sa_b + q_mix_b) + n_dense * sd_b + n_moe * sm_b) / co.hbm_bw
-    else:
-        scan_f = np.zeros(n)
-        mixer_g = np.zeros(n)
-        gemm_f = n_dense * (attn_gemm + dense_mlp) + n_moe * (attn_gemm + moe_mlp)
-        attn_tot_f = n_layers * attn_f
-        attn_tot_b = n_layers * attn_b
-        quant_f = (n_dense * (sa_f + sd_f) + n_moe * (sa_f + sm_f)) / co.hbm_bw
-        quant_b = (n_dense * (sa_b + sd_b) + n_moe * (sa_b + sm_b)) / co.hbm_bw
-    elem_tot_f = n_layers * elem_f
-    # Chunked scans of the recurrent mixers (GEMM-class, 16-bit); backward 2x forward.
-    scan_tot_f = n_layers * scan_f
-    perm_f = n_moe * moe_elem
-    # LM head + loss on the last stage (vocab-parallel over tp). Megatron's output layer is a
-    # tensor_parallel.ColumnParallelLinear, not a TE module, so it runs in bf16 under every FP8/FP4
-    # recipe (the NVFP4 paper keeps the output head in bf16 too).
-    head_peak = np.where(is_low, bf16_peak, peak)
-    head_eff = np.where(is_low, co.gemm_eff["bf16"], geff)
-    head_f = gemm_time(
-        co, head_peak, head_eff, T, model.vocab / tp, h, elem, np.where(is_low, co.gemm_half_dim, ghd)
-    )
-    head_f = head_f + T * model.vocab / tp * 4.0 * 2 / co.hbm_bw
-    head_f = np.where(head, head_f, 0.0)
-    gemm_f = gemm_f + head_f
-
-    fwd = gemm_f + attn_tot_f + scan_tot_f + elem_tot_f + perm_f + quant_f
+    ctx = slot_context(lay, seq_len=seq_len, co=co, links=links, profile=profile)
+    sb = blocks.stage_blocks(model, n_dense, n_moe, head)
     wgrad = 0.0 if frozen_weights else 1.0  # weight-gradient GEMMs, as many FLOPs as the forward
-    bwd = (1.0 + wgrad) * gemm_f + attn_tot_b + 2.0 * scan_tot_f + 2.0 * elem_tot_f + perm_f + quant_b
-    # Selective modes recompute in backward what they dropped (memory.activation_bytes_per_layer):
-    # the attention core; + norm_act: the two norms, the routed experts' activation and MLA's
-    # up-projection GEMMs (+ RoPE); + norm_act_mlp: the dense MLP's and shared experts' forward.
-    drop_core, drop_norm, drop_mlp = recompute_drops(rec)
-    n_norms = (hybrid.mix(model).mixer_sub + hybrid.mix(model).ffn_sub) if model.is_hybrid else 2.0
-    norm_rec = T * elem * (n_norms * 2 * h / sp_div) / co.hbm_bw
-    # MLA up-projections and the RoPE on q and k that follows them
-    up_rec = gemms["attn_up"] + (
-        T * elem * 2 * (a + g) * model.qk_head_dim / tp / co.hbm_bw if model.is_mla else 0.0
+    c = _stage_compute(model, ctx, sb)
+    fwd = c["gemm"] + c["attn_f"] + c["scan"] + c["elem"] + c["perm"] + c["quant_f"]
+    bwd = (
+        (1.0 + wgrad) * c["gemm"] + c["attn_b"] + 2.0 * c["scan"] + 2.0 * c["elem"] + c["perm"] + c["quant_b"]
     )
+    recompute = _stage_recompute(model, ctx, sb, c, fwd)
+    overhead = co.kernel_overhead_s * sb.layers
+    tp = _stage_tp(model, ctx, sb)
+    cp_raw, cp_comm, cp_contention = _stage_cp(model, ctx, sb, c)
+    ep_raw, ep_hidden = _stage_ep(model, ctx, sb, moe_options or moe.MoEOptions(), lay, fwd, bwd)
+    ep_comm = ep_raw - ep_hidden + co.overlap_contention * ep_hidden
 
-    def act_time(F):  # noqa: E306
-        return T * elem * act_mult * F / tp / co.hbm_bw
-
-    moe_act_rec = act_time(model.moe_ffn_hidden * model.moe_topk) if model.is_moe else np.zeros(n)
-    dense_act = act_time(model.ffn_hidden) if model.ffn_hidden else 0.0
-    shared_f = gemms["shared"] + (act_time(model.shared_expert_ffn) if model.is_moe else 0.0)
-    na_layer = norm_rec + up_rec
-    na_rec = n_layers * na_layer + n_moe * moe_act_rec
-    mlp_rec = n_dense * (dense_mlp + dense_act) + n_moe * shared_f
-    recompute = np.where(
-        rec == REC_FULL,
-        fwd - head_f,
-        np.where(drop_core, attn_tot_f, 0.0)
-        + np.where(drop_norm, na_rec, 0.0)
-        + np.where(drop_mlp, mlp_rec, 0.0),
+    slot = fwd + bwd + recompute + overhead + tp["comm"] + cp_comm + ep_comm  # one micro-batch, whole stage
+    slot = slot + cp_contention
+    host_wait = _host_wait(model, ctx, sb, slot)
+    slot = slot + host_wait
+    parts = {
+        "gemm": (2.0 + wgrad) * c["gemm"],
+        # The mixer cores: attention, and the chunked scans of Mamba2 / Gated DeltaNet blocks.
+        "attention": c["attn_f"] + c["attn_b"] + 3.0 * c["scan"],
+        # Launch/sync costs (the calibrated per-layer overhead and the host floor's wait) with the
+        # memory-bound work: neither is a FLOP.
+        "elementwise": 3.0 * c["elem"]
+        + 2.0 * c["perm"]
+        + c["quant_f"]
+        + c["quant_b"]
+        + overhead
+        + cp_contention
+        + host_wait,
+        "recompute": recompute,
+        "tp_comm": tp["comm"],
+        "cp_comm": cp_comm,
+        "ep_comm": ep_comm,
+    }
+    parts.update(
+        slot=slot,
+        head_slot=(2.0 + wgrad) * c["head"],
+        fwd=fwd,
+        bwd=bwd,
+        wgrad=wgrad * c["gemm"],  # the weight-gradient GEMMs (zero-bubble schedules defer them)
+        # the recurrent mixers' share of "gemm" (projections) and of "attention" (chunked scans)
+        mixer_gemm=(2.0 + wgrad) * c["mixer_gemm"],
+        scan=3.0 * c["scan"],
+        n_layers=sb.layers,
+        tp_raw=tp["raw"],
+        tp_exposed=tp["raw"] * (1.0 - tp["overlap"]),
+        cp_raw=cp_raw,
+        ep_raw=ep_raw,
+        ep_exposed=ep_raw - ep_hidden,
     )
-    overhead = co.kernel_overhead_s * n_layers
+    return parts
 
-    # ---- TP / SP (Megatron: 2 all-reduces fwd + 2 bwd per layer; RS+AG with SP: same bytes) -------
-    tp_bytes = T * h * elem
-    tp_one = C.all_reduce(links, tp_bytes, tp, np.ones(n)) + np.where(
-        tp > 1, co.tp_collective_overhead_s, 0.0
+
+def _moe_act_width(model) -> float:
+    """Activation-function width per token of a MoE layer's elementwise traffic. Kept as main costs
+    it: a non-hybrid model with dense layers charges every layer the dense MLP's width."""
+    if model.is_hybrid or not model.ffn_hidden:
+        return blocks.moe_ffn.act_width(model)
+    return float(model.ffn_hidden)
+
+
+def _stage_compute(model, ctx: SlotContext, sb: blocks.StageBlocks) -> dict[str, np.ndarray]:
+    """Forward seconds of the stage's blocks summed by kind of work: ``gemm`` (linear GEMMs + the LM
+    head), ``attn_f``/``attn_b`` (attention cores), ``scan`` (chunked scans), ``elem`` (memory-bound
+    elementwise), ``perm`` (MoE token shuffling), ``quant_f``/``quant_b`` (block-scaling traffic), and
+    the per-block figures the recompute needs (``attn_up``, ``shared``, ``dense``)."""
+    co, T, tp, h = ctx.co, ctx.T, ctx.tp, float(model.hidden)
+    zero = np.zeros(ctx.n)
+    mixer = blocks.mixer(model)
+    mlp, moe_ffn = blocks.mlp, blocks.moe_ffn
+    fp8 = np.where(ctx.is_fp8, 1.5, 0.0)  # quantize the inputs of each GEMM (elements per input element)
+    hbm = co.hbm_bw
+
+    # Attention (or MLA) mixers: projections, core, RoPE and the casts of their two GEMM inputs.
+    attn_g, attn_up = mixer.gemms(model, ctx.gt, T, tp)
+    attn_qf, attn_qb = (
+        mixer.gemms(model, ctx.scale_fwd, T, tp)[0],
+        mixer.gemms(model, ctx.scale_bwd, T, tp)[0],
     )
-    # Recomputed forwards repeat their TP collectives: the whole layer's two (full) or the dense
-    # MLP's one all-reduce (AG + RS under SP) when norm_act_mlp recomputes the MLP.
-    per_layer = 4.0 + np.where(rec == REC_FULL, 2.0, np.where(drop_mlp, 1.0, 0.0))
-    # A MoE layer has no TP all-gather/reduce-scatter around its routed experts (the dispatcher
-    # routes the sequence-parallel share): attention keeps its two, shared experts add two. The
-    # expert-TP group instead all-gathers the received copies before the expert GEMMs and
-    # reduce-scatters after (fwd AG+RS, bwd RS+AG; recomputed forward adds one more AG+RS).
-    moe_tp_coll = per_layer * (0.5 + (0.5 if model.shared_expert_ffn else 0.0))
-    tp_raw = (n_dense * per_layer + n_moe * moe_tp_coll) * tp_one
-    if model.is_hybrid:
-        # Per sublayer one collective forward and one backward (+1 when full recompute reruns the
-        # forward; +1 for the dense MLP and shared experts that norm_act_mlp recomputes). Every mixer
-        # of the block counts (attention and Falcon-H1's parallel Mamba each have their own
-        # row-parallel output: an upper bound where a stack fuses them).
-        full_ = np.where(rec == REC_FULL, 1.0, 0.0)
-        ffn_c = 2.0 + np.where(rec == REC_FULL, 1.0, np.where(drop_mlp, 1.0, 0.0))
-        mixers = mx.attn + mx.linear + mx.mamba
-        tp_raw = (
-            n_layers * mixers * (2.0 + full_)
-            + n_dense * ffn_c
-            + n_moe * (ffn_c if model.shared_expert_ffn else 0.0)
-        ) * tp_one
-        xproj = hybrid.mamba1_xproj_elems(model)
-        if xproj:  # Mamba1's row-parallel x_proj: an all-reduce forward (and in a recomputed forward)
-            tp_raw = tp_raw + n_layers * (1.0 + full_) * (
-                C.all_reduce(links, T * xproj * elem, tp, np.ones(n))
-                + np.where(tp > 1, co.tp_collective_overhead_s, 0.0)
-            )
+    attn_f, attn_b = mixer.core_time(model, ctx)
+    attn_el = ctx.traffic_s(mixer.rope_elems(model, tp) + fp8 * 2 * h / tp)
+    # Dense MLPs.
+    F = model.ffn_hidden
+    dense_g = mlp.gemms(model, ctx.gt, F, T, tp) if F else zero
+    dense_qf = mlp.gemms(model, ctx.scale_fwd, F, T, tp) if F else zero
+    dense_qb = mlp.gemms(model, ctx.scale_bwd, F, T, tp) if F else zero
+    dense_el = ctx.traffic_s(mlp.act_elems(model, F, tp) + fp8 * (h + F) / tp)
+    # MoE layers: experts + shared experts + router, token shuffling.
     if model.is_moe:
-        etp_bytes = moe.expert_rows_per_rank(model, T, sp_div, etp) * h * elem
-        etp_one = C.all_gather(links, etp_bytes, etp, np.ones(n))
-        routed_colls = 4.0 + np.where(rec == REC_FULL, 2.0, 0.0)  # routed experts: never partly recomputed
-        tp_raw = tp_raw + n_moe * routed_colls * etp_one
+        moe_g, shared_g = moe_ffn.gemms(model, ctx.gt, ctx)
+        moe_g = moe_g + moe_ffn.router_time(model, ctx)
+        moe_qf, moe_qb = (
+            moe_ffn.gemms(model, ctx.scale_fwd, ctx)[0],
+            moe_ffn.gemms(model, ctx.scale_bwd, ctx)[0],
+        )
+        perm = moe_ffn.shuffle_time(model, ctx)
+    else:
+        moe_g = shared_g = moe_qf = moe_qb = perm = zero
+    w_moe = _moe_act_width(model)
+    moe_el = ctx.traffic_s(mlp.act_elems(model, w_moe, tp) + fp8 * (h + w_moe) / tp)
+    # Norm + residual add per sublayer: a norm (read + write) and a residual add (2 reads + 1 write).
+    sub_el = ctx.traffic_s((2 * h + 3 * h) / ctx.sp_div)
+    # A non-hybrid layer's casts as main costs them: 4h + F per layer, one h more than its GEMMs' inputs.
+    layer_el = zero if model.is_hybrid else ctx.traffic_s(fp8 * h / tp)
+
+    gemm = sb.attention * attn_g + sb.mlp * dense_g + sb.moe * moe_g
+    quant_f = sb.attention * attn_qf + sb.mlp * dense_qf + sb.moe * moe_qf
+    quant_b = sb.attention * attn_qb + sb.mlp * dense_qb + sb.moe * moe_qb
+    elem = (
+        sb.sublayers * sub_el
+        + sb.attention * attn_el
+        + sb.mlp * dense_el
+        + sb.moe * moe_el
+        + sb.layers * layer_el
+    )
+    scan = zero
+    mixer_gemm = zero
+    # Recurrent mixers (Mamba, Gated DeltaNet): projections, chunked scans (16-bit matmuls), their
+    # memory-bound traffic with the casts of their GEMM inputs, and the fp32 chunk-state passes.
+    for count, kind in sb.recurrent:
+        g = sum((ctx.gt(T, N, K) for N, K in kind.gemm_shapes(model, tp)), zero)
+        qf = sum((ctx.scale_fwd(T, N, K) for N, K in kind.gemm_shapes(model, tp)), zero)
+        qb = sum((ctx.scale_bwd(T, N, K) for N, K in kind.gemm_shapes(model, tp)), zero)
+        w_out = kind.in_out_widths(model)[1]
+        el = ctx.traffic_s(kind.elementwise_elems(model, tp) + fp8 * (h + w_out) / tp)
+        el = el + T * kind.state_pass_bytes(model) / tp / hbm
+        mixer_gemm = mixer_gemm + count * g
+        quant_f, quant_b = quant_f + count * qf, quant_b + count * qb
+        elem = elem + count * el
+        if kind.scan_flops_per_token(model):
+            scan = scan + count * kind.scan_time(model, ctx.gt16, T, tp)
+    head = np.where(sb.head, blocks.embedding.head_time(model, ctx), 0.0)
+    return {
+        "gemm": gemm + mixer_gemm + head,
+        "head": head,
+        "mixer_gemm": mixer_gemm,
+        "attn_f": sb.attention * attn_f,
+        "attn_b": sb.attention * attn_b,
+        "scan": scan,
+        "elem": elem,
+        "perm": sb.moe * perm,
+        "quant_f": quant_f / hbm,
+        "quant_b": quant_b / hbm,
+        "attn_up": attn_up,
+        "dense_gemm": dense_g,
+        "shared_gemm": shared_g,
+    }
+
+
+def _stage_recompute(model, ctx: SlotContext, sb: blocks.StageBlocks, c: dict, fwd: np.ndarray) -> np.ndarray:
+    """Seconds of the backward's recomputed forward work. Full recompute: the whole forward but the
+    head. Selective modes recompute what they dropped (memory.activation_bytes_per_layer): the
+    attention core; + norm_act: the norms, the routed experts' activation and MLA's up-projection
+    GEMMs (+ RoPE); + norm_act_mlp: the dense MLP's and shared experts' forward."""
+    h, tp = float(model.hidden), ctx.tp
+    mlp = blocks.mlp
+    norm = ctx.traffic_s(2 * h / ctx.sp_div)  # one norm's output, per sublayer
+    # MLA up-projections and the RoPE on q and k that follows them
+    up = c["attn_up"] + (ctx.traffic_s(blocks.mla.rope_elems(model, tp)) if model.is_mla else 0.0)
+    moe_act = (
+        ctx.traffic_s(mlp.act_elems(model, blocks.moe_ffn.act_width(model), tp)) if model.is_moe else 0.0
+    )
+    dense = c["dense_gemm"] + (
+        ctx.traffic_s(mlp.act_elems(model, model.ffn_hidden, tp)) if model.ffn_hidden else 0.0
+    )
+    shared = c["shared_gemm"] + (
+        ctx.traffic_s(mlp.act_elems(model, model.shared_expert_ffn, tp)) if model.is_moe else 0.0
+    )
+    na_rec = sb.sublayers * norm + sb.attention * up + sb.moe * moe_act
+    mlp_rec = sb.mlp * dense + sb.moe * shared
+    return np.where(
+        ctx.full,
+        fwd - c["head"],
+        np.where(ctx.drop_core, c["attn_f"], 0.0)
+        + np.where(ctx.drop_norm, na_rec, 0.0)
+        + np.where(ctx.drop_mlp, mlp_rec, 0.0),
+    )
+
+
+def _stage_tp(model, ctx: SlotContext, sb: blocks.StageBlocks) -> dict[str, np.ndarray]:
+    """TP/SP (and expert-TP) communication of the stage per micro-batch: ``raw`` seconds, ``comm`` as
+    the slot pays it, and the hidden ``overlap`` share."""
+    co, links, profile, T, tp, h = ctx.co, ctx.links, ctx.profile, ctx.T, ctx.tp, float(model.hidden)
+    n = ctx.n
+    tp_bytes = T * h * ctx.elem
+    coll_ovh = np.where(tp > 1, co.tp_collective_overhead_s, 0.0)
+    tp_one = C.all_reduce(links, tp_bytes, tp, np.ones(n)) + coll_ovh
+    # Megatron: per sublayer one all-reduce forward and one backward (RS + AG under SP: same bytes),
+    # +1 when full recompute reruns the forward, +1 for the dense MLP and shared experts that
+    # norm_act_mlp recomputes. Every mixer of a block counts (attention and Falcon-H1's parallel Mamba
+    # each have their own row-parallel output: an upper bound where a stack fuses them). A MoE layer
+    # has no TP collective around its routed experts (the dispatcher routes the sequence-parallel
+    # share): its shared experts add two; the expert-TP group gathers the copies instead.
+    full_ = np.where(ctx.full, 1.0, 0.0)
+    ffn_c = 2.0 + np.where(ctx.full, 1.0, np.where(ctx.drop_mlp, 1.0, 0.0))
+    if model.shared_expert_ffn:
+        moe_c = ffn_c
+    elif model.is_hybrid:
+        moe_c = 0.0 * ffn_c
+    else:  # kept as main costs it: half of norm_act_mlp's recomputed MLP collective
+        moe_c = np.where(ctx.full, 0.0, np.where(ctx.drop_mlp, 0.5, 0.0))
+    mixers = sb.attention + sum((cnt for cnt, _ in sb.recurrent), 0.0 * sb.layers)
+    tp_raw = (mixers * (2.0 + full_) + sb.mlp * ffn_c + sb.moe * moe_c) * tp_one
+    xproj = hybrid.mamba1_xproj_elems(model)
+    if xproj:  # Mamba1's row-parallel x_proj: an all-reduce forward (and in a recomputed forward)
+        tp_raw = tp_raw + sb.layers * (1.0 + full_) * (
+            C.all_reduce(links, T * xproj * ctx.elem, tp, np.ones(n)) + coll_ovh
+        )
+    if model.is_moe:
+        tp_raw = tp_raw + sb.moe * blocks.moe_ffn.etp_seconds(model, ctx)
     # Stacks that pipeline TP collectives with the neighbouring GEMMs (userbuffers/TE comm overlap,
     # async TP) hide a fraction; the hidden part still contends for SMs and HBM. Stacks that
     # all-reduce synchronously after the GEMM (profile.tp_comm_overlap False) hide none. TE's
@@ -493,131 +348,81 @@ def stage_slot(
         # dgrad GEMM does not cover is exposed. With userbuffers this gather is the bulk-dgrad
         # overlap, inside the calibrated tp_overlap.
         ag_one = C.all_gather(links, tp_bytes, tp, np.ones(n))
-        sp_on = lay.dims.sp_divisor > 1
-        dgrad_qkv = gt(T, h, (a * model.qk_head_dim + 2 * g * model.qk_head_dim) / tp)
-        dgrad_fc1 = gt(T, h, up_mult * model.ffn_hidden / tp) if model.ffn_hidden else np.zeros(n)
-        regather = n_dense * (
-            np.maximum(ag_one - dgrad_qkv, 0.0) + np.maximum(ag_one - dgrad_fc1, 0.0)
-        ) + n_moe * np.maximum(ag_one - dgrad_qkv, 0.0)
-        if model.is_hybrid:
-            rec_mix = mx.linear + mx.mamba
-            dgrad_mix = gt(T, h, w_in / max(rec_mix, 1e-12) / tp) if rec_mix else np.zeros(n)
-            regather = (
-                n_layers * (mx.attn * np.maximum(ag_one - dgrad_qkv, 0.0))
-                + n_layers * rec_mix * np.maximum(ag_one - dgrad_mix, 0.0)
-                + n_dense * np.maximum(ag_one - dgrad_fc1, 0.0)
-            )
-        regather = np.where(sp_on, regather, 0.0)
+        dgrad_qkv = ctx.gt(T, h, blocks.mixer(model).qkv_dgrad_k(model, tp))
+        F = model.ffn_hidden
+        dgrad_fc1 = ctx.gt(T, h, blocks.mlp.up_mult(model) * F / tp) if F else np.zeros(n)
+        regather = sb.attention * np.maximum(ag_one - dgrad_qkv, 0.0) + sb.mlp * np.maximum(
+            ag_one - dgrad_fc1, 0.0
+        )
+        rec_count = sum((cnt for cnt, _ in sb.recurrent), 0.0 * sb.layers)
+        if sb.recurrent:  # the recurrent mixers' in_proj at their mix-averaged width
+            rec_mix = sum(w for w, _ in hybrid.recurrent_kinds(model))
+            w_in = hybrid.mixer_in_out_widths(model)[0]
+            dgrad_mix = ctx.gt(T, h, w_in / max(rec_mix, 1e-12) / tp) if rec_mix else np.zeros(n)
+            regather = regather + rec_count * np.maximum(ag_one - dgrad_mix, 0.0)
+        regather = np.where(ctx.sp_div > 1, regather, 0.0)
         tp_raw = tp_raw + regather
         tp_comm = tp_comm + regather
-    # ---- CP ring attention: (c-1) KV chunks per layer fwd, 2x bwd; hidden behind attention -------
-    # Megatron-Core/TE ring attention (cp_comm_type "p2p", AttnFuncWithCPAndKVP2P): each of the c-1
-    # steps sends the rank's KV to the next rank while the attention of the chunk in hand runs; the
-    # backward passes KV and dKV. Causal load balancing (rank i holds chunks i and 2c-1-i) gives every
-    # rank s_loc·s/2 of the causal work, the FLOPs of attn_fwd.
-    kv_elems = (model.kv_lora_rank + model.qk_rope_head_dim) if model.is_mla else 2 * g * model.head_dim
-    cp_chunk = mb * s_loc * kv_elems * elem / np.where(model.is_mla, 1.0, tp)
-    bw_cp, _ = C.bus_bandwidth(links, cp, tp)
-    attn_blocks = n_layers * (hybrid.mix(model).attn if model.is_hybrid else 1.0)
-    cp_bytes = np.where(cp > 1, 3.0 * (cp - 1.0) * cp_chunk, 0.0) * attn_blocks
-    cp_raw = cp_bytes / bw_cp
-    cp_comm = np.maximum(cp_raw - (attn_tot_f + attn_tot_b), 0.0)
-    # What the hidden ring costs the attention it overlaps: the exchange is an NCCL send/recv pair
-    # ("Point-to-point communications of KV and dKV", flash_attn_p2p_communicate, TE
-    # dot_product_attention/context_parallel.py): a copy with no reduction, on a couple of channels
-    # (CTAs) of the GPU's SMs. Its interference is the HBM traffic of reading every chunk it sends and
-    # writing every chunk it receives, not the calibrated overlap_contention, which prices the
-    # reducing, many-channel TP/DP/EP collectives (no CP row informed that fit).
-    # Bytes of the hidden part: its seconds at the ring's bus rate.
-    cp_contention = 2.0 * (cp_raw - cp_comm) * bw_cp / co.hbm_bw
-    # ---- EP all-to-all: dispatch + combine, fwd and bwd, per MoE layer ----------------------------
-    # Over the EP group (ep ranks placed etp apart, Megatron's expert order etp, ep, edp), each
-    # rank sends its T/sp * k copies of h (16-bit; fp32 when training in fp32). DeepEP / HybridEP
-    # send a token once per destination rank in the node and once per destination node across. With the EP-overlap schedule the all-to-all of one
-    # micro-batch hides behind the other direction's compute of its partner micro-batch.
-    if model.is_moe:
-        a2a_bytes = moe.dispatch_bytes(model, T, sp_div, elem)
-        deepep = opts.dispatcher == "deepep"
-        share = moe.deepep_internode_share(model, ep, etp, links.devices_per_node) if deepep else 1.0
-        share_in = moe.deepep_intranode_share(model, ep) if deepep else 1.0
-        a2a_one = C.all_to_all(links, a2a_bytes, ep, etp, inter_share=share, intra_share=share_in)
-        n_a2a = 4.0 + np.where(rec == REC_FULL, 2.0, 0.0)  # recomputed forward dispatches again
-        ep_raw = n_moe * n_a2a * a2a_one
-        if opts.a2a_overlap:
-            # fwd all-to-all behind the partner's backward compute and vice versa; only micro-batches
-            # of the 1F1B steady state have a partner (Megatron refuses it with full recompute).
-            fwd_a2a = n_moe * 2.0 * a2a_one
-            bwd_a2a = ep_raw - fwd_a2a
-            can = (rec != REC_FULL) * moe.paired_fraction(lay["pp"], lay["grad_accum"])
-            ep_hidden = can * (np.minimum(fwd_a2a, bwd) + np.minimum(bwd_a2a, fwd))
-        else:
-            ep_hidden = np.zeros(n)
-    else:
-        ep_raw = np.zeros(n)
-        ep_hidden = np.zeros(n)
-    ep_comm = ep_raw - ep_hidden + co.overlap_contention * ep_hidden
+    return {"raw": tp_raw, "comm": tp_comm, "overlap": np.asarray(tp_ov)}
 
-    slot = fwd + bwd + recompute + overhead + tp_comm + cp_comm + ep_comm  # one micro-batch, whole stage
-    contention_mb = cp_contention
-    slot = slot + contention_mb
-    # Host floor: the host enqueues every kernel (asynchronously, so its time hides while the GPU
-    # is busier); a stage cannot run a micro-batch faster than its layers' launches. Full
-    # recompute relaunches the forward, a third of the forward + backward kernels.
-    relaunch = np.where(rec == REC_FULL, 4.0 / 3.0, 1.0)
-    launches = profile.kernels_per_layer * n_layers * relaunch
+
+def _stage_cp(model, ctx: SlotContext, sb: blocks.StageBlocks, c: dict) -> tuple[np.ndarray, ...]:
+    """(raw, exposed, contention) seconds of CP ring attention per micro-batch: (c-1) KV chunks per
+    attention layer forward, 2x backward, hidden behind the attention core.
+
+    Megatron-Core/TE ring attention (cp_comm_type "p2p", AttnFuncWithCPAndKVP2P): each of the c-1
+    steps sends the rank's KV to the next rank while the attention of the chunk in hand runs; the
+    backward passes KV and dKV. Causal load balancing (rank i holds chunks i and 2c-1-i) gives every
+    rank s_loc·s/2 of the causal work, the FLOPs of attn_fwd. What the hidden ring costs the
+    attention it overlaps: the exchange is an NCCL send/recv pair ("Point-to-point communications of
+    KV and dKV", flash_attn_p2p_communicate, TE dot_product_attention/context_parallel.py): a copy
+    with no reduction, on a couple of channels (CTAs) of the GPU's SMs. Its interference is the HBM
+    traffic of reading every chunk it sends and writing every chunk it receives, not the calibrated
+    overlap_contention, which prices the reducing, many-channel TP/DP/EP collectives (no CP row
+    informed that fit). Bytes of the hidden part: its seconds at the ring's bus rate.
+    """
+    cp = ctx.cp
+    cp_chunk = ctx.mb * ctx.s_loc * ctx.elem * blocks.mixer(model).cp_chunk_elems(model, ctx.tp)
+    bw_cp, _ = C.bus_bandwidth(ctx.links, cp, ctx.tp)
+    cp_bytes = np.where(cp > 1, 3.0 * (cp - 1.0) * cp_chunk, 0.0) * sb.attention
+    cp_raw = cp_bytes / bw_cp
+    cp_comm = np.maximum(cp_raw - (c["attn_f"] + c["attn_b"]), 0.0)
+    return cp_raw, cp_comm, 2.0 * (cp_raw - cp_comm) * bw_cp / ctx.co.hbm_bw
+
+
+def _stage_ep(
+    model, ctx: SlotContext, sb, opts: moe.MoEOptions, lay, fwd, bwd
+) -> tuple[np.ndarray, np.ndarray]:
+    """(raw, hidden) seconds of the stage's EP all-to-alls per micro-batch. With the EP-overlap
+    schedule the all-to-all of one micro-batch hides behind the other direction's compute of its
+    partner micro-batch; only micro-batches of the 1F1B steady state have a partner (Megatron refuses
+    it with full recompute)."""
+    if not model.is_moe:
+        return np.zeros(ctx.n), np.zeros(ctx.n)
+    per_layer, fwd_one = blocks.moe_ffn.a2a_seconds(model, ctx, opts.dispatcher)
+    ep_raw = sb.moe * per_layer
+    if not opts.a2a_overlap:
+        return ep_raw, np.zeros(ctx.n)
+    fwd_a2a = sb.moe * fwd_one
+    bwd_a2a = ep_raw - fwd_a2a
+    can = (~ctx.full) * moe.paired_fraction(lay["pp"], lay["grad_accum"])
+    return ep_raw, can * (np.minimum(fwd_a2a, bwd) + np.minimum(bwd_a2a, fwd))
+
+
+def _host_wait(model, ctx: SlotContext, sb: blocks.StageBlocks, slot: np.ndarray) -> np.ndarray:
+    """Seconds the device waits for the host. Host floor: the host enqueues every kernel
+    (asynchronously, so its time hides while the GPU is busier); a stage cannot run a micro-batch
+    faster than its layers' launches. Full recompute relaunches the forward, a third of the forward +
+    backward kernels. MoE layers add the per-expert launches the device waits for
+    (:func:`autopar.blocks.moe_ffn.host_launch_seconds`), scaled by the fitted ``moe_host_factor``."""
+    profile = ctx.profile
+    relaunch = np.where(ctx.full, 4.0 / 3.0, 1.0)
+    launches = profile.kernels_per_layer * sb.layers * relaunch
     host_wait = np.maximum(launches * profile.launch_latency_us * 1e-6 - slot, 0.0)
-    # A dropless MoE layer is host-bound where it has many local experts: the grouped expert GEMMs
-    # launch one GEMM per local expert (TE GroupedLinear: fc1 and fc2 forward, their data and weight
-    # gradients backward: 6 per expert), and the host learns the tokens per expert only through a
-    # device-to-host copy in the layer (the dispatcher's tokens_per_expert), so it cannot run ahead
-    # and the GPU waits for those launches (NVIDIA, DeepSeek-V3 training on GB200 NVL72: MoE layers
-    # CPU-bound). co.moe_host_factor (fitted) scales the stack's launch cost for them. (A fused grouped
-    # MLP under a full-iteration CUDA graph, e.g. Megatron-Bridge's cutedsl_fused_grouped_mlp, has none:
-    # not modelled.)
     if model.is_moe:
-        local_experts = model.num_experts / ep
-        expert_launches = MOE_LAUNCHES_PER_EXPERT * local_experts * relaunch
-        moe_host = n_moe * expert_launches * profile.launch_latency_us * 1e-6 * co.moe_host_factor
-    else:
-        moe_host = np.zeros(n)
-    host_wait = host_wait + moe_host
-    slot = slot + host_wait
-    head_slot = (2.0 + wgrad) * head_f
-    parts = {
-        "gemm": (2.0 + wgrad) * gemm_f,
-        # The mixer cores: attention, and the chunked scans of Mamba2 / Gated DeltaNet blocks.
-        "attention": attn_tot_f + attn_tot_b + 3.0 * scan_tot_f,
-        # Launch/sync costs (the calibrated per-layer overhead and the host floor's wait) with the
-        # memory-bound work: neither is a FLOP.
-        "elementwise": 3.0 * elem_tot_f
-        + 2.0 * perm_f
-        + quant_f
-        + quant_b
-        + overhead
-        + contention_mb
-        + host_wait,
-        "recompute": recompute,
-        "tp_comm": tp_comm,
-        "cp_comm": cp_comm,
-        "ep_comm": ep_comm,
-    }
-    parts.update(
-        slot=slot,
-        head_slot=head_slot,
-        fwd=fwd,
-        bwd=bwd,
-        wgrad=wgrad * gemm_f,  # the weight-gradient GEMMs (zero-bubble schedules defer them)
-        # the recurrent mixers' share of "gemm" (projections) and of "attention" (chunked scans)
-        mixer_gemm=(2.0 + wgrad) * n_layers * mixer_g,
-        scan=3.0 * scan_tot_f,
-        n_layers=n_layers,
-        tp_raw=tp_raw,
-        tp_exposed=tp_raw * (1.0 - tp_ov),
-        cp_raw=cp_raw,
-        ep_raw=ep_raw,
-        ep_exposed=ep_raw - ep_hidden,
-    )
-    return parts
+        moe_host = sb.moe * blocks.moe_ffn.host_launch_seconds(model, ctx, relaunch) * ctx.co.moe_host_factor
+        host_wait = host_wait + moe_host
+    return host_wait
 
 
 def pipeline_schedule(

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from autopar import hybrid
+from autopar import blocks, hybrid
 from autopar import precision as P
+from autopar.blocks.context import REC_FULL, REC_NONE, recompute_drops  # noqa: F401  (re-exported)
 from autopar.frameworks import MEGATRON, FrameworkProfile
-from autopar.layout import PRECISION_CODES, RECOMPUTE_CODES, RECOMPUTE_MODULES, LayoutTable
-from autopar.moe import routed_activation_parts
+from autopar.layout import PRECISION_CODES, LayoutTable
 from autopar.schedules import V_SHAPED, inflight_chunks
 
 GIB = float(1 << 30)
@@ -37,21 +37,10 @@ LOGIT_BYTES = 6.0
 # logits plus the fp32 log-probabilities the cross-entropy keeps.
 FP32_WEIGHT_BYTES, FP32_GRAD_BYTES, FP32_OPTIM_BYTES, FP32_LOGIT_BYTES = 4.0, 4.0, 8.0, 8.0
 
-REC_NONE, REC_FULL = RECOMPUTE_CODES.index("none"), RECOMPUTE_CODES.index("full")
+# A non-hybrid layer as a block mix: one attention mixer, a mixer and a feed-forward sublayer.
+_LAYER_MIX = hybrid.Mix(attn=1.0, linear=0.0, mamba=0.0, mixer_sub=1.0, ffn_sub=1.0, ffn_to_blocks=1.0)
 # Precision codes whose GEMMs run through TE's 8-/4-bit recipes (autopar.precision.LOW_PRECISION).
 LOW_PRECISION_CODES = [PRECISION_CODES.index(p) for p in P.LOW_PRECISION]
-# Codes of the selective modes whose Megatron module set recomputes each group of tensors
-# (autopar.layout.RECOMPUTE_MODULES): "layernorm" comes with moe_act and mla_up_proj, "mlp" with
-# shared_experts; core_attn is in every one of them.
-_NORM_CODES = [RECOMPUTE_CODES.index(m) for m, mods in RECOMPUTE_MODULES.items() if "layernorm" in mods]
-_MLP_CODES = [RECOMPUTE_CODES.index(m) for m, mods in RECOMPUTE_MODULES.items() if "mlp" in mods]
-
-
-def recompute_drops(recompute: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(attention core, norm/activation/up-projection outputs, MLP intermediates) recomputed by
-    each row's selective mode (all False for none; full recompute is handled on its own)."""
-    rec = np.asarray(recompute)
-    return rec != REC_NONE, np.isin(rec, _NORM_CODES), np.isin(rec, _MLP_CODES)
 
 
 # What the caching allocator hands out (torch.cuda.max_memory_allocated); ``fragmentation`` is the
@@ -129,26 +118,23 @@ def layer_params_per_rank(model, lay: LayoutTable) -> tuple[np.ndarray, np.ndarr
     so ``n_dense * dense + n_moe * moe`` is the stage's whole.
     """
     tp = lay["tp"].astype(np.float64)
+    # The mixers' parameters (split over tp) with the block's norms; a hybrid model's blocks carry
+    # their mix's mixers.
     if model.is_hybrid:
         mx = hybrid.mix(model)
-        mixers = (
-            mx.attn * model.attn_params_per_layer
-            + mx.linear * model.linear_attn_params_per_layer
-            + mx.mamba * model.mamba_params_per_layer
-        )
+        mixers = mx.attn * blocks.mixer(model).params(model)
+        for w, kind in hybrid.recurrent_kinds(model):
+            mixers = mixers + w * kind.params(model)
         attn = mx.ffn_to_blocks * (mixers / tp + model.norm_params_per_layer)
     else:
-        attn = model.attn_params_per_layer / tp + model.norm_params_per_layer
-    dense = attn + model.dense_mlp_params / tp
-    moe_shared = (
-        attn
-        + (model.shared_expert_params / tp if model.is_moe else 0.0)
-        + (model.router_params if model.is_moe else 0.0)
-    )
-    experts = (
-        (model.num_experts * model.expert_params / (lay["ep"] * lay["etp"])) if model.is_moe else 0.0 * tp
-    )
-    return dense, moe_shared, np.broadcast_to(experts, tp.shape).astype(np.float64)
+        attn = blocks.mixer(model).params(model) / tp + model.norm_params_per_layer
+    dense = attn + blocks.mlp.params(model) / tp
+    if model.is_moe:
+        nonexp = model.shared_expert_params / tp + model.router_params  # shared experts split over tp
+        experts = blocks.moe_ffn.params(model)[1] / (lay["ep"] * lay["etp"])
+    else:
+        nonexp, experts = 0.0, 0.0 * tp
+    return dense, attn + nonexp, np.broadcast_to(experts, tp.shape).astype(np.float64)
 
 
 def head_stage(lay: LayoutTable, schedule: str = "1f1b") -> np.ndarray:
@@ -258,54 +244,39 @@ def activation_bytes_per_layer(
     gi = np.where(low_precision, 0.5, 1.0) if low_precision is not None else np.ones_like(t)
     rec = np.asarray(recompute)
     drop_core, drop_norm, drop_mlp = recompute_drops(rec)
-    mult = 4.0 if model.gated_mlp else 2.0  # fc1 output(s) the activation's backward reads
-    norm_in = sb * h * (4.0 + (2.0 if dropout else 0.0)) / sp_div
-    # MoE layers: the pre-MLP norm output also feeds the 16-bit router GEMM.
-    gemm_in = 2.0 * sb * h / sp_div * (gi + (1.0 if moe else gi))
-    if model.is_mla:
-        q_elems = model.heads * model.qk_head_dim
-        kv_elems = model.heads * (model.qk_head_dim + model.v_dim)  # up-projected K and V
-        latent = model.kv_lora_rank + model.qk_rope_head_dim + model.q_lora_rank  # compressed inputs
-        up = 2.0 * sb * (q_elems + kv_elems) / t
-        qkv = np.where(drop_norm, 0.0, up) + 2.0 * sb * latent / sp_div * gi
-    else:
-        qkv = 2.0 * sb * (model.heads * model.head_dim + 2 * model.kv_heads * model.head_dim) / t
-    attn_out = 2.0 * sb * model.heads * model.v_dim / t * (1.0 + np.where(gi < 1.0, 0.5, 0.0))
-    if flash_attention:
-        core = 4.0 * sb * model.heads / t  # fp32 log-sum-exp per row
-    else:
-        core = 5.0 * model.heads * s * sb / t
-
-    def mlp_terms(F):
-        return (mult + 2.0 * gi) * sb * F / t
-
+    # A block as the sum of its sublayers (a non-hybrid layer: one attention and one feed-forward
+    # sublayer). A sublayer keeps its norm input (and dropout mask) and the norm output its GEMMs read
+    # (MoE layers: the pre-MLP norm output also feeds the 16-bit router GEMM).
+    mx = hybrid.mix(model) if model.is_hybrid else _LAYER_MIX
+    norm_one = sb * h * (2.0 + (1.0 if dropout else 0.0)) / sp_div
+    mixer_in = 2.0 * sb * h / sp_div * gi
+    ffn_in = 2.0 * sb * h / sp_div * (1.0 if moe else gi)
+    # Attention (or MLA) mixers: Q, K, V, the output and what the core keeps.
+    qkv, attn_out = blocks.mixer(model).activation_elems(model, sb, t, gi, drop_norm, sp_div)
+    if model.is_hybrid and model.attn_output_gate:  # the gate (kept as main costs it: hybrid only)
+        attn_out = attn_out + blocks.attention.output_gate_elems(model, sb, t)
+    core = blocks.attention.core_activation_elems(model, s, sb, t, flash_attention)
+    attn_part = qkv + attn_out + np.where(drop_core, 0.0, core)
+    # Recurrent mixers: what their kernels save (selective modes recompute no scan).
+    recurrent = sum(
+        (w * kind.activation_elems(model, t, gi) for w, kind in hybrid.recurrent_kinds(model)), 0.0
+    )
+    mixer_block = mx.mixer_sub * (norm_one + np.where(drop_norm, 0.0, mixer_in)) + mx.attn * attn_part
+    mixer_block = mixer_block + 2.0 * sb * recurrent
+    # The feed-forward sublayer: a dense MLP, or the routed experts (balanced: T/sp * k * etp rows per
+    # rank after the ETP all-gather) with the shared experts.
     if moe:
-        # Routed copies arrive balanced: T/sp * k * etp rows per rank after the ETP all-gather.
         e_tp = t if etp is None else np.asarray(etp, dtype=np.float64)
-        rows, fc1_in, fc1_out, act_out = routed_activation_parts(model, sb, sp_div, e_tp)
-        routed = 2.0 * (rows * fc1_in * gi + rows * fc1_out + np.where(drop_norm, 0.0, rows * act_out * gi))
-        shared = np.where(drop_mlp, 0.0, mlp_terms(model.shared_expert_ffn))
+        routed = blocks.moe_ffn.routed_activation_elems(model, sb, sp_div, e_tp, gi, drop_norm)
+        shared = np.where(
+            drop_mlp, 0.0, blocks.mlp.activation_elems(model, model.shared_expert_ffn, sb, t, gi)
+        )
         mlp = routed + shared
     else:
-        mlp = np.where(drop_mlp, 0.0, mlp_terms(model.ffn_hidden))
-    full = norm_in + np.where(drop_norm, 0.0, gemm_in) + qkv + attn_out + np.where(drop_core, 0.0, core) + mlp
-    checkpoint_only = 2.0 * sb * h / sp_div  # full recompute keeps the layer input only
-    if model.is_hybrid:
-        mx = hybrid.mix(model)
-        if model.attn_output_gate:
-            attn_out = attn_out + 2.0 * sb * model.heads * model.head_dim / t  # the gate
-        norm_one = norm_in / 2.0  # one sublayer's norm input (and dropout mask)
-        mixer_in = 2.0 * sb * h / sp_div * gi  # the norm output the mixer's GEMMs read
-        attn_part = qkv + attn_out + np.where(drop_core, 0.0, core)
-        block = (
-            mx.mixer_sub * (norm_one + np.where(drop_norm, 0.0, mixer_in))
-            + mx.attn * attn_part
-            + 2.0 * sb * hybrid.mixer_activation_elems(model, t, gi)
-        )
-        ffn_in = 2.0 * sb * h / sp_div * (1.0 if moe else gi)
-        ffn = norm_one + np.where(drop_norm, 0.0, ffn_in) + mlp
-        full = mx.ffn_to_blocks * block + ffn
-        checkpoint_only = mx.ffn_to_blocks * checkpoint_only
+        mlp = np.where(drop_mlp, 0.0, blocks.mlp.activation_elems(model, model.ffn_hidden, sb, t, gi))
+    ffn_block = norm_one + np.where(drop_norm, 0.0, ffn_in) + mlp
+    full = mx.ffn_to_blocks * mixer_block + ffn_block
+    checkpoint_only = mx.ffn_to_blocks * (2.0 * sb * h / sp_div)  # full recompute keeps the block input only
     return np.where(rec == REC_FULL, checkpoint_only, full)
 
 
@@ -430,8 +401,8 @@ def stage_memory(
     s_local = seq_len / lay["cp"]
     sb = s_local * lay["micro_batch"]
     sp_div = dims.sp_divisor.astype(np.float64)
-    embed_out = 2.0 * act_scale * sb * model.hidden / sp_div * inflight
-    logits = np.where(fp32, FP32_LOGIT_BYTES, LOGIT_BYTES) * sb * model.vocab / tp
+    embed_out = act_scale * blocks.embedding.embed_output_elems(model, sb, sp_div) * inflight
+    logits = np.where(fp32, FP32_LOGIT_BYTES, LOGIT_BYTES) * blocks.embedding.logits_elems(model, sb, tp)
     emb = np.where(first, embed_out, 0.0) + np.where(last, logits, 0.0)
 
     max_layer = np.maximum(dense_p, moe_p + expert_p * (1 if model.is_moe else 0))

@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from autopar import blocks, hybrid
 from autopar import collectives as C
-from autopar import hybrid
 from autopar.coefficients import (
     DEFAULT_MEMORY_CONSTANTS,
     Calibration,
@@ -496,6 +496,222 @@ def _gemm(
     return np.maximum(compute, traffic), count * 2.0 * M * N * K, traffic_b, useful, traffic
 
 
+@dataclass
+class _Iter:
+    """What the parts of one iteration share: the instance's degrees, tokens per rank, the stage's
+    layers and the GEMM rates (one array per candidate instance)."""
+
+    ctx: ServingContext
+    n: int
+    tp: np.ndarray
+    pp: np.ndarray
+    ep: np.ndarray
+    adp: np.ndarray
+    ta: np.ndarray  # attention TP = tp / adp
+    tok_mb: np.ndarray  # tokens of one micro-batch (whole instance)
+    M: np.ndarray  # tokens per attention-DP rank
+    dec_a: np.ndarray  # decoding sequences per attention rank
+    pre_a: np.ndarray  # prefill tokens per attention rank
+    lps: np.ndarray  # blocks per stage
+    n_dense: np.ndarray
+    n_moe: np.ndarray
+    layers: np.ndarray  # layers with an MLP (every block of a hybrid model)
+    attn_l: np.ndarray  # attention layers of the stage
+    mx: Any  # a hybrid model's mix (autopar.hybrid.Mix), or None
+    peak: np.ndarray
+    eff: float
+    peak16: np.ndarray
+    eff16: float
+    acc: _Acc
+    co_inf: Coefficients  # the coefficients with HBM taken infinite (a GEMM's compute side)
+
+    def gemm(self, Mx, N, K, wbytes=None, p=None, e=None, **kw) -> tuple[np.ndarray, ...]:
+        c = self.ctx
+        return _gemm(
+            self.co_inf,
+            c.co,
+            self.peak if p is None else p,
+            self.eff if e is None else e,
+            Mx,
+            N,
+            K,
+            c.weight_bytes if wbytes is None else wbytes,
+            tile_rows=c.sc.tile_rows,
+            **kw,
+        )
+
+    def add(self, res, weight=1.0) -> None:
+        t, f, b, tc, tm = res
+        acc = self.acc
+        acc.time += weight * t
+        acc.flops += weight * f
+        acc.bytes += weight * b
+        acc.busy_compute += weight * tc
+        acc.busy_memory += weight * tm
+
+    def add_sum(self, parts, weight=1.0) -> None:
+        self.add(tuple(sum(p[i] for p in parts) for i in range(5)), weight)
+
+
+def _iter_mixers(it: _Iter) -> None:
+    """Attention (or MLA) projections on every attention layer; a hybrid model's recurrent mixers:
+    projection GEMMs of every token, the prefill tokens' chunked scan as in training's forward
+    (GEMM-class chunk-local matmuls, fp32 state passing), decoding tokens reading and rewriting their
+    sequence's state (the recurrent form), memory-bound."""
+    m, co, ta, M = it.ctx.model, it.ctx.co, it.ta, it.M
+    h, a = float(m.hidden), float(m.heads)
+    if m.is_mla:
+        up, down = blocks.mla.gemm_shapes(m, ta)
+        attn_parts = [it.gemm(M, N, K) for N, K in up + down]
+    else:
+        d = m.head_dim
+        kvh = np.ceil(m.kv_heads / ta)  # KV heads replicate when tp exceeds them
+        attn_parts = [it.gemm(M, (a / ta + 2.0 * kvh) * d, h), it.gemm(M, h, a * d / ta)]
+    it.add_sum(attn_parts, it.attn_l)
+    if it.mx is None:
+        return
+    it.add_sum(
+        [tuple(w * x for x in it.gemm(M, N, K)) for w, N, K in hybrid.mixer_gemm_shapes(m, ta) if w], it.lps
+    )
+
+    def gt16(Mx, N, K):
+        return gemm_time(co, it.peak16, np.asarray(it.eff16, dtype=np.float64), Mx, N, K)
+
+    scan_t = hybrid.scan_time(m, gt16, it.pre_a, ta)
+    scan_fl = hybrid.scan_flops_per_token(m, ta) * it.pre_a
+    pass_b = it.pre_a * hybrid.state_pass_bytes(m, ta)
+    st_fl, st_el = hybrid.decode_state_step(m, ta)
+    dec_fl = it.dec_a * st_fl
+    dec_b = it.dec_a * st_el * ACT_BYTES
+    dec_tc_r, dec_tm_r = dec_fl / (it.peak16 * it.eff16), dec_b / co.hbm_bw
+    rec_t = scan_t + pass_b / co.hbm_bw + np.maximum(dec_tc_r, dec_tm_r)
+    it.add(
+        (rec_t, scan_fl + dec_fl, pass_b + dec_b, scan_t + dec_tc_r, (pass_b + dec_b) / co.hbm_bw),
+        it.lps,
+    )
+
+
+def _iter_attention_core(
+    it: _Iter, tab: ServingTable, dec_ctx, pre_ctx, pre_len
+) -> tuple[np.ndarray, np.ndarray]:
+    """The attention cores of the stage: decode reads each sequence's KV cache (absorbed MLA: scores
+    and values over the latent per head), prefill runs FlashAttention over its prompt. Returns the
+    stage's (decode, prefill) attention seconds."""
+    m, co = it.ctx.model, it.ctx.co
+    a = float(m.heads)
+    full_l = m.attn_layers - m.sliding_window_layers
+    sw_l = m.sliding_window_layers
+    win = float(m.sliding_window or 0)
+
+    def mean_ctx(c):
+        return (full_l * c + sw_l * np.minimum(c, win if win else c)) / max(m.attn_layers, 1)
+
+    # KV bytes per cached token of one attention layer on a device
+    kv_tok_dev = kv_bytes_per_token_per_device(it.ctx, tab) / np.maximum(it.attn_l, 1e-30)
+    dec_c = mean_ctx(dec_ctx)
+    dec_bytes = it.dec_a * dec_c * kv_tok_dev
+    if m.is_mla:  # absorbed MLA decode: scores and values over the 576/512-wide latent per head
+        dec_dims = (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
+    else:
+        dec_dims = m.qk_head_dim + m.v_dim
+    dec_flops = 2.0 * it.dec_a * dec_c * (a / it.ta) * dec_dims
+    dec_tc, dec_tm = dec_flops / (it.peak16 * co.attention_eff), dec_bytes / co.hbm_bw
+    dec_t = np.maximum(dec_tc, dec_tm)
+    pre_flops = 2.0 * it.pre_a * mean_ctx(pre_ctx) * (a / it.ta) * (m.qk_head_dim + m.v_dim)
+    s_kv = np.maximum(pre_len, 1.0)
+    pre_eff = co.attention_eff * s_kv / (s_kv + co.gemm_half_dim)
+    pre_t = pre_flops / (it.peak16 * pre_eff)
+    pre_b = it.pre_a * kv_tok_dev * 2.0
+    it.add(
+        (dec_t + pre_t, dec_flops + pre_flops, dec_bytes + pre_b, dec_tc + pre_t, dec_tm + pre_b / co.hbm_bw),
+        it.attn_l,
+    )
+    return it.attn_l * dec_t, it.attn_l * pre_t
+
+
+def _iter_ffn(it: _Iter) -> None:
+    """Dense MLPs and MoE layers (routed experts: balanced routing over the micro-batch, the weights of
+    the experts that get any token read; the 16-bit router; shared experts as a dense MLP)."""
+    m, ta, M = it.ctx.model, it.ta, it.M
+    h = float(m.hidden)
+    if m.dense_layers:
+        it.add_sum([it.gemm(M, N, K) for N, K in blocks.mlp.gemm_shapes(m, m.ffn_hidden, ta)], it.n_dense)
+    if m.is_moe:
+        E, k, Fe = float(m.num_experts), float(m.moe_topk), float(m.moe_ffn_hidden)
+        etp = it.tp / it.ep
+        local = E / it.ep
+        tpe = it.tok_mb * k / E  # tokens per expert (balanced routing), whole micro-batch
+        activated = 1.0 - np.power(1.0 - k / E, it.tok_mb)  # share of experts that get any token
+        parts = [
+            it.gemm(tpe, N, K, weight_frac=activated, count=local)
+            for N, K in blocks.mlp.gemm_shapes(m, Fe, etp)
+        ]
+        parts.append(it.gemm(M, E, h, wbytes=2.0, p=it.peak16, e=it.eff16))
+        if m.shared_expert_ffn:
+            parts += [it.gemm(M, N, K) for N, K in blocks.mlp.gemm_shapes(m, m.shared_expert_ffn, ta)]
+        it.add_sum(parts, it.n_moe)
+
+
+def _iter_elementwise(it: _Iter) -> None:
+    """Norms, residual adds, the activation function and RoPE (a hybrid model's mix, its recurrent
+    mixers' traffic), memory-bound."""
+    m, ta, mx = it.ctx.model, it.ta, it.mx
+    h, a = float(m.hidden), float(m.heads)
+    act_f = m.ffn_hidden if m.ffn_hidden else m.moe_ffn_hidden * max(m.moe_topk, 1)
+    per_tok = ACT_BYTES * (10.0 * h + 3.0 * act_f / ta + 2.0 * (a + m.kv_heads) * m.qk_head_dim / ta)
+    if mx is not None:
+        f_d, f_m = m.dense_layers / m.layers, m.moe_layers / m.layers
+        per_tok = ACT_BYTES * (
+            (mx.mixer_sub + mx.ffn_sub) * 5.0 * h  # a norm and a residual add per sublayer
+            + 3.0 * (f_d * m.ffn_hidden + f_m * m.moe_ffn_hidden * m.moe_topk) / ta
+            + mx.attn * 2.0 * (a + m.kv_heads) * m.qk_head_dim / ta
+            + hybrid.mixer_elementwise_elems(m, ta)
+        )
+    t_el = it.M * per_tok / it.ctx.co.hbm_bw
+    it.add((t_el, np.zeros(it.n), it.M * per_tok, np.zeros(it.n), t_el), it.layers)
+
+
+def _iter_comm(it: _Iter) -> dict[str, np.ndarray]:
+    """The stage's TP all-reduces (attention-DP: the attention group's, and the MoE all-to-alls), the
+    pipeline send, and the bytes each device puts on its links per micro-batch."""
+    ctx, m = it.ctx, it.ctx.model
+    links, sc, tp, pp, adp, ta = ctx.links, ctx.sc, it.tp, it.pp, it.adp, it.ta
+    h = float(m.hidden)
+    ones = np.ones(it.n)
+    ar_bytes = it.tok_mb * h * ACT_BYTES
+    sync = sc.collective_sync_s
+    ar_tp = C.all_reduce(links, ar_bytes, tp, ones) + np.where(tp > 1, sync, 0.0)
+    if m.is_moe:
+        ar_attn = C.all_reduce(links, ar_bytes / adp, ta, ones) + np.where(ta > 1, sync, 0.0)
+        a2a = C.all_to_all(links, it.M * m.moe_topk * h * ACT_BYTES, tp, ones) + np.where(tp > 1, sync, 0.0)
+        moe_comm = np.where(adp > 1, ar_attn + 2.0 * a2a, 2.0 * ar_tp)
+        dense_comm = np.where(adp > 1, 2.0 * ar_attn, 2.0 * ar_tp)
+        comm = it.n_moe * moe_comm + it.n_dense * dense_comm
+    else:
+        comm = it.layers * 2.0 * ar_tp
+    if it.mx is not None:
+        # One all-reduce per mixer (attention, Mamba, Gated DeltaNet: row-parallel out_proj) and per
+        # dense MLP; MoE as above less its attention's.
+        mx = it.mx
+        ar_mix = ar_attn if m.is_moe else ar_tp
+        mixers = mx.attn + mx.linear + mx.mamba
+        comm = it.lps * mixers * np.where(adp > 1, ar_mix, ar_tp) + it.n_dense * ar_tp
+        if m.is_moe:
+            comm = comm + it.n_moe * np.where(adp > 1, 2.0 * a2a, ar_tp)
+    inter_pp = tp >= ctx.devices_per_node
+    p2p = np.where(pp > 1, C.p2p(links, it.tok_mb * h * ACT_BYTES, inter_pp), 0.0)
+
+    # Bytes each device puts on its links per micro-batch (for the link energy of autopar.energy):
+    # two ring all-reduces per layer, 2(tp-1)/tp of the message each (MoE all-to-alls counted as
+    # all-reduces of the same tokens: an approximation), and the pipeline send of the activations.
+    tp_bytes = 2.0 * it.lps * 2.0 * (tp - 1.0) / tp * ar_bytes
+    tp_inter = tp > ctx.devices_per_node
+    pp_bytes = np.where(pp > 1, it.tok_mb * h * ACT_BYTES, 0.0)
+    link_up = np.where(tp_inter, 0.0, tp_bytes) + np.where(inter_pp, 0.0, pp_bytes)
+    link_out = np.where(tp_inter, tp_bytes, 0.0) + np.where(inter_pp, pp_bytes, 0.0)
+    return {"comm": comm, "p2p": p2p, "link_up": link_up, "link_out": link_out}
+
+
 def iteration(
     ctx: ServingContext,
     tab: ServingTable,
@@ -515,205 +731,67 @@ def iteration(
     context ``pre_ctx`` keys, prompt length ``pre_len``), decode sequences have ``dec_ctx`` cached
     tokens on average, ``logit_rows`` tokens need logits, ``pre_seqs`` requests are in prefill
     (default ``n_pre / pre_len``). ``clock`` scales the compute peaks (power cap). The whole batch is split into ``pp`` micro-batches that each pass every stage once.
+    The stage's cost is the sum of its blocks' (:func:`_iter_mixers`, :func:`_iter_attention_core`,
+    :func:`_iter_ffn`, :func:`_iter_elementwise`, the LM head) and its communication (:func:`_iter_comm`).
     """
-    m, co, links, sc = ctx.model, ctx.co, ctx.links, ctx.sc
+    m, co, sc = ctx.model, ctx.co, ctx.sc
     n = len(tab)
     tp, pp, ep, adp = tab["tp"], tab["pp"], tab["ep"], tab["adp"]
-    ta = tp / adp
-    n_dec = np.broadcast_to(np.asarray(n_dec, dtype=np.float64), (n,))
-    n_pre = np.broadcast_to(np.asarray(n_pre, dtype=np.float64), (n,))
-    dec_ctx = np.broadcast_to(np.asarray(dec_ctx, dtype=np.float64), (n,))
-    pre_ctx = np.broadcast_to(np.asarray(pre_ctx, dtype=np.float64), (n,))
-    pre_len = np.broadcast_to(np.asarray(pre_len, dtype=np.float64), (n,))
-    logit_rows = np.broadcast_to(np.asarray(logit_rows, dtype=np.float64), (n,))
-    clock = np.broadcast_to(np.asarray(clock, dtype=np.float64), (n,))
 
+    def col(x):
+        return np.broadcast_to(np.asarray(x, dtype=np.float64), (n,))
+
+    n_dec, n_pre, dec_ctx, pre_ctx = col(n_dec), col(n_pre), col(dec_ctx), col(pre_ctx)
+    pre_len, logit_rows, clock = col(pre_len), col(logit_rows), col(clock)
     prec = ctx.compute_precision
-    peak = co.peak(prec) * clock
-    eff = co.gemm_eff.get(prec, co.gemm_eff["bf16"])
-    peak16 = co.peak("bf16") * clock
-    eff16 = co.gemm_eff["bf16"]
-    co_inf = replace(co, hbm_bw=math.inf)
-    wb = ctx.weight_bytes
-    h = float(m.hidden)
-    a = float(m.heads)
-    up = 2.0 if m.gated_mlp else 1.0
-
     mb = pp  # micro-batches in flight
     tok_mb = (n_dec + n_pre) / mb  # tokens of one micro-batch (whole instance)
-    M = tok_mb / adp  # tokens per attention-DP rank
-    dec_a = n_dec / mb / adp  # decoding sequences per attention rank
-    pre_a = n_pre / mb / adp
-
-    acc = _Acc(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n))
-
-    def add(res, weight=1.0):
-        t, f, b, tc, tm = res
-        acc.time += weight * t
-        acc.flops += weight * f
-        acc.bytes += weight * b
-        acc.busy_compute += weight * tc
-        acc.busy_memory += weight * tm
-
-    def gemm(Mx, N, K, wbytes=wb, p=peak, e=eff, **kw):
-        return _gemm(co_inf, co, p, e, Mx, N, K, wbytes, tile_rows=sc.tile_rows, **kw)
-
     lps = np.ceil(m.layers / pp)
     n_dense = lps * m.dense_layers / m.layers
     n_moe = lps * m.moe_layers / m.layers
-
-    # ---- attention projections (per layer) ------------------------------------------------------
-    attn_parts = []
-    if m.is_mla:
-        qd = a * m.qk_head_dim
-        if m.q_lora_rank:
-            attn_parts += [gemm(M, m.q_lora_rank, h), gemm(M, qd / ta, m.q_lora_rank)]
-        else:
-            attn_parts.append(gemm(M, qd / ta, h))
-        attn_parts += [
-            gemm(M, m.kv_lora_rank + m.qk_rope_head_dim, h),
-            gemm(M, a * (m.qk_nope_head_dim + m.v_dim) / ta, m.kv_lora_rank),
-            gemm(M, h, a * m.v_dim / ta),
-        ]
-    else:
-        d = m.head_dim
-        kvh = np.ceil(m.kv_heads / ta)
-        attn_parts += [gemm(M, (a / ta + 2.0 * kvh) * d, h), gemm(M, h, a * d / ta)]
-    layers = n_dense + n_moe
     # Attention layers of the stage: every layer, or a hybrid model's attention share of its blocks
     # (each stage holds the model's mix, autopar.hybrid).
     mx = hybrid.mix(m) if m.is_hybrid else None
-    if mx is not None:
-        layers = lps
-    attn_l = layers * (mx.attn if mx is not None else 1.0)
-    add(tuple(sum(p[i] for p in attn_parts) for i in range(5)), attn_l)
-    if mx is not None:
-        # Recurrent mixers: projection GEMMs of every token; the prefill tokens' chunked scan as in
-        # training's forward (GEMM-class chunk-local matmuls, fp32 state passing); decoding tokens
-        # read and rewrite their sequence's state (the recurrent form), memory-bound.
-        mparts = [tuple(w * x for x in gemm(M, N, K)) for w, N, K in hybrid.mixer_gemm_shapes(m, ta) if w]
-        add(tuple(sum(p[i] for p in mparts) for i in range(5)), lps)
-
-        def gt16(Mx, N, K):
-            return gemm_time(co, peak16, np.asarray(eff16, dtype=np.float64), Mx, N, K)
-
-        scan_t = hybrid.scan_time(m, gt16, pre_a, ta)
-        scan_fl = hybrid.scan_flops_per_token(m, ta) * pre_a
-        pass_b = pre_a * hybrid.state_pass_bytes(m, ta)
-        st_fl, st_el = hybrid.decode_state_step(m, ta)
-        dec_fl = dec_a * st_fl
-        dec_b = dec_a * st_el * ACT_BYTES
-        dec_tc_r, dec_tm_r = dec_fl / (peak16 * eff16), dec_b / co.hbm_bw
-        rec_t = scan_t + pass_b / co.hbm_bw + np.maximum(dec_tc_r, dec_tm_r)
-        add(
-            (rec_t, scan_fl + dec_fl, pass_b + dec_b, scan_t + dec_tc_r, (pass_b + dec_b) / co.hbm_bw),
-            lps,
-        )
-
-    # ---- attention core ---------------------------------------------------------------------------
-    full_l = m.attn_layers - m.sliding_window_layers
-    sw_l = m.sliding_window_layers
-    win = float(m.sliding_window or 0)
-
-    def mean_ctx(c):
-        return (full_l * c + sw_l * np.minimum(c, win if win else c)) / max(m.attn_layers, 1)
-
-    # KV bytes per cached token of one attention layer on a device
-    kv_tok_dev = kv_bytes_per_token_per_device(ctx, tab) / np.maximum(attn_l, 1e-30)
-    dec_c = mean_ctx(dec_ctx)
-    dec_bytes = dec_a * dec_c * kv_tok_dev
-    if m.is_mla:  # absorbed MLA decode: scores and values over the 576/512-wide latent per head
-        dec_dims = (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
-    else:
-        dec_dims = m.qk_head_dim + m.v_dim
-    dec_flops = 2.0 * dec_a * dec_c * (a / ta) * dec_dims
-    dec_tc, dec_tm = dec_flops / (peak16 * co.attention_eff), dec_bytes / co.hbm_bw
-    dec_t = np.maximum(dec_tc, dec_tm)
-    pre_flops = 2.0 * pre_a * mean_ctx(pre_ctx) * (a / ta) * (m.qk_head_dim + m.v_dim)
-    s_kv = np.maximum(pre_len, 1.0)
-    pre_eff = co.attention_eff * s_kv / (s_kv + co.gemm_half_dim)
-    pre_t = pre_flops / (peak16 * pre_eff)
-    pre_b = pre_a * kv_tok_dev * 2.0
-    add(
-        (dec_t + pre_t, dec_flops + pre_flops, dec_bytes + pre_b, dec_tc + pre_t, dec_tm + pre_b / co.hbm_bw),
-        attn_l,
+    layers = lps if mx is not None else n_dense + n_moe
+    it = _Iter(
+        ctx=ctx,
+        n=n,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        adp=adp,
+        ta=tp / adp,
+        tok_mb=tok_mb,
+        M=tok_mb / adp,
+        dec_a=n_dec / mb / adp,
+        pre_a=n_pre / mb / adp,
+        lps=lps,
+        n_dense=n_dense,
+        n_moe=n_moe,
+        layers=layers,
+        attn_l=layers * (mx.attn if mx is not None else 1.0),
+        mx=mx,
+        peak=co.peak(prec) * clock,
+        eff=co.gemm_eff.get(prec, co.gemm_eff["bf16"]),
+        peak16=co.peak("bf16") * clock,
+        eff16=co.gemm_eff["bf16"],
+        acc=_Acc(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)),
+        co_inf=replace(co, hbm_bw=math.inf),
     )
-    t_attn_dec, t_attn_pre = attn_l * dec_t, attn_l * pre_t
-
-    # ---- MLPs -------------------------------------------------------------------------------------
-    if m.dense_layers:
-        F = m.ffn_hidden
-        p1, p2 = gemm(M, up * F / ta, h), gemm(M, h, F / ta)
-        add(tuple(x + y for x, y in zip(p1, p2, strict=True)), n_dense)
-    if m.is_moe:
-        E, k, Fe = float(m.num_experts), float(m.moe_topk), float(m.moe_ffn_hidden)
-        etp = tp / ep
-        local = E / ep
-        tpe = tok_mb * k / E  # tokens per expert (balanced routing), whole micro-batch
-        activated = 1.0 - np.power(1.0 - k / E, tok_mb)  # share of experts that get any token
-        e1 = gemm(tpe, up * Fe / etp, h, weight_frac=activated, count=local)
-        e2 = gemm(tpe, h, Fe / etp, weight_frac=activated, count=local)
-        parts = [e1, e2, gemm(M, E, h, wbytes=2.0, p=peak16, e=eff16)]
-        if m.shared_expert_ffn:
-            S = m.shared_expert_ffn
-            parts += [gemm(M, up * S / ta, h), gemm(M, h, S / ta)]
-        add(tuple(sum(p[i] for p in parts) for i in range(5)), n_moe)
-
-    # ---- elementwise (norms, residuals, activation function, RoPE), memory-bound ------------------
-    act_f = m.ffn_hidden if m.ffn_hidden else m.moe_ffn_hidden * max(m.moe_topk, 1)
-    per_tok = ACT_BYTES * (10.0 * h + 3.0 * act_f / ta + 2.0 * (a + m.kv_heads) * m.qk_head_dim / ta)
-    if mx is not None:
-        f_d, f_m = m.dense_layers / m.layers, m.moe_layers / m.layers
-        per_tok = ACT_BYTES * (
-            (mx.mixer_sub + mx.ffn_sub) * 5.0 * h  # a norm and a residual add per sublayer
-            + 3.0 * (f_d * m.ffn_hidden + f_m * m.moe_ffn_hidden * m.moe_topk) / ta
-            + mx.attn * 2.0 * (a + m.kv_heads) * m.qk_head_dim / ta
-            + hybrid.mixer_elementwise_elems(m, ta)
-        )
-    t_el = M * per_tok / co.hbm_bw
-    add((t_el, np.zeros(n), M * per_tok, np.zeros(n), t_el), layers)
-
+    _iter_mixers(it)
+    t_attn_dec, t_attn_pre = _iter_attention_core(it, tab, dec_ctx, pre_ctx, pre_len)
+    _iter_ffn(it)
+    _iter_elementwise(it)
     # ---- LM head on the last stage (16-bit weights) + sampling over the logits ---------------------
     rows = logit_rows / mb
-    hd = gemm(rows, m.vocab / tp, h, wbytes=2.0, p=peak16, e=eff16)
+    hd = it.gemm(rows, m.vocab / tp, float(m.hidden), wbytes=2.0, p=it.peak16, e=it.eff16)
     samp_b = rows * m.vocab / tp * LOGIT_BYTES * 2.0
     t_s = samp_b / co.hbm_bw
-    add((hd[0] + t_s, hd[1], hd[2] + samp_b, hd[3], hd[4] + t_s))
-
+    it.add((hd[0] + t_s, hd[1], hd[2] + samp_b, hd[3], hd[4] + t_s))
+    acc = it.acc
     gpu_stage = acc.time.copy()
-
-    # ---- communication ---------------------------------------------------------------------------
-    ones = np.ones(n)
-    ar_bytes = tok_mb * h * ACT_BYTES
-    sync = sc.collective_sync_s
-    ar_tp = C.all_reduce(links, ar_bytes, tp, ones) + np.where(tp > 1, sync, 0.0)
-    if m.is_moe:
-        ar_attn = C.all_reduce(links, ar_bytes / adp, ta, ones) + np.where(ta > 1, sync, 0.0)
-        a2a = C.all_to_all(links, M * m.moe_topk * h * ACT_BYTES, tp, ones) + np.where(tp > 1, sync, 0.0)
-        moe_comm = np.where(adp > 1, ar_attn + 2.0 * a2a, 2.0 * ar_tp)
-        dense_comm = np.where(adp > 1, 2.0 * ar_attn, 2.0 * ar_tp)
-        comm = n_moe * moe_comm + n_dense * dense_comm
-    else:
-        comm = layers * 2.0 * ar_tp
-    if mx is not None:
-        # One all-reduce per mixer (attention, Mamba, Gated DeltaNet: row-parallel out_proj) and per
-        # dense MLP; MoE as above less its attention's.
-        ar_mix = ar_attn if m.is_moe else ar_tp
-        mixers = mx.attn + mx.linear + mx.mamba
-        comm = lps * mixers * np.where(adp > 1, ar_mix, ar_tp) + n_dense * ar_tp
-        if m.is_moe:
-            comm = comm + n_moe * np.where(adp > 1, 2.0 * a2a, ar_tp)
-    inter_pp = tp >= ctx.devices_per_node
-    p2p = np.where(pp > 1, C.p2p(links, tok_mb * h * ACT_BYTES, inter_pp), 0.0)
-
-    # Bytes each device puts on its links per micro-batch (for the link energy of autopar.energy):
-    # two ring all-reduces per layer, 2(tp-1)/tp of the message each (MoE all-to-alls counted as
-    # all-reduces of the same tokens: an approximation), and the pipeline send of the activations.
-    tp_bytes = 2.0 * lps * 2.0 * (tp - 1.0) / tp * ar_bytes
-    tp_inter = tp > ctx.devices_per_node
-    pp_bytes = np.where(pp > 1, tok_mb * h * ACT_BYTES, 0.0)
-    link_up = np.where(tp_inter, 0.0, tp_bytes) + np.where(inter_pp, 0.0, pp_bytes)
-    link_out = np.where(tp_inter, tp_bytes, 0.0) + np.where(inter_pp, pp_bytes, 0.0)
+    cm = _iter_comm(it)
+    comm, p2p = cm["comm"], cm["p2p"]
 
     # A statically scheduled dataflow machine: each layer of the stage adds its pipeline latency to the
     # micro-batch's pass (GPUs: 0; their per-kernel costs are the host and collective terms).
@@ -738,8 +816,8 @@ def iteration(
         "busy_memory": mb * acc.busy_memory,
         "attn_decode": mb * t_attn_dec,
         "attn_prefill": mb * t_attn_pre,
-        "link_bytes_up": mb * link_up,
-        "link_bytes_out": mb * link_out,
+        "link_bytes_up": mb * cm["link_up"],
+        "link_bytes_out": mb * cm["link_out"],
     }
 
 

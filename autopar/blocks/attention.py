@@ -1,0 +1,164 @@
+"""Softmax self-attention, MHA / GQA / MQA (and a gated output, sliding-window layers): one block
+kind's costs in one place. :mod:`autopar.blocks.mla` reuses its core (:func:`core_time`).
+
+Parameters: :attr:`ModelSpec.attn_params_per_layer` (the reader's count; the weight matrices are
+:func:`gemm_shapes` at tp = 1). Forward GEMMs per token: the fused QKV projection h -> (a + 2g) d
+(a gated output adds a d for the gate, Qwen3-Next) and the output projection a d -> h. The core
+(Dao 2023, FlashAttention-2) does 4 s s_kv a d / 2 FLOPs per causal sequence forward and 2.5x that
+backward; an unfused core (Megatron-DeepSpeed CoreAttention) materializes the s x s_kv scores.
+Megatron splits heads over TP (column-parallel QKV, row-parallel output: 2 TP collectives per pass),
+the sequence over CP (ring attention passing each rank's K and V: :func:`cp_chunk_elems`); EP does
+not split it. Serving state: the KV cache, 2 g d elements per token and layer
+(:attr:`ModelSpec.kv_cache_elems_per_token_per_layer`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from autopar.blocks.context import SlotContext, gemm_time
+
+KIND = "attention"
+# FlashAttention backward: dQ, dK, dV and the recomputed QK^T, 2.5x the forward's matmul FLOPs.
+FLASH_BWD_MULT = 2.5
+
+
+def present(model) -> bool:
+    return bool(model.attn_layers) and not model.is_mla
+
+
+def params(model) -> float:
+    """Parameters of one attention mixer (the model reader's count, with biases and q/k norms)."""
+    return float(model.attn_params_per_layer)
+
+
+def gemm_shapes(model, tp) -> list[tuple[Any, Any]]:
+    """(N, K) of each forward linear GEMM per rank, M = tokens: fused QKV (column-parallel) and the
+    output projection (row-parallel)."""
+    h = float(model.hidden)
+    a, g, d = model.heads, model.kv_heads, model.head_dim
+    q_mult = 2 if model.attn_output_gate else 1  # gated attention: q_proj also emits the gate
+    return [((q_mult * a * d + 2 * g * d) / tp, h), (h, a * d / tp)]
+
+
+def gemms(model, f, T, tp) -> tuple[Any, Any]:
+    """(all linear GEMMs, the up-projection share MLA's ``mla_up_proj`` recompute repeats: none here):
+    ``f(M, N, K)`` summed over :func:`gemm_shapes`."""
+    (n1, k1), (n2, k2) = gemm_shapes(model, tp)
+    return f(T, n1, k1) + f(T, n2, k2), np.zeros(np.shape(tp))
+
+
+def core_flops_per_token(model, s_kv: float, causal: bool = True) -> float:
+    """Forward FLOPs per query token of the core against ``s_kv`` keys: QK^T and PV, 2 s_kv a (d_qk +
+    d_v), halved under a causal mask."""
+    fl = 2.0 * s_kv * model.heads * (model.qk_head_dim + model.v_dim)
+    return fl * 0.5 if causal else fl
+
+
+def flops_per_token(model, s_kv: float = 0.0) -> float:
+    """Forward FLOPs per token of one block's mixer, unsharded: projections, and the causal core
+    against ``s_kv`` keys."""
+    return sum(2.0 * N * K for N, K in gemm_shapes(model, 1.0)) + core_flops_per_token(model, s_kv)
+
+
+def rope_elems(model, tp) -> Any:
+    """Forward memory-bound traffic per token per rank of RoPE on q and k (read + write)."""
+    return 2 * (model.heads + model.kv_heads) * model.qk_head_dim / tp
+
+
+def cp_chunk_elems(model, tp) -> Any:
+    """Elements per token one ring-CP step sends: K and V of the rank's heads."""
+    return 2 * model.kv_heads * model.head_dim / tp
+
+
+def qkv_dgrad_k(model, tp) -> Any:
+    """K of the QKV projection's data-gradient GEMM (what the SP re-gather of its input hides behind)."""
+    return (model.heads * model.qk_head_dim + 2 * model.kv_heads * model.qk_head_dim) / tp
+
+
+def attn_fwd(model, ctx: SlotContext, s_kv, cp_ring: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(matmul seconds, softmax-exponential seconds) of one layer's forward attention core per rank.
+
+    FLOPs ``2 mb s_loc s_kv (a/tp) (d_qk + d_v) / 2`` at the attention efficiency (falling for short
+    ``s_kv``), scaled by the ring-CP factor where ``cp_ring``. The softmax's exponentials run on the
+    special-function units, one per score element forward and one more backward (FlashAttention
+    recomputes P = exp(S - lse)), in series with the matmuls that produce and consume them (BMM1 ->
+    softmax -> BMM2: NVIDIA, "Making Softmax More Efficient with NVIDIA Blackwell Ultra"). At both
+    units' peak rates and head dim 128 they add 26% to the matmul time on H100 and 54% on B200, whose
+    tensor cores doubled and SFUs did not (the FlashAttention-4 paper's point): this is why attention
+    does not speed up with the tensor-core peak. fp32 attention has no SFU bound beyond its slow
+    matmuls; an unfused core's exponentials are in its memory-bound passes.
+    """
+    co, a = ctx.co, model.heads
+    fl = 2.0 * ctx.mb * ctx.s_loc * s_kv * (a / ctx.tp) * (model.qk_head_dim + model.v_dim) * 0.5
+    eff = co.attention_eff * ctx.attn_speed * s_kv / (s_kv + co.gemm_half_dim)
+    scale = ctx.ring if cp_ring else 1.0
+    mm = fl / (ctx.attn_peak * eff) * scale
+    exps = fl / (2.0 * (model.qk_head_dim + model.v_dim))
+    ex = np.where(ctx.is_fp32 | (co.exp_rate <= 0), 0.0, exps / max(co.exp_rate, 1.0)) * np.ones(ctx.n)
+    return mm, ex * scale
+
+
+def core_time(model, ctx: SlotContext) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of one layer's attention core per rank (the model's sliding-window
+    share averaged over its attention layers)."""
+    co = ctx.co
+    window = model.sliding_window or 0
+    s_kv_full = float(ctx.seq_len)
+    if not ctx.profile.flash_attention:
+        # Unfused core (Megatron-DeepSpeed CoreAttention): per (micro-batch, head) the full s x s_kv
+        # score matrix, causal mask and any sliding window applied by masking, not skipped:
+        # QK^T and PV as batched GEMMs (bf16/fp32 rate; their operand traffic includes writing and
+        # reading the scores), then memory-bound passes over the s·s_kv scores: masked fill and
+        # softmax read + write one score each, dropout reads one and writes one plus a 1-byte mask.
+        # Backward: dgrad of both operands of each GEMM and one backward pass per elementwise op
+        # reading its saved tensor and the incoming gradient: 2x the forward.
+        bh = ctx.mb * model.heads / ctx.tp
+        geff = np.where(ctx.is_fp32, co.gemm_eff.get("fp32", co.gemm_eff["bf16"]), co.gemm_eff["bf16"])
+        scores = gemm_time(co, ctx.attn_peak, geff, ctx.s_loc, s_kv_full, model.qk_head_dim, ctx.elem)
+        context = gemm_time(co, ctx.attn_peak, geff, ctx.s_loc, model.v_dim, s_kv_full, ctx.elem)
+        passes = bh * ctx.s_loc * s_kv_full * (6.0 * ctx.elem + 1.0) / co.hbm_bw
+        attn_f = bh * (scores + context) + passes
+        return attn_f, 2.0 * attn_f
+    if window and model.sliding_window_layers:
+        # FlashAttention: fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd.
+        frac_sw = model.sliding_window_layers / max(model.attn_layers, 1)
+        mm_full, ex_full = attn_fwd(model, ctx, s_kv_full)
+        mm_win, ex_win = attn_fwd(model, ctx, min(window, s_kv_full), False)
+        mm_f = (1 - frac_sw) * mm_full + frac_sw * mm_win
+        ex_f = (1 - frac_sw) * ex_full + frac_sw * ex_win
+    else:
+        mm_f, ex_f = attn_fwd(model, ctx, s_kv_full)
+    return mm_f + ex_f, FLASH_BWD_MULT * mm_f + ex_f
+
+
+def activation_elems(model, ctx_sb, t, gi, drop_norm, sp_div) -> tuple[Any, Any]:
+    """(Q, K, V elements kept for backward, attention output elements) per rank for ``ctx_sb`` tokens,
+    16-bit (Korthikanti et al. 2022, Table 2 generalized to GQA): 2 sb (a d + 2 g d)/t and 2 sb a d_v/t,
+    the output also as the out-projection's 8-bit copy under low-precision GEMMs (``gi`` < 1)."""
+    qkv = 2.0 * ctx_sb * (model.heads * model.head_dim + 2 * model.kv_heads * model.head_dim) / t
+    return qkv, _attn_out(model, ctx_sb, t, gi)
+
+
+def _attn_out(model, sb, t, gi) -> Any:
+    return 2.0 * sb * model.heads * model.v_dim / t * (1.0 + np.where(gi < 1.0, 0.5, 0.0))
+
+
+def output_gate_elems(model, sb, t) -> Any:
+    """The gated output's gate, kept for backward (Qwen3-Next: ``attn_output_gate``)."""
+    return 2.0 * sb * model.heads * model.head_dim / t
+
+
+def core_activation_elems(model, s, sb, t, flash_attention: bool) -> Any:
+    """What the core keeps: FlashAttention's fp32 log-sum-exp per row, or the unfused 5 a s^2 b
+    softmax/dropout term (Korthikanti et al. 2022)."""
+    if flash_attention:
+        return 4.0 * sb * model.heads / t
+    return 5.0 * model.heads * s * sb / t
+
+
+def kv_cache_elems(model) -> float:
+    """Serving state: KV-cache elements per token of one layer (K and V of the g KV heads)."""
+    return float(2 * model.kv_heads * model.head_dim)

@@ -1,0 +1,157 @@
+"""Golden tests of the block modules (``autopar/blocks``): each kind's forward FLOPs per token against
+a hand computation from the paper or the model code, on a real config, and the registry convention
+(adding a layer kind is one module in ``autopar/blocks`` plus its golden test here)."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+from autopar import blocks
+from autopar.blocks import attention, embedding, gated_deltanet, mamba, mla, mlp, moe_ffn
+from autopar.model import load_model
+
+CONFIGS = Path(__file__).parent / "configs"
+
+
+def _model(name: str):
+    return load_model(str(CONFIGS / f"{name}.json") if (CONFIGS / f"{name}.json").exists() else name)
+
+
+def test_gqa_attention_llama31_8b():
+    # HF LlamaAttention: q_proj h -> a d, k_proj / v_proj h -> g d, o_proj a d -> h (no biases);
+    # Llama-3.1-8B: h 4096, 32 heads, 8 KV heads, head dim 128.
+    m = _model("llama-3.1-8b")
+    weights = 4096 * 32 * 128 + 2 * 4096 * 8 * 128 + 32 * 128 * 4096
+    assert weights == 41_943_040
+    assert attention.flops_per_token(m) == 2 * weights
+    assert attention.params(m) == weights
+    # causal core at 8192 keys: QK^T and PV, 2 * s * a * d each, half of them under the mask
+    assert attention.flops_per_token(m, 8192) == 2 * weights + 0.5 * (2 * 8192 * 32 * 128 * 2)
+    assert attention.kv_cache_elems(m) == m.kv_cache_elems_per_token_per_layer == 2 * 8 * 128
+
+
+def test_mha_attention_gpt2():
+    # GPT-2 (HF GPT2Attention): c_attn 768 -> 3 x 768, c_proj 768 -> 768.
+    m = _model("gpt2")
+    assert attention.flops_per_token(m) == 2 * (768 * 2304 + 768 * 768)
+
+
+def test_mqa_attention_falcon_7b():
+    # Falcon-7B (multi_query): query_key_value 4544 -> 71 x 64 + 2 x 64, dense 4544 -> 4544.
+    m = _model("falcon-7b")
+    assert attention.flops_per_token(m) == 2 * (4544 * (71 * 64 + 2 * 64) + 71 * 64 * 4544)
+
+
+def test_gated_attention_qwen3_next():
+    # Qwen3-Next (HF Qwen3NextAttention, attn_output_gate): q_proj h -> 2 a d (query and gate),
+    # k_proj / v_proj h -> g d, o_proj a d -> h; h 2048, 16 heads, 2 KV heads, head dim 256.
+    m = _model("qwen3-next-80b-a3b")
+    assert attention.flops_per_token(m) == 2 * (2048 * 2 * 16 * 256 + 2 * 2048 * 2 * 256 + 16 * 256 * 2048)
+
+
+def test_mla_deepseek_v3():
+    # DeepSeek-V2 (arXiv 2405.04434) Sec. 2.1 with V3's sizes: q_a_proj 7168 -> 1536, q_b_proj
+    # 1536 -> 128 x (128 + 64), kv_a_proj_with_mqa 7168 -> 512 + 64, kv_b_proj 512 -> 128 x (128 + 128),
+    # o_proj 128 x 128 -> 7168.
+    m = _model("deepseek-v3")
+    weights = 7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168
+    assert mla.flops_per_token(m) == 2 * weights
+    # the core: QK^T over d_nope + d_rope = 192, PV over d_v = 128, causal half, 4096 keys
+    assert mla.flops_per_token(m, 4096) == 2 * weights + 0.5 * 2 * 4096 * 128 * (192 + 128)
+    assert mla.kv_cache_elems(m) == 512 + 64
+
+
+def test_gated_and_plain_mlp():
+    # SwiGLU (HF LlamaMLP): gate_proj, up_proj h -> F, down_proj F -> h; Llama-3.1-8B F = 14336.
+    assert mlp.flops_per_token(_model("llama-3.1-8b")) == 2 * 3 * 4096 * 14336
+    assert mlp.params(_model("llama-3.1-8b")) == 3 * 4096 * 14336
+    # GELU MLP (GPT-2): c_fc 768 -> 3072, c_proj 3072 -> 768.
+    assert mlp.flops_per_token(_model("gpt2")) == 2 * 2 * 768 * 3072
+
+
+def test_moe_mixtral_and_deepseek_v3():
+    # Mixtral (HF MixtralSparseMoeBlock): gate 4096 -> 8 experts, top-2 SwiGLU experts of 14336.
+    assert moe_ffn.flops_per_token(_model("mixtral-8x7b")) == 2 * 4096 * 8 + 2 * (2 * 3 * 4096 * 14336)
+    # DeepSeek-V3 (HF DeepseekV3MoE): 256 routed experts of 2048, top-8, one shared expert of 2048.
+    want = 2 * 7168 * 256 + 8 * (2 * 3 * 7168 * 2048) + 2 * 3 * 7168 * 2048
+    assert moe_ffn.flops_per_token(_model("deepseek-v3")) == want
+
+
+def test_mamba2_nemotron_h_8b():
+    # Nemotron-H-8B: h 4096, 128 Mamba heads of 64 (d_inner 8192), 8 groups, d_state 128, chunk 128.
+    m = _model("nemotron-h-8b")
+    d_in, G, N, H, Q = 8192, 8, 128, 128, 128
+    proj = 4096 * (2 * d_in + 2 * G * N + H) + d_in * 4096  # in_proj [z, x, B, C, dt], out_proj
+    # mamba_ssm's chunked SSD per chunk of Q tokens: C B^T per group (Q x N by N x Q), (L o C B^T) X
+    # per head (Q x Q by Q x P), chunk states B^T X (N x Q by Q x P), read-out C h (Q x N by N x P).
+    P = d_in // H
+    per_chunk = G * 2 * Q * N * Q + H * (2 * Q * Q * P + 2 * N * Q * P + 2 * Q * N * P)
+    assert mamba.flops_per_token(m) == pytest.approx(2 * proj + per_chunk / Q, rel=1e-12)
+    assert mamba.state_elems(m) == (4 - 1) * (d_in + 2 * G * N) + d_in * N
+
+
+def test_mamba1_jamba():
+    # Jamba (HF JambaMambaMixer): in_proj 4096 -> 2 x 8192, x_proj 8192 -> 256 + 2 x 16, dt_proj
+    # 256 -> 8192, out_proj 8192 -> 4096; the selective scan is memory-bound (no GEMM-class FLOPs).
+    m = _model("jamba-v0.1")
+    assert mamba.flops_per_token(m) == 2 * (4096 * 16384 + 8192 * 288 + 256 * 8192 + 8192 * 4096)
+
+
+def test_gated_deltanet_qwen3_next():
+    # Qwen3-Next GatedDeltaNet: 16 key heads and 32 value heads of 128; in_proj_qkvz 2048 -> 2 x 2048 +
+    # 2 x 4096, in_proj_ba 2048 -> 2 x 32, out_proj 4096 -> 2048. fla's chunked gated delta rule per
+    # chunk of C = 64 tokens and value head: K K^T, Q K^T and W = A K (C x C by d_k), U = A V and the
+    # intra-chunk output (C x C by d_v), W S, Q S and the state update K^T U (d_k by d_v).
+    m = _model("qwen3-next-80b-a3b")
+    proj = 2048 * (2 * 2048 + 2 * 4096) + 2048 * 64 + 4096 * 2048
+    C, dk, dv = 64, 128, 128
+    per_chunk = 32 * (3 * 2 * C * C * dk + 2 * 2 * C * C * dv + 3 * 2 * C * dk * dv)
+    assert gated_deltanet.flops_per_token(m) == pytest.approx(2 * proj + per_chunk / C, rel=1e-12)
+
+
+def test_lm_head_llama31_8b():
+    # lm_head 4096 -> 128256.
+    assert embedding.head_flops_per_token(_model("llama-3.1-8b")) == 2 * 4096 * 128256
+    assert embedding.params(_model("llama-3.1-8b")) == 4096 * 128256
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "mixtral-8x7b", "gpt2"])
+def test_blocks_sum_to_the_readers_matmul_flops(name):
+    """The blocks of a plain transformer add up to the model's 6 N_active (the reader's count)."""
+    m = _model(name)
+    fl = attention.flops_per_token(m) + embedding.head_flops_per_token(m)
+    per_ffn = moe_ffn.flops_per_token(m) if m.is_moe else mlp.flops_per_token(m)
+    fl_model = m.layers * (attention.flops_per_token(m) + per_ffn) + embedding.head_flops_per_token(m)
+    assert fl < fl_model
+    assert 3 * fl_model == pytest.approx(m.flops_per_token(4096, attention=False), rel=2e-3)
+
+
+GOLDEN = {
+    "attention": test_gqa_attention_llama31_8b,
+    "mla": test_mla_deepseek_v3,
+    "mlp": test_gated_and_plain_mlp,
+    "moe": test_moe_mixtral_and_deepseek_v3,
+    "mamba": test_mamba2_nemotron_h_8b,
+    "gated_deltanet": test_gated_deltanet_qwen3_next,
+    "embedding": test_lm_head_llama31_8b,
+}
+
+
+def test_every_block_module_is_registered_and_has_a_golden_test():
+    """A layer kind is one module: it is in ``blocks.KINDS``, declares its parameters and FLOPs per
+    token, and has its golden test above."""
+    support = {"context", "stage"}
+    found = {
+        importlib.import_module(f"autopar.blocks.{i.name}")
+        for i in pkgutil.iter_modules(blocks.__path__)
+        if i.name not in support
+    }
+    assert found == set(blocks.KINDS)
+    for kind in blocks.KINDS:
+        assert kind.KIND in GOLDEN, f"{kind.__name__}: no golden FLOPs test"
+        assert callable(kind.params)
+        assert callable(getattr(kind, "flops_per_token", None) or getattr(kind, "head_flops_per_token", None))
