@@ -34,6 +34,9 @@ GLOBAL_DEFAULTS: dict[str, float] = {
     # Share of a MoE layer's per-local-expert GEMM launches the device waits for (latency.stage_slot):
     # the layer's device-to-host token-count copy stops the host from running ahead. 0: not charged.
     "moe_host_factor": 0.0,
+    # The training stack's attention kernels (forward + backward) relative to the measured forward
+    # FMHA of the device profile (efficiency.attention_fwd): one factor for every device that has one.
+    "attention_scale": 1.0,
     # Memory model constants of the runtime: the CUDA + NCCL figures of autopar/memory.py (their one
     # definition, with sources), in the units of a calibration file's ``global`` section.
     "framework_reserve_gib": FRAMEWORK_RESERVE_BYTES / GIB,
@@ -52,6 +55,7 @@ GLOBAL_RANGES: dict[str, tuple[float, float]] = {
     "tp_collective_overhead_us": (0.0, 1e6),
     "half_dim_scale": (0.05, 50.0),
     "moe_host_factor": (0.0, 20.0),
+    "attention_scale": (0.05, 2.0),
     "framework_reserve_gib": (0.0, 1024.0),
     "comm_buffer_gb": (0.0, 1024.0),
     "fragmentation": (-1.0, 1.0),
@@ -491,6 +495,19 @@ def _exp_rate(device) -> float:
     return sfu_exp_rate(device)
 
 
+def _attention_eff(dc, eff) -> float:
+    """One attention efficiency for the models that take a scalar (serving, calibrate's report): the
+    calibration's where it has one; else the measured forward kernel at head dim 128 and 8k tokens
+    (efficiency.attention_fwd) where the profile has that curve; else the profile's estimate."""
+    if dc.attention is not None:
+        return float(dc.attention)
+    if eff.attention_fwd:
+        from autopar.hardware import attention_fraction
+
+        return float(attention_fraction(eff.attention_fwd, 128.0, 8192.0))
+    return float(eff.attention)
+
+
 def coefficients_for(
     device, calibration: Calibration | None = None, stack: str | None = None
 ) -> tuple[Coefficients, dict[str, float]]:
@@ -516,7 +533,7 @@ def coefficients_for(
         gemm_eff=gemm,
         gemm_half_dim=dc.gemm_half_dim if dc.gemm_half_dim is not None else eff.gemm_half_dim * hd_scale,
         gemm_half_dim_by={k: v * hd_scale for k, v in eff.gemm_half_dim_by_precision.items()},
-        attention_eff=dc.attention if dc.attention is not None else eff.attention,
+        attention_eff=_attention_eff(dc, eff),
         hbm_bw=device.memory_bw_gbps * 1e9 * hbm,
         overlap_contention=cal.stack_value(stack, "overlap_contention"),
         tp_overlap=cal.global_value("tp_overlap"),
@@ -525,6 +542,8 @@ def coefficients_for(
         fused_attention_speedup=eff.fused_attention_speedup,
         exp_rate=_exp_rate(device),
         moe_host_factor=cal.global_value("moe_host_factor"),
+        attention_fwd=dict(eff.attention_fwd),
+        attention_scale=cal.global_value("attention_scale"),
     )
     links = {
         "scale_up_bus": dc.scale_up_bus if dc.scale_up_bus is not None else eff.scale_up_bus,

@@ -240,6 +240,26 @@ class Efficiency(_Frozen):
         description="speed of cuDNN fused attention, which Transformer Engine selects on sm90+, over the "
         "FlashAttention-2 kernel that 'attention' (and its calibration) describes",
     )
+    attention_fwd: dict[int, list[tuple[float, float]]] = Field(
+        default_factory=dict,
+        description="measured causal forward attention (fused FMHA, exponentials included) per head "
+        "dimension: [(sequence, achieved fraction of dense bf16 peak), ...] (studies/attention_rates.py); "
+        "absent: 'attention' x the SFU exponential bound",
+    )
+
+    @field_validator("attention_fwd")
+    @classmethod
+    def _attention_curve(cls, v: dict[int, list[tuple[float, float]]]) -> dict[int, list[tuple[float, float]]]:
+        for d, pts in v.items():
+            seqs = [s for s, _ in pts]
+            if not 0 < d <= 1024 or len(pts) < 2 or seqs != sorted(set(seqs)) or seqs[0] <= 0:
+                raise ValueError(
+                    f"head dim {d}: needs a head dimension in (0, 1024] and two or more points with "
+                    "increasing sequence lengths"
+                )
+            if not all(0 < f <= 1 for _, f in pts):
+                raise ValueError(f"head dim {d}: fractions of peak must be in (0, 1]")
+        return v
 
     @field_validator("gemm_half_dim_by_precision")
     @classmethod
@@ -262,6 +282,27 @@ class Efficiency(_Frozen):
 # NVIDIA Blackwell Ultra": profile field efficiency.sfu_speedup).
 SFU_PER_FP32 = 1.0 / 16.0
 SFU_PER_FP32_GA100 = 1.0 / 8.0  # A100 SM: 64 FP32 cores, 16 SFU (NVIDIA A100 whitepaper, fig. 7)
+
+
+def attention_fraction(curve: dict[int, list[tuple[float, float]]], head_dim: float, seq):
+    """The measured causal forward attention rate (fraction of dense bf16 peak) at ``head_dim`` and
+    sequence ``seq`` (scalar or array): linear in log sequence between the measured points, in log head
+    dimension between the measured head dimensions, and held at the end points beyond them (a kernel's
+    rate saturates at long sequences; below the shortest measured sequence this is optimistic)."""
+    import numpy as np
+
+    s = np.log(np.maximum(np.asarray(seq, dtype=np.float64), 1.0))
+    dims = sorted(curve)
+    per = [
+        np.interp(s, np.log([p[0] for p in curve[d]]), [p[1] for p in curve[d]]) for d in dims
+    ]
+    if len(dims) == 1:
+        return np.asarray(per[0], dtype=np.float64)
+    x = float(np.log(min(max(head_dim, dims[0]), dims[-1])))
+    i = int(np.searchsorted(np.log(dims), x, side="right")) - 1
+    i = min(max(i, 0), len(dims) - 2)
+    w = (x - np.log(dims[i])) / (np.log(dims[i + 1]) - np.log(dims[i]))
+    return np.asarray((1.0 - w) * per[i] + w * per[i + 1], dtype=np.float64)
 
 
 def sfu_exp_rate(device) -> float:

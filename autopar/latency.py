@@ -85,6 +85,11 @@ class Coefficients:
     exp_rate: float = 0.0
     # Share of the MoE layers' per-expert kernel launches the device waits for (fitted; 0: not charged).
     moe_host_factor: float = 0.0
+    # Measured causal forward attention per head dimension (Efficiency.attention_fwd: fused FMHA,
+    # exponentials included); empty: attention_eff and the SFU bound. attention_scale (fitted, one for
+    # every device) is the training stack's forward + backward kernels' rate relative to that kernel.
+    attention_fwd: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
+    attention_scale: float = 1.0
 
     def peak(self, precision: str) -> float:
         v = self.peak_flops.get(precision)  # a float, or an array per layout row (hardware what-if)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from autopar.blocks.context import SlotContext, gemm_time
+from autopar.hardware import attention_fraction
 
 KIND = "attention"
 # FlashAttention backward: dQ, dK, dV and the recomputed QK^T, 2.5x the forward's matmul FLOPs.
@@ -98,7 +99,17 @@ def attn_fwd(model, ctx: SlotContext, s_kv, cp_ring: bool = True) -> tuple[np.nd
     mm = fl / (ctx.attn_peak * eff) * scale
     exps = fl / (2.0 * (model.qk_head_dim + model.v_dim))
     ex = np.where(ctx.is_fp32 | (co.exp_rate <= 0), 0.0, exps / max(co.exp_rate, 1.0)) * np.ones(ctx.n)
-    return mm, ex * scale
+    if not co.attention_fwd:
+        return mm, ex * scale
+    # A measured kernel (Efficiency.attention_fwd: exponentials included, so no SFU term) at the
+    # causal length a query tile sees: the full sequence, or the query chunk for a window shorter
+    # than it; times the fitted attention_scale. A stack on FlashAttention-2 where the device has a
+    # faster fused kernel runs 1 / fused_attention_speedup of it. fp32 attention: the matmul rate.
+    frac = attention_fraction(
+        co.attention_fwd, 0.5 * (model.qk_head_dim + model.v_dim), np.maximum(s_kv, ctx.s_loc)
+    )
+    rate = ctx.bf16_peak * frac * co.attention_scale * ctx.attn_speed / co.fused_attention_speedup
+    return np.where(ctx.is_fp32, mm, fl / rate * scale), np.where(ctx.is_fp32, ex * scale, 0.0)
 
 
 def core_time(model, ctx: SlotContext) -> tuple[np.ndarray, np.ndarray]:

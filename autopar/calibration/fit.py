@@ -159,7 +159,13 @@ GEMM_SCALE_BOUNDS = (0.3, MAMF_SLACK)
 ATTENTION_MAX = 0.75
 # Die mode's global coefficients: the classic ones and the half-dimension factor on every device's
 # measured GEMM shape law (what a training stack's small GEMMs lose beyond the kernels').
-DIE_GLOBAL_PARAMS = (*GLOBAL_PARAMS, ("half_dim_scale", 0.25, 16.0), ("moe_host_factor", 0.0, 4.0))
+DIE_GLOBAL_PARAMS = (
+    *GLOBAL_PARAMS,
+    ("half_dim_scale", 0.25, 16.0),
+    ("moe_host_factor", 0.0, 4.0),
+    # the training stack's attention kernels over the measured forward FMHA (efficiency.attention_fwd)
+    ("attention_scale", 0.2, 1.5),
+)
 
 
 def _die_parameter_space(samples: Sequence[Sample], base: Calibration):
@@ -173,6 +179,8 @@ def _die_parameter_space(samples: Sequence[Sample], base: Calibration):
         hi.append(GEMM_SCALE_BOUNDS[1])
         x0.append(0.9)
         members = [s.job.device for s in samples if fit_scope(s.job.device.id, base) == d]
+        if all(m.efficiency.attention_fwd for m in members):
+            continue  # measured attention: the global attention_scale, not a factor of the die's own
         top = min(
             ATTENTION_MAX / (m.efficiency.attention * m.efficiency.fused_attention_speedup) for m in members
         )
