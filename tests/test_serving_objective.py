@@ -212,3 +212,40 @@ def test_fewest_devices_needs_a_load() -> None:
     assert len(lines) == 1 and "fewest-devices needs a load" in lines[0] and "--request-rate" in lines[0]
     with pytest.raises(AutoparError, match="unknown serving objective"):
         serve(model="llama-3.1-8b", device="h100-sxm-80gb", num_devices=8, isl=100, osl=10, objective="x")
+
+
+def test_serving_coefficients_can_be_set_in_a_calibration_global_block(tmp_path: Path) -> None:
+    """ServingCoefficients' docstring says a calibration's ``global`` block may override them; the
+    loader used to reject the keys. A TP layout's decode pays the collective sync term per call."""
+    import yaml
+
+    from autopar.coefficients import default_calibration_path
+
+    doc = yaml.safe_load(default_calibration_path().read_text())
+    doc["global"].update(
+        serving_collective_sync_us=5.0,
+        serving_host_step_us=100.0,
+        serving_host_per_seq_us=1.0,
+        serving_runtime_reserve_gb=3.0,
+    )
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    kw = dict(
+        model="llama-3.1-70b", device="h100-sxm-80gb", num_devices=8, isl=1000, osl=200, tp=8,
+        concurrency=8, disaggregated=False,
+    )  # fmt: skip
+    mine = serve(**kw, calibration=str(path))
+    shipped = serve(**kw)
+    sc = mine.costing["serving_coefficients"]
+    assert sc == {
+        "host_step_us": pytest.approx(100.0),
+        "host_per_seq_us": pytest.approx(1.0),
+        "collective_sync_us": pytest.approx(5.0),
+        "runtime_reserve_gb": pytest.approx(3.0),
+    }
+    assert shipped.costing["serving_coefficients"]["collective_sync_us"] == pytest.approx(53.3)
+    assert mine.results[0]["time_ms_per_iteration"] != shipped.results[0]["time_ms_per_iteration"]
+    doc["global"]["serving_collective_sync_us"] = -1.0
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(AutoparError, match="serving_collective_sync_us"):
+        serve(**kw, calibration=str(path))
