@@ -61,6 +61,7 @@ GLOBAL_RANGES: dict[str, tuple[float, float]] = {
     "serving_host_per_seq_us": (0.0, 1e6),
     "serving_collective_sync_us": (0.0, 1e6),
     "serving_runtime_reserve_gb": (0.0, 1024.0),
+    "serving_prefill_attention_eff": (0.01, 1.05),
 }
 # An achieved efficiency is a fraction of a peak: (0, 1.05] (5% slack over a datasheet peak).
 MAX_EFFICIENCY = 1.05

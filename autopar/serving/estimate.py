@@ -138,7 +138,13 @@ class ServingCoefficients:
     collective_sync 53.3 us, host_step 0 (the fit drives it to zero: TRT-LLM's C++ executor hides
     its per-step work behind CUDA graphs; it stays a knob for runtimes with a Python scheduler).
     A calibration file may override them in its ``global`` section (``serving_host_step_us``,
-    ``serving_host_per_seq_us``, ``serving_collective_sync_us``, ``serving_runtime_reserve_gb``).
+    ``serving_host_per_seq_us``, ``serving_collective_sync_us``, ``serving_runtime_reserve_gb``,
+    ``serving_prefill_attention_eff``).
+
+    * ``prefill_attention_eff``: share of the 16-bit peak a prompt's attention runs at, at long
+      sequences (the GEMM half-dimension law shortens it for short ones). None: the published figure
+      of the device's die (:data:`PREFILL_ATTENTION_EFF`), else the training-fitted attention
+      efficiency (a training stack's forward and backward, which serving's forward-only kernels beat).
 
     * ``layer_latency_s``: pipeline latency each layer adds to a micro-batch's pass (0 on GPUs, whose
       per-kernel costs are in the terms above). A device profile's ``serving`` section (SRAM,
@@ -151,6 +157,7 @@ class ServingCoefficients:
     collective_sync_s: float = 53.3e-6
     layer_latency_s: float = 0.0
     tile_rows: float = MMA_TILE_ROWS
+    prefill_attention_eff: float | None = None
     runtime_reserve_bytes: float = DEFAULT_MEMORY_CONSTANTS["framework_reserve_bytes"]
     comm_buffer_bytes: float = DEFAULT_MEMORY_CONSTANTS["comm_buffer_bytes"]
 
@@ -171,7 +178,39 @@ class ServingCoefficients:
             collective_sync_s=float(g.get("serving_collective_sync_us", base.collective_sync_s * 1e6)) * 1e-6,
             runtime_reserve_bytes=float(g.get("serving_runtime_reserve_gb", base.runtime_reserve_bytes / 1e9))
             * 1e9,
+            prefill_attention_eff=(
+                float(g["serving_prefill_attention_eff"]) if "serving_prefill_attention_eff" in g else None
+            ),
         )
+
+
+# Prefill (context) attention runs a FlashAttention-class forward kernel (TensorRT-LLM's context FMHA,
+# FlashAttention-2/3 or FlashInfer in vLLM/SGLang). Its published peak utilization per compute die
+# (calibration transfer.dies) is the efficiency at long sequences; dies without a published figure
+# keep the training-fitted attention efficiency (see ServingCoefficients.prefill_attention_eff).
+PREFILL_ATTENTION_EFF: dict[str, tuple[float, str]] = {
+    "gh100": (
+        0.75,
+        "FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608): FP16 forward up to 740 TFLOP/s, "
+        "75% of the H100's peak",
+    ),
+    "ga100": (
+        0.73,
+        "FlashAttention-2 (Dao 2023, arXiv:2307.08691): forward 50-73% of the A100's peak, the top "
+        "figure at long sequences",
+    ),
+}
+
+
+def prefill_attention_source(device_id: str, cal: Calibration | None) -> tuple[float | None, str]:
+    """The published prefill attention efficiency of a device's die and its source, or None."""
+    die = (cal.transfer.dies if cal is not None else {}).get(device_id)
+    if die in PREFILL_ATTENTION_EFF:
+        return PREFILL_ATTENTION_EFF[die]
+    return (
+        None,
+        "no published forward-attention figure for this die: the training-fitted attention efficiency",
+    )
 
 
 # ============================================================================================ context
@@ -215,6 +254,8 @@ def make_context(
     wp = workload.weight_precision
     prec = "fp8" if wp == "fp8" and "fp8" in device.peak_tflops else "bf16"
     sc = serving_coefficients or ServingCoefficients.from_calibration(cal)
+    if sc.prefill_attention_eff is None:
+        sc = replace(sc, prefill_attention_eff=prefill_attention_source(device.id, cal)[0])
     if device.runtime_reserve_gb is not None:  # a device-level reserve (0: statically compiled SRAM)
         sc = replace(sc, runtime_reserve_bytes=device.runtime_reserve_gb * 1e9, comm_buffer_bytes=0.0)
     if device.serving is not None:  # the vendor's own stack, not the GPU-fitted serving coefficients
@@ -631,7 +672,7 @@ def iteration(
     dec_t = np.maximum(dec_tc, dec_tm)
     pre_flops = 2.0 * pre_a * mean_ctx(pre_ctx) * (a / ta) * (m.qk_head_dim + m.v_dim)
     s_kv = np.maximum(pre_len, 1.0)
-    pre_eff = co.attention_eff * s_kv / (s_kv + co.gemm_half_dim)
+    pre_eff = (sc.prefill_attention_eff or co.attention_eff) * s_kv / (s_kv + co.gemm_half_dim)
     pre_t = pre_flops / (peak16 * pre_eff)
     pre_b = pre_a * kv_tok_dev * 2.0
     add(
