@@ -205,7 +205,8 @@ def held_out(recs: list[dict[str, Any]], cal, key: str) -> dict[str, Any]:
         return float(np.mean(e)) if e else float("nan"), len(e)
 
     sc_all = fit(ok, cal)
-    out: dict[str, Any] = {}
+    errors: list[float] = []  # every held-out row's relative error
+    out: dict[str, Any] = {"_errors": errors}
     for g in names:
         mine = [r for r in ok if name(r) == g]
         rest = [r for r in ok if name(r) != g]
@@ -217,12 +218,74 @@ def held_out(recs: list[dict[str, Any]], cal, key: str) -> dict[str, Any]:
             out[g] = {"in_sample": ins, "held_out": None, "rows": n}
             continue
         ho, _ = mape(mine, fit(rest, cal))
+        errors.extend(float(r["error"]) for r in mine if "error" in r)
         print(
             f"  {g}: in-sample {ins:.1%} (one fit on all rows), held out {ho:.1%} (n={n}, fit on {len(rest)} other rows)"
         )
         out[g] = {"in_sample": ins, "held_out": ho, "rows": n}
     run(recs, cal, sc_all)
     return out
+
+
+def expected_error_table(
+    recs: list[dict[str, Any]], held: dict[str, list[float]], csv_path: Path
+) -> dict[str, Any] | None:
+    """The serving expected-error table: the p90 of |relative error| of output tokens/s over the
+    held-out rows (each predicted by serving coefficients refitted without its device or model),
+    the domain the rows cover (devices, model classes), the widening factors for predictions
+    outside it, and the coverage of the p90 band per hold-out kind. The rows measure one stack
+    (TensorRT-LLM) on too few devices to fit a device factor from serving rows: the device and
+    model-class factors are the training table's out-of-sample ones, said so in the table."""
+    import hashlib
+
+    from autopar.coefficients import _expected_error_table, expected_error_path
+
+    allerr = np.abs(np.array([e for v in held.values() for e in v]))
+    if not len(allerr):
+        return None
+    p90 = float(np.quantile(allerr, 0.9))
+    done = [r for r in recs if "error" in r]
+    train = _expected_error_table(str(expected_error_path())).get("widening") or {}
+
+    def borrowed(kind: str, text: str) -> dict[str, Any]:
+        f = float((train.get(kind) or {}).get("factor", 1.0))
+        return {
+            "factor": f,
+            "from": f"training expected_error.yaml widening.{kind} (no serving rows to fit it)",
+            "text": text,
+        }
+
+    return {
+        "schema": "autopar.serving_expected_error/v1",
+        "provenance": {
+            "method": "p90 of |held-out relative error| of output tokens/s; rows held out by device and by "
+            "model, each predicted with the serving coefficients refitted without them",
+            "command": "python studies/published_serving.py --write-expected-error "
+            "cost_models/calibration/serving_expected_error.yaml",
+            "data": {csv_path.name: hashlib.sha256(csv_path.read_bytes()).hexdigest()[:16]},
+            "stack": "trtllm (trtllm-bench max-throughput runs)",
+        },
+        "domain": {
+            "devices": sorted({r["device"].id for r in done}),
+            "model_classes": sorted({"moe" if r["model"].is_moe else "dense" for r in done}),
+        },
+        "base": {
+            "rows": int(len(allerr)),
+            "p90_ape": round(p90, 4),
+            "median_ape": round(float(np.median(allerr)), 4),
+            "in_sample_p90_ape": round(float(np.quantile([abs(r["error"]) for r in done], 0.9)), 4),
+        },
+        "widening": {
+            "device": borrowed("device", "no serving run measured on this device or its same-silicon twin"),
+            "datasheet": borrowed("device", "device coefficients are datasheet efficiencies (never fitted)"),
+            "model_class": borrowed("model_class", "model class never measured in serving (MoE/MLA)"),
+        },
+        "coverage": {
+            k: {"rows": len(v), "coverage": round(float(np.mean(np.abs(v) <= p90)), 4)}
+            for k, v in held.items()
+            if v
+        },
+    }
 
 
 def summarize(recs: list[dict[str, Any]], worst: int) -> dict[str, Any]:
@@ -302,6 +365,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also leave one device out, then one model out: refit the serving coefficients on the "
         "other rows and print in-sample and held-out MAPE per group",
     )
+    ap.add_argument(
+        "--write-expected-error",
+        type=Path,
+        default=None,
+        help="write the serving expected-error table (held-out p90 |error|, widening factors, coverage) "
+        "to this YAML (the shipped one is cost_models/calibration/serving_expected_error.yaml); implies --lodo",
+    )
     a = ap.parse_args(argv)
     if not a.csv.is_file():
         print(f"error: {a.csv} does not exist (pass --csv PATH to a published-runs CSV)", file=sys.stderr)
@@ -329,10 +399,28 @@ def main(argv: list[str] | None = None) -> int:
         )
     run(recs, cal, sc)
     summary = summarize(recs, a.worst)
-    if a.lodo and summary.get("rows"):
+    if (a.lodo or a.write_expected_error) and summary.get("rows"):
+        held: dict[str, list[float]] = {}
         for key in ("device", "model"):
             print(f"leave one {key} out (serving coefficients refitted without its rows):")
-            summary[f"leave_one_{key}_out"] = held_out(recs, cal, key)
+            ho = held_out(recs, cal, key)
+            held[key] = ho.pop("_errors")
+            summary[f"leave_one_{key}_out"] = ho
+        table = expected_error_table(recs, held, a.csv)
+        if table is None:
+            print("expected error: no held-out row (one device and one model): nothing to calibrate on")
+        else:
+            b = table["base"]
+            print(
+                f"expected error (held out, {b['rows']} rows): p90 |error| {b['p90_ape']:.1%}, "
+                f"median {b['median_ape']:.1%}; coverage of the p90 band: "
+                + ", ".join(f"{k} {v['coverage']:.0%} of {v['rows']}" for k, v in table["coverage"].items())
+            )
+            if a.write_expected_error:
+                import yaml
+
+                a.write_expected_error.write_text(yaml.safe_dump(table, sort_keys=False))
+                print(f"wrote {a.write_expected_error}")
     if a.json:
         a.json.write_text(json.dumps({"summary": summary, "records": records(recs)}, indent=1))
         print(f"wrote {a.json}")

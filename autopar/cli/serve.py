@@ -176,6 +176,12 @@ def print_serving(res) -> None:
         f"KV {cost['kv_precision']}"
     )
     con.print(f"coefficients: {ms(cost.get('coefficients', 'default'))}")
+    ee = cost.get("expected_error")
+    con.print(
+        f"expected error of tokens/s: {ms(ee['text'])}"
+        if ee
+        else "expected error of tokens/s: not quoted (no held-out serving runs describe this calibration)"
+    )
     con.print(
         f"{res.layouts_enumerated} candidates, {res.layouts_feasible} feasible; infeasible: "
         + (", ".join(f"{k} {v}" for k, v in res.infeasible_by_reason.items()) or "none")

@@ -120,6 +120,13 @@ class ServingResult:
     def best(self) -> dict[str, Any] | None:
         return self.results[0] if self.results else None
 
+    @property
+    def expected_error_p90(self) -> float | None:
+        """The 90th percentile of |relative error| of the predicted output tokens/s (held-out
+        serving runs, widened where the prediction leaves their domain); None: not quoted."""
+        ee = self.costing.get("expected_error")
+        return ee["p90"] if ee else None
+
     def table(self) -> tuple[list[str], list[list[str]]]:
         """The ranked table (columns, formatted rows), as the HTML report and notebooks show it."""
 
@@ -187,6 +194,7 @@ class ServingResult:
             "schema_version": SCHEMA_VERSION,
             "job": self.job,
             "objective": self.objective,
+            "expected_error_p90": self.expected_error_p90,
             "ranked_by": self.ranking,
             "costing": self.costing,
             "workload": self.workload,
@@ -757,6 +765,9 @@ def search_serving(
         min_dev = dict(record(c0[1], c0[2]))
         min_dev = {"devices": min_dev["devices"], "layout": min_dev}
 
+    ee = (costing or {}).get("expected_error")
+    for r in [*results, *pareto, *([min_dev["layout"]] if min_dev else [])]:
+        r["expected_error_p90"] = ee["p90"] if ee else None
     n_feasible = len(feas) + len(dfeas)
     result = ServingResult(
         job=job or {},
@@ -1008,7 +1019,10 @@ def serve(
     ctx = make_context(spec, dev, workload, devices_per_node=cluster.devices_per_node, calibration=cal)
     resolved = decl.to_dict()
     resolved["cluster"]["devices_per_node"] = cluster.devices_per_node
+    from autopar.serving.accuracy import expected_error
+
     costing = {
+        "expected_error": expected_error(dev.id, cal, spec),
         "compute_precision": ctx.compute_precision,
         "kv_precision": workload.kv_dtype,
         "coefficients": coefficient_source(dev.id, cal),
