@@ -159,6 +159,13 @@ class ServingWorkload(_Frozen):
     )
     chunked_prefill: bool = Field(True, description="chunked prefill (prompts split over iterations)")
     kv_cache_fraction: float = Field(0.95, gt=0, le=1, description="share of free memory for the KV cache")
+    prefix_cache_hit_rate: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="share of each prompt's tokens found in the prefix cache: not prefilled again, "
+        "still attended to and held in the KV cache",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ServingWorkload:

@@ -785,6 +785,13 @@ def iteration(
 
 
 # ====================================================================================== steady state
+def prefill_split(w: ServingWorkload) -> tuple[float, float]:
+    """(tokens of a prompt prefilled, tokens of it found in the prefix cache); at least one token is
+    always computed (the last prompt token's logits give the first output token)."""
+    cached = min(math.floor(w.isl * w.prefix_cache_hit_rate), w.isl - 1)
+    return float(w.isl - cached), float(cached)
+
+
 def steady_state(
     ctx: ServingContext, tab: ServingTable, batch, *, budget, clock=1.0
 ) -> dict[str, np.ndarray]:
@@ -797,18 +804,22 @@ def steady_state(
     """
     w = ctx.workload
     isl, osl = float(w.isl), float(w.osl)
+    # Prefix caching: a prompt's cached tokens are not prefilled again; its new tokens still attend
+    # to them (mean attended context: the cached prefix plus half the new part).
+    new, cached = prefill_split(w)
     B = np.maximum(np.asarray(batch, dtype=np.float64), 1e-9)
     budget = np.asarray(budget, dtype=np.float64)
-    b_eff = np.minimum(B, budget * osl / (isl + osl))
-    pre = b_eff * isl / osl
+    b_eff = np.minimum(B, budget * osl / (new + osl))
+    pre = b_eff * new / osl
     dec_ctx = isl + osl / 2.0
+    pre_ctx = cached + new / 2.0
     it = iteration(
         ctx,
         tab,
         n_dec=b_eff,
         n_pre=pre,
         dec_ctx=dec_ctx,
-        pre_ctx=isl / 2.0,
+        pre_ctx=pre_ctx,
         pre_len=isl,
         logit_rows=b_eff + b_eff / osl,
         pre_seqs=b_eff / osl,
@@ -816,11 +827,11 @@ def steady_state(
     )
     tpot = it["t_iter"]
     if w.chunked_prefill:
-        chunk = np.clip(budget - b_eff, ALIGN_TOKENS, isl)
+        chunk = np.clip(budget - b_eff, min(ALIGN_TOKENS, new), new)
     else:
-        chunk = np.full_like(b_eff, isl)
-    n_chunks = np.ceil(isl / chunk)
-    last = isl - (n_chunks - 1.0) * chunk
+        chunk = np.full_like(b_eff, new)
+    n_chunks = np.ceil(new / chunk)
+    last = new - (n_chunks - 1.0) * chunk
     # The prompt's chunks ride along with the other decodes (its own decode slot is not yet used).
     others = np.maximum(b_eff - 1.0, 0.0)
     itc = iteration(
@@ -829,7 +840,7 @@ def steady_state(
         n_dec=others,
         n_pre=chunk,
         dec_ctx=dec_ctx,
-        pre_ctx=isl / 2.0,
+        pre_ctx=pre_ctx,
         pre_len=isl,
         logit_rows=others,
         pre_seqs=1.0,
@@ -841,7 +852,7 @@ def steady_state(
         n_dec=others,
         n_pre=last,
         dec_ctx=dec_ctx,
-        pre_ctx=isl / 2.0,
+        pre_ctx=pre_ctx,
         pre_len=isl,
         logit_rows=others + 1.0,
         pre_seqs=1.0,
@@ -929,7 +940,7 @@ def evaluate_serving(
     budget = mem["budget"]
     max_conc = np.minimum(mem["max_conc"], float(w.max_batch))
     bad["weights_do_not_fit"] = ~mem["weights_fit"]
-    bad["token_budget"] = np.full(n, (not w.chunked_prefill)) & (budget < w.isl)
+    bad["token_budget"] = np.full(n, (not w.chunked_prefill)) & (budget < prefill_split(w)[0])
     bmax = np.maximum(max_conc, 1.0)
 
     def run(clock):

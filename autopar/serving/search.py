@@ -35,6 +35,7 @@ from autopar.serving.estimate import (
     make_workload,
     meets_targets,
     power_demand,
+    prefill_split,
 )
 
 __all__ = ["serve", "ServingResult", "ServingInfeasible", "enumerate_instances", "search_serving"]
@@ -456,19 +457,20 @@ def _disaggregated(
     # ---- prefill pool: prompts only; k prompts per iteration (k = 1, 2, 4, ... what the budget
     # holds: larger k is more throughput and a longer TTFT), or chunks of the budget -------------
     budget_p = float(w.max_num_tokens or 8192)
+    new, cached = prefill_split(w)  # prefix-cached prompt tokens are not prefilled again
     mem_p = instance_memory(ctx, inst, seq_len=isl, batch_cap=np.ones(len(inst)))
-    kmax = np.minimum(max(math.floor(budget_p / isl), 1), np.maximum(mem_p["max_conc"], 1))
+    kmax = np.minimum(max(math.floor(budget_p / new), 1), np.maximum(mem_p["max_conc"], 1))
     klv = _levels(kmax, 1 << 20)
     pi_ = np.concatenate([np.full(len(v), i) for i, v in enumerate(klv)])
     k = np.concatenate(klv)
     ptab = inst.take(pi_)
-    chunk = min(isl, budget_p)
-    n_chunks = math.ceil(isl / chunk)
-    tok = k * isl if isl <= budget_p else np.full(len(k), chunk)
+    chunk = min(new, budget_p)
+    n_chunks = math.ceil(new / chunk)
+    tok = k * new if new <= budget_p else np.full(len(k), chunk)
     it_p = iteration(
-        ctx, ptab, n_dec=0.0, n_pre=tok, dec_ctx=0.0, pre_ctx=isl / 2.0, pre_len=isl, logit_rows=k
+        ctx, ptab, n_dec=0.0, n_pre=tok, dec_ctx=0.0, pre_ctx=cached + new / 2.0, pre_len=isl, logit_rows=k
     )
-    t_p = it_p["t_iter"] * (1.0 if isl <= budget_p else n_chunks)
+    t_p = it_p["t_iter"] * (1.0 if new <= budget_p else n_chunks)
     rate_p = k / t_p
     pw_p = power_demand(ctx, it_p)["avg_w"]
     legal_masks = [
@@ -921,6 +923,7 @@ def serve(
     max_num_tokens: int | None = None,
     chunked_prefill: bool | None = None,
     kv_cache_fraction: float | None = None,
+    prefix_cache_hit_rate: float | None = None,
     calibration: str | None = None,
     allow_long_context: bool | None = None,
     power_caps_w: list[float] | None = None,
@@ -968,6 +971,7 @@ def serve(
         max_num_tokens=max_num_tokens,
         chunked_prefill=chunked_prefill,
         kv_cache_fraction=kv_cache_fraction,
+        prefix_cache_hit_rate=prefix_cache_hit_rate,
     )
     if job is None:
         # the workload's own validation messages (one line, naming the field)
