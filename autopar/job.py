@@ -166,6 +166,19 @@ class ServingWorkload(_Frozen):
         description="share of each prompt's tokens found in the prefix cache: not prefilled again, "
         "still attended to and held in the KV cache",
     )
+    speculative_tokens: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="draft tokens per decode step (MTP modules or a draft model; 0: no speculative decoding)",
+    )
+    acceptance_rate: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="probability that each draft token is accepted, given the ones before it were "
+        "(needed with speculative_tokens)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ServingWorkload:
@@ -182,6 +195,8 @@ class ServingWorkload(_Frozen):
             raise ValueError(
                 f"give at most one of concurrency, request_rate, offline (got {', '.join(modes)})"
             )
+        if self.speculative_tokens and self.acceptance_rate is None:
+            raise ValueError("speculative_tokens needs acceptance_rate (the share of draft tokens accepted)")
         if self.goodput is not None and self.ttft_ms is None and self.tpot_ms is None:
             raise ValueError("goodput needs a ttft_ms or tpot_ms target to measure attainment against")
         return self

@@ -57,3 +57,40 @@ def test_bad_prefix_cache_hit_rate_exits_2(value: str) -> None:
     )  # fmt: skip
     assert p.returncode == 2 and p.stdout == ""
     assert len(p.stderr.strip().splitlines()) == 1 and "prefix" in p.stderr
+
+
+def test_speculation_tokens_per_step() -> None:
+    from autopar.serving.estimate import speculation
+
+    assert speculation(make_workload(isl=10, osl=10)) == (1.0, 1.0)
+    q, tau = speculation(make_workload(isl=10, osl=10, speculative_tokens=3, acceptance_rate=0.5))
+    assert q == 4.0 and tau == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def _spec(k: int, a: float | None, conc: int) -> dict:
+    extra = dict(speculative_tokens=k, acceptance_rate=a) if k else {}
+    r = serve(model="llama-3.1-70b", device="h100-sxm-80gb", num_devices=8, isl=1000, osl=1000,
+              concurrency=conc, tp=8, top=1, **extra)  # fmt: skip
+    return r.best
+
+
+def test_speculative_decoding_is_costed_not_just_accepted() -> None:
+    plain, good, poor = _spec(0, None, 16), _spec(3, 0.7, 16), _spec(3, 0.05, 16)
+    # memory-bound decode at low concurrency: verifying 4 tokens costs little more than 1
+    assert good["output_tokens_per_s_per_user"] > 1.8 * plain["output_tokens_per_s_per_user"]
+    # ...but the draft layers and the verification are paid for: a poor acceptance loses
+    assert poor["output_tokens_per_s_per_user"] < plain["output_tokens_per_s_per_user"]
+    # at a large batch decode turns compute-bound and the gain shrinks
+    big_plain, big_good = _spec(0, None, 256), _spec(3, 0.7, 256)
+    gain_small = good["output_tokens_per_s"] / plain["output_tokens_per_s"]
+    assert big_good["output_tokens_per_s"] / big_plain["output_tokens_per_s"] < gain_small
+
+
+def test_speculative_tokens_need_an_acceptance_rate() -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "autopar.cli", "serve", "--model", "llama-3.1-8b", "--device", "h100-sxm-80gb",
+         "--num-devices", "1", "--isl", "100", "--osl", "10", "--speculative-tokens", "2"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert p.returncode == 2 and p.stdout == "" and "acceptance_rate" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

@@ -549,8 +549,13 @@ def iteration(
     logit_rows,
     pre_seqs=None,
     clock=1.0,
+    dec_tokens=1.0,
 ) -> dict[str, np.ndarray]:
     """Seconds (and FLOPs, HBM bytes) of ONE continuous-batching iteration of an instance.
+
+    ``dec_tokens``: tokens each decoding sequence runs through the model per step (1, or 1 + the
+    draft tokens a speculative step verifies: GEMM rows and attention FLOPs grow with them, the KV
+    cache is read once).
 
     ``n_dec`` sequences decode one token, ``n_pre`` prompt tokens are prefilled (mean attended
     context ``pre_ctx`` keys, prompt length ``pre_len``), decode sequences have ``dec_ctx`` cached
@@ -581,7 +586,7 @@ def iteration(
     up = 2.0 if m.gated_mlp else 1.0
 
     mb = pp  # micro-batches in flight
-    tok_mb = (n_dec + n_pre) / mb  # tokens of one micro-batch (whole instance)
+    tok_mb = (n_dec * dec_tokens + n_pre) / mb  # tokens of one micro-batch (whole instance)
     M = tok_mb / adp  # tokens per attention-DP rank
     dec_a = n_dec / mb / adp  # decoding sequences per attention rank
     pre_a = n_pre / mb / adp
@@ -667,7 +672,7 @@ def iteration(
         dec_dims = (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
     else:
         dec_dims = m.qk_head_dim + m.v_dim
-    dec_flops = 2.0 * dec_a * dec_c * (a / ta) * dec_dims
+    dec_flops = 2.0 * dec_a * dec_tokens * dec_c * (a / ta) * dec_dims
     dec_tc, dec_tm = dec_flops / (peak16 * co.attention_eff), dec_bytes / co.hbm_bw
     dec_t = np.maximum(dec_tc, dec_tm)
     pre_flops = 2.0 * pre_a * mean_ctx(pre_ctx) * (a / ta) * (m.qk_head_dim + m.v_dim)
@@ -785,6 +790,39 @@ def iteration(
 
 
 # ====================================================================================== steady state
+def speculation(w: ServingWorkload) -> tuple[float, float]:
+    """(tokens each sequence verifies per decode step, tokens it emits on average): with k draft
+    tokens each accepted with probability a given the ones before, 1 + k and (1 - a^(k+1)) / (1 - a)
+    (the accepted run plus the target's own token; Leviathan et al. 2023, eq. 1)."""
+    k = float(w.speculative_tokens)
+    if not k:
+        return 1.0, 1.0
+    a = float(w.acceptance_rate or 0.0)
+    return 1.0 + k, (1.0 - a ** (k + 1.0)) / (1.0 - a)
+
+
+def draft_time(ctx: ServingContext, tab: ServingTable, n_dec, dec_ctx, clock=1.0) -> np.ndarray:
+    """Seconds the draft tokens of one speculative step add: one transformer layer of the target's
+    shape per draft token and sequence (DeepSeek-V3's MTP module is one block; a small draft model
+    costs about as much per token), decode-only; the draft's LM head is not charged."""
+    k = float(ctx.workload.speculative_tokens)
+    if not k:
+        return np.zeros(len(tab))
+    it = iteration(
+        ctx,
+        tab,
+        n_dec=n_dec,
+        n_pre=0.0,
+        dec_ctx=dec_ctx,
+        pre_ctx=0.0,
+        pre_len=1.0,
+        logit_rows=0.0,
+        clock=clock,
+    )
+    per_layer = it["compute"] / np.ceil(ctx.model.layers / tab["pp"])
+    return k * per_layer
+
+
 def prefill_split(w: ServingWorkload) -> tuple[float, float]:
     """(tokens of a prompt prefilled, tokens of it found in the prefix cache); at least one token is
     always computed (the last prompt token's logits give the first output token)."""
@@ -807,10 +845,12 @@ def steady_state(
     # Prefix caching: a prompt's cached tokens are not prefilled again; its new tokens still attend
     # to them (mean attended context: the cached prefix plus half the new part).
     new, cached = prefill_split(w)
+    # Speculative decoding: each step verifies q tokens per sequence and emits tau of them.
+    q, tau = speculation(w)
     B = np.maximum(np.asarray(batch, dtype=np.float64), 1e-9)
     budget = np.asarray(budget, dtype=np.float64)
-    b_eff = np.minimum(B, budget * osl / (new + osl))
-    pre = b_eff * new / osl
+    b_eff = np.minimum(B, budget / (q + tau * new / osl))
+    pre = b_eff * tau * new / osl
     dec_ctx = isl + osl / 2.0
     pre_ctx = cached + new / 2.0
     it = iteration(
@@ -821,11 +861,14 @@ def steady_state(
         dec_ctx=dec_ctx,
         pre_ctx=pre_ctx,
         pre_len=isl,
-        logit_rows=b_eff + b_eff / osl,
-        pre_seqs=b_eff / osl,
+        logit_rows=b_eff * q + b_eff * tau / osl,
+        pre_seqs=b_eff * tau / osl,
         clock=clock,
+        dec_tokens=q,
     )
-    tpot = it["t_iter"]
+    t_draft = draft_time(ctx, tab, b_eff, dec_ctx, clock)
+    t_step = it["t_iter"] + t_draft
+    tpot = t_step / tau
     if w.chunked_prefill:
         chunk = np.clip(budget - b_eff, min(ALIGN_TOKENS, new), new)
     else:
@@ -842,9 +885,10 @@ def steady_state(
         dec_ctx=dec_ctx,
         pre_ctx=pre_ctx,
         pre_len=isl,
-        logit_rows=others,
+        logit_rows=others * q,
         pre_seqs=1.0,
         clock=clock,
+        dec_tokens=q,
     )
     itl = iteration(
         ctx,
@@ -854,11 +898,12 @@ def steady_state(
         dec_ctx=dec_ctx,
         pre_ctx=pre_ctx,
         pre_len=isl,
-        logit_rows=others + 1.0,
+        logit_rows=others * q + 1.0,
         pre_seqs=1.0,
         clock=clock,
+        dec_tokens=q,
     )
-    ttft = (n_chunks - 1.0) * itc["t_iter"] + itl["t_iter"]
+    ttft = (n_chunks - 1.0) * itc["t_iter"] + itl["t_iter"] + n_chunks * t_draft
     # Closed loop: sequences beyond what the token budget keeps decoding wait for admission; by
     # Little's law B = X * (wait + osl * TPOT) with X = b_eff / (osl * TPOT).
     ttft = ttft + osl * tpot * (B / b_eff - 1.0)
@@ -869,6 +914,8 @@ def steady_state(
         "prefill_tokens_per_iter": pre,
         "output_tps_instance": b_eff / tpot,
         "request_rate_instance": b_eff / (osl * tpot),
+        "step_s": t_step,
+        "tokens_per_step": tau,
         "iter": it,
         "budget_bound": b_eff < B - 1e-9,
     }

@@ -28,6 +28,7 @@ from autopar.serving.estimate import (
     ServingTable,
     ServingWorkload,
     attainment,
+    draft_time,
     evaluate_serving,
     instance_memory,
     iteration,
@@ -36,6 +37,7 @@ from autopar.serving.estimate import (
     meets_targets,
     power_demand,
     prefill_split,
+    speculation,
 )
 
 __all__ = ["serve", "ServingResult", "ServingInfeasible", "enumerate_instances", "search_serving"]
@@ -487,10 +489,12 @@ def _disaggregated(
     di = np.concatenate([np.full(len(v), i) for i, v in enumerate(lv)])
     B = np.concatenate(lv)
     dtab = inst.take(di)
+    q, tau = speculation(w)  # speculative decoding: q tokens verified per step, tau emitted
     it_d = iteration(
-        ctx, dtab, n_dec=B, n_pre=0.0, dec_ctx=isl + osl / 2.0, pre_ctx=0.0, pre_len=1.0, logit_rows=B
-    )
-    t_d = it_d["t_iter"]
+        ctx, dtab, n_dec=B, n_pre=0.0, dec_ctx=isl + osl / 2.0, pre_ctx=0.0, pre_len=1.0, logit_rows=B * q,
+        dec_tokens=q,
+    )  # fmt: skip
+    t_d = (it_d["t_iter"] + draft_time(ctx, dtab, B, isl + osl / 2.0)) / tau  # per output token
     rate_d = B / (osl * np.maximum(t_d, 1e-12))
     pw_d = power_demand(ctx, it_d)["avg_w"]
     ok_d = ~illegal[di] & mem_d["weights_fit"][di] & (maxc[di] >= B)
@@ -924,6 +928,8 @@ def serve(
     chunked_prefill: bool | None = None,
     kv_cache_fraction: float | None = None,
     prefix_cache_hit_rate: float | None = None,
+    speculative_tokens: int | None = None,
+    acceptance_rate: float | None = None,
     calibration: str | None = None,
     allow_long_context: bool | None = None,
     power_caps_w: list[float] | None = None,
@@ -972,6 +978,8 @@ def serve(
         chunked_prefill=chunked_prefill,
         kv_cache_fraction=kv_cache_fraction,
         prefix_cache_hit_rate=prefix_cache_hit_rate,
+        speculative_tokens=speculative_tokens,
+        acceptance_rate=acceptance_rate,
     )
     if job is None:
         # the workload's own validation messages (one line, naming the field)
