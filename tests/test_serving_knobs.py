@@ -94,3 +94,42 @@ def test_speculative_tokens_need_an_acceptance_rate() -> None:
     )  # fmt: skip
     assert p.returncode == 2 and p.stdout == "" and "acceptance_rate" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("device", "wp", "gemms"),
+    [
+        ("b200", "nvfp4", "nvfp4"),  # FP4 tensor cores: W4A4 GEMMs
+        ("b200", "mxfp4", "mxfp4"),
+        ("h100-sxm-80gb", "nvfp4", "bf16"),  # no FP4 on Hopper: dequantized 16-bit GEMMs
+        ("h100-sxm-80gb", "fp8-block", "fp8-block"),
+        ("h100-sxm-80gb", "int8", "bf16"),  # weight-only
+    ],
+)
+def test_weight_formats_set_the_gemms_and_the_bytes(device: str, wp: str, gemms: str) -> None:
+    from autopar.serving.estimate import WEIGHT_BYTES
+
+    r = serve(model="llama-3.1-8b", device=device, num_devices=1, isl=1000, osl=200, concurrency=8,
+              weight_precision=wp, top=1)  # fmt: skip
+    assert r.costing["compute_precision"] == gemms
+    bf16 = serve(model="llama-3.1-8b", device=device, num_devices=1, isl=1000, osl=200, concurrency=8, top=1)
+    w, w16 = r.best["memory_gib_per_device"]["weights"], bf16.best["memory_gib_per_device"]["weights"]
+    assert WEIGHT_BYTES[wp] < 1.1 and w < w16 * 0.6
+    # small-batch decode reads the weights: fewer bytes per weight, faster per user
+    assert r.best["output_tokens_per_s_per_user"] > bf16.best["output_tokens_per_s_per_user"]
+
+
+def test_fp4_gemms_beat_dequantized_ones_at_a_compute_bound_batch() -> None:
+    kw = dict(
+        model="llama-3.1-70b",
+        device="b200",
+        num_devices=1,
+        isl=4000,
+        osl=100,
+        offline=True,
+        top=1,
+        kv_precision="fp8",
+    )
+    nv = serve(**kw, weight_precision="nvfp4").best
+    w4 = serve(**kw, weight_precision="int4").best  # about the same 4-bit weights, 16-bit GEMMs
+    assert nv["output_tokens_per_s"] > 1.3 * w4["output_tokens_per_s"]

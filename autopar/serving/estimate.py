@@ -77,7 +77,30 @@ __all__ = [
 
 # Bytes per stored weight of the linear layers. int4 is weight-only (W4A16, AWQ/GPTQ) with one fp16
 # scale per group of 128 weights.
-WEIGHT_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2.0 / 128}
+# Bytes per weight, scales included: fp8-block one fp32 scale per 128x128 block (DeepSeek-V3), int8
+# weight-only one 16-bit scale per output channel (negligible), int4 one 16-bit scale per group of
+# 128 (AWQ/GPTQ), NVFP4 one FP8 (E4M3) scale per 16 elements, MXFP4 one E8M0 byte per 32 (OCP MX).
+WEIGHT_BYTES: dict[str, float] = {
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "fp8-block": 1.0 + 4.0 / (128 * 128),
+    "int8": 1.0,
+    "int4": 0.5 + 2.0 / 128,
+    "nvfp4": 0.5 + 1.0 / 16,
+    "mxfp4": 0.5 + 1.0 / 32,
+}
+# The GEMMs each weight format runs where the device has the tensor-core rate (peak key, efficiency
+# key); otherwise the weights are dequantized into 16-bit GEMMs (weight-only kernels: Marlin, AWQ).
+# fp8-block runs at the FP8 peak with the measured block-scaled FP8 efficiency (mxfp8: DeepGEMM's
+# 128-blockwise kernels in studies/gemm_rates.py); MXFP4 at the FP4 peak with NVFP4's measured
+# efficiency (the closest block-scaled FP4 measured). int8 and int4 are weight-only (W8A16, W4A16).
+GEMM_FORMATS: dict[str, tuple[str, str]] = {
+    "fp8": ("fp8", "fp8"),
+    "fp8-block": ("fp8", "mxfp8"),
+    "nvfp4": ("fp4", "nvfp4"),
+    "mxfp4": ("fp4", "nvfp4"),
+}
 KV_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}
 ACT_BYTES = 2.0  # activations between kernels are 16-bit
 LOGIT_BYTES = 4.0  # TRT-LLM/vLLM keep the decode logits in fp32
@@ -252,7 +275,8 @@ def make_context(
     # fp8 weights run fp8 GEMMs where the device has an fp8 tensor-core rate; otherwise (and for
     # weight-only int4) the weights are dequantized into 16-bit GEMMs (Marlin/AWQ kernels).
     wp = workload.weight_precision
-    prec = "fp8" if wp == "fp8" and "fp8" in device.peak_tflops else "bf16"
+    fmt = GEMM_FORMATS.get(wp)
+    prec = wp if fmt is not None and fmt[0] in device.peak_tflops else "bf16"
     sc = serving_coefficients or ServingCoefficients.from_calibration(cal)
     if sc.prefill_attention_eff is None:
         sc = replace(sc, prefill_attention_eff=prefill_attention_source(device.id, cal)[0])
@@ -575,8 +599,9 @@ def iteration(
     clock = np.broadcast_to(np.asarray(clock, dtype=np.float64), (n,))
 
     prec = ctx.compute_precision
-    peak = co.peak(prec) * clock
-    eff = co.gemm_eff.get(prec, co.gemm_eff["bf16"])
+    peak_key, eff_key = GEMM_FORMATS.get(prec, (prec, prec))
+    peak = co.peak(peak_key) * clock
+    eff = co.gemm_eff.get(eff_key, co.gemm_eff.get(peak_key, co.gemm_eff["bf16"]))
     peak16 = co.peak("bf16") * clock
     eff16 = co.gemm_eff["bf16"]
     co_inf = replace(co, hbm_bw=math.inf)
