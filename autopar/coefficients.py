@@ -59,6 +59,13 @@ GLOBAL_RANGES: dict[str, tuple[float, float]] = {
     "framework_reserve_gib": (0.0, 1024.0),
     "comm_buffer_gb": (0.0, 1024.0),
     "fragmentation": (-1.0, 1.0),
+    # The serving runtime's overrides (autopar.serving.estimate.ServingCoefficients, whose defaults
+    # they replace; absent from GLOBAL_DEFAULTS, which training reads).
+    "serving_host_step_us": (0.0, 1e6),
+    "serving_host_per_seq_us": (0.0, 1e6),
+    "serving_collective_sync_us": (0.0, 1e6),
+    "serving_runtime_reserve_gb": (0.0, 1024.0),
+    "serving_prefill_attention_eff": (0.01, 1.05),
 }
 # An achieved efficiency is a fraction of a peak: (0, 1.05] (5% slack over a datasheet peak).
 MAX_EFFICIENCY = 1.05

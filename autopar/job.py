@@ -36,7 +36,7 @@ SCHEMA_VERSION = 1
 
 Framework = Literal["megatron", "torchtitan", "fsdp", "deepspeed", "megatron-deepspeed"]
 WorkloadKind = Literal["training", "serving", "generation", "dit_training"]
-WeightPrecision = Literal["bf16", "fp16", "fp8", "int4"]
+WeightPrecision = Literal["bf16", "fp16", "fp8", "fp8-block", "int8", "int4", "nvfp4", "mxfp4"]
 KVPrecision = Literal["bf16", "fp16", "fp8", "int8"]
 
 # The export format a command writes for a training stack when no --format is given.
@@ -140,9 +140,13 @@ class ServingWorkload(_Frozen):
     )
     request_rate: float | None = Field(None, gt=0, description="requests/s, whole deployment")
     offline: bool = Field(False, description="max-throughput mode: memory decides the batch")
-    weight_precision: WeightPrecision = Field("bf16", description="precision of the linear-layer weights")
+    weight_precision: WeightPrecision = Field(
+        "bf16",
+        description="precision of the linear-layer weights: fp8 (per-tensor scales), fp8-block (128x128 "
+        "block scales), nvfp4 and mxfp4 (FP4 GEMMs where the device has them), int8 and int4 weight-only",
+    )
     kv_precision: KVPrecision | None = Field(
-        None, description="KV-cache precision (None: fp8 with fp8 weights, else bf16)"
+        None, description="KV-cache precision (None: fp8 with fp8, fp8-block or nvfp4 weights, else bf16)"
     )
     ttft_ms: float | None = Field(None, gt=0, description="mean time-to-first-token target (ms)")
     tpot_ms: float | None = Field(None, gt=0, description="mean time-per-output-token target (ms)")
@@ -159,6 +163,26 @@ class ServingWorkload(_Frozen):
     )
     chunked_prefill: bool = Field(True, description="chunked prefill (prompts split over iterations)")
     kv_cache_fraction: float = Field(0.95, gt=0, le=1, description="share of free memory for the KV cache")
+    prefix_cache_hit_rate: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="share of each prompt's tokens found in the prefix cache: not prefilled again, "
+        "still attended to and held in the KV cache",
+    )
+    speculative_tokens: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="draft tokens per decode step (MTP modules or a draft model; 0: no speculative decoding)",
+    )
+    acceptance_rate: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="probability that each draft token is accepted, given the ones before it were "
+        "(needed with speculative_tokens)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ServingWorkload:
@@ -175,6 +199,8 @@ class ServingWorkload(_Frozen):
             raise ValueError(
                 f"give at most one of concurrency, request_rate, offline (got {', '.join(modes)})"
             )
+        if self.speculative_tokens and self.acceptance_rate is None:
+            raise ValueError("speculative_tokens needs acceptance_rate (the share of draft tokens accepted)")
         if self.goodput is not None and self.ttft_ms is None and self.tpot_ms is None:
             raise ValueError("goodput needs a ttft_ms or tpot_ms target to measure attainment against")
         return self
@@ -183,7 +209,7 @@ class ServingWorkload(_Frozen):
     def kv_dtype(self) -> str:
         if self.kv_precision is not None:
             return self.kv_precision
-        return "fp8" if self.weight_precision == "fp8" else "bf16"
+        return "fp8" if self.weight_precision in ("fp8", "fp8-block", "nvfp4") else "bf16"
 
     @property
     def mode(self) -> str:

@@ -13,6 +13,11 @@ They are fitted here on log latency (soft-L1); the leave-one-model-out, leave-on
 leave-one-GPU-out MAPEs (each group's rows predicted by coefficients fitted without them) are
 printed next to the in-sample one. ``--fit-out`` writes the in-sample coefficients as a DiT
 calibration YAML (the shipped cost_models/calibration/dit.yaml is this file).
+
+Rows are read as sources write them: a model name resolves against every DiT preset's id and name
+(case, punctuation, I2V/T2V and -720P variants, a parenthesized size such as "(10B AsymmDiT)"), and a
+name that matches no preset gets a spec built from the row's architecture columns; GPU names match
+device profiles by pattern ("NVIDIA H200 141GB", "A100-SXM4-40GB").
 """
 
 from __future__ import annotations
@@ -39,23 +44,124 @@ from autopar.hardware import load_device
 HERE = Path(__file__).resolve().parent
 DEV_CSV = HERE / "data" / "dit_runs_dev.csv"
 
-MODEL_PRESETS = (  # (substring of the row's model, preset)
-    ("HunyuanVideo", "hunyuanvideo"),
-    ("FLUX.1-dev", "flux.1-dev"),
-    ("Step-Video", "step-video-t2v"),
-    ("ConsisID", "consisid"),
-    ("SANA 1600M", "sana-1600m"),
-    ("Open-Sora 2.0", "open-sora-2.0"),
-    ("Open-Sora v1.x STDiT", "open-sora-1.1-stdit"),
-    ("Open-Sora v1.x DiT", "open-sora-1.1-dit"),
+# GPU names as sources write them (first match wins: "H200" before "H20", "A100 40GB" before "A100").
+GPU_DEVICES = (  # (pattern in the lower-cased gpu_type, device profile); "H100/H800" pools two identical-compute parts
+    (r"h200", "h200-sxm-141gb"),
+    (r"h100", "h100-sxm-80gb"),
+    (r"h800", "h800-sxm-80gb"),
+    (r"h20\b", "h20"),
+    (r"gh200", "gh200"),
+    (r"gb200", "gb200-nvl72"),
+    (r"b200", "b200"),
+    (r"b300", "b300"),
+    (r"l40s", "l40s"),
+    (r"l20\b", "l20"),
+    (r"a100.*pcie", "a100-pcie-80gb"),
+    (r"a100.*40\s*gb", "a100-40gb"),
+    (r"a100", "a100-80gb"),
+    (r"mi300x", "mi300x"),
+    (r"mi325x", "mi325x"),
+    (r"mi355x", "mi355x"),
 )
-GPU_DEVICES = (  # (prefix of gpu_type, device profile); "H100/H800" pools two identical-compute parts
-    ("H100", "h100-sxm-80gb"),
-    ("H800", "h800-sxm-80gb"),
-    ("H20", "h20"),
-    ("L20", "l20"),
-    ("A100", "a100-80gb"),
+# Words a source adds to a model's name for a variant of the same transformer: task (text/image to
+# video/image), output resolution, packaging.
+VARIANT_WORDS = re.compile(
+    r"(?<![a-z0-9])(t2v|i2v|ti2v|t2i|i2i|flf2v|\d{3,4}p|diffusers|preview)(?![a-z0-9])"
 )
+
+
+def name_tokens(text: str) -> frozenset[str]:
+    """A model name as a set of words and numbers: case, punctuation, a version's "v", variant words
+    (I2V/T2V, -720P) dropped; "Wan2.1-T2V-14B" -> {wan, 2, 1, 14, b}."""
+    t = VARIANT_WORDS.sub(" ", text.lower())
+    t = re.sub(r"(?<![a-z])v(?=\d)", " ", t)
+    return frozenset(re.findall(r"[a-z]+|\d+", t))
+
+
+def _strip_parens(text: str) -> str:
+    return re.sub(r"\([^)]*\)", " ", text)
+
+
+def resolve_preset(model: str) -> str | None:
+    """The DiT preset a row's model name means, against every preset's id and name (not a fixed
+    table of spellings): the name outside parentheses must hold a preset's words or be held by them;
+    the whole name (parenthesized size such as "(10B AsymmDiT)" included) breaks ties. None: no
+    preset, or two presets fit equally well."""
+    from autopar.dit.spec import _data
+
+    core, full = name_tokens(_strip_parens(model)), name_tokens(model)
+    if not core:
+        return None
+    scored = []
+    for pid, entry in _data()["models"].items():
+        best = None
+        for key in (
+            name_tokens(pid),
+            name_tokens(_strip_parens(entry.get("name", ""))),
+            name_tokens(entry.get("name", "")),
+        ):
+            if key and (key <= core or core <= key):
+                score = (len(full & key), -len(key - full))
+                best = score if best is None or score > best else best
+        if best is not None:
+            scored.append((best, pid))
+    if not scored:
+        return None
+    scored.sort(reverse=True)
+    if len(scored) > 1 and scored[0][0] == scored[1][0]:
+        return None
+    return scored[0][1]
+
+
+def spec_from_columns(row: dict[str, str], frames: int) -> tuple[DiTSpec | None, str]:
+    """A spec from the row's architecture columns (arch_layers, arch_hidden, arch_heads, arch_ffn)
+    when no preset matches: "N double + M single" blocks are an MMDiT (FLUX for images, HunyuanVideo
+    for video), a plain count a cross-attention DiT (PixArt for images, Wan for video); the VAE, text
+    encoders and conditioning widths are that family's. Returns (None, why) when the columns are missing."""
+    from autopar.dit.spec import from_diffusers_config
+
+    layers_text = (row.get("arch_layers") or "").lower()
+    hidden, heads = _int(row.get("arch_hidden", "")), _int(row.get("arch_heads", ""))
+    counts = [int(x) for x in re.findall(r"\d+", layers_text)]
+    if not counts or not hidden or not heads or hidden % heads:
+        return (
+            None,
+            "no preset matches and the architecture columns (arch_layers, arch_hidden, arch_heads) are incomplete",
+        )
+    ffn = _int(row.get("arch_ffn", "")) or 4 * hidden
+    hd = hidden // heads
+    name = row["model"]
+    video = frames > 1
+    if len(counts) >= 2 and ("single" in layers_text):
+        double, single = counts[0], counts[1]
+        if video:
+            cfg = {"_class_name": "HunyuanVideoTransformer3DModel", "attention_head_dim": hd, "num_attention_heads": heads,
+                   "num_layers": double, "num_single_layers": single, "mlp_ratio": ffn / hidden, "patch_size": 2,
+                   "patch_size_t": 1, "in_channels": 16, "text_embed_dim": 4096, "pooled_projection_dim": 768,
+                   "num_refiner_layers": 2}  # fmt: skip
+        else:
+            cfg = {"_class_name": "FluxTransformer2DModel", "attention_head_dim": hd, "num_attention_heads": heads,
+                   "num_layers": double, "num_single_layers": single, "in_channels": 64,
+                   "joint_attention_dim": 4096, "pooled_projection_dim": 768}  # fmt: skip
+    elif video:
+        cfg = {"_class_name": "WanTransformer3DModel", "attention_head_dim": hd, "num_attention_heads": heads,
+               "num_layers": counts[0], "ffn_dim": ffn, "patch_size": [1, 2, 2], "in_channels": 16, "text_dim": 4096}  # fmt: skip
+    else:
+        cfg = {"_class_name": "PixArtTransformer2DModel", "attention_head_dim": hd, "num_attention_heads": heads,
+               "num_layers": counts[0], "patch_size": 2, "in_channels": 4, "caption_channels": 4096}  # fmt: skip
+    cfg["_name_or_path"] = name
+    spec = from_diffusers_config(cfg, source=f"row {row.get('row_id', '')} architecture columns")
+    return (
+        spec,
+        f"no preset matches {name!r}: built from the row's architecture columns ({cfg['_class_name']} family)",
+    )
+
+
+def resolve_device(gpu_type: str) -> str:
+    g = gpu_type.lower()
+    return next((d for pat, d in GPU_DEVICES if re.search(pat, g)), "")
+
+
 GLOBAL_NAMES = [
     "att_ratio",
     "eager",
@@ -76,6 +182,7 @@ class Case:
     device_id: str = ""
     n: int = 0
     kind: str = ""  # layout kind label
+    note: str = ""  # how the model was resolved when no preset matched
     task: str = ""
     skip: str = ""
     infer: inference.Generation | None = None
@@ -112,12 +219,7 @@ def _deg(text: str) -> int:
 
 def parse(row: dict[str, str]) -> Case:
     c = Case(row=row)
-    preset = next((p for key, p in MODEL_PRESETS if key in row["model"]), None)
-    if preset is None:
-        c.skip = f"no preset for model {row['model']!r}"
-        return c
-    c.spec = load_dit(preset)
-    c.device_id = next((d for key, d in GPU_DEVICES if row["gpu_type"].startswith(key)), "")
+    c.device_id = resolve_device(row["gpu_type"])
     if not c.device_id:
         c.skip = f"no device profile for {row['gpu_type']!r}"
         return c
@@ -138,6 +240,15 @@ def parse(row: dict[str, str]) -> Case:
     if frames is None:
         c.skip = "frames not stated"
         return c
+    preset = resolve_preset(row["model"])
+    if preset is not None:
+        c.spec = load_dit(preset)
+    else:
+        c.spec, why = spec_from_columns(row, frames)
+        if c.spec is None:
+            c.skip = why
+            return c
+        c.note = why
     other = row["other_layout"].lower()
     c.task = "train" if row["task"].startswith("train") else "infer"
     if c.task == "infer":
@@ -415,6 +526,11 @@ def main(argv: list[str] | None = None) -> int:
         for how, v, p in fits_out:
             print(f"  {how:6} {v:28} " + ", ".join(f"{k}={x:.3g}" for k, x in p.items()))
 
+    built = [c for c in cases if c.note and not c.skip]
+    if built:
+        print("\nrows whose model matched no preset:")
+        for c in built:
+            print(f"  {c.row['row_id']}: {c.note}")
     print("\nskipped rows:")
     for c in cases:
         if c.skip:
@@ -435,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
                         "predicted_value": pred[rid],
                         "measured_value": c.measured,
                         "metric_unit": c.row["metric_unit"],
+                        **({"model_resolution": c.note} if c.note else {}),
                     }
                 )
         a.json.write_text(json.dumps({"records": recs}, indent=1))

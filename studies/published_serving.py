@@ -1,6 +1,6 @@
 """Accuracy of autopar's serving model against published inference runs.
 
-    python studies/published_serving.py [--csv studies/data/published_runs_dev.csv] [--json OUT] [--fit]
+    python studies/published_serving.py [--csv studies/data/published_runs_dev.csv] [--json OUT] [--fit] [--lodo]
 
 Predicts every inference row of a published-runs CSV (columns documented in the data README:
 ``isl``, ``osl``, ``output_tokens_per_s``, ``tp``/``pp``/``ep``, ``device``, ``precision``, the model
@@ -10,7 +10,10 @@ worst rows and every skipped row with its reason. The rows are offline max-throu
 KV cache holds, capped by trtllm-bench's tuning cap of 4096 sequences, with its token-budget
 heuristic. The model uses the device coefficients of the training calibration plus the
 serving-specific ones of :class:`autopar.serving.estimate.ServingCoefficients`; ``--fit`` refits those
-(least squares on log throughput, soft-L1) and prints them.
+(least squares on log throughput, soft-L1) and prints them; ``--lodo`` prints, per device and per
+model, the MAPE with one fit on every row (in-sample) and with a fit that never saw the group's rows
+(held out). Prefill attention runs at the published forward-kernel efficiency of the device's die
+(:data:`autopar.serving.estimate.PREFILL_ATTENTION_EFF`), not a fitted figure.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from autopar.serving.estimate import (
 )
 
 PRECISION = {"fp8": "fp8", "mxfp8": "fp8", "bf16": "bf16", "fp16": "fp16"}
+LONG_ISL = 5000  # the long-context rows of issue 23's acceptance (ISL >= 5000)
 
 
 def _num(row: dict[str, str], key: str) -> float | None:
@@ -185,6 +189,105 @@ def fit(recs: list[dict[str, Any]], cal) -> ServingCoefficients:
     return coeffs(sol.x)
 
 
+def held_out(recs: list[dict[str, Any]], cal, key: str) -> dict[str, Any]:
+    """Leave one ``key`` group out (device or model): refit the fitted serving coefficients on the
+    other groups' rows, predict the group's rows; returns the in-sample (one fit on every row) and
+    held-out MAPE per group. A group that is the only one has no held-out figure."""
+    ok = [r for r in recs if "measured" in r]
+    names = sorted({str(r[key].id if key == "device" else r[key].name) for r in ok})
+
+    def name(r):
+        return str(r[key].id if key == "device" else r[key].name)
+
+    def mape(rows, sc):
+        run(rows, cal, sc)
+        e = [abs(r["error"]) for r in rows if "error" in r]
+        return float(np.mean(e)) if e else float("nan"), len(e)
+
+    sc_all = fit(ok, cal)
+    errors: list[float] = []  # every held-out row's relative error
+    out: dict[str, Any] = {"_errors": errors}
+    for g in names:
+        mine = [r for r in ok if name(r) == g]
+        rest = [r for r in ok if name(r) != g]
+        ins, n = mape(mine, sc_all)
+        if not rest:
+            print(
+                f"  {g}: in-sample {ins:.1%} (n={n}, one fit on all rows); held out: none (the only {key} in the rows)"
+            )
+            out[g] = {"in_sample": ins, "held_out": None, "rows": n}
+            continue
+        ho, _ = mape(mine, fit(rest, cal))
+        errors.extend(float(r["error"]) for r in mine if "error" in r)
+        print(
+            f"  {g}: in-sample {ins:.1%} (one fit on all rows), held out {ho:.1%} (n={n}, fit on {len(rest)} other rows)"
+        )
+        out[g] = {"in_sample": ins, "held_out": ho, "rows": n}
+    run(recs, cal, sc_all)
+    return out
+
+
+def expected_error_table(
+    recs: list[dict[str, Any]], held: dict[str, list[float]], csv_path: Path
+) -> dict[str, Any] | None:
+    """The serving expected-error table: the p90 of |relative error| of output tokens/s over the
+    held-out rows (each predicted by serving coefficients refitted without its device or model),
+    the domain the rows cover (devices, model classes), the widening factors for predictions
+    outside it, and the coverage of the p90 band per hold-out kind. The rows measure one stack
+    (TensorRT-LLM) on too few devices to fit a device factor from serving rows: the device and
+    model-class factors are the training table's out-of-sample ones, said so in the table."""
+    import hashlib
+
+    from autopar.coefficients import _expected_error_table, expected_error_path
+
+    allerr = np.abs(np.array([e for v in held.values() for e in v]))
+    if not len(allerr):
+        return None
+    p90 = float(np.quantile(allerr, 0.9))
+    done = [r for r in recs if "error" in r]
+    train = _expected_error_table(str(expected_error_path())).get("widening") or {}
+
+    def borrowed(kind: str, text: str) -> dict[str, Any]:
+        f = float((train.get(kind) or {}).get("factor", 1.0))
+        return {
+            "factor": f,
+            "from": f"training expected_error.yaml widening.{kind} (no serving rows to fit it)",
+            "text": text,
+        }
+
+    return {
+        "schema": "autopar.serving_expected_error/v1",
+        "provenance": {
+            "method": "p90 of |held-out relative error| of output tokens/s; rows held out by device and by "
+            "model, each predicted with the serving coefficients refitted without them",
+            "command": "python studies/published_serving.py --write-expected-error "
+            "cost_models/calibration/serving_expected_error.yaml",
+            "data": {csv_path.name: hashlib.sha256(csv_path.read_bytes()).hexdigest()[:16]},
+            "stack": "trtllm (trtllm-bench max-throughput runs)",
+        },
+        "domain": {
+            "devices": sorted({r["device"].id for r in done}),
+            "model_classes": sorted({"moe" if r["model"].is_moe else "dense" for r in done}),
+        },
+        "base": {
+            "rows": int(len(allerr)),
+            "p90_ape": round(p90, 4),
+            "median_ape": round(float(np.median(allerr)), 4),
+            "in_sample_p90_ape": round(float(np.quantile([abs(r["error"]) for r in done], 0.9)), 4),
+        },
+        "widening": {
+            "device": borrowed("device", "no serving run measured on this device or its same-silicon twin"),
+            "datasheet": borrowed("device", "device coefficients are datasheet efficiencies (never fitted)"),
+            "model_class": borrowed("model_class", "model class never measured in serving (MoE/MLA)"),
+        },
+        "coverage": {
+            k: {"rows": len(v), "coverage": round(float(np.mean(np.abs(v) <= p90)), 4)}
+            for k, v in held.items()
+            if v
+        },
+    }
+
+
 def summarize(recs: list[dict[str, Any]], worst: int) -> dict[str, Any]:
     done = [r for r in recs if "error" in r]
     skipped = [r for r in recs if "error" not in r]
@@ -203,9 +306,12 @@ def summarize(recs: list[dict[str, Any]], worst: int) -> dict[str, Any]:
         "tp": defaultdict(list),
         "model": defaultdict(list),
         "device": defaultdict(list),
+        "context": defaultdict(list),
     }
     for r in done:
         groups["tp"][f"tp{r['tp']}"].append(abs(r["error"]))
+        long = r["isl"] >= LONG_ISL
+        groups["context"][f"isl>={LONG_ISL}" if long else f"isl<{LONG_ISL}"].append(abs(r["error"]))
         groups["model"][str(r["model"].name)].append(abs(r["error"]))
         groups["device"][r["device"].id].append(abs(r["error"]))
     summary: dict[str, Any] = {"rows": len(done), "skipped": len(skipped), "mape": float(ape.mean())}
@@ -253,6 +359,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration", default=None, help="calibration YAML (default: the shipped one)")
     ap.add_argument("--fit", action="store_true", help="refit the serving-specific coefficients first")
     ap.add_argument("--worst", type=int, default=8)
+    ap.add_argument(
+        "--lodo",
+        action="store_true",
+        help="also leave one device out, then one model out: refit the serving coefficients on the "
+        "other rows and print in-sample and held-out MAPE per group",
+    )
+    ap.add_argument(
+        "--write-expected-error",
+        type=Path,
+        default=None,
+        help="write the serving expected-error table (held-out p90 |error|, widening factors, coverage) "
+        "to this YAML (the shipped one is cost_models/calibration/serving_expected_error.yaml); implies --lodo",
+    )
     a = ap.parse_args(argv)
     if not a.csv.is_file():
         print(f"error: {a.csv} does not exist (pass --csv PATH to a published-runs CSV)", file=sys.stderr)
@@ -280,6 +399,28 @@ def main(argv: list[str] | None = None) -> int:
         )
     run(recs, cal, sc)
     summary = summarize(recs, a.worst)
+    if (a.lodo or a.write_expected_error) and summary.get("rows"):
+        held: dict[str, list[float]] = {}
+        for key in ("device", "model"):
+            print(f"leave one {key} out (serving coefficients refitted without its rows):")
+            ho = held_out(recs, cal, key)
+            held[key] = ho.pop("_errors")
+            summary[f"leave_one_{key}_out"] = ho
+        table = expected_error_table(recs, held, a.csv)
+        if table is None:
+            print("expected error: no held-out row (one device and one model): nothing to calibrate on")
+        else:
+            b = table["base"]
+            print(
+                f"expected error (held out, {b['rows']} rows): p90 |error| {b['p90_ape']:.1%}, "
+                f"median {b['median_ape']:.1%}; coverage of the p90 band: "
+                + ", ".join(f"{k} {v['coverage']:.0%} of {v['rows']}" for k, v in table["coverage"].items())
+            )
+            if a.write_expected_error:
+                import yaml
+
+                a.write_expected_error.write_text(yaml.safe_dump(table, sort_keys=False))
+                print(f"wrote {a.write_expected_error}")
     if a.json:
         a.json.write_text(json.dumps({"summary": summary, "records": records(recs)}, indent=1))
         print(f"wrote {a.json}")

@@ -29,10 +29,10 @@ def test_sweep_returns_ranked_results_and_a_pareto_front() -> None:
     r = serve(**BASE)
     assert r.layouts_enumerated >= r.layouts_feasible > 0
     assert r.layouts_enumerated == r.layouts_feasible + sum(r.infeasible_by_reason.values())
-    tps = [x["output_tokens_per_s_per_device"] for x in r.results]
-    assert tps == sorted(tps, reverse=True) or max(tps) / tps[0] < 1.011  # 1% bins, then per-user speed
+    tps = [x["output_tokens_per_s"] for x in r.results]  # what the 8 devices deliver
+    assert tps == sorted(tps, reverse=True)
     for x in r.results:
-        assert x["devices"] <= 8 and x["ttft_ms"] > 0 and x["tpot_ms"] > 0
+        assert x["devices"] + x["idle_devices"] == 8 and x["ttft_ms"] > 0 and x["tpot_ms"] > 0
         assert x["output_tokens_per_joule"] == pytest.approx(1 / x["j_per_output_token"])
     front = r.pareto
     assert front

@@ -212,15 +212,16 @@ def serving_report(res: Any) -> Report:
     rep.winner(
         best["short"],
         {
+            "output tok/s": f"{best['output_tokens_per_s']:,.0f} ({best['idle_devices']} devices idle)",
             "output tok/s per device": f"{best['output_tokens_per_s_per_device']:,.0f}",
             "output tok/s per user": f"{best['output_tokens_per_s_per_user']:,.1f}",
             "TTFT": f"{best['ttft_ms']:,.1f} ms",
             "TPOT": f"{best['tpot_ms']:,.2f} ms",
             "output tokens per joule": f"{best['output_tokens_per_joule']:.2f}",
         },
-        f"the highest output tokens/s per device of the {res.layouts_feasible} layouts that meet {tgt}"
+        f"first by {res.ranking} of the {res.layouts_feasible} layouts that meet {tgt}"
         + (
-            f"; runner-up {res.results[1]['short']} at {res.results[1]['output_tokens_per_s_per_device']:,.0f}"
+            f"; runner-up {res.results[1]['short']} at {res.results[1]['output_tokens_per_s']:,.0f} output tok/s"
             if len(res.results) > 1
             else ""
         )

@@ -84,6 +84,14 @@ def register(sub) -> dict:
     )
     for d in ("tp", "pp", "ep", "adp"):
         p.add_argument(f"--{d}", type=positive_int, default=None, help=f"pin {d} (default: searched)")
+    p.add_argument(
+        "--objective",
+        choices=("throughput", "fewest-devices"),  # autopar.serving.search.OBJECTIVES (not imported: startup)
+        default="throughput",
+        help="rank by what the --num-devices given deliver (output tokens/s; under --request-rate the "
+        "highest rate sustained), or by the fewest devices that carry the --request-rate or "
+        "--concurrency within the targets (default: throughput)",
+    )
     p.add_argument("--top", type=int_range(1, MAX_TOP), default=10, help="how many layouts to list")
     p.add_argument("--json", action="store_true", help="machine-readable output (shape of recommend --json)")
     from autopar.cli.recommend import add_html_arg
@@ -114,6 +122,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
             ep=a.ep,
             adp=a.adp,
             top=a.top,
+            objective=a.objective,
             calibration=a.calibration,
             allow_long_context=a.allow_long_context,
             **workload_kwargs(a),
@@ -167,24 +176,23 @@ def print_serving(res) -> None:
         f"KV {cost['kv_precision']}"
     )
     con.print(f"coefficients: {ms(cost.get('coefficients', 'default'))}")
+    ee = cost.get("expected_error")
+    con.print(
+        f"expected error of tokens/s: {ms(ee['text'])}"
+        if ee
+        else "expected error of tokens/s: not quoted (no held-out serving runs describe this calibration)"
+    )
     con.print(
         f"{res.layouts_enumerated} candidates, {res.layouts_feasible} feasible; infeasible: "
         + (", ".join(f"{k} {v}" for k, v in res.infeasible_by_reason.items()) or "none")
     )
+    con.print(f"ranked by {ms(res.ranking)}")
     t = Table(title="best serving layouts")
-    for c in ("layout", "devices", "TTFT ms", "TPOT ms", "tok/s/device", "tok/s/user", "tok/J", "$/Mtok"):
+    cols, rows = res.table()
+    for c in cols[1:]:
         t.add_column(c, justify="left" if c == "layout" else "right")
-    for r in res.results:
-        t.add_row(
-            r["short"] + (f" cap{r['power_cap_w']:.0f}W" if r.get("power_cap_w") else ""),
-            str(r["devices"]),
-            _f(r["ttft_ms"]),
-            _f(r["tpot_ms"], 2),
-            _f(r["output_tokens_per_s_per_device"], 0),
-            _f(r["output_tokens_per_s_per_user"]),
-            _f(r["output_tokens_per_joule"], 2),
-            _f(r["cost_per_mtok"], 3),
-        )
+    for row in rows:
+        t.add_row(*row[1:])
     con.print(t)
     if res.min_devices:
         con.print(

@@ -53,6 +53,7 @@ from autopar.coefficients import (
 )
 from autopar.energy import NODE_OVERHEAD_LOAD, comm_energy_j, phase_power, stall_power
 from autopar.errors import AutoparError
+from autopar.hardware import attention_fraction
 from autopar.job import KVPrecision, ServingWorkload, WeightPrecision
 from autopar.latency import Coefficients, gemm_time
 from autopar.memory import GIB
@@ -77,7 +78,30 @@ __all__ = [
 
 # Bytes per stored weight of the linear layers. int4 is weight-only (W4A16, AWQ/GPTQ) with one fp16
 # scale per group of 128 weights.
-WEIGHT_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2.0 / 128}
+# Bytes per weight, scales included: fp8-block one fp32 scale per 128x128 block (DeepSeek-V3), int8
+# weight-only one 16-bit scale per output channel (negligible), int4 one 16-bit scale per group of
+# 128 (AWQ/GPTQ), NVFP4 one FP8 (E4M3) scale per 16 elements, MXFP4 one E8M0 byte per 32 (OCP MX).
+WEIGHT_BYTES: dict[str, float] = {
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "fp8-block": 1.0 + 4.0 / (128 * 128),
+    "int8": 1.0,
+    "int4": 0.5 + 2.0 / 128,
+    "nvfp4": 0.5 + 1.0 / 16,
+    "mxfp4": 0.5 + 1.0 / 32,
+}
+# The GEMMs each weight format runs where the device has the tensor-core rate (peak key, efficiency
+# key); otherwise the weights are dequantized into 16-bit GEMMs (weight-only kernels: Marlin, AWQ).
+# fp8-block runs at the FP8 peak with the measured block-scaled FP8 efficiency (mxfp8: DeepGEMM's
+# 128-blockwise kernels in studies/gemm_rates.py); MXFP4 at the FP4 peak with NVFP4's measured
+# efficiency (the closest block-scaled FP4 measured). int8 and int4 are weight-only (W8A16, W4A16).
+GEMM_FORMATS: dict[str, tuple[str, str]] = {
+    "fp8": ("fp8", "fp8"),
+    "fp8-block": ("fp8", "mxfp8"),
+    "nvfp4": ("fp4", "nvfp4"),
+    "mxfp4": ("fp4", "nvfp4"),
+}
 KV_BYTES: dict[str, float] = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}
 ACT_BYTES = 2.0  # activations between kernels are 16-bit
 LOGIT_BYTES = 4.0  # TRT-LLM/vLLM keep the decode logits in fp32
@@ -138,7 +162,15 @@ class ServingCoefficients:
     collective_sync 53.3 us, host_step 0 (the fit drives it to zero: TRT-LLM's C++ executor hides
     its per-step work behind CUDA graphs; it stays a knob for runtimes with a Python scheduler).
     A calibration file may override them in its ``global`` section (``serving_host_step_us``,
-    ``serving_host_per_seq_us``, ``serving_collective_sync_us``, ``serving_runtime_reserve_gb``).
+    ``serving_host_per_seq_us``, ``serving_collective_sync_us``, ``serving_runtime_reserve_gb``,
+    ``serving_prefill_attention_eff``).
+
+    * ``prefill_attention_eff``: share of the 16-bit peak a prompt's attention runs at, at long
+      sequences (the GEMM half-dimension law shortens it for short ones). None: the device's measured
+      forward FMHA curve per head dimension and prompt length (``efficiency.attention_fwd``,
+      TensorRT-LLM's context kernel: studies/attention_rates.py) where the profile has one, else the
+      published figure of the device's die (:data:`PREFILL_ATTENTION_EFF`), else the training-fitted
+      attention efficiency (a training stack's forward and backward, which forward-only kernels beat).
 
     * ``layer_latency_s``: pipeline latency each layer adds to a micro-batch's pass (0 on GPUs, whose
       per-kernel costs are in the terms above). A device profile's ``serving`` section (SRAM,
@@ -151,6 +183,7 @@ class ServingCoefficients:
     collective_sync_s: float = 53.3e-6
     layer_latency_s: float = 0.0
     tile_rows: float = MMA_TILE_ROWS
+    prefill_attention_eff: float | None = None
     runtime_reserve_bytes: float = DEFAULT_MEMORY_CONSTANTS["framework_reserve_bytes"]
     comm_buffer_bytes: float = DEFAULT_MEMORY_CONSTANTS["comm_buffer_bytes"]
 
@@ -171,7 +204,40 @@ class ServingCoefficients:
             collective_sync_s=float(g.get("serving_collective_sync_us", base.collective_sync_s * 1e6)) * 1e-6,
             runtime_reserve_bytes=float(g.get("serving_runtime_reserve_gb", base.runtime_reserve_bytes / 1e9))
             * 1e9,
+            prefill_attention_eff=(
+                float(g["serving_prefill_attention_eff"]) if "serving_prefill_attention_eff" in g else None
+            ),
         )
+
+
+# Prefill (context) attention runs a FlashAttention-class forward kernel (TensorRT-LLM's context FMHA,
+# FlashAttention-2/3 or FlashInfer in vLLM/SGLang). Its published peak utilization per compute die
+# (calibration transfer.dies) is the efficiency at long sequences; dies without a published figure
+# keep the training-fitted attention efficiency (see ServingCoefficients.prefill_attention_eff).
+PREFILL_ATTENTION_EFF: dict[str, tuple[float, str]] = {
+    "gh100": (
+        0.75,
+        "FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608): FP16 forward up to 740 TFLOP/s, "
+        "75% of the H100's peak",
+    ),
+    "ga100": (
+        0.73,
+        "FlashAttention-2 (Dao 2023, arXiv:2307.08691): forward 50-73% of the A100's peak, the top "
+        "figure at long sequences",
+    ),
+}
+
+
+def prefill_attention_source(device_id: str, cal: Calibration | None) -> tuple[float | None, str]:
+    """The published prefill attention efficiency of a device's die and its source, or None (a
+    device whose profile has a measured forward curve, ``efficiency.attention_fwd``, uses that)."""
+    die = (cal.transfer.dies if cal is not None else {}).get(device_id)
+    if die in PREFILL_ATTENTION_EFF:
+        return PREFILL_ATTENTION_EFF[die]
+    return (
+        None,
+        "no published forward-attention figure for this die: the training-fitted attention efficiency",
+    )
 
 
 # ============================================================================================ context
@@ -213,8 +279,11 @@ def make_context(
     # fp8 weights run fp8 GEMMs where the device has an fp8 tensor-core rate; otherwise (and for
     # weight-only int4) the weights are dequantized into 16-bit GEMMs (Marlin/AWQ kernels).
     wp = workload.weight_precision
-    prec = "fp8" if wp == "fp8" and "fp8" in device.peak_tflops else "bf16"
+    fmt = GEMM_FORMATS.get(wp)
+    prec = wp if fmt is not None and fmt[0] in device.peak_tflops else "bf16"
     sc = serving_coefficients or ServingCoefficients.from_calibration(cal)
+    if sc.prefill_attention_eff is None and not device.efficiency.attention_fwd:
+        sc = replace(sc, prefill_attention_eff=prefill_attention_source(device.id, cal)[0])
     if device.runtime_reserve_gb is not None:  # a device-level reserve (0: statically compiled SRAM)
         sc = replace(sc, runtime_reserve_bytes=device.runtime_reserve_gb * 1e9, comm_buffer_bytes=0.0)
     if device.serving is not None:  # the vendor's own stack, not the GPU-fitted serving coefficients
@@ -524,6 +593,7 @@ class _Iter:
     eff16: float
     acc: _Acc
     co_inf: Coefficients  # the coefficients with HBM taken infinite (a GEMM's compute side)
+    dec_tokens: float = 1.0  # tokens each decoding sequence runs per step (1 + speculative drafts)
 
     def gemm(self, Mx, N, K, wbytes=None, p=None, e=None, **kw) -> tuple[np.ndarray, ...]:
         c = self.ctx
@@ -614,12 +684,17 @@ def _iter_attention_core(
         dec_dims = (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank
     else:
         dec_dims = m.qk_head_dim + m.v_dim
-    dec_flops = 2.0 * it.dec_a * dec_c * (a / it.ta) * dec_dims
+    dec_flops = 2.0 * it.dec_a * it.dec_tokens * dec_c * (a / it.ta) * dec_dims
     dec_tc, dec_tm = dec_flops / (it.peak16 * co.attention_eff), dec_bytes / co.hbm_bw
     dec_t = np.maximum(dec_tc, dec_tm)
     pre_flops = 2.0 * it.pre_a * mean_ctx(pre_ctx) * (a / it.ta) * (m.qk_head_dim + m.v_dim)
     s_kv = np.maximum(pre_len, 1.0)
-    pre_eff = co.attention_eff * s_kv / (s_kv + co.gemm_half_dim)
+    sc = it.ctx.sc
+    if sc.prefill_attention_eff is None and co.attention_fwd:
+        # the measured forward kernel at this head dimension and prompt length
+        pre_eff = attention_fraction(co.attention_fwd, 0.5 * (m.qk_head_dim + m.v_dim), s_kv)
+    else:
+        pre_eff = (sc.prefill_attention_eff or co.attention_eff) * s_kv / (s_kv + co.gemm_half_dim)
     pre_t = pre_flops / (it.peak16 * pre_eff)
     pre_b = it.pre_a * kv_tok_dev * 2.0
     it.add(
@@ -724,8 +799,13 @@ def iteration(
     logit_rows,
     pre_seqs=None,
     clock=1.0,
+    dec_tokens=1.0,
 ) -> dict[str, np.ndarray]:
     """Seconds (and FLOPs, HBM bytes) of ONE continuous-batching iteration of an instance.
+
+    ``dec_tokens``: tokens each decoding sequence runs through the model per step (1, or 1 + the
+    draft tokens a speculative step verifies: GEMM rows and attention FLOPs grow with them, the KV
+    cache is read once).
 
     ``n_dec`` sequences decode one token, ``n_pre`` prompt tokens are prefilled (mean attended
     context ``pre_ctx`` keys, prompt length ``pre_len``), decode sequences have ``dec_ctx`` cached
@@ -745,7 +825,7 @@ def iteration(
     pre_len, logit_rows, clock = col(pre_len), col(logit_rows), col(clock)
     prec = ctx.compute_precision
     mb = pp  # micro-batches in flight
-    tok_mb = (n_dec + n_pre) / mb  # tokens of one micro-batch (whole instance)
+    tok_mb = (n_dec * dec_tokens + n_pre) / mb  # tokens of one micro-batch (whole instance)
     lps = np.ceil(m.layers / pp)
     n_dense = lps * m.dense_layers / m.layers
     n_moe = lps * m.moe_layers / m.layers
@@ -771,8 +851,12 @@ def iteration(
         layers=layers,
         attn_l=layers * (mx.attn if mx is not None else 1.0),
         mx=mx,
-        peak=co.peak(prec) * clock,
-        eff=co.gemm_eff.get(prec, co.gemm_eff["bf16"]),
+        peak=co.peak(GEMM_FORMATS.get(prec, (prec, prec))[0]) * clock,
+        eff=co.gemm_eff.get(
+            GEMM_FORMATS.get(prec, (prec, prec))[1],
+            co.gemm_eff.get(GEMM_FORMATS.get(prec, (prec, prec))[0], co.gemm_eff["bf16"]),
+        ),
+        dec_tokens=float(dec_tokens),
         peak16=co.peak("bf16") * clock,
         eff16=co.gemm_eff["bf16"],
         acc=_Acc(np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)),
@@ -822,6 +906,46 @@ def iteration(
 
 
 # ====================================================================================== steady state
+def speculation(w: ServingWorkload) -> tuple[float, float]:
+    """(tokens each sequence verifies per decode step, tokens it emits on average): with k draft
+    tokens each accepted with probability a given the ones before, 1 + k and (1 - a^(k+1)) / (1 - a)
+    (the accepted run plus the target's own token; Leviathan et al. 2023, eq. 1)."""
+    k = float(w.speculative_tokens)
+    if not k:
+        return 1.0, 1.0
+    a = float(w.acceptance_rate or 0.0)
+    return 1.0 + k, (1.0 - a ** (k + 1.0)) / (1.0 - a)
+
+
+def draft_time(ctx: ServingContext, tab: ServingTable, n_dec, dec_ctx, clock=1.0) -> np.ndarray:
+    """Seconds the draft tokens of one speculative step add: one transformer layer of the target's
+    shape per draft token and sequence (DeepSeek-V3's MTP module is one block; a small draft model
+    costs about as much per token), decode-only; the draft's LM head is not charged."""
+    k = float(ctx.workload.speculative_tokens)
+    if not k:
+        return np.zeros(len(tab))
+    it = iteration(
+        ctx,
+        tab,
+        n_dec=n_dec,
+        n_pre=0.0,
+        dec_ctx=dec_ctx,
+        pre_ctx=0.0,
+        pre_len=1.0,
+        logit_rows=0.0,
+        clock=clock,
+    )
+    per_layer = it["compute"] / np.ceil(ctx.model.layers / tab["pp"])
+    return k * per_layer
+
+
+def prefill_split(w: ServingWorkload) -> tuple[float, float]:
+    """(tokens of a prompt prefilled, tokens of it found in the prefix cache); at least one token is
+    always computed (the last prompt token's logits give the first output token)."""
+    cached = min(math.floor(w.isl * w.prefix_cache_hit_rate), w.isl - 1)
+    return float(w.isl - cached), float(cached)
+
+
 def steady_state(
     ctx: ServingContext, tab: ServingTable, batch, *, budget, clock=1.0
 ) -> dict[str, np.ndarray]:
@@ -834,30 +958,39 @@ def steady_state(
     """
     w = ctx.workload
     isl, osl = float(w.isl), float(w.osl)
+    # Prefix caching: a prompt's cached tokens are not prefilled again; its new tokens still attend
+    # to them (mean attended context: the cached prefix plus half the new part).
+    new, cached = prefill_split(w)
+    # Speculative decoding: each step verifies q tokens per sequence and emits tau of them.
+    q, tau = speculation(w)
     B = np.maximum(np.asarray(batch, dtype=np.float64), 1e-9)
     budget = np.asarray(budget, dtype=np.float64)
-    b_eff = np.minimum(B, budget * osl / (isl + osl))
-    pre = b_eff * isl / osl
+    b_eff = np.minimum(B, budget / (q + tau * new / osl))
+    pre = b_eff * tau * new / osl
     dec_ctx = isl + osl / 2.0
+    pre_ctx = cached + new / 2.0
     it = iteration(
         ctx,
         tab,
         n_dec=b_eff,
         n_pre=pre,
         dec_ctx=dec_ctx,
-        pre_ctx=isl / 2.0,
+        pre_ctx=pre_ctx,
         pre_len=isl,
-        logit_rows=b_eff + b_eff / osl,
-        pre_seqs=b_eff / osl,
+        logit_rows=b_eff * q + b_eff * tau / osl,
+        pre_seqs=b_eff * tau / osl,
         clock=clock,
+        dec_tokens=q,
     )
-    tpot = it["t_iter"]
+    t_draft = draft_time(ctx, tab, b_eff, dec_ctx, clock)
+    t_step = it["t_iter"] + t_draft
+    tpot = t_step / tau
     if w.chunked_prefill:
-        chunk = np.clip(budget - b_eff, ALIGN_TOKENS, isl)
+        chunk = np.clip(budget - b_eff, min(ALIGN_TOKENS, new), new)
     else:
-        chunk = np.full_like(b_eff, isl)
-    n_chunks = np.ceil(isl / chunk)
-    last = isl - (n_chunks - 1.0) * chunk
+        chunk = np.full_like(b_eff, new)
+    n_chunks = np.ceil(new / chunk)
+    last = new - (n_chunks - 1.0) * chunk
     # The prompt's chunks ride along with the other decodes (its own decode slot is not yet used).
     others = np.maximum(b_eff - 1.0, 0.0)
     itc = iteration(
@@ -866,11 +999,12 @@ def steady_state(
         n_dec=others,
         n_pre=chunk,
         dec_ctx=dec_ctx,
-        pre_ctx=isl / 2.0,
+        pre_ctx=pre_ctx,
         pre_len=isl,
-        logit_rows=others,
+        logit_rows=others * q,
         pre_seqs=1.0,
         clock=clock,
+        dec_tokens=q,
     )
     itl = iteration(
         ctx,
@@ -878,13 +1012,14 @@ def steady_state(
         n_dec=others,
         n_pre=last,
         dec_ctx=dec_ctx,
-        pre_ctx=isl / 2.0,
+        pre_ctx=pre_ctx,
         pre_len=isl,
-        logit_rows=others + 1.0,
+        logit_rows=others * q + 1.0,
         pre_seqs=1.0,
         clock=clock,
+        dec_tokens=q,
     )
-    ttft = (n_chunks - 1.0) * itc["t_iter"] + itl["t_iter"]
+    ttft = (n_chunks - 1.0) * itc["t_iter"] + itl["t_iter"] + n_chunks * t_draft
     # Closed loop: sequences beyond what the token budget keeps decoding wait for admission; by
     # Little's law B = X * (wait + osl * TPOT) with X = b_eff / (osl * TPOT).
     ttft = ttft + osl * tpot * (B / b_eff - 1.0)
@@ -895,6 +1030,8 @@ def steady_state(
         "prefill_tokens_per_iter": pre,
         "output_tps_instance": b_eff / tpot,
         "request_rate_instance": b_eff / (osl * tpot),
+        "step_s": t_step,
+        "tokens_per_step": tau,
         "iter": it,
         "budget_bound": b_eff < B - 1e-9,
     }
@@ -966,7 +1103,7 @@ def evaluate_serving(
     budget = mem["budget"]
     max_conc = np.minimum(mem["max_conc"], float(w.max_batch))
     bad["weights_do_not_fit"] = ~mem["weights_fit"]
-    bad["token_budget"] = np.full(n, (not w.chunked_prefill)) & (budget < w.isl)
+    bad["token_budget"] = np.full(n, (not w.chunked_prefill)) & (budget < prefill_split(w)[0])
     bmax = np.maximum(max_conc, 1.0)
 
     def run(clock):

@@ -28,6 +28,7 @@ from autopar.serving.estimate import (
     ServingTable,
     ServingWorkload,
     attainment,
+    draft_time,
     evaluate_serving,
     instance_memory,
     iteration,
@@ -35,12 +36,19 @@ from autopar.serving.estimate import (
     make_workload,
     meets_targets,
     power_demand,
+    prefill_split,
+    speculation,
 )
 
 __all__ = ["serve", "ServingResult", "ServingInfeasible", "enumerate_instances", "search_serving"]
 
 MAX_TP = 64
 MAX_PP = 16
+# What ``serve`` ranks by. "throughput": what the cluster the user gave delivers (output tokens/s of
+# all its devices; devices a layout leaves idle deliver nothing; under a request rate, the highest
+# request rate the layout sustains on the cluster). "fewest-devices": the fewest devices that carry
+# the given load (request rate or concurrency) within the targets, then throughput.
+OBJECTIVES = ("throughput", "fewest-devices")
 TARGET_REASONS = {
     "ttft_target": "mean TTFT above the target",
     "tpot_target": "mean TPOT above the target",
@@ -97,10 +105,30 @@ class ServingResult:
     closest: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     costing: dict[str, Any] = field(default_factory=dict)
+    objective: str = "throughput"
+    num_devices: int = 0
+
+    @property
+    def ranking(self) -> str:
+        """One phrase saying what the results are ranked by."""
+        n = self.num_devices
+        if self.objective == "fewest-devices":
+            then = "request rate sustained" if self.workload.get("request_rate") else "output tokens/s"
+            return f"the fewest devices that carry the load, then the highest {then}"
+        if self.workload.get("request_rate"):
+            return f"the highest request rate sustained on the {n} devices given"
+        return f"output tokens/s of the {n} devices given (idle devices deliver nothing)"
 
     @property
     def best(self) -> dict[str, Any] | None:
         return self.results[0] if self.results else None
+
+    @property
+    def expected_error_p90(self) -> float | None:
+        """The 90th percentile of |relative error| of the predicted output tokens/s (held-out
+        serving runs, widened where the prediction leaves their domain); None: not quoted."""
+        ee = self.costing.get("expected_error")
+        return ee["p90"] if ee else None
 
     def table(self) -> tuple[list[str], list[list[str]]]:
         """The ranked table (columns, formatted rows), as the HTML report and notebooks show it."""
@@ -112,8 +140,10 @@ class ServingResult:
             "#",
             "layout",
             "devices",
+            "idle",
             "TTFT ms",
             "TPOT ms",
+            "tok/s",
             "tok/s/device",
             "tok/s/user",
             "tok/J",
@@ -124,8 +154,10 @@ class ServingResult:
                 str(i),
                 r["short"] + (f" cap{r['power_cap_w']:.0f}W" if r.get("power_cap_w") else ""),
                 str(r["devices"]),
+                str(r["idle_devices"]),
                 f(r["ttft_ms"]),
                 f(r["tpot_ms"], 2),
+                f(r["output_tokens_per_s"], 0),
                 f(r["output_tokens_per_s_per_device"], 0),
                 f(r["output_tokens_per_s_per_user"]),
                 f(r["output_tokens_per_joule"], 2),
@@ -164,6 +196,9 @@ class ServingResult:
         return {
             "schema_version": SCHEMA_VERSION,
             "job": self.job,
+            "objective": self.objective,
+            "expected_error_p90": self.expected_error_p90,
+            "ranked_by": self.ranking,
             "costing": self.costing,
             "workload": self.workload,
             "layouts_enumerated": self.layouts_enumerated,
@@ -175,6 +210,19 @@ class ServingResult:
             "closest": self.closest,
             "notes": self.notes,
         }
+
+
+def check_objective(objective: str, workload: ServingWorkload) -> None:
+    """Refuse an unknown objective, or "fewest-devices" without a load to carry."""
+    if objective not in OBJECTIVES:
+        raise AutoparError(
+            f"unknown serving objective {objective!r}", f"choose one of {', '.join(OBJECTIVES)}"
+        )
+    if objective == "fewest-devices" and workload.mode not in ("request_rate", "concurrency"):
+        raise AutoparError(
+            "objective fewest-devices needs a load to carry",
+            "give --request-rate or --concurrency (or drop --objective fewest-devices)",
+        )
 
 
 # ========================================================================================= enumeration
@@ -312,7 +360,17 @@ def _aggregated(
     bad.update(meets_targets(ctx, res))
     first = _first_reason(bad, len(tab))
     res["attainment"] = attainment(ctx, res)
+    # What the replicas deliver together, and the highest request rate they sustain (under a request
+    # rate, each replica's load factor rho = lambda / mu says how far below its capacity it runs).
+    total = res["output_tps_instance"] * rr
+    if mode == "request_rate":
+        capacity = w.request_rate / np.maximum(res["rho"], 1e-30)
+    else:
+        capacity = total / w.osl
     return {
+        "num_devices": num_devices,
+        "total_tps": total,
+        "capacity_rate": capacity,
         "tab": tab,
         "res": res,
         "replicas": rr,
@@ -335,6 +393,7 @@ def _agg_record(ctx: ServingContext, agg: dict[str, Any], i: int, price: float |
         "replicas": reps,
         "devices_per_instance": dev,
         "devices": dev * reps,
+        "idle_devices": int(agg["num_devices"]) - dev * reps,
         "concurrency_per_instance": round(batch, 2),
         "concurrency": round(batch * reps, 2),
         "power_cap_w": float(tab["cap_w"][i]) or None,
@@ -345,6 +404,7 @@ def _agg_record(ctx: ServingContext, agg: dict[str, Any], i: int, price: float |
         "output_tokens_per_s_per_device": float(res["output_tps_per_device"][i]),
         "output_tokens_per_s_per_user": float(res["output_tps_per_user"][i]),
         "request_rate": float(res["request_rate_instance"][i]) * reps,
+        "max_request_rate": float(agg["capacity_rate"][i]),
         "load_factor": float(res["rho"][i]) if w.mode == "request_rate" else None,
         "saturated": bool(res["saturated"][i]),
         "slo_attainment": float(res["attainment"][i]),
@@ -373,12 +433,25 @@ def _agg_record(ctx: ServingContext, agg: dict[str, Any], i: int, price: float |
 
 
 # ==================================================================================== disaggregated
+def kv_handoff_s(ctx: ServingContext, np_dev: Any, nd_dev: Any) -> Any:
+    """Seconds to hand a prompt's whole KV cache from a prefill instance of ``np_dev`` devices to a
+    decode instance of ``nd_dev``: over the scale-up links when both share a node, else the NICs."""
+    kv_bytes = ctx.model.kv_cache_bytes(int(ctx.workload.isl), ctx.kv_bytes)
+    same_node = (np_dev + nd_dev) <= ctx.devices_per_node
+    lanes = np.minimum(np_dev, nd_dev)
+    bw = np.where(same_node, ctx.links.up_peer, ctx.links.out_nic) * lanes
+    return kv_bytes / bw + np.where(same_node, ctx.links.lat_up, ctx.links.lat_out)
+
+
 def _disaggregated(
-    ctx: ServingContext, inst: ServingTable, num_devices: int, price: float | None
+    ctx: ServingContext,
+    inst: ServingTable,
+    num_devices: int,
+    price: float | None,
+    objective: str = "throughput",
 ) -> dict[str, Any] | None:
     """xPyD: prefill instances hand the KV cache to decode instances (DistServe, Splitwise, Dynamo)."""
     w = ctx.workload
-    m = ctx.model
     isl, osl = float(w.isl), float(w.osl)
     if num_devices < 2:
         return None
@@ -386,19 +459,20 @@ def _disaggregated(
     # ---- prefill pool: prompts only; k prompts per iteration (k = 1, 2, 4, ... what the budget
     # holds: larger k is more throughput and a longer TTFT), or chunks of the budget -------------
     budget_p = float(w.max_num_tokens or 8192)
+    new, cached = prefill_split(w)  # prefix-cached prompt tokens are not prefilled again
     mem_p = instance_memory(ctx, inst, seq_len=isl, batch_cap=np.ones(len(inst)))
-    kmax = np.minimum(max(math.floor(budget_p / isl), 1), np.maximum(mem_p["max_conc"], 1))
+    kmax = np.minimum(max(math.floor(budget_p / new), 1), np.maximum(mem_p["max_conc"], 1))
     klv = _levels(kmax, 1 << 20)
     pi_ = np.concatenate([np.full(len(v), i) for i, v in enumerate(klv)])
     k = np.concatenate(klv)
     ptab = inst.take(pi_)
-    chunk = min(isl, budget_p)
-    n_chunks = math.ceil(isl / chunk)
-    tok = k * isl if isl <= budget_p else np.full(len(k), chunk)
+    chunk = min(new, budget_p)
+    n_chunks = math.ceil(new / chunk)
+    tok = k * new if new <= budget_p else np.full(len(k), chunk)
     it_p = iteration(
-        ctx, ptab, n_dec=0.0, n_pre=tok, dec_ctx=0.0, pre_ctx=isl / 2.0, pre_len=isl, logit_rows=k
+        ctx, ptab, n_dec=0.0, n_pre=tok, dec_ctx=0.0, pre_ctx=cached + new / 2.0, pre_len=isl, logit_rows=k
     )
-    t_p = it_p["t_iter"] * (1.0 if isl <= budget_p else n_chunks)
+    t_p = it_p["t_iter"] * (1.0 if new <= budget_p else n_chunks)
     rate_p = k / t_p
     pw_p = power_demand(ctx, it_p)["avg_w"]
     legal_masks = [
@@ -415,56 +489,68 @@ def _disaggregated(
     di = np.concatenate([np.full(len(v), i) for i, v in enumerate(lv)])
     B = np.concatenate(lv)
     dtab = inst.take(di)
+    q, tau = speculation(w)  # speculative decoding: q tokens verified per step, tau emitted
     it_d = iteration(
-        ctx, dtab, n_dec=B, n_pre=0.0, dec_ctx=isl + osl / 2.0, pre_ctx=0.0, pre_len=1.0, logit_rows=B
-    )
-    t_d = it_d["t_iter"]
+        ctx, dtab, n_dec=B, n_pre=0.0, dec_ctx=isl + osl / 2.0, pre_ctx=0.0, pre_len=1.0, logit_rows=B * q,
+        dec_tokens=q,
+    )  # fmt: skip
+    t_d = (it_d["t_iter"] + draft_time(ctx, dtab, B, isl + osl / 2.0)) / tau  # per output token
     rate_d = B / (osl * np.maximum(t_d, 1e-12))
     pw_d = power_demand(ctx, it_d)["avg_w"]
     ok_d = ~illegal[di] & mem_d["weights_fit"][di] & (maxc[di] >= B)
-    # Only the Pareto-efficient pool members can be in an efficient xPyD pair: per-device rate
-    # against latency (TTFT for prefill, TPOT for decode), among those meeting the target alone.
+    # Only the Pareto-efficient pool members can be in a best xPyD pair: rate per instance (higher),
+    # devices per instance (fewer) and latency (TTFT for prefill, TPOT for decode), among those
+    # meeting the target alone. A member beaten on all three is replaced by its better in any pairing
+    # without losing throughput or fitting fewer instances, whatever the objective.
     if w.ttft_ms is not None and w.goodput is None:
         ok_p &= t_p * 1e3 <= w.ttft_ms
     if w.tpot_ms is not None and w.goodput is None:
         ok_d &= t_d * 1e3 <= w.tpot_ms
+    # every pool member that can serve (the search's whole xPyD space is pairs of these at any
+    # instance counts): tests check the pruned, vectorized choice against it
+    pools = {
+        "prefill": {"rate": rate_p, "t": t_p, "devices": ptab.devices, "ok": ok_p.copy()},
+        "decode": {"rate": rate_d, "t": t_d, "devices": dtab.devices, "ok": ok_d.copy()},
+    }
     P = np.flatnonzero(ok_p)
     D = np.flatnonzero(ok_d)
-    P = P[pareto_front(-np.stack([rate_p[P] / ptab.devices[P], -t_p[P]], axis=1))]
-    D = D[pareto_front(-np.stack([rate_d[D] / dtab.devices[D], -t_d[D]], axis=1))]
+    P = P[pareto_front(np.stack([-rate_p[P], ptab.devices[P], t_p[P]], axis=1))]
+    D = D[pareto_front(np.stack([-rate_d[D], dtab.devices[D], t_d[D]], axis=1))]
     if len(P) == 0 or len(D) == 0:
-        return {"count": len(k) * len(B), "records": [], "P": P, "D": D}
+        return {"count": len(k) * len(B), "records": [], "P": P, "D": D, "pools": pools}
     np_dev = ptab.devices[P][:, None]
     nd_dev = dtab.devices[D][None, :]
     rp = rate_p[P][:, None]
     rd = rate_d[D][None, :]
-    # KV hand-off: the prompt's whole KV cache, over NVLink when both pools share a node, else NICs.
-    kv_bytes = m.kv_cache_bytes(int(isl), ctx.kv_bytes)
-    same_node = (np_dev + nd_dev) <= ctx.devices_per_node
-    lanes = np.minimum(np_dev, nd_dev)
-    bw = np.where(same_node, ctx.links.up_peer, ctx.links.out_nic) * lanes
-    kv_t = kv_bytes / bw + np.where(same_node, ctx.links.lat_up, ctx.links.lat_out)
+    kv_t = kv_handoff_s(ctx, np_dev, nd_dev)
     ttft_service = t_p[P][:, None] + kv_t
     tpot = np.broadcast_to(t_d[D][None, :], ttft_service.shape)
-    if w.mode == "request_rate":
+    shape = (len(P), len(D))
+    if w.mode == "request_rate" and objective == "fewest-devices":
+        # just enough instances of each pool for the request rate
         lam = float(w.request_rate or 0.0)
-        shape = (len(P), len(D))
         x = np.broadcast_to(np.ceil(lam / rp), shape)
         y = np.broadcast_to(np.ceil(lam / rd), shape)
-        thr = np.full(shape, lam)
+        cap = np.minimum(x * rp, y * rd)
     else:
-        # Best pool ratio within the device budget: x prefill instances, just enough decoders.
+        # The pool ratio that delivers the most on the devices given: x prefill instances, as many
+        # decoders as they feed (or as fit); among equal throughputs, the fewest devices.
         xs = np.arange(1, num_devices + 1, dtype=np.float64)[None, None, :]
         y_max = np.floor((num_devices - xs * np_dev[..., None]) / nd_dev[..., None])
         y_need = np.ceil(xs * rp[..., None] / rd[..., None])
         y3 = np.minimum(y_max, y_need)
         x3 = np.broadcast_to(xs, y3.shape)
         thr3 = np.where(y3 >= 1, np.minimum(x3 * rp[..., None], y3 * rd[..., None]), 0.0)
-        per_dev3 = thr3 / (x3 * np_dev[..., None] + np.maximum(y3, 0) * nd_dev[..., None])
-        best = np.argmax(per_dev3, axis=2)
+        dev3 = x3 * np_dev[..., None] + np.maximum(y3, 0) * nd_dev[..., None]
+        top3 = np.max(thr3, axis=2, keepdims=True)
+        best = np.argmin(np.where(thr3 >= top3 * (1 - 1e-12), dev3, np.inf), axis=2)
         x = np.take_along_axis(x3, best[..., None], axis=2)[..., 0]
         y = np.take_along_axis(y3, best[..., None], axis=2)[..., 0]
-        thr = np.take_along_axis(thr3, best[..., None], axis=2)[..., 0]
+        cap = np.take_along_axis(thr3, best[..., None], axis=2)[..., 0]
+    if w.mode == "request_rate":
+        thr = np.full(shape, float(w.request_rate or 0.0))
+    else:
+        thr = cap
     devices = x * np_dev + y * nd_dev
     rho_p = np.where(x > 0, thr / (x * rp), 1.0)
     rho_d = np.where(y > 0, thr / np.maximum(y * rd, 1e-30), 1.0)
@@ -491,7 +577,8 @@ def _disaggregated(
     att = attainment(ctx, flat).reshape(ttft.shape)
     bad = {"devices": ~valid.ravel(), **targets}
     if w.mode == "request_rate":
-        bad["saturated"] = np.zeros(valid.size, dtype=bool)
+        # the pools the cluster holds do not carry the rate
+        bad["saturated"] = ~(cap >= thr * (1 - 1e-12)).ravel()
     return {
         "count": int(valid.size),
         "P": P,
@@ -506,6 +593,8 @@ def _disaggregated(
         "kv_t": kv_t,
         "out_tps": out_tps,
         "tps_dev": tps_dev,
+        "capacity_rate": cap,
+        "num_devices": num_devices,
         "pool_w": pool_w,
         "bad": bad,
         "first": _first_reason(bad, valid.size),
@@ -517,6 +606,7 @@ def _disaggregated(
         "ptab": ptab,
         "k": k,
         "att": att,
+        "pools": pools,
     }
 
 
@@ -535,12 +625,14 @@ def _dis_record(dis: dict[str, Any], flat: int) -> dict[str, Any]:
         "prefill": {**pre, "instances": x, "prompts_per_batch": int(dis["k"][pi])},
         "decode": {**dec, "instances": y, "concurrency_per_instance": B},
         "devices": int(dis["devices"][i, j]),
+        "idle_devices": int(dis["num_devices"]) - int(dis["devices"][i, j]),
         "short": f"{x}P({_short(**pre)} k{int(dis['k'][pi])}) + {y}D({_short(**dec)} b{B:.0f})",
         "ttft_ms": float(dis["ttft"][i, j]) * 1e3,
         "tpot_ms": float(dis["tpot"][i, j]) * 1e3,
         "kv_transfer_ms": float(dis["kv_t"][i, j]) * 1e3,
         "slo_attainment": float(dis["att"][i, j]),
         "output_tokens_per_s": tps,
+        "max_request_rate": float(dis["capacity_rate"][i, j]),
         "output_tokens_per_s_per_device": float(dis["tps_dev"][i, j]),
         "output_tokens_per_s_per_user": 1.0 / float(dis["tpot"][i, j]),
         "avg_power_w": float(dis["pool_w"][i, j]) / max(int(dis["devices"][i, j]), 1),
@@ -562,9 +654,11 @@ def search_serving(
     pin: dict[str, int | None] | None = None,
     job: dict[str, Any] | None = None,
     costing: dict[str, Any] | None = None,
+    objective: str = "throughput",
 ) -> ServingResult:
     """Run the whole serving search for one model/device/workload; see :func:`serve`."""
     w = ctx.workload
+    check_objective(objective, w)
     pin = pin or {}
     inst = enumerate_instances(ctx.model, num_devices, **pin)
     caps = [0.0] + sorted({float(c) for c in (power_caps_w or []) if c})
@@ -575,7 +669,7 @@ def search_serving(
     feas = np.flatnonzero(agg["first"] < 0)
     enumerated = len(agg["tab"])
     dis = (
-        _disaggregated(ctx, inst, num_devices, price_per_device_hour)
+        _disaggregated(ctx, inst, num_devices, price_per_device_hour, objective)
         if (disaggregated and w.mode != "concurrency" and not any(pin.values()))
         else None
     )
@@ -605,35 +699,34 @@ def search_serving(
     )
 
     # ---- candidates: score, rank ---------------------------------------------------------------
-    # Rank by throughput per device in 1% bins (fewest devices first under a request rate), then
-    # by speed per user, then by TTFT: near-ties go to the more responsive layout.
-    cands: list[tuple[tuple[float, ...], str, int]] = []
-    tps_dev = res["output_tps_per_device"]
-
-    def bin1(x: float) -> float:
-        return -math.floor(math.log(max(x, 1e-30)) / math.log(1.01))
-
+    # "throughput": what the cluster given delivers (output tokens/s of all its devices, or under a
+    # request rate the highest rate sustained on them); "fewest-devices": devices first. Exact ties
+    # go to the faster layout per user, then the shorter TTFT.
+    cands: list[tuple[tuple[float, ...], str, int, float]] = []
+    per_rate = w.mode == "request_rate"
+    fewest = objective == "fewest-devices"
+    a_score = agg["capacity_rate"] if per_rate else agg["total_tps"]
     for i in feas:
         dev = float(agg["tab"].devices[i] * agg["replicas"][i])
-        t = float(tps_dev[i])
         key = (
-            dev if w.mode == "request_rate" else 0.0,
-            bin1(t),
+            dev if fewest else 0.0,
+            -float(a_score[i]),
             -float(res["output_tps_per_user"][i]),
             float(res["ttft_s"][i]),
         )
-        cands.append((key, "a", int(i)))
-    for f in dfeas:
-        i, j = np.unravel_index(f, dis["x"].shape)  # type: ignore[index]
-        dev = float(dis["devices"][i, j])  # type: ignore[index]
-        t = float(dis["tps_dev"][i, j])  # type: ignore[index]
-        key = (
-            dev if w.mode == "request_rate" else 0.0,
-            bin1(t),
-            float(dis["tpot"][i, j]),  # type: ignore[index]
-            float(dis["ttft"][i, j]),  # type: ignore[index]
-        )
-        cands.append((key, "d", int(f)))
+        cands.append((key, "a", int(i), dev))
+    if dis is not None and len(dfeas):
+        d_score = dis["capacity_rate"] if per_rate else dis["out_tps"]
+        for f in dfeas:
+            i, j = np.unravel_index(f, dis["x"].shape)
+            ddev = float(dis["devices"][i, j])
+            key = (
+                ddev if fewest else 0.0,
+                -float(d_score[i, j]),
+                -1.0 / float(dis["tpot"][i, j]),
+                float(dis["ttft"][i, j]),
+            )
+            cands.append((key, "d", int(f), ddev))
     cands.sort(key=lambda c: c[0])
 
     def record(kind: str, i: int) -> dict[str, Any]:
@@ -641,7 +734,7 @@ def search_serving(
 
     # Distinct layouts only (the same shape at other replica counts/caps adds nothing to a top list).
     results, seen = [], set()
-    for _, kind, ci in cands:
+    for _, kind, ci, _ in cands:
         r = record(kind, ci)
         key2 = (
             r["short"]
@@ -659,6 +752,7 @@ def search_serving(
             break
 
     # ---- Pareto front of tokens/s/device vs tokens/s/user ----------------------------------------
+    tps_dev = res["output_tps_per_device"]
     xs = [float(tps_dev[i]) for i in feas]
     ys = [float(res["output_tps_per_user"][i]) for i in feas]
     refs = [("a", int(i)) for i in feas]
@@ -673,9 +767,13 @@ def search_serving(
     # ---- fewest devices for the request rate ------------------------------------------------------
     min_dev = None
     if w.mode == "request_rate" and cands:
-        min_dev = dict(record(cands[0][1], cands[0][2]))
+        c0 = min(cands, key=lambda c: (c[3], *c[0][1:]))
+        min_dev = dict(record(c0[1], c0[2]))
         min_dev = {"devices": min_dev["devices"], "layout": min_dev}
 
+    ee = (costing or {}).get("expected_error")
+    for r in [*results, *pareto, *([min_dev["layout"]] if min_dev else [])]:
+        r["expected_error_p90"] = ee["p90"] if ee else None
     n_feasible = len(feas) + len(dfeas)
     result = ServingResult(
         job=job or {},
@@ -688,6 +786,8 @@ def search_serving(
         pareto=pareto,
         min_devices=min_dev,
         notes=notes,
+        objective=objective,
+        num_devices=num_devices,
     )
     if not results:
         result.closest = _closest(ctx, agg, dis)
@@ -827,6 +927,9 @@ def serve(
     max_num_tokens: int | None = None,
     chunked_prefill: bool | None = None,
     kv_cache_fraction: float | None = None,
+    prefix_cache_hit_rate: float | None = None,
+    speculative_tokens: int | None = None,
+    acceptance_rate: float | None = None,
     calibration: str | None = None,
     allow_long_context: bool | None = None,
     power_caps_w: list[float] | None = None,
@@ -837,6 +940,7 @@ def serve(
     ep: int | None = None,
     adp: int | None = None,
     top: int = 10,
+    objective: str = "throughput",
 ) -> ServingResult:
     """Search serving layouts for ``model`` on ``num_devices`` of ``device``.
 
@@ -844,7 +948,11 @@ def serve(
     flag names; a keyword left at None takes the :class:`~autopar.job.ServingWorkload` default).
     Load: ``concurrency`` (closed loop, whole deployment), ``request_rate`` (requests/s; also returns
     the fewest devices that sustain it), ``offline=True`` (max throughput), or none (sweep the
-    concurrency for the Pareto front). ``tp``/``pp``/``ep``/``adp`` pin those degrees. Raises
+    concurrency for the Pareto front). ``tp``/``pp``/``ep``/``adp`` pin those degrees.
+    ``objective``: ``"throughput"`` ranks by what the ``num_devices`` given deliver together (output
+    tokens/s; under a request rate, the highest rate sustained; each result says how many devices it
+    leaves idle), ``"fewest-devices"`` by the fewest devices that carry the ``request_rate`` or
+    ``concurrency`` within the targets. Raises
     :class:`ServingInfeasible` (an :class:`~autopar.errors.InfeasibleError`, exit status 2 on the
     CLI) with the closest achievable figures when no layout meets the targets.
     """
@@ -869,6 +977,9 @@ def serve(
         max_num_tokens=max_num_tokens,
         chunked_prefill=chunked_prefill,
         kv_cache_fraction=kv_cache_fraction,
+        prefix_cache_hit_rate=prefix_cache_hit_rate,
+        speculative_tokens=speculative_tokens,
+        acceptance_rate=acceptance_rate,
     )
     if job is None:
         # the workload's own validation messages (one line, naming the field)
@@ -886,6 +997,7 @@ def serve(
     )
     workload = decl.workload
     assert isinstance(workload, ServingWorkload)
+    check_objective(objective, workload)
     num_devices = decl.cluster.num_devices
     check_count(
         num_devices,
@@ -919,7 +1031,10 @@ def serve(
     ctx = make_context(spec, dev, workload, devices_per_node=cluster.devices_per_node, calibration=cal)
     resolved = decl.to_dict()
     resolved["cluster"]["devices_per_node"] = cluster.devices_per_node
+    from autopar.serving.accuracy import expected_error
+
     costing = {
+        "expected_error": expected_error(dev.id, cal, spec),
         "compute_precision": ctx.compute_precision,
         "kv_precision": workload.kv_dtype,
         "coefficients": coefficient_source(dev.id, cal),
@@ -940,6 +1055,7 @@ def serve(
         pin={"tp": tp, "pp": pp, "ep": ep, "adp": adp},
         job=resolved,
         costing=costing,
+        objective=objective,
     )
 
 
