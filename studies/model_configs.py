@@ -109,8 +109,8 @@ def evaluate(path: Path, stored: dict[str, Any] | None = None, *, use_library: b
     row = Row(name, kind, "no truth", how, true_total=tt, true_active=ta)
     try:
         row.total, row.active = autopar_counts(path, raw)
-    except AutoparError as e:
-        row.status, row.why = "refused", e.message
+    except AutoparError as e:  # a refusal is scored only where there is a truth to score it against
+        row.status, row.why = ("refused" if tt is not None else "no truth"), e.message
         return row
     if tt is None:
         return row
