@@ -120,13 +120,16 @@ def evaluate(path: Path, stored: dict[str, Any] | None = None, *, use_library: b
 
 
 def config_files(dirs: list[Path]) -> list[Path]:
-    out: list[Path] = []
+    """Every config.json under the folders (and the files given), each once."""
+    out: dict[Path, None] = {}
     for d in dirs:
-        if d.is_file():
-            out.append(d)
-        else:
-            out += sorted(p for p in d.rglob("*.json") if p.name == "config.json" or p.parent == d)
-    return out
+        found = (
+            [d]
+            if d.is_file()
+            else sorted(p for p in d.rglob("*.json") if p.name == "config.json" or p.parent == d)
+        )
+        out.update(dict.fromkeys(p.resolve() for p in found))
+    return list(out)
 
 
 def summary(rows: list[Row]) -> dict[str, Any]:
