@@ -57,6 +57,8 @@ REFUSED = {
     "seamless-m4t-v2": "encoder-decoder",
     "whisper": "encoder-decoder",
     "bert": "encoder",
+    "layoutlm": "encoder",
+    "unet3d-text-to-video": "'UNet3DConditionModel' is not modelled",
     "mpt": "'mpt' is not one autopar knows",
     "stablelm-epoch": "'stablelm_epoch' is not one autopar knows",
     "step-3.7": "'step3p7' is not one autopar knows",
@@ -97,7 +99,7 @@ def test_architectures_covered() -> None:
     for arch in ARCHS:
         raw = read_config_file(_path(arch))
         kinds.add(raw.get("_class_name") or raw.get("model_type"))
-    assert len(ARCHS) >= 50 and len(kinds) >= 45, (len(ARCHS), len(kinds))
+    assert len(ARCHS) >= 60 and len(kinds) >= 55, (len(ARCHS), len(kinds))
 
 
 @pytest.mark.parametrize("arch", sorted(REFUSED))
