@@ -234,12 +234,13 @@ def dit_meta_count(raw: dict) -> tuple[int | None, str]:
     cls = getattr(diffusers, cls_name, None) if isinstance(cls_name, str) else None
     if cls is None:
         return None, f"diffusers {diffusers.__version__} has no class {cls_name!r}"
-    kw = {k: v for k, v in raw.items() if not k.startswith("_")}
     logging.disable(logging.WARNING)
     try:
         with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.device("meta"):
             warnings.simplefilter("ignore")
-            model = cls(**kw)
+            # from_config keeps the class's own arguments: a re-save's quantization_config and
+            # other fields the class does not take are dropped, as from_pretrained does
+            model = cls.from_config(raw)
     except Exception as e:  # noqa: BLE001 - the library's own refusal, reported as such
         return None, f"diffusers {diffusers.__version__} could not build {cls_name}: {type(e).__name__}"
     finally:

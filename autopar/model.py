@@ -593,7 +593,7 @@ class ModelSpec(BaseModel):
 
 # Aliases: other spellings of the canonical (Llama) names. Canonical wins; a conflict is refused.
 _ALIASES: dict[str, tuple[str, ...]] = {
-    "hidden_size": ("d_model", "n_embd", "dim", "model_dim"),
+    "hidden_size": ("d_model", "n_embd", "n_embed", "dim", "model_dim"),
     "num_hidden_layers": ("n_layers", "n_layer", "num_layers"),
     "num_attention_heads": ("n_heads", "n_head", "num_heads"),
     "num_key_value_heads": ("num_kv_heads", "n_head_kv", "kv_n_heads", "multi_query_group_num"),
@@ -1201,6 +1201,8 @@ _TEXT_ALIASES = {
     "llama4": "llama4_text",
     "qwen2_5_vl_text": "qwen2",
     "qwen2_vl_text": "qwen2",
+    "qwen2_vl": "qwen2",  # Qwen2-VL's original config: the text fields at the top, beside vision_config
+    "qwen2_5_vl": "qwen2",
     "qwen3_vl_text": "qwen3",
     "qwen3_vl_moe_text": "qwen3_moe",
     "gemma3": "gemma3_text",
@@ -1570,8 +1572,11 @@ def _moe_layers(cfg: dict, arch: _Arch, L: int, ffn: list[str], ctx: str) -> lis
         if _int(cfg, "num_local_experts", 0, ctx=ctx) == 0:
             return [False] * L
         return [step > 0 and (i + 1) % step == 0 and lo <= i <= hi for i in range(L)]
-    if rule == "mlp_layer_types":  # ExaoneMoeDecoderLayer: "sparse" layers are MoE
+    if rule == "mlp_layer_types":  # ExaoneMoeDecoderLayer / Glm4MoeLiteDecoderLayer: "sparse" layers are MoE
         types = cfg.get("mlp_layer_types")
+        if types is None:  # class defaults: ExaoneMoe by first_k_dense_replace, Glm4MoeLite one dense
+            k = 1 if arch.cls == "Glm4MoeLiteConfig" else _int(cfg, "first_k_dense_replace", 0, ctx=ctx)
+            types = ["dense" if i < k else "sparse" for i in range(L)]
         if not isinstance(types, list) or len(types) != L or any(t not in ("dense", "sparse") for t in types):
             raise ModelConfigError(f"{ctx}mlp_layer_types must list {L} entries of 'dense' or 'sparse'")
         return [t == "sparse" for t in types]
@@ -1716,7 +1721,8 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
         _check_understood(c, mt, ctx)
         arch = _Arch(f"{mt} (read as a plain Llama-style decoder)", **_LLAMA)
     if mt == "falcon":
-        c = _falcon(c, ctx)
+        rw = dec.get("model_type") == "RefinedWeb" and "new_decoder_architecture" not in dec
+        c = _falcon(c, ctx, refined_web=rw)
     if (
         mt in ("gpt2", "gptj", "codegen", "gpt_bigcode", "gpt_neo", "bloom")
         and c.get("intermediate_size") is None
@@ -1974,10 +1980,15 @@ def _refuse_by_name(cfg: dict, mt: str) -> None:
         )
 
 
-def _falcon(c: dict, ctx: str) -> dict:
-    """FalconConfig semantics: KV heads, norms per block and the MLP width (FalconModel)."""
+def _falcon(c: dict, ctx: str, *, refined_web: bool = False) -> dict:
+    """FalconConfig semantics: KV heads, norms per block and the MLP width (FalconModel).
+
+    ``refined_web``: the original Falcon-40B/180B config (model_type ``RefinedWeb``, its own
+    modelling_RW.py) is the new decoder architecture (``n_head_kv`` KV heads, ln_attn + ln_mlp),
+    as transformers' converted config of the same checkpoint states with new_decoder_architecture.
+    """
     c = dict(c)
-    new = _bool(c, "new_decoder_architecture", False, ctx=ctx)
+    new = refined_web or _bool(c, "new_decoder_architecture", False, ctx=ctx)
     a = _int(c, "num_attention_heads", ctx=ctx)
     if _bool(c, "alibi", False, ctx=ctx):
         pass  # ALiBi biases are computed, not stored: no parameters
