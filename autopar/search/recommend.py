@@ -193,6 +193,22 @@ class SearchResult:
     # layouts among the best ones dropped because the launcher refused them (see search_layouts)
     not_launchable: int = 0
 
+    def __repr__(self) -> str:  # one line: the full record is to_dict()
+        c = self.job.get("cluster", {})
+        head = f"{self.job.get('model')} on {c.get('num_devices')} x {c.get('device')}"
+        if not self.results:
+            return f"SearchResult({head}: no layout fits)"
+        b = self.results[0]
+        return (
+            f"SearchResult({head}: best {b.layout.short()} at {b.tokens_per_s_per_device:,.0f} tokens/s/device; "
+            f"{len(self.results)} results of {self.layouts_feasible:,} fitting layouts)"
+        )
+
+    @property
+    def best(self) -> Prediction | None:
+        """The best layout's prediction (``results[0]``), None when nothing fits."""
+        return self.results[0] if self.results else None
+
     @property
     def layouts_per_s(self) -> float:
         return self.layouts_enumerated / self.scoring_s if self.scoring_s > 0 else float("inf")
