@@ -185,6 +185,12 @@ def print_serving(res) -> None:
             _f(r["output_tokens_per_joule"], 2),
             _f(r["cost_per_mtok"], 3),
         )
+    from autopar.cli.render import add_legend
+
+    add_legend(
+        t,
+        [r["short"] + (f" cap{r['power_cap_w']:.0f}W" if r.get("power_cap_w") else "") for r in res.results],
+    )
     con.print(t)
     if res.min_devices:
         con.print(
