@@ -331,7 +331,21 @@ class SearchResult:
             return ""
         if len(self.results) < 2:
             return f"{self.results[0].layout.short()} is the only layout that fits."
-        return explain_choice(self.results[0], self.results[1], self.objectives.primary)
+        a, b = self.results[0], self.results[1]
+        predicted = explain_choice(a, b, self.objectives.primary)
+        err = a.expected_error.p90 if a.expected_error is not None else None
+        rel = (b.step_time_s - a.step_time_s) / b.step_time_s if b.step_time_s else 0.0
+        if self.objectives.primary not in ("throughput", "cost") or err is None or rel >= err:
+            return predicted
+        # a lead smaller than the error the prediction states decides nothing: say so, and what does
+        lighter = min((a, b), key=lambda p: p.memory_gib_per_device)
+        return (
+            f"a tie: {a.layout.short()} and the runner-up {b.layout.short()} are {rel:.1%} apart in "
+            f"step time, within the +-{err:.0%} expected error of these predictions, so the model "
+            "does not decide between them. Between ties, measure both (autopar validate) or take the "
+            f"one with more memory headroom: {lighter.layout.short()} ({a.memory_gib_per_device:.1f} "
+            f"vs {b.memory_gib_per_device:.1f} GiB per device). Predicted difference: {predicted}"
+        )
 
 
 _LABELS = {
