@@ -671,7 +671,8 @@ def _infeasible_message(
     closest = _predictions(en, summary.close_ids, cal)
     lines = [
         f"none of the {summary.n_legal:,} legal layouts of search space {en.space.name} fits in "
-        f"{job.device.memory_gb:g} GB per device. Closest: " + "; ".join(_describe_miss(p) for p in closest)
+        f"{job.device.memory_gb * 1e9 / GIB:.1f} GiB ({job.device.memory_gb:g} GB) per device. Closest: "
+        + "; ".join(_describe_miss(p) for p in closest)
     ]
     fixes: list[str] = []
     # 1. the same cluster with every memory-saving option (all recompute modes, ZeRO, offload, micro-batch 1)
