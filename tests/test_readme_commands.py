@@ -29,7 +29,7 @@ BIN = Path(sys.executable).parent
 # command prefix -> why it is not run here (times measured on the 2-core development machine)
 SKIPPED = {
     "python -m pip install": "installs the package: the suite runs against the installed one already",
-    "python -m pytest": "the whole test suite (11+ minutes), of which this test is part",
+    "python -m pytest": "the default test suite (not slow or stress; a few minutes on 2 cores), of which this test is part",
     "autopar calibrate --world-size 4": "microbenchmarks on 4 ranks (~75 s; --quick measured 39-62 s); the predict "
     "command after it runs on the files `calibrate --from-raw` fits from synthetic microbenchmarks",
     "autopar validate --layouts rec.json": "a template: rec.json is the reader's own recommend output and "
