@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNS = {
     "default suite (python -m pytest)": [],
     "slow step (.ci/run step 2)": ["-m", "slow or stress", "-n", "0"],
-    "serial, everything (before xdist)": ["-m", "", "-n", "0"],
+    "serial, everything (before xdist)": ["-m", "slow or not slow", "-n", "0"],
 }
 
 
