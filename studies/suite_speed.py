@@ -40,6 +40,9 @@ def _run(name: str, extra: list[str], durations: int) -> float:
     )
     print(f"   {' '.join(cmd[1:])}")
     print(f"   {summary.strip('= ')}")
+    for ln in lines:
+        if ln.startswith(("FAILED ", "ERROR ")):
+            print(f"   {ln}")
     start = next((i for i, ln in enumerate(lines) if "slowest" in ln and "durations" in ln), None)
     if start is not None:
         for ln in lines[start + 1 : start + 1 + durations]:
