@@ -132,10 +132,12 @@ class Spinner:
         import threading
 
         self.bar = Bar(None, label)
+        # no lines off a terminal: a spinner's work (one serving search) is short and reports no
+        # steps, and a refusal after it must stay the one line on stderr
+        self.bar.lines = False
         self.lock = threading.Lock()
         self.done = False
-        # off a terminal the spinner writes one line (Bar's line mode) when the work passes LINE_DELAY_S
-        self.timer = threading.Timer(LINE_DELAY_S if self.bar.lines else delay_s, self._show)
+        self.timer = threading.Timer(delay_s, self._show)
         self.timer.daemon = True
 
     def _show(self) -> None:
@@ -144,7 +146,7 @@ class Spinner:
                 self.bar.start()
 
     def start(self) -> Spinner:
-        if self.bar.on or self.bar.lines:
+        if self.bar.on:
             self.timer.start()
         return self
 
