@@ -255,6 +255,7 @@ def test_completion_scripts(shell: str, capsys: pytest.CaptureFixture[str], tmp_
         assert r.stdout.split() == ["--html"], r.stderr
 
 
+@pytest.mark.slow  # a study run: 30-60 s on 2 cores (.ci/run's slow step)
 def test_accuracy_study_writes_its_plot(tmp_path: Path) -> None:
     import subprocess
 
