@@ -35,7 +35,6 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from autopar.errors import AutoparError as AutoparError
-    from autopar.export.base import export as export
     from autopar.hardware import DeviceProfile as DeviceProfile
     from autopar.hardware import load_device as load_device
     from autopar.layout import Layout as Layout
@@ -49,6 +48,52 @@ if TYPE_CHECKING:
     from autopar.serving.search import serve as serve
     from autopar.whatif.compare import CompareResult as CompareResult
     from autopar.whatif.compare import compare as compare
+
+
+def _export(what: Any, fmt: str, job: Any = None, *, record: int = 0) -> str:
+    """``autopar.export``: render a result for a launcher, as ``autopar export --format FMT`` does.
+
+    ``what``: what :func:`recommend`, :func:`serve`, :func:`predict` or :func:`compare` returns
+    (``record``: which of its layouts, 0 the best, as ``export --record N``), one of its
+    predictions (``result.best``), a ``to_dict()``/``--json`` mapping, or a :class:`Layout` with
+    ``job``. ``job`` (optional with a result, required with a bare layout): the result's
+    ``.job``, a :class:`autopar.job.Job` or an exporter job (:class:`autopar.export.Job`).
+    Lives in the facade because it reads results the way the CLI does (``autopar.cli.export``).
+    """
+    from autopar.cli.export import _is_serving, records_of, render_record, serving_export_record
+    from autopar.errors import AutoparError
+    from autopar.export.base import Job as ExportJob
+    from autopar.export.base import export as render
+    from autopar.job import Job as CoreJob
+    from autopar.layout import Layout
+
+    if isinstance(job, CoreJob):
+        job = job.model_dump(mode="json")
+    if isinstance(what, Layout):
+        if isinstance(job, ExportJob):
+            return render(what, fmt, job)
+        if not isinstance(job, dict):
+            raise AutoparError(
+                "autopar.export(layout, fmt, job) needs the job",
+                "pass result.job (or a Job), or pass the result itself: autopar.export(result, fmt)",
+            )
+        return render_record({**what.model_dump(mode="json"), "job": job}, fmt)
+    data = what.to_dict() if hasattr(what, "to_dict") else what
+    if isinstance(job, dict) and isinstance(data, dict):
+        data = {**data, "job": job}
+    elif job is not None:
+        raise AutoparError(f"autopar.export: job must be a result's .job or a Job, got {type(job).__name__}")
+    records = records_of(data, "autopar.export")
+    if not 0 <= record < len(records):
+        raise AutoparError(f"autopar.export: record {record} is out of range (0..{len(records) - 1})")
+    chosen = records[record]
+    if _is_serving(chosen):
+        chosen = serving_export_record(chosen)
+    return render_record(chosen, fmt)
+
+
+if TYPE_CHECKING:
+    export = _export
 
 
 def __getattr__(name: str) -> Any:

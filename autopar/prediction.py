@@ -79,6 +79,14 @@ class Prediction:
             )
         return out
 
+    def __repr__(self) -> str:  # one line: the full record is to_dict()
+        fit = "fits" if self.fits else "does not fit"
+        return (
+            f"Prediction({self.layout.short()}: step {self.step_time_s:.3f} s, "
+            f"{self.tokens_per_s_per_device:,.0f} tokens/s/device, "
+            f"{self.memory_gib_per_device:.1f} / {self.memory_capacity_gib:.0f} GiB, {fit})"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """``schema_version``, the job (``Job``'s dump), the layout's fields, then the figures."""
         d: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "job": self.job}

@@ -1,4 +1,6 @@
-"""Progress bars on stderr (rich), shown only on a terminal and never under ``--quiet``.
+"""Progress on stderr, never under ``--quiet``: a rich bar on a terminal; elsewhere (a log file,
+CI, a pipe) a plain line once the work has taken :data:`LINE_DELAY_S` and then every
+:data:`LINE_EVERY_S`, so a long study is never silent.
 
 Commands that can take more than a second report through :class:`Bar`; the CLI's ``--quiet``
 (every command has it) turns them off with :func:`set_quiet`. Nothing is printed to stdout.
@@ -11,6 +13,8 @@ import time
 from typing import Any
 
 _QUIET = False
+LINE_DELAY_S = 5.0  # off a terminal: the first progress line after this many seconds of work
+LINE_EVERY_S = 10.0  # and then one line per this many seconds
 
 
 def set_quiet(quiet: bool) -> None:
@@ -19,8 +23,13 @@ def set_quiet(quiet: bool) -> None:
 
 
 def enabled() -> bool:
-    """Progress is shown: stderr is a terminal and ``--quiet`` was not given."""
+    """A progress bar is shown: stderr is a terminal and ``--quiet`` was not given."""
     return not _QUIET and sys.stderr.isatty()
+
+
+def lines_enabled() -> bool:
+    """Progress lines are written: stderr is not a terminal and ``--quiet`` was not given."""
+    return not _QUIET and not sys.stderr.isatty()
 
 
 class Bar:
@@ -29,6 +38,9 @@ class Bar:
     def __init__(self, total: int | None, label: str, *, enabled: bool = True, delay_s: float = 0.5) -> None:
         self.total, self.label, self.delay_s = total, label, delay_s
         self.on = enabled and globals()["enabled"]()
+        self.lines = enabled and not self.on and lines_enabled()
+        self.next_line = LINE_DELAY_S
+        self.wrote_line = False
         self.t0 = time.perf_counter()
         self.done = 0
         self.bar: Any = None
@@ -48,6 +60,8 @@ class Bar:
 
     def advance(self, n: int = 1, note: str = "") -> None:
         self.done += n
+        if self.lines:
+            self._line(note)
         if not self.on:
             return
         if self.bar is None and time.perf_counter() - self.t0 >= self.delay_s:
@@ -80,7 +94,32 @@ class Bar:
 
             self.bar.update(self.task, completed=self.done, note=markup_safe(note))
 
+    def _line(self, note: str, final: bool = False) -> None:
+        from autopar.limits import terminal_safe
+
+        elapsed = time.perf_counter() - self.t0
+        if not final and elapsed < self.next_line:
+            return
+        self.next_line = elapsed + LINE_EVERY_S
+        self.wrote_line = True
+        count = (
+            f"{self.done:,}/{self.total:,} ({self.done / self.total:.0%})"
+            if self.total
+            else f"{self.done:,} steps"
+            if self.done
+            else "working"
+        )
+        if final:
+            text = f"{self.label}: done in {elapsed:.0f} s" + (f", {count}" if self.total else "")
+        else:
+            text = f"{self.label}: {count}, {elapsed:.0f} s"
+        sys.stderr.write(terminal_safe(text + (f" ({note})" if note and not final else ""), 300) + "\n")
+        sys.stderr.flush()
+
     def close(self) -> None:
+        if self.lines and self.wrote_line:  # a log that showed progress also shows the end
+            self.lines = False
+            self._line("", final=True)
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
@@ -93,6 +132,9 @@ class Spinner:
         import threading
 
         self.bar = Bar(None, label)
+        # no lines off a terminal: a spinner's work (one serving search) is short and reports no
+        # steps, and a refusal after it must stay the one line on stderr
+        self.bar.lines = False
         self.lock = threading.Lock()
         self.done = False
         self.timer = threading.Timer(delay_s, self._show)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,6 +43,52 @@ def esc(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
 
+# Every abbreviation a layout name uses (Layout.short(), the serving deployments' names), as the
+# legend under a table explains it: (pattern of the whole token, its meaning). Order = legend order.
+ABBREVIATIONS: tuple[tuple[str, str], ...] = (
+    (r"tp\d+", "tpN tensor parallel size"),
+    (r"pp\d+", "ppN pipeline stages"),
+    (r"vpp\d+", "vppN virtual stages per pipeline rank (interleaved)"),
+    (r"ends[\d-]+/[\d-]+", "endsA/B layers on the first/last pipeline stage (uneven split)"),
+    (r"dp\d+", "dpN data-parallel replicas"),
+    (r"cp\d+", "cpN context parallel size"),
+    (r"ep\d+", "epN expert parallel size"),
+    (r"etp\d+", "etpN expert tensor parallel size"),
+    (r"adp\d+", "adpN attention data-parallel ranks"),
+    (r"z\d", "zN ZeRO stage (z0 none, z1 optimizer states sharded, z2 and gradients, z3 and weights)"),
+    (r"sg\d+", "sgN ZeRO shard group (hybrid sharding)"),
+    (r"sp", "sp sequence parallel"),
+    (r"mb\d+x\d+", "mbAxB micro-batch of A sequences x B gradient-accumulation steps"),
+    (r"norc", "norc no activation recompute"),
+    (r"sel", "sel selective activation recompute"),
+    (r"full", "full full-layer activation recompute"),
+    (r"na", "na recompute of norms and activations"),
+    (r"namlp", "namlp recompute of norms, activations and the MLP"),
+    (r"offload", "offload optimizer states in host memory"),
+    (r"bf16|fp8", "bf16/fp8 GEMM precision"),
+    (r"x\d+", "xN replicas (engine instances)"),
+    (r"b\d+", "bN concurrent requests per instance"),
+    (r"\d+[PD]", "NP(...) + MD(...) disaggregated: N prefill and M decode instances"),
+    (r"k\d+", "kN prompts per prefill batch"),
+    (r"cap\d+W", "capNW power cap per device"),
+)
+
+
+def legend(texts: Sequence[Any]) -> str:
+    """ "Legend: ..." for the abbreviations that occur in ``texts`` (layout names), in a fixed
+    order; "" when none does."""
+    found: list[str] = []
+    for text in texts:
+        s = str(text)
+        for token in s.replace("(", " ").replace(")", " ").replace("+", " ").split():
+            for pattern, meaning in ABBREVIATIONS:
+                if re.fullmatch(pattern, token) and meaning not in found:
+                    found.append(meaning)
+    order = [m for _, m in ABBREVIATIONS]
+    found.sort(key=order.index)
+    return "Legend: " + "; ".join(found) + "." if found else ""
+
+
 def table_html(
     columns: Sequence[str],
     rows: Sequence[Sequence[Any]],
@@ -57,6 +104,9 @@ def table_html(
     columns = [columns[i] for i in keep]
     rows = [[r[i] for i in keep] for r in rows]
     lefts = {i for i, c in enumerate(columns) if c in left}
+    named = [i for i, c in enumerate(columns) if "layout" in c or c.startswith("also")]
+    names = [r[i] for r in rows for i in named]
+    caption = " ".join(x for x in (caption, legend(names)) if x)  # every abbreviation explained
     out = ["<div class=tw><table>"]
     if caption:
         out.append(f"<caption class='note'>{esc(caption)}</caption>")

@@ -19,14 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_serving_comparison_grid_and_outputs(tmp_path: Path) -> None:
     res = compare(
-        models=["llama-3.1-8b"],
+        model="llama-3.1-8b",
         devices=["h100-sxm-80gb", "h200-sxm-141gb"],
         num_devices=2,
-        seq_lens=[512, 4096],
-        batches=[8, None],
+        workload="serving",
+        isl=[512, 4096],
+        concurrency=[8, "max"],
         osl=128,
         prices={"h100-sxm-80gb": 2.0, "h200-sxm-141gb": 3.0},
-        serving_kwargs={"weight_precision": "fp8"},
+        weight_precision="fp8",
     )
     assert len(res.cells) == 1 * 2 * 2 * 2 and len(res.winners) == 4
     for w in res.winners:
@@ -49,12 +50,12 @@ def test_serving_comparison_grid_and_outputs(tmp_path: Path) -> None:
 
 def test_training_comparison_picks_a_fitting_layout() -> None:
     res = compare(
-        models=["llama-3.1-8b"],
-        devices=["a100-80gb", "h100-sxm-80gb"],
+        model="llama-3.1-8b",
+        devices="a100-80gb,h100-sxm-80gb",
         num_devices=8,
         workload="training",
-        seq_lens=[4096],
-        batches=[64],
+        seq_len=4096,
+        global_batch=64,
         metric="tokens_per_joule",
     )
     assert all(c["feasible"] for c in res.cells)
@@ -85,11 +86,20 @@ def test_winner_changes_are_named() -> None:
         dict(devices=["h100-sxm-80gb"] * 2),
         dict(metric="cost_per_mtok"),
         dict(devices=["nope"]),
+        dict(workload=None),  # never defaults to serving: the CLI refuses the same
+        dict(seq_len=None),
+        dict(global_batch=8),  # isl/seq_len and concurrency/global_batch are one flag each
+        dict(workload="training", concurrency=None),  # a training comparison needs a global batch
     ],
 )
 def test_bad_input(kw: dict) -> None:
     base = dict(
-        models=["llama-3.1-8b"], devices=["h100-sxm-80gb"], num_devices=1, seq_lens=[128], batches=[None]
+        model="llama-3.1-8b",
+        devices=["h100-sxm-80gb"],
+        num_devices=1,
+        workload="serving",
+        seq_len=[128],
+        concurrency="max",
     )
     with pytest.raises(AutoparError):
         compare(**{**base, **kw})
@@ -160,11 +170,11 @@ def test_training_comparison_picks_the_recommend_winner() -> None:
 
     job = dict(num_devices=64, seq_len=8192, global_batch=128)
     res = compare(
-        models=["llama-3.1-70b"],
+        model="llama-3.1-70b",
         devices=["h100-sxm-80gb", "a100-80gb"],
         workload="training",
-        seq_lens=[job["seq_len"]],
-        batches=[job["global_batch"]],
+        seq_len=job["seq_len"],
+        global_batch=job["global_batch"],
         num_devices=job["num_devices"],
     )
     for c in res.cells:

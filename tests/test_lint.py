@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 TREES = ["autopar", "tests", "studies"]
 
@@ -24,6 +26,7 @@ def test_ruff_format() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow  # ~2 minutes on 2 cores: run by .ci/run's second step (`-m "slow or stress"`)
 def test_mypy_package() -> None:
     r = _run("mypy", "--no-error-summary", "autopar")
     assert r.returncode == 0, r.stdout + r.stderr

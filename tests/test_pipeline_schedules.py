@@ -9,6 +9,7 @@ each rank's live activations. autopar's closed forms must reproduce them.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,8 +22,20 @@ from autopar.layout import Layout, LayoutTable
 from autopar.memory import stage_inflight
 from autopar.schedules import bubble_terms, schedule_problem
 
-vis = pytest.importorskip("torch.distributed.pipelining._schedule_visualizer")
-from torch.distributed.pipelining.schedules import _ComputationType as CT  # noqa: E402
+
+class _Torch:
+    """torch's schedule visualizer and op types, imported by the first test that needs them (not at
+    collection: every xdist worker collects every file, and torch takes seconds to import)."""
+
+    def __getattr__(self, name: str) -> Any:
+        vis = pytest.importorskip("torch.distributed.pipelining._schedule_visualizer")
+        from torch.distributed.pipelining.schedules import _ComputationType
+
+        self.get_schedule_ops, self.CT = vis.get_schedule_ops, _ComputationType
+        return getattr(self, name)
+
+
+vis = _Torch()
 
 TORCH = {
     "1f1b": "Interleaved1F1B",
@@ -40,28 +53,33 @@ def _ops(name: str, pp: int, m: int, v: int):
 
 
 def _subs(a):
-    return a.sub_actions if a.computation_type == CT.OVERLAP_F_B else [a]
+    return a.sub_actions if a.computation_type == vis.CT.OVERLAP_F_B else [a]
 
 
 def simulate(name: str, pp: int, m: int, v: int, F: float, I: float, W: float) -> float:
     """Makespan of torch's op order: each rank runs its ops in order, each op when its inputs exist."""
     ops = _ops(name, pp, m, v)
     stages = pp * v
-    dur = {CT.FORWARD: F, CT.BACKWARD_INPUT: I, CT.BACKWARD_WEIGHT: W, CT.FULL_BACKWARD: I + W}
+    dur = {
+        vis.CT.FORWARD: F,
+        vis.CT.BACKWARD_INPUT: I,
+        vis.CT.BACKWARD_WEIGHT: W,
+        vis.CT.FULL_BACKWARD: I + W,
+    }
     done: dict[tuple[int, int, str], float] = {}
     clock, nxt = [0.0] * pp, [0] * pp
 
     def deps(a):
         s, mb, c = a.stage_index, a.microbatch_index, a.computation_type
-        if c == CT.FORWARD:
+        if c == vis.CT.FORWARD:
             return [(s - 1, mb, "F")] if s > 0 else []
-        if c in (CT.BACKWARD_INPUT, CT.FULL_BACKWARD):
+        if c in (vis.CT.BACKWARD_INPUT, vis.CT.FULL_BACKWARD):
             return [(s, mb, "F")] + ([(s + 1, mb, "B")] if s < stages - 1 else [])
         return [(s, mb, "B")]  # weight gradient after the input gradient
 
     def key(a):
         c = a.computation_type
-        tag = "F" if c == CT.FORWARD else "W" if c == CT.BACKWARD_WEIGHT else "B"
+        tag = "F" if c == vis.CT.FORWARD else "W" if c == vis.CT.BACKWARD_WEIGHT else "B"
         return (a.stage_index, a.microbatch_index, tag)
 
     progress = True
@@ -90,7 +108,13 @@ def live_peaks(name: str, pp: int, m: int, v: int) -> list[int]:
         for a in rank:
             for sa in _subs(a):
                 c = sa.computation_type
-                live += 1 if c == CT.FORWARD else -1 if c in (CT.BACKWARD_WEIGHT, CT.FULL_BACKWARD) else 0
+                live += (
+                    1
+                    if c == vis.CT.FORWARD
+                    else -1
+                    if c in (vis.CT.BACKWARD_WEIGHT, vis.CT.FULL_BACKWARD)
+                    else 0
+                )
                 peak = max(peak, live)
         out.append(peak)
     return out

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PUBLIC = {"predict", "recommend", "serve", "compare", "export", "load_model", "Layout", "AutoparError"}
 
@@ -70,3 +72,59 @@ def test_type_checkers_see_real_signatures(tmp_path: Path) -> None:
     assert len(revealed) == 3 and all('"Any"' not in ln and "def (" in ln for ln in revealed), r.stdout
     # a wrong use is caught: load_model returns a ModelSpec, not an int
     assert any("ModelSpec" in ln and "error" in ln for ln in lines), r.stdout
+
+
+JOB = dict(model="llama-3.1-8b", device="h100-sxm-80gb", num_devices=16, seq_len=4096, global_batch=64)
+
+
+def test_export_takes_what_recommend_returns(tmp_path: Path) -> None:
+    """autopar.export(result, fmt) renders what `autopar export --from-json` renders from the same
+    result's JSON, for the best record and another one."""
+    import json
+
+    import autopar
+
+    result = autopar.recommend(**JOB, top=3, progress=False)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(result.to_dict(), default=float))
+    for record in (0, 2):
+        cli = subprocess.run(
+            [sys.executable, "-m", "autopar", "export", "--format", "megatron", "--from-json", str(plan)]
+            + ["--record", str(record)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert autopar.export(result, "megatron", record=record).strip() == cli.strip()
+    best = autopar.export(result, "megatron")
+    assert autopar.export(result.best, "megatron") == best
+    assert autopar.export(result.best.layout, "megatron", result.job) == best
+    assert autopar.export(result.results[0].layout, "megatron", result.training_job.job) == best
+    with pytest.raises(autopar.AutoparError, match="needs the job"):
+        autopar.export(result.best.layout, "megatron")
+    with pytest.raises(autopar.AutoparError, match="out of range"):
+        autopar.export(result, "megatron", record=3)
+
+
+def test_reprs_are_one_short_line() -> None:
+    import autopar
+
+    result = autopar.recommend(**JOB, progress=False)
+    serving = autopar.serve(model="llama-3.1-8b", device="h100-sxm-80gb", num_devices=8, isl=1024, osl=256)
+    cmp = autopar.compare(
+        model="llama-3.1-8b",
+        devices="h100-sxm-80gb,a100-80gb",
+        num_devices=8,
+        workload="training",
+        seq_len=4096,
+        global_batch=64,
+    )
+    assert result.best is not None
+    for obj, must in (
+        (result, result.best.layout.short()),
+        (result.best, result.best.layout.short()),
+        (serving, serving.results[0]["short"]),
+        (cmp, cmp.winners[0]["winner"]),
+    ):
+        text = repr(obj)
+        assert len(text) < 300 and "\n" not in text and must in text, text

@@ -18,6 +18,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(STUDY), *args], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # a study run: 30-60 s on 2 cores (.ci/run's slow step)
 def test_dev_rows_meet_the_acceptance(tmp_path):
     out = tmp_path / "accel.json"
     r = _run("--json", str(out))
@@ -58,6 +59,7 @@ def test_bad_csv_is_one_line_and_status_2(tmp_path):
     assert not (tmp_path / "o.json").exists()
 
 
+@pytest.mark.slow  # a study run: 30-60 s on 2 cores (.ci/run's slow step)
 def test_unknown_platform_is_skipped_with_reason(tmp_path):
     rows = (ROOT / "studies" / "data" / "accel_runs_dev.csv").read_text().splitlines()
     f = tmp_path / "few.csv"
@@ -70,6 +72,7 @@ def test_unknown_platform_is_skipped_with_reason(tmp_path):
     assert recs[0]["predicted_throughput_tok_s"] > 0
 
 
+@pytest.mark.slow  # a study run: 30-60 s on 2 cores (.ci/run's slow step)
 def test_other_csv_is_predicted_with_the_dev_fit(tmp_path):
     """Rows of another CSV never tune the coefficients: a duplicated dev row predicts the same."""
     rows = (ROOT / "studies" / "data" / "accel_runs_dev.csv").read_text().splitlines()

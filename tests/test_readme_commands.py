@@ -35,7 +35,7 @@ SKIPPED = {
     "python -m pip install": "installs the package: the suite runs against the installed one already",
     "mkdocs build --strict": "builds the documentation site: tests/test_docs_site.py builds it with the same "
     "--strict flag into a temporary directory",
-    "python -m pytest": "the whole test suite (11+ minutes), of which this test is part",
+    "python -m pytest": "the default test suite (not slow or stress; a few minutes on 2 cores), of which this test is part",
     "autopar calibrate --world-size 4": "microbenchmarks on 4 ranks (~75 s; --quick measured 39-62 s); the predict "
     "command after it runs on the files `calibrate --from-raw` fits from synthetic microbenchmarks",
     "autopar validate --layouts rec.json": "a template: rec.json is the reader's own recommend output and "
@@ -169,9 +169,17 @@ def test_the_readme_sets_up_in_two_commands_and_ci_runs_the_second() -> None:
     assert len(starts) == 2, starts
     main_job, suite = ([c.text for c in first if c.line == n] for n in starts)
     assert main_job[0].startswith("python -m pip install ") and main_job[1].startswith("autopar recommend ")
-    assert suite == ['python -m pip install -e ".[dev]"', "python -m pytest"]
+    assert suite == [
+        'python -m pip install -e ".[dev]"',
+        "python -m pytest",
+        'python -m pytest -m "slow or stress" -n 0',
+    ]
     ci = (ROOT / ".ci" / "run").read_text()
-    assert 'python -m pip install -q -e ".[dev]" && python -m pytest\n' in ci  # the same, quietly
+    # the same, quietly
+    assert (
+        'python -m pip install -q -e ".[dev]" && python -m pytest && python -m pytest -m "slow or stress" -n 0\n'
+        in ci
+    )
 
 
 def test_the_readme_stays_short() -> None:

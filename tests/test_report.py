@@ -210,12 +210,12 @@ def test_serving_and_compare_frames_and_tables(capsys: pytest.CaptureFixture[str
     )
     assert "time_ms_compute" in df.columns and sv.results[0]["short"] in sv._repr_html_()
     cmp = autopar.compare(
-        models=["llama-3.1-8b"],
+        model="llama-3.1-8b",
         devices=["h100-sxm-80gb", "a100-80gb"],
         num_devices=8,
         workload="training",
-        seq_lens=[4096],
-        batches=[64],
+        seq_len=4096,
+        global_batch=64,
     )
     cf = cmp.to_frame()
     assert len(cf) == 2 and set(cf["device"]) == {"h100-sxm-80gb", "a100-80gb"}
@@ -255,6 +255,7 @@ def test_completion_scripts(shell: str, capsys: pytest.CaptureFixture[str], tmp_
         assert r.stdout.split() == ["--html"], r.stderr
 
 
+@pytest.mark.slow  # a study run: 30-60 s on 2 cores (.ci/run's slow step)
 def test_accuracy_study_writes_its_plot(tmp_path: Path) -> None:
     import subprocess
 

@@ -227,6 +227,20 @@ def test_explanation_names_the_component() -> None:
     assert "memory per device" in s2
 
 
+def test_a_lead_within_the_expected_error_is_a_tie() -> None:
+    from dataclasses import replace
+
+    r = recommend(**SMALL[1][0], top=2, progress=False)
+    a, b = r.results[0], r.results[1]
+    assert a.expected_error is not None
+    r.results[0] = replace(a, expected_error=replace(a.expected_error, p90=0.5))
+    s = r.why()
+    assert s.startswith("a tie:") and "+-50% expected error" in s and "memory headroom" in s
+    assert a.layout.short() in s and b.layout.short() in s
+    r.results[0] = replace(a, expected_error=replace(a.expected_error, p90=0.0))
+    assert "tie" not in r.why() and "beats the runner-up" in r.why()
+
+
 def test_objectives_parse() -> None:
     o = Objectives.parse("throughput, memory")
     assert o.names == ("throughput", "memory") and o.primary == "throughput"

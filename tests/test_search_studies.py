@@ -62,6 +62,7 @@ def test_optuna_vs_random_smoke() -> None:
     assert "best known" in r.stdout and "tpe cold" in r.stdout and "random seeded" in r.stdout
 
 
+@pytest.mark.slow  # a study run: 30-60 s on 2 cores (.ci/run's slow step)
 def test_search_speed_smoke() -> None:
     r = _run("studies/search_speed.py", "--reps", "1", "--no-cli")
     assert r.returncode == 0, r.stderr

@@ -8,13 +8,8 @@ import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel
-from pydantic.fields import FieldInfo
-
-from autopar.job import ClusterSpec, Job, TrainingWorkload
-from autopar.layout import DERIVED_DEFAULTS, LAYOUT_ARGS, Layout
 from autopar.limits import (  # noqa: F401 - the caps commands import from here
     MAX_LOCAL_RANKS,
     MAX_MESSAGE_CHARS,
@@ -26,6 +21,12 @@ from autopar.limits import (  # noqa: F401 - the caps commands import from here
     int_literal,
     terminal_safe,
 )
+
+if TYPE_CHECKING:  # pydantic and the job models load with the first command that builds flags from them
+    from pydantic import BaseModel
+    from pydantic.fields import FieldInfo
+
+    from autopar.job import Job
 
 EXIT_USAGE = 2
 
@@ -239,6 +240,8 @@ def add_job_args(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
 
     ``optional``: no flag is required (``export``, where ``--from-json`` carries the job).
     """
+    from autopar.job import ClusterSpec, Job, TrainingWorkload
+
     names: list[tuple[type[BaseModel], tuple[str, ...]]] = [
         (Job, JOB_TOP_FIELDS),
         (ClusterSpec, tuple(ClusterSpec.model_fields)),
@@ -254,6 +257,8 @@ def add_job_args(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
 
 def add_layout_args(p: argparse.ArgumentParser) -> None:
     """One flag per :class:`~autopar.layout.Layout` field (grad_accum is derived from the batch)."""
+    from autopar.layout import DERIVED_DEFAULTS, LAYOUT_ARGS, Layout
+
     add_field_args(
         p,
         Layout,
@@ -265,6 +270,8 @@ def add_layout_args(p: argparse.ArgumentParser) -> None:
 
 def job_kwargs(a: argparse.Namespace) -> dict[str, Any]:
     """The flat job keywords of the API (the field names) from parsed flags."""
+    from autopar.job import ClusterSpec
+
     names = (
         *JOB_TOP_FIELDS,
         *ClusterSpec.model_fields,
@@ -278,10 +285,14 @@ def job_kwargs(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def job_from_args(a: argparse.Namespace) -> Job:
+    from autopar.job import Job
+
     return Job.from_flat(kind="training", **job_kwargs(a))
 
 
 def layout_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+    from autopar.layout import LAYOUT_ARGS
+
     return {k: getattr(a, k) for k in LAYOUT_ARGS}
 
 

@@ -185,26 +185,24 @@ def cmd_compare(a: argparse.Namespace) -> int:
 def _compare(
     a: argparse.Namespace, compare: Any, batches: list[Any], prices: dict[str, Any], bar: Any
 ) -> Any:
-    return compare(
+    return compare(  # the API's keywords are these flags' names
         on_cell=lambda what: bar.advance(1, what),
-        models=a.models,
-        devices=[d.lower() for d in a.devices],
+        model=a.models,
+        devices=a.devices,
         num_devices=a.num_devices,
         workload=a.workload,
-        seq_lens=a.seq_lens,
-        batches=batches,
+        seq_len=a.seq_lens,
+        batch=batches,
         osl=a.osl,
         metric=a.metric,
         prices=prices,
         precision=a.precision,
         calibration=a.calibration,
         memory_headroom=a.memory_headroom,
-        serving_kwargs=dict(
-            weight_precision=a.weight_precision,
-            kv_precision=a.kv_precision,
-            ttft_ms=a.ttft_ms,
-            tpot_ms=a.tpot_ms,
-        ),
+        weight_precision=a.weight_precision,
+        kv_precision=a.kv_precision,
+        ttft_ms=a.ttft_ms,
+        tpot_ms=a.tpot_ms,
     )
 
 
@@ -244,6 +242,9 @@ def _print(res) -> None:
             "-" if cost is None else f"{cost:.3f}",
             "winner" if c["winner"] else "",
         )
+    from autopar.cli.render import add_legend
+
+    add_legend(t, [str(c["layout"]) for c in res.cells if c["feasible"]])
     con.print(t)
     if res.changes:
         con.print("winner changes:")

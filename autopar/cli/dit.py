@@ -34,7 +34,7 @@ def _layout(a: argparse.Namespace, keys: tuple[str, ...]) -> dict[str, int] | No
 
 
 def _gb(x: float) -> str:
-    return f"{x / 1e9:.1f} GB"
+    return f"{x / 2**30:.1f} GiB"  # GiB, as every other memory figure autopar prints
 
 
 def cmd_model(a: argparse.Namespace) -> int:

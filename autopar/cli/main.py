@@ -12,20 +12,38 @@ from collections.abc import Callable, Sequence
 from importlib import import_module
 
 from autopar.cli.args import EXIT_USAGE, Parser
-from autopar.cli.commands import COMMAND_MODULES
+from autopar.cli.commands import COMMAND_MODULES, COMMANDS
 from autopar.errors import AutoparError
 from autopar.limits import MAX_MESSAGE_CHARS, terminal_safe
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
-    """The top-level parser and the handler of every sub-command."""
+def _version() -> str:
+    from autopar import __version__
+
+    return f"autopar {__version__}"
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The sub-command ``argv`` names, if it names one: the first argument that is not an option
+    (the top-level parser has no option that takes a value)."""
+    for arg in argv:
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg if arg in COMMANDS else None
+    return None
+
+
+def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, Handler]]:
+    """The top-level parser and the handler of every sub-command; with ``command``, only the
+    module that registers that command is imported and built (a fast start)."""
     parser = Parser(prog="autopar", description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"autopar {__import__('autopar').__version__}")
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     handlers: dict[str, Handler] = {}
-    for name in COMMAND_MODULES:
+    for name in (COMMANDS[command],) if command is not None else COMMAND_MODULES:
         handlers.update(import_module(name).register(sub))
     from autopar.cli.help import decorate
 
@@ -47,7 +65,12 @@ def _tolerant_streams() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     _tolerant_streams()
-    parser, handlers = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = command_of(argv)
+    if command is None and argv and argv[0] == "--version":
+        sys.stdout.write(_version() + "\n")  # what argparse's version action prints, without the parsers
+        return 0
+    parser, handlers = build_parser(command)
     args = parser.parse_args(argv)
     from autopar import progress
 

@@ -245,6 +245,9 @@ def _ranked_table(title: str, preds: list, res, extra_cols: list[str]):
 
             row.append(also_text(p.extra.get("also")))
         t.add_row(*row)
+    from autopar.cli.render import add_legend
+
+    add_legend(t, [p.layout.short() for p in preds])
     return t
 
 

@@ -126,3 +126,12 @@ def breakdown_table(title: str, parts: dict[str, float], total: float, fmt) -> T
         t.add_row(ms(k), fmt(v), f"{v / total:.1%}" if total else "-")
     t.add_row("[bold]total[/]", fmt(total), "100%")
     return t
+
+
+def add_legend(table: Table, names: list[str]) -> None:
+    """The table's caption explains every abbreviation its layout names use."""
+    from autopar.report import legend
+
+    text = legend(names)
+    if text:
+        table.caption, table.caption_justify = ms(text), "left"

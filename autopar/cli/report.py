@@ -194,6 +194,26 @@ def _serving_parts(r: dict[str, Any], key: str) -> dict[str, float]:
     return {k: float(v) for k, v in d.items() if k not in skip and isinstance(v, int | float)}
 
 
+def _serving_launch(res: Any) -> str:
+    """The vLLM command of the best aggregated deployment, saying so when the winner is disaggregated."""
+    from autopar.cli.export import records_of, serving_export_record
+    from autopar.errors import AutoparError
+
+    recs = records_of(res.to_dict(), "serve")
+    i = next((k for k, r in enumerate(recs) if r.get("mode") == "aggregated"), None)
+    if i is None:
+        return "# every listed deployment is disaggregated (prefill and decode pools): no single launcher command runs one"
+    head = (
+        ""
+        if i == 0
+        else f"# the winner is disaggregated (two pools); the best aggregated deployment is #{i + 1}:\n"
+    )
+    try:
+        return head + _export_snippet(serving_export_record(recs[i]), "vllm")
+    except AutoparError as exc:  # a refusal is shown in the report, not raised
+        return f"{head}# vllm cannot run this deployment: {exc}"
+
+
 def serving_report(res: Any) -> Report:
     from autopar import plots
 
@@ -243,23 +263,25 @@ def serving_report(res: Any) -> Report:
         ),
         f"Pareto front of tokens/s per device and per user ({len(res.pareto)} points); the star is the chosen layout.",
     )
-    top = res.results[:TOP_PLOTTED]
-    labels = [f"#{i} {r['short']}" for i, r in enumerate(top, 1)]
-    rep.heading("Where an iteration's time goes and what fills memory")
-    rep.plot(
-        plots.stacked_bars(
-            list(zip(labels, [_serving_parts(r, "time_ms_per_iteration") for r in top], strict=True)),
-            xlabel="ms per decode iteration",
-            title="time per iteration",
+    # only deployments with a breakdown get a bar (a disaggregated one has two pools and none)
+    ranked = list(enumerate(res.results[:TOP_PLOTTED], 1))
+    for key, xlabel, title in (
+        ("time_ms_per_iteration", "ms per decode iteration", "time per iteration"),
+        ("memory_gib_per_device", "GiB per device", "memory per device"),
+    ):
+        bars = [(f"#{i} {r['short']}", _serving_parts(r, key)) for i, r in ranked]
+        if any(parts for _, parts in bars):
+            if title == "time per iteration":
+                rep.heading("Where an iteration's time goes and what fills memory")
+            rep.plot(plots.stacked_bars([b for b in bars if b[1]], xlabel=xlabel, title=title))
+    without = [f"#{i}" for i, r in ranked if not _serving_parts(r, "time_ms_per_iteration")]
+    if without:
+        rep.text(
+            f"{', '.join(without)}: disaggregated prefill/decode deployments (two pools), drawn without a "
+            "per-iteration breakdown; their TTFT, TPOT and memory are in the table above.",
+            "note",
         )
-    )
-    rep.plot(
-        plots.stacked_bars(
-            list(zip(labels, [_serving_parts(r, "memory_gib_per_device") for r in top], strict=True)),
-            xlabel="GiB per device",
-            title="memory per device",
-        )
-    )
+    rep.code(_serving_launch(res), "Launch it (vLLM)")
     rep.bullets(
         [f"coefficients: {res.costing.get('coefficients', 'default')}", *res.notes],
         "Assumptions and expected error",

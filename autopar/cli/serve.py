@@ -193,6 +193,9 @@ def print_serving(res) -> None:
         t.add_column(c, justify="left" if c == "layout" else "right")
     for row in rows:
         t.add_row(*row[1:])
+    from autopar.cli.render import add_legend
+
+    add_legend(t, [row[1] for row in rows])
     con.print(t)
     if res.min_devices:
         con.print(

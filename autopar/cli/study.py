@@ -255,4 +255,7 @@ def _emit(rep: Any, as_json: bool) -> None:
             f"{st:.3f} s",
             ms(b["layout"]),
         )
+    from autopar.cli.render import add_legend
+
+    add_legend(t, [str(b["layout"]) for b in rep.best])
     con.print(t)

@@ -136,6 +136,9 @@ def print_summary(sw: Any, rows: list[dict[str, Any]], path: Any, elapsed: float
                 "-",
                 "-",
             )
+    from autopar.cli.render import add_legend
+
+    add_legend(t, [str(r["layout"]) for r in rows if r["status"] == "ok"])
     con.print(t)
     best: dict[str, dict[str, Any]] = {}
     for r in ok:

@@ -8,6 +8,7 @@ exporters (see :class:`Exporter` for the contract).
 
 import sys
 import types
+from typing import Any
 
 from autopar.export import (  # noqa: F401  (each module registers its exporter)
     accelerate,
@@ -30,7 +31,6 @@ from autopar.export.base import (
     layout_and_job_from_json,
     parse,
 )
-from autopar.layout import Layout
 
 __all__ = [
     "EXPORTERS",
@@ -45,14 +45,18 @@ __all__ = [
 
 
 class _ExportModule(types.ModuleType):
-    """``autopar.export`` is a package and the export function at once: ``autopar.export(layout, fmt, job)``.
+    """``autopar.export`` is a package and the export function at once: ``autopar.export(result, fmt)``
+    or ``autopar.export(layout, fmt, job)`` (see :func:`autopar._export`, which reads results the
+    way ``autopar export --from-json`` does).
 
     A plain function of that name in ``autopar/__init__.py`` would be replaced by the package the
     first time anything imports ``autopar.export.<module>``; a callable package stays both.
     """
 
-    def __call__(self, layout: Layout, fmt: str, job: Job) -> str:
-        return export(layout, fmt, job)
+    def __call__(self, what: Any, fmt: str, job: Any = None, *, record: int = 0) -> str:
+        import autopar
+
+        return autopar._export(what, fmt, job, record=record)
 
 
 sys.modules[__name__].__class__ = _ExportModule

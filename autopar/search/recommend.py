@@ -193,6 +193,22 @@ class SearchResult:
     # layouts among the best ones dropped because the launcher refused them (see search_layouts)
     not_launchable: int = 0
 
+    def __repr__(self) -> str:  # one line: the full record is to_dict()
+        c = self.job.get("cluster", {})
+        head = f"{self.job.get('model')} on {c.get('num_devices')} x {c.get('device')}"
+        if not self.results:
+            return f"SearchResult({head}: no layout fits)"
+        b = self.results[0]
+        return (
+            f"SearchResult({head}: best {b.layout.short()} at {b.tokens_per_s_per_device:,.0f} tokens/s/device; "
+            f"{len(self.results)} results of {self.layouts_feasible:,} fitting layouts)"
+        )
+
+    @property
+    def best(self) -> Prediction | None:
+        """The best layout's prediction (``results[0]``), None when nothing fits."""
+        return self.results[0] if self.results else None
+
     @property
     def layouts_per_s(self) -> float:
         return self.layouts_enumerated / self.scoring_s if self.scoring_s > 0 else float("inf")
@@ -315,7 +331,21 @@ class SearchResult:
             return ""
         if len(self.results) < 2:
             return f"{self.results[0].layout.short()} is the only layout that fits."
-        return explain_choice(self.results[0], self.results[1], self.objectives.primary)
+        a, b = self.results[0], self.results[1]
+        predicted = explain_choice(a, b, self.objectives.primary)
+        err = a.expected_error.p90 if a.expected_error is not None else None
+        rel = (b.step_time_s - a.step_time_s) / b.step_time_s if b.step_time_s else 0.0
+        if self.objectives.primary not in ("throughput", "cost") or err is None or rel >= err:
+            return predicted
+        # a lead smaller than the error the prediction states decides nothing: say so, and what does
+        lighter = min((a, b), key=lambda p: p.memory_gib_per_device)
+        return (
+            f"a tie: {a.layout.short()} and the runner-up {b.layout.short()} are {rel:.1%} apart in "
+            f"step time, within the +-{err:.0%} expected error of these predictions, so the model "
+            "does not decide between them. Between ties, measure both (autopar validate) or take the "
+            f"one with more memory headroom: {lighter.layout.short()} ({a.memory_gib_per_device:.1f} "
+            f"vs {b.memory_gib_per_device:.1f} GiB per device). Predicted difference: {predicted}"
+        )
 
 
 _LABELS = {
@@ -641,7 +671,8 @@ def _infeasible_message(
     closest = _predictions(en, summary.close_ids, cal)
     lines = [
         f"none of the {summary.n_legal:,} legal layouts of search space {en.space.name} fits in "
-        f"{job.device.memory_gb:g} GB per device. Closest: " + "; ".join(_describe_miss(p) for p in closest)
+        f"{job.device.memory_gb * 1e9 / GIB:.1f} GiB ({job.device.memory_gb:g} GB) per device. Closest: "
+        + "; ".join(_describe_miss(p) for p in closest)
     ]
     fixes: list[str] = []
     # 1. the same cluster with every memory-saving option (all recompute modes, ZeRO, offload, micro-batch 1)

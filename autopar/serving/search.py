@@ -130,6 +130,18 @@ class ServingResult:
         ee = self.costing.get("expected_error")
         return ee["p90"] if ee else None
 
+    def __repr__(self) -> str:  # one line: the full record is to_dict()
+        c = self.job.get("cluster", {})
+        head = f"{self.job.get('model')} on {c.get('num_devices')} x {c.get('device')}"
+        b = self.best
+        if b is None:
+            return f"ServingResult({head}: no deployment meets the targets)"
+        return (
+            f"ServingResult({head}: best {b.get('short')} ({b.get('mode')}) at "
+            f"{b.get('output_tokens_per_s_per_device') or 0:,.0f} output tokens/s/device; "
+            f"{len(self.results)} results of {self.layouts_feasible:,} feasible)"
+        )
+
     def table(self) -> tuple[list[str], list[list[str]]]:
         """The ranked table (columns, formatted rows), as the HTML report and notebooks show it."""
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,13 @@ class CompareResult:
     cells: list[dict[str, Any]]
     winners: list[dict[str, Any]]
     changes: list[str] = field(default_factory=list)
+
+    def __repr__(self) -> str:  # one line: the full record is to_dict()
+        wins = sorted({w["winner"] for w in self.winners if w.get("winner")})
+        return (
+            f"CompareResult({self.workload}, {len(self.devices)} devices, {len(self.cells)} cells, "
+            f"winner by {self.metric}: {', '.join(wins) or 'none'})"
+        )
 
     def table(self) -> tuple[list[str], list[list[Any]]]:
         """Every cell (columns, formatted rows), as the HTML report and notebooks show it."""
@@ -220,28 +227,110 @@ def _training_cell(
 # ============================================================================================== driver
 def compare(
     *,
-    models: list[str],
-    devices: list[str],
+    model: str | Sequence[str],
+    devices: str | Sequence[str],
     num_devices: int,
-    workload: str = "serving",
-    seq_lens: list[int],
-    batches: list[int | None],
+    workload: str | None = None,
+    seq_len: int | Sequence[int] | None = None,
+    isl: int | Sequence[int] | None = None,
+    global_batch: int | Sequence[int] | None = None,
+    concurrency: int | str | Sequence[int | str | None] | None = None,
+    batch: int | str | Sequence[int | str | None] | None = None,
     osl: int = 256,
+    weight_precision: str | None = None,
+    kv_precision: str | None = None,
+    ttft_ms: float | None = None,
+    tpot_ms: float | None = None,
+    precision: str = "bf16",
     metric: str = "tokens_per_s_per_device",
     prices: dict[str, float] | None = None,
-    precision: str = "bf16",
+    price_per_device_hour: float | None = None,
     calibration: str | None = None,
     memory_headroom: float | None = None,
-    serving_kwargs: dict[str, Any] | None = None,
     on_cell: Callable[[str], None] | None = None,
 ) -> CompareResult:
     """Best layout per device on every (model, seq_len, batch) cell and the winner of each cell.
 
-    ``workload`` "serving": ``seq_lens`` are prompt lengths (isl), ``batches`` concurrencies (None:
-    offline max throughput), ``osl`` the output length. "training": ``seq_lens`` are training
-    sequence lengths and ``batches`` global batches (sequences per step). ``memory_headroom``
-    (training): the fraction of device memory a layout must leave free (None: the Job default).
+    The keywords are ``autopar compare``'s flags. ``workload`` must be named: "training"
+    (``seq_len`` training sequence lengths, ``global_batch`` sequences per step) or "serving"
+    (``isl`` prompt lengths, ``concurrency`` in-flight requests, "max" or None for offline maximum
+    throughput, ``osl`` output length). As on the command line, ``seq_len``/``isl`` and
+    ``global_batch``/``concurrency``/``batch`` are one value under several names. ``model``,
+    ``devices`` and the lengths and batches take one value or a list (comma-separated text
+    too). ``memory_headroom`` (training): the fraction of device memory a layout must leave free
+    (None: the Job default). ``prices``: USD per device-hour by device; ``price_per_device_hour``:
+    the same price for every device (``prices`` wins where both name one).
     """
+    if workload is None:  # never guessed: a global batch read as a serving concurrency is wrong silently
+        raise AutoparError("compare needs workload='training' or workload='serving'", "name the workload")
+    models, device_list = _names(model, "model"), [d.lower() for d in _names(devices, "devices")]
+    seq_lens = [int(v) for v in _one_of("seq_len", seq_len, isl=isl)]
+    given = _one_of("global_batch", global_batch, concurrency=concurrency, batch=batch)
+    batches: list[int | None] = [None if str(v).lower() in ("max", "none") else int(v) for v in given]
+    if not seq_lens:
+        raise AutoparError("compare needs seq_len (training) or isl (serving)", "e.g. seq_len=8192")
+    if not batches:
+        batches = [None]
+    all_prices = {d: price_per_device_hour for d in device_list} if price_per_device_hour is not None else {}
+    all_prices.update({k.lower(): v for k, v in (prices or {}).items()})
+    serving = dict(
+        weight_precision=weight_precision, kv_precision=kv_precision, ttft_ms=ttft_ms, tpot_ms=tpot_ms
+    )
+    return _compare(
+        models=models,
+        devices=device_list,
+        num_devices=num_devices,
+        workload=workload,
+        seq_lens=seq_lens,
+        batches=batches,
+        osl=osl,
+        metric=metric,
+        prices=all_prices,
+        precision=precision,
+        calibration=calibration,
+        memory_headroom=memory_headroom,
+        serving_kwargs={k: v for k, v in serving.items() if v is not None},
+        on_cell=on_cell,
+    )
+
+
+def _names(value: str | Sequence[str], what: str) -> list[str]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = [str(x).strip() for x in items if str(x).strip()]
+    if not out:
+        raise AutoparError(f"compare needs at least one {what}")
+    return out
+
+
+def _one_of(name: str, value: Any, **aliases: Any) -> list[Any]:
+    """One list from a keyword and its aliases (the CLI's flags that share one destination)."""
+    given = {k: v for k, v in {name: value, **aliases}.items() if v is not None}
+    if len(given) > 1:
+        raise AutoparError(f"compare: {' and '.join(given)} are the same setting", "pass one of them")
+    if not given:
+        return []
+    v = next(iter(given.values()))
+    items = v.split(",") if isinstance(v, str) else list(v) if isinstance(v, list | tuple) else [v]
+    return [x.strip() if isinstance(x, str) else x for x in items]
+
+
+def _compare(
+    *,
+    models: list[str],
+    devices: list[str],
+    num_devices: int,
+    workload: str,
+    seq_lens: list[int],
+    batches: list[int | None],
+    osl: int,
+    metric: str,
+    prices: dict[str, float],
+    precision: str,
+    calibration: str | None,
+    memory_headroom: float | None,
+    serving_kwargs: dict[str, Any],
+    on_cell: Callable[[str], None] | None,
+) -> CompareResult:
     if workload not in ("serving", "training"):
         raise AutoparError(f"workload must be serving or training, got {workload!r}")
     if metric not in METRICS:
@@ -264,7 +353,7 @@ def compare(
                 "pass --prices DEVICE=USD,... or --price-per-device-hour",
             )
     if workload == "training" and any(b is None for b in batches):
-        raise AutoparError("training comparison needs --global-batch (or --batches)")
+        raise AutoparError("a training comparison needs global_batch", "e.g. global_batch=[256, 1024]")
     from autopar.hardware import load_device
     from autopar.model import load_model
 
