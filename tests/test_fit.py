@@ -260,9 +260,11 @@ def test_stack_coefficients_route_to_their_stack_only(tmp_path):
 
 
 def test_one_die_one_coefficient(rows):
-    # Die mode (BASE names the dies): one GEMM factor, one attention factor and one half-dimension
-    # per die, applied to each member's own measured rates; a member without rows of its own (H200)
-    # gets its die's factors on its own profile.
+    # Die mode (BASE names the dies): one GEMM factor per die, applied to each member's own measured
+    # rates; attention runs at each member's measured curve times ONE global factor (no die has its
+    # own where every member has a curve); a member without rows of its own (H200) gets its die's
+    # factor on its own profile.
+    from autopar.coefficients import coefficients_for
     from autopar.hardware import load_device
 
     sub = samples(_subset(rows, 3))
@@ -272,29 +274,23 @@ def test_one_die_one_coefficient(rows):
         f"die:{d}.gemm_scale" for d in dies
     )
     assert not any(n.startswith(("a100", "h100")) for n in names)  # nothing per device
+    assert all(load_device(s.job.device.id).efficiency.attention_fwd for s in sub)
+    assert not any(n.endswith(".attention_ratio") for n in names)  # measured curves: no die factor
     x = x0.copy()
     x[names.index("die:ga100.gemm_scale")] = 0.8
-    x[names.index("die:ga100.attention_ratio")] = 0.5
+    x[names.index("global.attention_scale")] = 0.6
     cal = F.calibration_from_vector(names, x, BASE)
     for dev_id in ("a100-40gb", "a100-80gb", "a100-pcie-80gb"):
         prof = load_device(dev_id).efficiency
         dc = cal.device(dev_id)
         assert dc.gemm["bf16"] == pytest.approx(min(prof.gemm["bf16"] * 0.8, 0.95))
-        assert dc.attention == pytest.approx(prof.attention * 0.5)
+        co, _ = coefficients_for(load_device(dev_id), cal)
+        assert co.attention_scale == pytest.approx(0.6) and co.attention_fwd == prof.attention_fwd
     assert cal.device("a100-40gb").gemm_half_dim == cal.device("a100-80gb").gemm_half_dim
     assert "die:gh100.gemm_scale" in names  # the subset has H100 rows: H200 (none) takes GH100's factor
     r = x[names.index("die:gh100.gemm_scale")]
     h200 = load_device("h200-sxm-141gb").efficiency
     assert cal.device("h200-sxm-141gb").gemm["fp8"] == pytest.approx(min(h200.gemm["fp8"] * r, 0.95))
-    # the attention factor never lets a kernel beat ATTENTION_MAX of the tensor-core peak
-    for n, h in zip(names, hi, strict=True):
-        if n.endswith(".attention_ratio"):
-            mates = [
-                s.job.device for s in sub if f"die:{BASE.transfer.dies[s.job.device.id]}" == n.split(".")[0]
-            ]
-            assert max(h * m.efficiency.attention * m.efficiency.fused_attention_speedup for m in mates) <= (
-                F.ATTENTION_MAX + 1e-12
-            )
 
 
 def test_repeated_measurements_weigh_as_one_configuration(rows):
