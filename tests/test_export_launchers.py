@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import tomllib
 from typing import Any
 
 import pytest
 
-from autopar.export import Job, export
+from autopar.export import ExportError, Job, export, parse
 from autopar.layout import Layout
 
 LLAMA31_405B_LAYERS = 126
@@ -122,3 +123,131 @@ def test_bridge_without_the_fix_is_refused_by_megatron_core() -> None:
             num_layers_in_first_pipeline_stage=15,
             num_layers_in_last_pipeline_stage=15,
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# torchtitan 0.3.0: ConfigManager (tyro over the model's config_registry function) and
+# Trainer.Config.__post_init__ (CUDA graphs vs PP and host-synchronising EP dispatchers)
+
+# What a model without a torchtitan config function is checked with: the debug configs of the
+# same family (a dense llama3, an MoE deepseek_v3 with its default token dispatcher).
+DEBUG_CONFIGS = {False: ("llama3", "llama3_debugmodel"), True: ("deepseek_v3", "deepseek_v3_debugmodel")}
+
+
+def torchtitan_args(text: str, moe: bool) -> list[str]:
+    """The arguments after ``-m torchtitan.train``, with $TORCHTITAN_MODULE/$TORCHTITAN_CONFIG set
+    to a debug config of the model's family."""
+    body = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    toks = shlex.split(body.replace("\\\n", " "))
+    assert toks[0] == "torchrun" and "torchtitan.train" in toks
+    args = toks[toks.index("torchtitan.train") + 1 :]
+    module, config = DEBUG_CONFIGS[moe]
+    return [{"$TORCHTITAN_MODULE": module, "$TORCHTITAN_CONFIG": config}.get(t, t) for t in args]
+
+
+def torchtitan_config(text: str, layout: Layout, moe: bool) -> Any:
+    """torchtitan's own Trainer.Config for the exported command; checks it is the layout."""
+    manager = pytest.importorskip("torchtitan.config.manager")
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    cfg = manager.ConfigManager().parse_args(torchtitan_args(text, moe))
+    par, tr = cfg.parallelism, cfg.training
+    shard = par.data_parallel_shard_degree
+    assert par.data_parallel_replicate_degree * shard == layout.dp
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (layout.tp, layout.pp)
+    assert (par.context_parallel_degree, par.expert_parallel_degree) == (layout.cp, layout.ep)
+    if layout.pp > 1:
+        assert tr.local_batch_size == layout.micro_batch * layout.grad_accum
+        assert par.pipeline_parallel_microbatch_size == layout.micro_batch
+    else:
+        assert tr.local_batch_size == layout.micro_batch
+    assert tr.global_batch_size == layout.global_batch
+    assert tr.mixed_precision_param == ("float32" if layout.precision == "fp32" else "bfloat16")
+    want_ac = {"none": type(None), "selective": SelectiveAC.Config, "full": FullAC.Config}[layout.recompute]
+    assert type(cfg.activation_checkpoint) is want_ac
+    if layout.zero >= 2:
+        assert par.fsdp_reshard_after_forward == ("always" if layout.zero == 3 else "never")
+    return cfg
+
+
+TITAN_CASES = {
+    "dense_fsdp": (Layout(dp=8, zero=3, micro_batch=2, grad_accum=2, recompute="full"), False),
+    "tp_sp": (Layout(tp=4, dp=2, sp=True, zero=2, micro_batch=1, grad_accum=4, recompute="selective"), False),
+    "pp_vpp": (Layout(tp=2, pp=2, vpp=2, dp=2, sp=True, zero=3, micro_batch=1, grad_accum=8), False),
+    "cp": (Layout(tp=2, cp=2, dp=2, sp=True, zero=3, micro_batch=1, grad_accum=4), False),
+    "moe_ep": (Layout(tp=2, dp=4, ep=4, etp=1, sp=True, zero=3, micro_batch=1, grad_accum=2), True),
+}
+
+
+def _titan_job(layout: Layout, model: str) -> Job:
+    return Job(model=model, num_devices=layout.num_devices, seq_len=4096, global_batch=layout.global_batch)
+
+
+@pytest.mark.parametrize("case", sorted(TITAN_CASES))
+def test_torchtitan_config_manager_accepts_the_export(case: str) -> None:
+    layout, moe = TITAN_CASES[case]
+    text = export(layout, "torchtitan", _titan_job(layout, "my-model"))
+    cfg = torchtitan_config(text, layout, moe)
+    # CUDA graphs off: autopar prices eager launches (and torchtitan refuses graphs with PP and EP)
+    assert cfg.training.disable_cuda_graphs
+
+
+def test_torchtitan_refuses_what_the_export_leaves_out(capsys: pytest.CaptureFixture[str]) -> None:
+    """The check can fail: torchtitan 0.3 refuses CUDA graphs under PP and with the default EP
+    dispatcher, and the 0.2.2 TOML keys have no 0.3 flag."""
+    manager = pytest.importorskip("torchtitan.config.manager")
+    for case in ("pp_vpp", "moe_ep"):
+        layout, moe = TITAN_CASES[case]
+        args = torchtitan_args(export(layout, "torchtitan", _titan_job(layout, "m")), moe)
+        args.remove("--training.disable_cuda_graphs")
+        with pytest.raises(SystemExit):  # tyro reports __post_init__'s ValueError and exits 2
+            manager.ConfigManager().parse_args(args)
+        assert "CUDA graphs" in " ".join(capsys.readouterr().err.split())
+    with pytest.raises(ValueError, match="--module is required"):
+        manager.ConfigManager().parse_args(["--parallelism.tensor_parallel_degree", "2"])
+    layout, moe = TITAN_CASES["moe_ep"]
+    args = torchtitan_args(export(layout, "torchtitan", _titan_job(layout, "m")), moe)
+    with pytest.raises(SystemExit):  # tyro: unrecognized option
+        manager.ConfigManager().parse_args(
+            [*args[:-1], "--parallelism.expert_tensor_parallel_degree", "2", args[-1]]
+        )
+
+
+def test_torchtitan_named_presets_load_their_config_function() -> None:
+    """A preset with a torchtitan config function is launched with it, as written."""
+    pytest.importorskip("torchtitan.config.manager")
+    layout = Layout(tp=8, pp=2, dp=4, sp=True, zero=3, micro_batch=1, grad_accum=16)
+    text = export(layout, "torchtitan", _titan_job(layout, "llama-3.1-70b"))
+    assert "--module llama3" in text and "--config llama3_70b" in text
+    torchtitan_config(text, layout, moe=False)
+
+
+def test_torchtitan_refuses_what_0_3_cannot_say_and_0_2_still_writes_it() -> None:
+    fp8 = Layout(tp=2, dp=4, sp=True, zero=3, micro_batch=1, grad_accum=2, precision="fp8")
+    job = _titan_job(fp8, "my-model")
+    with pytest.raises(ExportError, match="fp8 precision .* torchtitan 0.3.0"):
+        export(fp8, "torchtitan", job)
+    etp = Layout(tp=2, dp=4, ep=4, etp=2, sp=True, zero=3, micro_batch=1, grad_accum=2)
+    with pytest.raises(ExportError, match=r"expert tensor parallel \(etp=2"):
+        export(etp, "torchtitan", _titan_job(etp, "m"))
+    for layout in (fp8, etp):
+        text = export(layout, "torchtitan", _titan_job(layout, "m"), launcher_version="0.2")
+        doc = tomllib.loads(text)  # the 0.2.2 --job.config_file sections
+        assert doc["parallelism"]["tensor_parallel_degree"] == 2
+        assert parse(text, "torchtitan") == (layout, _titan_job(layout, "m"))
+    with pytest.raises(ExportError, match="use one of 0.3.0, 0.2.2"):
+        export(fp8, "torchtitan", job, launcher_version="0.1")
+
+
+def test_previous_torchtitan_round_trips_every_case_it_expressed() -> None:
+    from test_export import CASES
+
+    expressed = 0
+    for name, (layout, job) in CASES.items():
+        try:
+            text = export(layout, "torchtitan", job, launcher_version="0.2.2")
+        except ExportError:
+            continue
+        expressed += 1
+        assert parse(text, "torchtitan") == (layout, job), name
+    assert expressed >= 8

@@ -27,6 +27,7 @@ from autopar.export.base import (
     Job,
     export,
     get_exporter,
+    launcher_versions,
     layout_and_job_from_json,
     parse,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "Job",
     "export",
     "get_exporter",
+    "launcher_versions",
     "layout_and_job_from_json",
     "parse",
 ]
@@ -51,8 +53,8 @@ class _ExportModule(types.ModuleType):
     first time anything imports ``autopar.export.<module>``; a callable package stays both.
     """
 
-    def __call__(self, layout: Layout, fmt: str, job: Job) -> str:
-        return export(layout, fmt, job)
+    def __call__(self, layout: Layout, fmt: str, job: Job, launcher_version: str | None = None) -> str:
+        return export(layout, fmt, job, launcher_version)
 
 
 sys.modules[__name__].__class__ = _ExportModule
