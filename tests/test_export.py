@@ -182,7 +182,8 @@ EXPRESSIBLE: dict[str, set[str]] = {
     "torchrun": set(CASES),
     "env": set(CASES),
     "vllm": {"serve_tp", "serve_vllm_ep", "serve_fp8_pp", "serve_pcp"},
-    "sglang": {"serve_tp", "serve_sglang_ep", "serve_fp8_pp"},
+    # serve_vllm_ep (ep = tp*dp, etp 1) is attention DP in SGLang: --tp-size 8 --attn-dp-size 2
+    "sglang": {"serve_tp", "serve_sglang_ep", "serve_fp8_pp", "serve_vllm_ep"},
 }
 
 # (format, case, words the error must contain)
@@ -207,7 +208,6 @@ REFUSED = [
     ("vllm", "ddp", "training-only setting grad_accum=4 cannot be expressed in vllm"),
     ("vllm", "zero1", "training-only setting zero=1 cannot be expressed in vllm"),
     ("vllm", "serve_sglang_ep", "expert parallel ep=4, etp=2 cannot be expressed in vllm"),
-    ("sglang", "serve_vllm_ep", "expert parallel ep=8, etp=1 with tp=4 cannot be expressed in sglang"),
     ("sglang", "serve_pcp", "context parallel (cp=2) cannot be expressed in sglang"),
     ("sglang", "megatron_3d", "cannot be expressed in sglang"),
     ("deepspeed", "mxfp8_zero2", "mxfp8 precision cannot be expressed in deepspeed"),
@@ -274,6 +274,7 @@ KEYS: dict[str, set[str]] = {
         "--tp-size",
         "--pp-size",
         "--dp-size",
+        "--attn-dp-size",
         "--ep-size",
         "--context-length",
         "--max-running-requests",

@@ -251,3 +251,63 @@ def test_previous_torchtitan_round_trips_every_case_it_expressed() -> None:
         expressed += 1
         assert parse(text, "torchtitan") == (layout, job), name
     assert expressed >= 8
+
+
+# ---------------------------------------------------------------------------------------------
+# serving: attention data parallelism (issue 25). vLLM 0.34 pins torch 2.14 and SGLang 0.5.23's
+# ServerArgs needs a chain of GPU-serving packages, so neither parser runs here: the spellings are
+# SGLang 0.5.23's server_args.py (--attn-dp-size; max_running_requests is the server's total,
+# divided by attn_dp_size in pool_configurator.py) and vLLM's EngineArgs (per-engine max_num_seqs).
+
+DSV3_ADP = {
+    "mode": "aggregated",
+    "tp": 16,
+    "pp": 1,
+    "ep": 16,
+    "adp": 16,
+    "devices": 16,
+    "concurrency_per_instance": 512,
+    "job": {
+        "model": "deepseek-v3",
+        "cluster": {"device": "h200-sxm-141gb", "num_devices": 16},
+        "workload": {"kind": "serving", "isl": 1024, "osl": 1024},
+    },
+}
+
+
+def _flags(text: str) -> dict[str, str | bool]:
+    body = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    toks = shlex.split(body.replace("\\\n", " "))
+    out: dict[str, str | bool] = {}
+    for i, t in enumerate(toks):
+        if t.startswith("--"):
+            nxt = toks[i + 1] if i + 1 < len(toks) else "--"
+            out[t] = True if nxt.startswith("--") else nxt
+    return out
+
+
+def test_attention_dp_serving_exports_keep_attention_dp_and_the_scored_concurrency() -> None:
+    from autopar.cli.export import render_record, serving_export_record
+
+    rec = serving_export_record(DSV3_ADP)
+    v = _flags(render_record(rec, "vllm"))
+    assert (v["--tensor-parallel-size"], v["--data-parallel-size"]) == ("1", "16")
+    assert v["--enable-expert-parallel"] is True
+    assert int(v["--max-num-seqs"]) * 16 == 512  # per DP engine: the 16 engines admit 512
+    s = _flags(render_record(rec, "sglang"))
+    assert (s["--tp-size"], s["--attn-dp-size"], s["--ep-size"]) == ("16", "16", "16")
+    assert "--dp-size" not in s and "--enable-dp-attention" not in s
+    assert s["--max-running-requests"] == "512"  # the server's total over attention-DP ranks
+    for fmt in ("vllm", "sglang"):
+        layout, job = parse(render_record(rec, fmt), fmt)
+        assert (layout.tp, layout.dp, layout.ep, layout.etp, layout.micro_batch) == (1, 16, 16, 1, 32)
+        assert job.num_devices == 16
+
+
+def test_serving_without_attention_dp_is_unchanged() -> None:
+    from autopar.cli.export import render_record, serving_export_record
+
+    rec = serving_export_record(dict(DSV3_ADP, adp=1, ep=8, tp=8, devices=16, concurrency_per_instance=64))
+    s = _flags(render_record(rec, "sglang"))
+    assert (s["--tp-size"], s["--dp-size"], s["--ep-size"]) == ("8", "2", "8")
+    assert "--attn-dp-size" not in s and s["--max-running-requests"] == "64"

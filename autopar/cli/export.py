@@ -130,9 +130,12 @@ def _is_serving(r: dict[str, Any]) -> bool:
 
 
 def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
-    """A ``serve`` result as the layout + job the serving exporters read: tp, pp, ep; every
-    replica (and attention-DP rank) a data-parallel engine; the concurrency per engine as
-    ``micro_batch`` (vLLM --max-num-seqs); isl + osl as ``seq_len`` (--max-model-len)."""
+    """A ``serve`` result as the layout + job the serving exporters read: pp, ep; every replica
+    and every attention-DP rank a data-parallel engine (attention TP ``tp / adp``: DeepSeek-V3
+    scored as attention-DP 16 with EP 16 on 16 GPUs is tp=1, dp=16, ep=16, which vLLM runs as
+    ``--data-parallel-size 16 --tensor-parallel-size 1 --enable-expert-parallel`` and SGLang as
+    ``--attn-dp-size 16``); the concurrency per engine as ``micro_batch`` (so the engines together
+    admit the scored concurrency); isl + osl as ``seq_len`` (--max-model-len)."""
     job, w = r["job"], r["job"]["workload"]
     if r.get("mode") != "aggregated":
         raise AutoparError(
@@ -142,8 +145,11 @@ def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
         )
     try:
         tp, pp, devices = int(r["tp"]), int(r["pp"]), int(r["devices"])
-        dp = devices // (tp * pp)
         engines = max(1, int(r.get("adp") or 1))
+        ep = int(r.get("ep") or 1)
+        if tp % engines:
+            raise ValueError
+        dp = devices // (tp * pp) * engines  # replicas x attention-DP ranks
         conc = float(r["concurrency_per_instance"]) / engines
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         raise AutoparError(
@@ -151,11 +157,13 @@ def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
         ) from None
     micro = max(1, round(conc))
     cluster = dict(job.get("cluster") or {}, num_devices=devices)
+    attn = {"etp": max(1, tp // ep)} if engines > 1 and ep > 1 else {}  # experts keep the instance's TP/EP
     return {
-        "tp": tp,
+        "tp": tp // engines,
         "pp": pp,
         "dp": dp,
-        "ep": int(r.get("ep") or 1),
+        "ep": ep,
+        **attn,
         "micro_batch": micro,
         "grad_accum": 1,
         "zero": 0,
