@@ -311,3 +311,37 @@ def test_serving_without_attention_dp_is_unchanged() -> None:
     s = _flags(render_record(rec, "sglang"))
     assert (s["--tp-size"], s["--dp-size"], s["--ep-size"]) == ("8", "2", "8")
     assert "--attn-dp-size" not in s and s["--max-running-requests"] == "64"
+
+
+# ---------------------------------------------------------------------------------------------
+# the launch environment: CUDA_DEVICE_MAX_CONNECTIONS (Megatron-LM validate_args; Bridge's
+# ConfigContainer for Megatron-FSDP)
+
+
+@pytest.mark.parametrize(
+    ("update", "device", "want"),
+    [
+        (dict(tp=2, dp=4, zero=1), "h100-sxm-80gb", "export CUDA_DEVICE_MAX_CONNECTIONS=1"),
+        (dict(cp=2, dp=4, zero=1), None, "export CUDA_DEVICE_MAX_CONNECTIONS=1"),
+        (dict(tp=2, dp=4, zero=1), "b200", None),  # no requirement since Blackwell
+        (dict(tp=2, dp=4, zero=3), "h100-sxm-80gb", "unset CUDA_DEVICE_MAX_CONNECTIONS"),
+        (dict(dp=8, zero=1), "h100-sxm-80gb", None),
+    ],
+)
+def test_megatron_exports_say_what_cuda_device_max_connections_must_be(
+    update: dict[str, int], device: str | None, want: str | None
+) -> None:
+    layout = Layout(micro_batch=1, grad_accum=2, sp=update.get("tp", 1) > 1, **update)
+    job = Job(
+        model="llama-3.1-8b",
+        num_devices=layout.num_devices,
+        seq_len=4096,
+        global_batch=layout.global_batch,
+        num_layers=32,
+        device=device,
+    )
+    text = export(layout, "megatron", job)
+    notes = [ln for ln in text.splitlines() if "CUDA_DEVICE_MAX_CONNECTIONS" in ln]
+    assert (notes[0] if notes else None) is None if want is None else want in notes[0]
+    bridge = export(layout, "megatron_bridge", job)
+    assert ("unset CUDA_DEVICE_MAX_CONNECTIONS" in bridge) == (layout.zero >= 2)

@@ -40,6 +40,7 @@ from autopar.export.base import (
     to_int,
     unsupported,
 )
+from autopar.export.megatron import FSDP_CONNECTIONS_NOTE
 from autopar.layout import Layout
 
 FMT = "megatron_bridge"
@@ -214,6 +215,8 @@ class MegatronBridgeExporter(Exporter):
             [
                 header_line(FMT, job),
                 f"# Megatron Bridge overrides for layout: {layout.short()}",
+                # ConfigContainer validation asserts it with Megatron-FSDP (as Megatron-LM does)
+                *([FSDP_CONNECTIONS_NOTE] if layout.zero >= 2 else []),
                 shell_lines((shlex.quote(f"{k}={_v(v)}") for k, v in o.items()), indent=""),
             ]
         )
