@@ -345,3 +345,36 @@ def test_megatron_exports_say_what_cuda_device_max_connections_must_be(
     assert (notes[0] if notes else None) is None if want is None else want in notes[0]
     bridge = export(layout, "megatron_bridge", job)
     assert ("unset CUDA_DEVICE_MAX_CONNECTIONS" in bridge) == (layout.zero >= 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSpeed AutoTP without a Megatron mpu (the Hugging Face / accelerate path): deepspeed.initialize
+# builds DeepSpeedConfig(config, mpu=None) before AutoTP makes its groups, so the batch identity
+# counts every rank as a data-parallel one (runtime/config.py: world_size = dist.get_world_size()).
+
+
+def test_deepspeed_autotp_without_mpu_runs_the_scored_micro_batch_and_accumulation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("deepspeed")
+    import json
+
+    import deepspeed.runtime.config as dsc
+
+    layout = Layout(tp=4, dp=2, etp=4, zero=1, micro_batch=4, grad_accum=8)  # 64 sequences a step
+    job = Job(model="llama-3.1-8b", num_devices=8, seq_len=4096, global_batch=64)
+    cfg = json.loads(export(layout, "deepspeed", job))
+    monkeypatch.setattr(dsc.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(dsc.dist, "get_world_size", lambda *a, **k: job.num_devices)
+    c = dsc.DeepSpeedConfig(cfg, mpu=None)  # the AutoTP path: no mpu
+    assert c.tensor_parallel_config.autotp_size == 4
+    # what the engine steps on is what was scored: 4 per rank, 8 accumulation steps, 2 DP groups
+    assert (c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps) == (4, 8)
+    # DeepSpeed's own bookkeeping then reads the total TP times too large (256 for 64; display only,
+    # deepspeedai/DeepSpeed#7298), which is why the export leaves train_batch_size out under AutoTP
+    # and carries the scored total in its "autopar" header instead
+    assert "train_batch_size" not in cfg and cfg["autopar"]["job"]["global_batch"] == 64
+    assert c.train_batch_size == 64 * layout.tp
+    # writing the scored total is refused on this path: DeepSpeed's identity counts all 8 ranks
+    with pytest.raises(AssertionError, match="train_batch_size is not equal"):
+        dsc.DeepSpeedConfig(dict(cfg, train_batch_size=64), mpu=None)
