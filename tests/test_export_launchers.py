@@ -378,3 +378,23 @@ def test_deepspeed_autotp_without_mpu_runs_the_scored_micro_batch_and_accumulati
     # writing the scored total is refused on this path: DeepSpeed's identity counts all 8 ranks
     with pytest.raises(AssertionError, match="train_batch_size is not equal"):
         dsc.DeepSpeedConfig(dict(cfg, train_batch_size=64), mpu=None)
+
+
+def test_xfuser_cache_uses_the_0_7_spelling() -> None:
+    """xfuser 0.7's args.py: "--use_teacache is deprecated, use --cache_method teacache" (xfuser
+    does not import without a GPU, so its parser cannot run here)."""
+    from autopar.dit import inference
+    from autopar.dit.spec import load_dit
+    from autopar.export.xdit import xfuser_args
+
+    spec = load_dit("hunyuanvideo")
+    req = inference.Generation(height=720, width=1280, frames=129, steps=50, cache_skip=0.3)
+    args = xfuser_args(spec, req, {"ulysses": 4, "ring": 2}, num_devices=8)
+    assert args[args.index("--cache_method") + 1] == "teacache" and "--use_teacache" not in args
+    plain = xfuser_args(
+        spec,
+        inference.Generation(height=720, width=1280, frames=129, steps=50),
+        {"ulysses": 8},
+        num_devices=8,
+    )
+    assert "--cache_method" not in plain
