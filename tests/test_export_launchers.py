@@ -398,3 +398,48 @@ def test_xfuser_cache_uses_the_0_7_spelling() -> None:
         num_devices=8,
     )
     assert "--cache_method" not in plain
+
+
+# ---------------------------------------------------------------------------------------------
+# Megatron-LM's own parse_args + validate_args (not on the package index): tools/check_megatron_args.py
+# with a checkout named by AUTOPAR_MEGATRON_LM (core_v0.16.x on Python 3.11).
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("flags", "device"),
+    [
+        (["--tp", "2", "--pp", "2", "--dp", "4", "--zero", "1"], "h100-sxm-80gb"),
+        (["--tp", "2", "--dp", "8", "--zero", "3"], "h100-sxm-80gb"),
+        (["--tp", "2", "--pp", "2", "--dp", "4", "--zero", "1"], "b200"),
+        (["--cp", "2", "--dp", "8", "--zero", "1"], "h100-sxm-80gb"),
+    ],
+)
+def test_megatron_lm_validate_args_accepts_the_export(tmp_path: Any, flags: list[str], device: str) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    checkout = os.environ.get("AUTOPAR_MEGATRON_LM")
+    if not checkout:
+        pytest.skip("set AUTOPAR_MEGATRON_LM to a Megatron-LM core_v0.16.x checkout")
+    out = tmp_path / "megatron.txt"
+    job = ["--model", "llama-3.1-8b", "--device", device, "--num-devices", "16", "--seq-len", "4096"]
+    r = subprocess.run(
+        [sys.executable, "-m", "autopar.cli", "export", "--format", "megatron", *job, "--global-batch", "64",
+         *flags, "--micro-batch", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    tool = Path(__file__).resolve().parents[1] / "tools" / "check_megatron_args.py"
+    run = [sys.executable, "-W", "ignore", str(tool), "--megatron-lm", checkout]
+    r = subprocess.run([*run, str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "Megatron-LM accepted" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    # the check can fail: without its environment line a TP/CP export on Hopper is refused
+    text = out.read_text()
+    if "export CUDA_DEVICE_MAX_CONNECTIONS=1" in text:
+        bare = tmp_path / "bare.txt"
+        bare.write_text("\n".join(ln for ln in text.splitlines() if "CUDA_DEVICE_MAX_CONNECTIONS" not in ln))
+        r = subprocess.run([*run, str(bare)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 1 and "CUDA_DEVICE_MAX_CONNECTIONS" in r.stdout
