@@ -53,8 +53,8 @@ class _ExportModule(types.ModuleType):
     first time anything imports ``autopar.export.<module>``; a callable package stays both.
     """
 
-    def __call__(self, layout: Layout, fmt: str, job: Job, launcher_version: str | None = None) -> str:
-        return export(layout, fmt, job, launcher_version)
+    def __call__(self, layout: Layout, fmt: str, job: Job) -> str:
+        return export(layout, fmt, job)
 
 
 sys.modules[__name__].__class__ = _ExportModule
