@@ -100,14 +100,35 @@ def test_recommend_export_writes_the_winner(tmp_path: Path) -> None:
 
 
 def test_recommend_export_defaults_to_the_frameworks_launcher(tmp_path: Path) -> None:
-    out = tmp_path / "plan.toml"
+    out = tmp_path / "plan.sh"
     r = _cli("recommend", *JOB, "--framework", "torchtitan", "--export", "--out", str(out), "--json")
     assert r.returncode == 0, r.stderr
     text = out.read_text()
-    assert "autopar-export" in text and "[parallelism]" in text  # torchtitan's TOML
+    assert "autopar-export" in text and "-m torchtitan.train" in text  # torchtitan 0.3's command
 
 
 def test_recommend_refuses_an_unknown_format_before_searching(tmp_path: Path) -> None:
     r = _cli("recommend", *JOB, "--export", "bogus", cwd=tmp_path)
     assert r.returncode == 2 and "unknown export format 'bogus'" in r.stderr and "megatron" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir()) and not r.stdout
+
+
+def test_launcher_version_picks_the_release_and_refuses_an_unknown_one(tmp_path: Path) -> None:
+    from autopar.export import parse
+
+    flags = [*JOB, "--zero", "3", "--dp", "16", "--micro-batch", "1", "--format", "torchtitan"]
+    out = tmp_path / "titan.sh"
+    r = _cli("export", *flags, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "-m torchtitan.train" in out.read_text() and "--module llama3 --config llama3_8b" in " ".join(
+        out.read_text().replace("\\\n", " ").split()
+    )
+    old = tmp_path / "titan.toml"
+    r = _cli("export", *flags, "--launcher-version", "0.2", "--out", str(old))
+    assert r.returncode == 0, r.stderr
+    assert "[parallelism]" in old.read_text()
+    assert parse(old.read_text(), "torchtitan") == parse(out.read_text(), "torchtitan")
+    bad = tmp_path / "bad.sh"
+    r = _cli("export", *flags, "--launcher-version", "0.1", "--out", str(bad))
+    assert r.returncode == 2 and not bad.exists()
+    assert len(r.stderr.strip().splitlines()) == 1 and "0.3.0, 0.2.2" in r.stderr

@@ -39,8 +39,9 @@ def write_output(text: str, out: Path | None) -> None:
     write_text(out, text if text.endswith("\n") else text + "\n", "launcher file", "--out")
 
 
-def render_record(record: dict[str, Any], fmt: str) -> str:
-    """Export one ``predict``/``recommend --json`` record (fills ``num_layers`` from the model)."""
+def render_record(record: dict[str, Any], fmt: str, launcher_version: str | None = None) -> str:
+    """Export one ``predict``/``recommend --json`` record (fills ``num_layers`` from the model),
+    for the launcher's current release or ``launcher_version``."""
     from autopar.export import export, get_exporter, layout_and_job_from_json
 
     # env is a plain serialization for scripts, not launcher arguments
@@ -57,7 +58,7 @@ def render_record(record: dict[str, Any], fmt: str) -> str:
             job = job.model_copy(update={"num_layers": load_model(job.model).layers})
         except AutoparError:
             pass  # a model we cannot load here: formats that need the depth will say so
-    return export(layout, fmt, job)
+    return export(layout, fmt, job, launcher_version)
 
 
 def _read_records(src: str) -> list[dict[str, Any]]:
@@ -129,9 +130,12 @@ def _is_serving(r: dict[str, Any]) -> bool:
 
 
 def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
-    """A ``serve`` result as the layout + job the serving exporters read: tp, pp, ep; every
-    replica (and attention-DP rank) a data-parallel engine; the concurrency per engine as
-    ``micro_batch`` (vLLM --max-num-seqs); isl + osl as ``seq_len`` (--max-model-len)."""
+    """A ``serve`` result as the layout + job the serving exporters read: pp, ep; every replica
+    and every attention-DP rank a data-parallel engine (attention TP ``tp / adp``: DeepSeek-V3
+    scored as attention-DP 16 with EP 16 on 16 GPUs is tp=1, dp=16, ep=16, which vLLM runs as
+    ``--data-parallel-size 16 --tensor-parallel-size 1 --enable-expert-parallel`` and SGLang as
+    ``--attn-dp-size 16``); the concurrency per engine as ``micro_batch`` (so the engines together
+    admit the scored concurrency); isl + osl as ``seq_len`` (--max-model-len)."""
     job, w = r["job"], r["job"]["workload"]
     if r.get("mode") != "aggregated":
         raise AutoparError(
@@ -141,8 +145,11 @@ def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
         )
     try:
         tp, pp, devices = int(r["tp"]), int(r["pp"]), int(r["devices"])
-        dp = devices // (tp * pp)
         engines = max(1, int(r.get("adp") or 1))
+        ep = int(r.get("ep") or 1)
+        if tp % engines:
+            raise ValueError
+        dp = devices // (tp * pp) * engines  # replicas x attention-DP ranks
         conc = float(r["concurrency_per_instance"]) / engines
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         raise AutoparError(
@@ -150,11 +157,13 @@ def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
         ) from None
     micro = max(1, round(conc))
     cluster = dict(job.get("cluster") or {}, num_devices=devices)
+    attn = {"etp": max(1, tp // ep)} if engines > 1 and ep > 1 else {}  # experts keep the instance's TP/EP
     return {
-        "tp": tp,
+        "tp": tp // engines,
         "pp": pp,
         "dp": dp,
-        "ep": int(r.get("ep") or 1),
+        "ep": ep,
+        **attn,
         "micro_batch": micro,
         "grad_accum": 1,
         "zero": 0,
@@ -205,10 +214,18 @@ def cmd_export(a: argparse.Namespace) -> int:
 
     if a.list_formats:
         for name in _formats():
+            from autopar.export import launcher_versions
+
             desc = getattr(EXPORTERS[name], "description", "")
-            sys.stdout.write(f"{name:<16} {desc}\n")
+            versions = launcher_versions(name)
+            tail = f" [launcher versions: {', '.join(versions)}]" if len(versions) > 1 else ""
+            sys.stdout.write(f"{name:<16} {desc}{tail}\n")
         return 0
     check_out(a.out)
+    if a.launcher_version is not None and a.format is not None:
+        from autopar.export import get_exporter
+
+        get_exporter(a.format, a.launcher_version)  # an unknown version is refused before any work
     if a.from_json:
         given = sorted(getattr(a, "_given", set()) & _job_and_layout_dests())
         if given:
@@ -238,7 +255,7 @@ def cmd_export(a: argparse.Namespace) -> int:
 
         record = predict(**job_kwargs(a), **layout_kwargs(a)).to_dict()
     fmt = a.format or _framework_format(record)
-    write_output(render_record(record, fmt), a.out)
+    write_output(render_record(record, fmt, a.launcher_version), a.out)
     return 0
 
 
@@ -255,6 +272,13 @@ def register(sub) -> dict:
         "fsdp->accelerate)",
     )
     p.add_argument("--list-formats", action="store_true", help="list the formats and exit")
+    p.add_argument(
+        "--launcher-version",
+        default=None,
+        metavar="X.Y",
+        help="write for this release of the launcher where its format changed (default: the current "
+        "one; torchtitan: 0.3 (command), 0.2 (TOML); see --list-formats)",
+    )
     p.add_argument(
         "--from-json",
         default=None,

@@ -28,6 +28,7 @@ from autopar.export.base import (
     Job,
     export,
     get_exporter,
+    launcher_versions,
     layout_and_job_from_json,
     parse,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "Job",
     "export",
     "get_exporter",
+    "launcher_versions",
     "layout_and_job_from_json",
     "parse",
 ]

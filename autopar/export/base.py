@@ -274,6 +274,9 @@ class Exporter(ABC):
     # (Job.moe_dispatcher / moe_a2a_overlap); the others refuse an expert-parallel layout priced with
     # anything but the plain all-to-all dispatcher without overlap.
     moe_options: ClassVar[bool] = False
+    # The launcher release whose parser the format is checked against (``--launcher-version``
+    # picks an earlier one where the format changed: :func:`register_previous`).
+    launcher_version: ClassVar[str | None] = None
 
     def search_limits(self, job: Job) -> dict[str, list[Any]]:
         """Search-space axes this launcher cannot run every value of: axis -> the values it can
@@ -335,6 +338,8 @@ class Exporter(ABC):
 
 
 EXPORTERS: dict[str, Exporter] = {}
+# (format, launcher version) -> the exporter for that earlier launcher release.
+PREVIOUS: dict[tuple[str, str], Exporter] = {}
 _E = TypeVar("_E", bound=type[Exporter])
 
 
@@ -346,18 +351,52 @@ def register(cls: _E) -> _E:
     return cls
 
 
-def get_exporter(fmt: str) -> Exporter:
+def register_previous(cls: _E) -> _E:
+    """Class decorator: file an exporter for an earlier release of its launcher
+    (``launcher_version``), reached with ``export(..., launcher_version=...)``."""
+    if cls.launcher_version is None or (cls.name, cls.launcher_version) in PREVIOUS:
+        raise ValueError(f"exporter {cls.name!r} needs one distinct launcher_version")
+    PREVIOUS[(cls.name, cls.launcher_version)] = cls()
+    return cls
+
+
+def launcher_versions(fmt: str) -> list[str]:
+    """The launcher versions ``fmt`` can be written for, current first."""
+    cur = get_exporter(fmt).launcher_version
+    return ([cur] if cur else []) + sorted((v for f, v in PREVIOUS if f == fmt), reverse=True)
+
+
+def _same_release(asked: str, have: str) -> bool:
+    """``0.2`` and ``0.2.2`` name the 0.2.2 release; ``0.3`` and ``0.3.0`` the 0.3.0 one."""
+    a, h = asked.strip().lstrip("v").split("."), have.split(".")
+    return len(a) >= 2 and h[: len(a)] == a
+
+
+def get_exporter(fmt: str, launcher_version: str | None = None) -> Exporter:
     try:
-        return EXPORTERS[fmt]
+        cur = EXPORTERS[fmt]
     except KeyError:
         raise ExportError(
             f"unknown export format {fmt!r}", f"use one of {', '.join(sorted(EXPORTERS))}"
         ) from None
+    if launcher_version is None:
+        return cur
+    for have in launcher_versions(fmt):
+        if _same_release(launcher_version, have):
+            return cur if have == cur.launcher_version else PREVIOUS[(fmt, have)]
+    known = launcher_versions(fmt)
+    raise ExportError(
+        f"--launcher-version {launcher_version} is not one autopar writes for {fmt}",
+        f"use one of {', '.join(known)}"
+        if known
+        else f"{fmt} has a single version-independent form; drop it",
+    )
 
 
-def export(layout: Layout, fmt: str, job: Job) -> str:
-    """Render ``layout`` for ``job`` in format ``fmt`` (a key of :data:`EXPORTERS`)."""
-    return get_exporter(fmt).render(layout, job)
+def export(layout: Layout, fmt: str, job: Job, launcher_version: str | None = None) -> str:
+    """Render ``layout`` for ``job`` in format ``fmt`` (a key of :data:`EXPORTERS`), for the
+    launcher's current release or ``launcher_version`` (see :func:`launcher_versions`)."""
+    return get_exporter(fmt, launcher_version).render(layout, job)
 
 
 def parse(text: str, fmt: str) -> tuple[Layout, Job]:

@@ -40,8 +40,10 @@ ZeRO mapping (decided here, documented in the module):
   nothing on a PCIe node, so nothing is written there). A megatron-framework job on such a device
   with ``tp > 1`` and ``sp=False`` is refused: it was priced with the overlap, which Megatron
   cannot run without SP. It needs Transformer Engine (Megatron's default ``--transformer-impl``).
-* environment: with ``tp > 1`` or ``cp > 1`` below Blackwell and without Megatron-FSDP,
-  ``validate_args`` asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1``; the text says so in a comment line
+* environment (:func:`max_connections`): with ``tp > 1`` or ``cp > 1`` below Blackwell, without
+  Megatron-FSDP and without the EP all-to-all overlap (where it only warns), ``validate_args``
+  asserts ``CUDA_DEVICE_MAX_CONNECTIONS=1``; with Megatron-FSDP it asserts the variable is not 1
+  ("FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset"). The text says which in a comment line
   (the arguments are appended to a command, so no ``export`` line can be part of them).
 
 Refused, because Megatron-LM would reject or silently change them: interleaving with ``pp < 2``,
@@ -190,15 +192,39 @@ def moe_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
     return a
 
 
+# Devices of compute capability 10 and later: Megatron-LM's CUDA_DEVICE_MAX_CONNECTIONS
+# requirement "no longer exists since the Blackwell architecture" (validate_args).
+BLACKWELL_DEVICES = frozenset({"b200", "b300", "gb200-nvl72", "gb300-nvl72"})
+
+
+def max_connections(layout: Layout, job: Job) -> str | None:
+    """What Megatron-LM's validate_args needs of ``CUDA_DEVICE_MAX_CONNECTIONS``: ``"1"``,
+    ``"unset"`` (Megatron-FSDP asserts it is not 1) or None (no requirement). An unknown device is
+    taken as Hopper or older."""
+    if layout.zero >= 2:
+        return "unset"
+    if (
+        (layout.tp > 1 or layout.cp > 1)
+        and (job.device or "").lower() not in BLACKWELL_DEVICES
+        and not (layout.ep > 1 and job.moe_a2a_overlap)
+    ):
+        return "1"
+    return None
+
+
 def needs_max_connections(layout: Layout, job: Job) -> bool:
     """Megatron-LM validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for these (below Blackwell)."""
-    return (layout.tp > 1 or layout.cp > 1) and layout.zero < 2
+    return max_connections(layout, job) == "1"
 
 
 MAX_CONNECTIONS_NOTE = (
     "# environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM requires it with tensor or "
     "context parallelism on Hopper and older GPUs)"
 )
+FSDP_CONNECTIONS_NOTE = (
+    "# environment: unset CUDA_DEVICE_MAX_CONNECTIONS (Megatron-FSDP requires it unset or > 1)"
+)
+CONNECTIONS_NOTES = {"1": MAX_CONNECTIONS_NOTE, "unset": FSDP_CONNECTIONS_NOTE}
 TP_OVERLAP_NOTE = (
     "# --tp-comm-overlap needs Transformer Engine (the default --transformer-impl) and NVLink "
     "(userbuffers); it is what the megatron profile priced"
@@ -474,7 +500,8 @@ class MegatronExporter(Exporter):
 
     def _render(self, layout: Layout, job: Job) -> str:
         args = megatron_args(layout, job)
-        notes = [MAX_CONNECTIONS_NOTE] if needs_max_connections(layout, job) else []
+        env = max_connections(layout, job)
+        notes = [CONNECTIONS_NOTES[env]] if env else []
         if "--tp-comm-overlap" in args:
             notes.append(TP_OVERLAP_NOTE)
         return "\n".join(

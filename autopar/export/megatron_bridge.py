@@ -40,6 +40,7 @@ from autopar.export.base import (
     to_int,
     unsupported,
 )
+from autopar.export.megatron import FSDP_CONNECTIONS_NOTE
 from autopar.layout import Layout
 
 FMT = "megatron_bridge"
@@ -100,19 +101,29 @@ def _v(x: Any) -> str:
 
 def _split_overrides(layout: Layout, job: Job) -> dict[str, Any]:
     """The first/last stage layers as Megatron-Core TransformerConfig fields (one form; see
-    :func:`autopar.export.base.pipeline_split`)."""
+    :func:`autopar.export.base.pipeline_split`), with the other form written off.
+
+    Recipes set their own split (llama31_405b_pretrain_config sets
+    ``account_for_embedding/loss_in_pipeline_split=True``) and Megatron-Core refuses
+    ``num_layers_in_first/last_pipeline_stage`` together with either flag
+    (TransformerConfig.__post_init__), so all four keys are written under pipeline parallelism:
+    the recipe's split never survives next to the scored one, nor replaces an even split."""
+    if layout.pp == 1:
+        return {}
     form, first, last = pipeline_split(layout, job, FMT)
-    if form == "layers":
-        return {
-            "model.num_layers_in_first_pipeline_stage": first or None,
-            "model.num_layers_in_last_pipeline_stage": last or None,
-        }
     if form == "account_for":
         return {
+            "model.num_layers_in_first_pipeline_stage": None,
+            "model.num_layers_in_last_pipeline_stage": None,
             "model.account_for_embedding_in_pipeline_split": bool(first),
             "model.account_for_loss_in_pipeline_split": bool(last),
         }
-    return {}
+    return {
+        "model.num_layers_in_first_pipeline_stage": first or None,
+        "model.num_layers_in_last_pipeline_stage": last or None,
+        "model.account_for_embedding_in_pipeline_split": False,
+        "model.account_for_loss_in_pipeline_split": False,
+    }
 
 
 def bridge_overrides(layout: Layout, job: Job) -> dict[str, Any]:
@@ -204,6 +215,8 @@ class MegatronBridgeExporter(Exporter):
             [
                 header_line(FMT, job),
                 f"# Megatron Bridge overrides for layout: {layout.short()}",
+                # ConfigContainer validation asserts it with Megatron-FSDP (as Megatron-LM does)
+                *([FSDP_CONNECTIONS_NOTE] if layout.zero >= 2 else []),
                 shell_lines((shlex.quote(f"{k}={_v(v)}") for k, v in o.items()), indent=""),
             ]
         )

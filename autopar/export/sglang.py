@@ -6,8 +6,14 @@
   TP ranks: ``ep`` must divide ``tp`` and the experts' TP is ``tp / ep``, so a layout with
   ``ep > 1`` is expressible only when ``etp == tp // ep``. With ``ep == 1`` the layout's ``etp``
   is kept in the autopar header.
+* attention data parallelism (a ``serve`` layout scored with attention DP: ``ep == tp*dp``,
+  ``etp == 1``, e.g. DeepSeek-V3 attention-DP 16 with EP 16) is one server whose ``--tp-size``
+  spans every rank: ``--tp-size tp*dp --attn-dp-size dp --ep-size ep`` (SGLang 0.5.23's spelling,
+  server_args.py; ``--enable-dp-attention --dp-size`` is deprecated there).
 * ``micro_batch`` -> ``--max-running-requests`` (per scheduler, i.e. per DP replica when DP
-  attention is off); ``seq_len`` -> ``--context-length``.
+  attention is off; with attention DP the flag is the server's total, which SGLang divides by
+  ``attn_dp_size`` (pool_configurator.py), so ``micro_batch * dp`` is written); ``seq_len`` ->
+  ``--context-length``.
 * precision: ``--dtype bfloat16|float16|float32``; fp8 -> ``--dtype bfloat16 --quantization fp8``.
 * refused: context parallel (SGLang's decode-context parallel reuses TP ranks), virtual stages,
   Megatron sequence parallelism, and non-default training-only settings.
@@ -44,6 +50,7 @@ VALUE_FLAGS = (
     "--tp-size",
     "--pp-size",
     "--dp-size",
+    "--attn-dp-size",
     "--ep-size",
     "--context-length",
     "--max-running-requests",
@@ -75,24 +82,31 @@ class SglangExporter(Exporter):
         ):
             if cond:
                 raise unsupported(feature, FMT, hint)
-        if layout.ep > 1 and (layout.tp % layout.ep or layout.etp != layout.tp // layout.ep):
+        attn_dp = layout.ep > 1 and layout.dp > 1 and layout.ep == layout.tp * layout.dp and layout.etp == 1
+        if layout.ep > 1 and not attn_dp and (layout.tp % layout.ep or layout.etp != layout.tp // layout.ep):
             raise unsupported(
                 f"expert parallel ep={layout.ep}, etp={layout.etp} with tp={layout.tp}",
                 FMT,
-                "SGLang splits each replica's TP ranks: ep must divide tp and etp = tp/ep",
+                "SGLang splits each replica's TP ranks (ep divides tp, etp = tp/ep), or runs "
+                "attention DP with ep = tp*dp and etp = 1",
             )
         a = [
             "python -m sglang.launch_server",
             flag("--model-path", serving_model_ref(job.model, FMT)),
-            flag("--tp-size", layout.tp),
-            flag("--pp-size", layout.pp),
-            flag("--dp-size", layout.dp),
         ]
+        if attn_dp:
+            a += [
+                flag("--tp-size", layout.tp * layout.dp),
+                flag("--pp-size", layout.pp),
+                flag("--attn-dp-size", layout.dp),
+            ]
+        else:
+            a += [flag("--tp-size", layout.tp), flag("--pp-size", layout.pp), flag("--dp-size", layout.dp)]
         if layout.ep > 1:
             a.append(flag("--ep-size", layout.ep))
         a += [
             flag("--context-length", job.seq_len),
-            flag("--max-running-requests", layout.micro_batch),
+            flag("--max-running-requests", layout.micro_batch * (layout.dp if attn_dp else 1)),
             flag("--dtype", DTYPE[layout.precision]),
         ]
         if layout.precision == "fp8":
@@ -124,6 +138,16 @@ class SglangExporter(Exporter):
 
         tp, pp, dp, ep = num("--tp-size", 1), num("--pp-size", 1), num("--dp-size", 1), num("--ep-size", 1)
         mb = num("--max-running-requests")
+        attn_dp = num("--attn-dp-size", 1)
+        if attn_dp > 1:  # one server: --tp-size spans every rank, requests split over attention DP
+            if "--dp-size" in f or ep != tp:
+                raise unsupported(
+                    "--attn-dp-size with --dp-size or with --ep-size other than --tp-size",
+                    "autopar (reading " + FMT + ")",
+                    "autopar writes attention DP with ep = tp-size and no --dp-size",
+                )
+            tp, dp = exact_div(tp, attn_dp, "--tp-size / --attn-dp-size", FMT), attn_dp
+            mb = exact_div(mb, attn_dp, "--max-running-requests / --attn-dp-size", FMT)
         if "--model-path" not in f:
             raise ExportError(f"--model-path missing from the {FMT} text")
         model = f["--model-path"]
@@ -147,7 +171,10 @@ class SglangExporter(Exporter):
         precision = "fp8" if quant else {v: k for k, v in DTYPE.items() if k != "fp8"}.get(dtype)
         if precision is None:
             raise ExportError(f"--dtype {dtype!r} in the {FMT} text")
-        etp = exact_div(tp, ep, "tp / ep", FMT) if ep > 1 else etp_from_header(header, tp)
+        if attn_dp > 1:
+            etp = 1
+        else:
+            etp = exact_div(tp, ep, "tp / ep", FMT) if ep > 1 else etp_from_header(header, tp)
         layout = build_layout(
             dict(
                 tp=tp,

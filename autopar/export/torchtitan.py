@@ -1,10 +1,24 @@
-"""torchtitan job config TOML, targeting **torchtitan 0.2.2** (``--job.config_file``; the last TOML release).
+"""torchtitan launch, for **torchtitan 0.3.0** (default) or 0.2.2 (``--launcher-version 0.2``).
 
-torchtitan >= 0.3 configures jobs in Python (``ParallelismConfig``/``TrainingConfig`` objects);
-this exporter writes the 0.2.x ``JobConfig`` sections. Merge them into a config that names the
-model (``[model] name/flavor``), or pass the file and override the model on the command line.
+0.3.0 configures a job in Python: ``-m torchtitan.train --module <model> --config <config_registry
+function>`` loads a ``Trainer.Config`` and ``--<section>.<field> value`` overrides it (tyro;
+``torchtitan.config.manager.ConfigManager``). The export is that command. A preset with a
+torchtitan config function (:data:`TORCHTITAN_CONFIGS`) names it; any other model leaves
+``$TORCHTITAN_MODULE``/``$TORCHTITAN_CONFIG`` for the user to set. What changed from 0.2.2:
 
-Mapping (checked against torchtitan 0.2.2's ``job_config.py``, ``parallel_dims.py``,
+* no ``[model] converters`` key: fp8 is a ``*_float8`` config function's model spec (refused;
+  ``--launcher-version 0.2`` writes the converter);
+* no ``expert_tensor_parallel_degree``: experts borrow FSDP and TP ranks (``dp_shard*cp*tp ==
+  efsdp*ep``), so an EP layout needs ``etp == 1`` (a dense layout's ETP travels in the header);
+* activation checkpointing is a subcommand (``activation-checkpoint:none|selective|full``;
+  selective is per-op, autopar's selective);
+* CUDA graphs are on by default (and ``Trainer.Config.__post_init__`` refuses them with pipeline
+  parallelism and with EP token dispatchers that synchronise with the host, the default one);
+  autopar prices eager launches (the stack profile's host floor), so every export writes
+  ``--training.disable_cuda_graphs``: the variant that was scored, which torchtitan accepts.
+
+0.2.2 writes the ``--job.config_file`` TOML sections (the last TOML release): merge them into a
+config that names the model. Mapping (checked against torchtitan 0.2.2's ``job_config.py``, ``parallel_dims.py``,
 ``pipeline_parallel.py`` and ``llama3/infra/parallelize.py``):
 
 * ``dp = data_parallel_replicate_degree * data_parallel_shard_degree``; FSDP2 shards over
@@ -35,6 +49,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 import tomllib
 from typing import Any
 
@@ -44,11 +59,17 @@ from autopar.export.base import (
     Job,
     build_layout,
     check_keys,
+    etp_from_header,
     exact_div,
     header_line,
+    inert_etp,
     merge_job,
+    parse_flags,
     read_header,
     register,
+    register_previous,
+    shell_lines,
+    strip_comments,
     to_int,
     unsupported,
 )
@@ -225,12 +246,13 @@ def dump_toml(doc: dict[str, dict[str, Any]]) -> str:
     return "\n".join(out).lstrip("\n")
 
 
-@register
-class TorchtitanExporter(Exporter):
+@register_previous
+class TorchtitanTomlExporter(Exporter):
     name = FMT
     suffix = ".toml"
     description = f"torchtitan {TORCHTITAN_VERSION} job config (TOML, --job.config_file)"
     pipeline_schedules = PIPELINE_SCHEDULES
+    launcher_version = TORCHTITAN_VERSION
 
     def search_limits(self, job: Job) -> dict[str, list[Any]]:
         # sections()'s refusals, axis by axis; zero=0 (DDP) runs only without tp, pp and cp, which
@@ -376,4 +398,168 @@ class TorchtitanExporter(Exporter):
         )
         if pipeline_schedule != job.pipeline_schedule:  # the TOML's schedule is what torchtitan runs
             job = job.model_copy(update={"pipeline_schedule": pipeline_schedule})
+        return layout, job
+
+
+# ---------------------------------------------------------------------------------------------
+# torchtitan 0.3: the torchrun command with ConfigManager overrides
+
+TORCHTITAN_CURRENT = "0.3.0"
+# autopar preset -> (torchtitan --module, --config): torchtitan 0.3.0's config_registry functions
+# for the same model (torchtitan/models/*/config_registry.py).
+TORCHTITAN_CONFIGS: dict[str, tuple[str, str]] = {
+    "llama-3.1-8b": ("llama3", "llama3_8b"),
+    "llama-3.1-70b": ("llama3", "llama3_70b"),
+    "llama-3.1-405b": ("llama3", "llama3_405b"),
+    "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"),
+    "qwen3-30b-a3b": ("qwen3", "qwen3_30b_a3b"),
+    "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b"),
+    "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b"),
+}
+MODULE_VAR, CONFIG_VAR = "$TORCHTITAN_MODULE", "$TORCHTITAN_CONFIG"
+AC_SUBCOMMAND = "activation-checkpoint:"
+# --<section>.<field> overrides autopar writes and reads (0.3.0 Trainer.Config fields).
+V3_VALUE_FLAGS = (
+    "--training.local_batch_size",
+    "--training.global_batch_size",
+    "--training.seq_len",
+    "--training.mixed_precision_param",
+    "--parallelism.data_parallel_replicate_degree",
+    "--parallelism.data_parallel_shard_degree",
+    "--parallelism.fsdp_reshard_after_forward",
+    "--parallelism.tensor_parallel_degree",
+    "--parallelism.pipeline_parallel_degree",
+    "--parallelism.pipeline_parallel_schedule",
+    "--parallelism.pipeline_parallel_microbatch_size",
+    "--parallelism.pipeline_parallel_layers_per_stage",
+    "--parallelism.context_parallel_degree",
+    "--parallelism.expert_parallel_degree",
+)
+V3_BOOL_FLAGS = ("--training.disable_cuda_graphs",)
+TORCHRUN_FLAGS = ("--nnodes", "--nproc-per-node")
+
+
+def torchtitan_model(model: str) -> tuple[str, str]:
+    """(--module, --config) for ``model``: a preset's torchtitan config, else the shell variables."""
+    return TORCHTITAN_CONFIGS.get(model.strip().lower(), (MODULE_VAR, CONFIG_VAR))
+
+
+def overrides_v3(layout: Layout, job: Job) -> tuple[list[str], str]:
+    """The 0.3.0 ``--section.field value`` overrides and the AC subcommand, or ExportError."""
+    if layout.precision == "fp8":
+        raise unsupported(
+            "fp8 precision (a model converter)",
+            f"{FMT} {TORCHTITAN_CURRENT}",
+            "0.3 has no converters key: run a *_float8 config function, or export --launcher-version 0.2",
+        )
+    if layout.ep > 1 and layout.etp != 1:
+        raise unsupported(
+            f"expert tensor parallel (etp={layout.etp}, ep={layout.ep})",
+            f"{FMT} {TORCHTITAN_CURRENT}",
+            "0.3 has no expert_tensor_parallel_degree (experts borrow FSDP and TP ranks); use etp=1",
+        )
+    sec = sections(layout, job)
+    par = dict(sec["parallelism"])
+    par.pop("expert_tensor_parallel_degree")
+    out: list[str] = []
+    for k, v in sec["training"].items():
+        out.append(f"--training.{k} {shlex.quote(str(v))}")
+    for k, v in par.items():
+        out.append(f"--parallelism.{k} {shlex.quote(str(v))}")
+    out.append("--training.disable_cuda_graphs")  # autopar prices eager launches
+    return out, AC_SUBCOMMAND + layout.recompute
+
+
+@register
+class TorchtitanExporter(Exporter):
+    name = FMT
+    suffix = ".sh"
+    description = (
+        f"torchtitan {TORCHTITAN_CURRENT} command (--module/--config + overrides; "
+        f"--launcher-version 0.2 for the {TORCHTITAN_VERSION} TOML)"
+    )
+    pipeline_schedules = PIPELINE_SCHEDULES
+    launcher_version = TORCHTITAN_CURRENT
+
+    def search_limits(self, job: Job) -> dict[str, list[Any]]:
+        # the 0.2.2 refusals, and fp8 (no converters key); etp is left to the rendering check
+        # (a dense layout's etp has no effect)
+        return {
+            "zero": [2, 3],
+            "offload": [False],
+            "precision": ["bf16", "fp32"],
+            "sp": ["auto", "on"],
+            "pipeline_ends": ["even"],
+            "recompute": ["none", "selective", "full"],
+        }
+
+    def _render(self, layout: Layout, job: Job) -> str:
+        flags, ac = overrides_v3(layout, job)
+        module, config = torchtitan_model(job.model)
+        named = module != MODULE_VAR
+        lines = [
+            header_line(FMT, job, inert_etp(layout)),
+            f"# torchtitan {TORCHTITAN_CURRENT} command for layout: {layout.short()}",
+        ]
+        if not named:
+            lines.append(
+                "# set TORCHTITAN_MODULE and TORCHTITAN_CONFIG to the model's torchtitan module and "
+                "config_registry function (e.g. llama3 llama3_8b)"
+            )
+        head = [
+            f"torchrun --nnodes {job.nnodes} --nproc-per-node {job.nproc_per_node} -m torchtitan.train",
+            f"--module {module if named else chr(34) + module + chr(34)}",
+            f"--config {config if named else chr(34) + config + chr(34)}",
+        ]
+        lines.append(shell_lines([*head, *flags, ac]))
+        return "\n".join(lines)
+
+    def _parse(self, text: str) -> tuple[Layout, Job]:
+        if "-m torchtitan.train" not in strip_comments(text):
+            return TorchtitanTomlExporter()._parse(text)  # a 0.2.2 TOML
+        header = read_header(text, FMT)
+        assert header is not None
+        try:
+            toks = shlex.split(strip_comments(text))
+        except ValueError as e:
+            raise ExportError(f"the {FMT} text is not a shell command: {e}") from None
+        if (
+            toks[:1] != ["torchrun"]
+            or "-m" not in toks
+            or toks[toks.index("-m") + 1 :][:1] != ["torchtitan.train"]
+        ):
+            raise ExportError(f"the {FMT} text is not `torchrun ... -m torchtitan.train ...`")
+        i = toks.index("-m")
+        run = parse_flags(toks[1:i], TORCHRUN_FLAGS, (), FMT)
+        rest = toks[i + 2 :]
+        acs = [t for t in rest if t.startswith(AC_SUBCOMMAND)]
+        if len(acs) != 1 or rest[-1] != acs[0]:
+            raise ExportError(f"the {FMT} text needs one trailing {AC_SUBCOMMAND}<mode> subcommand")
+        mode = acs[0].removeprefix(AC_SUBCOMMAND)
+        if mode not in ("none", "selective", "full"):
+            raise unsupported(f"activation checkpointing {mode!r}", "autopar (reading " + FMT + ")")
+        f = parse_flags(rest[:-1], (*V3_VALUE_FLAGS, "--module", "--config"), V3_BOOL_FLAGS, FMT)
+        for k in ("--module", "--config"):
+            if k not in f:
+                raise ExportError(f"{k} missing from the {FMT} text", "torchtitan 0.3 requires it")
+        tr = {k.removeprefix("--training."): v for k, v in f.items() if k.startswith("--training.")}
+        par = {k.removeprefix("--parallelism."): v for k, v in f.items() if k.startswith("--parallelism.")}
+        cuda_graphs_off = bool(tr.pop("disable_cuda_graphs", False))
+        doc = {"training": tr, "parallelism": par, "activation_checkpoint": {"mode": mode}}
+        if mode == "selective":
+            doc["activation_checkpoint"]["selective_ac_option"] = "op"
+        body = dump_toml(doc)
+        layout, job = TorchtitanTomlExporter()._parse(
+            header_line(FMT, Job.from_dict(header["job"])) + "\n" + body
+        )
+        layout = layout.model_copy(update={"etp": 1 if layout.ep > 1 else etp_from_header(header, layout.tp)})
+        if not cuda_graphs_off:
+            raise unsupported(
+                "CUDA graphs (torchtitan 0.3's default)",
+                "autopar (reading " + FMT + ")",
+                "autopar prices eager launches; add --training.disable_cuda_graphs",
+            )
+        for k, v in (("--nnodes", job.nnodes), ("--nproc-per-node", job.nproc_per_node)):
+            if k in run and to_int(run[k], k, FMT) != v:
+                raise ExportError(f"{k} {run[k]} disagrees with the job ({v}) in the {FMT} text")
         return layout, job

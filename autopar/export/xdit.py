@@ -79,8 +79,8 @@ def xfuser_args(spec: DiTSpec, req: Generation, layout: dict[str, int], *, num_d
         args.append("--use_parallel_vae")
     if req.compiled:
         args.append("--use_torch_compile")
-    if req.cache_skip > 0:
-        args.append("--use_teacache")
+    if req.cache_skip > 0:  # xfuser 0.7 (config/args.py): --use_teacache is deprecated for this
+        args += ["--cache_method", "teacache"]
     return args
 
 
