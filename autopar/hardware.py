@@ -249,7 +249,9 @@ class Efficiency(_Frozen):
 
     @field_validator("attention_fwd")
     @classmethod
-    def _attention_curve(cls, v: dict[int, list[tuple[float, float]]]) -> dict[int, list[tuple[float, float]]]:
+    def _attention_curve(
+        cls, v: dict[int, list[tuple[float, float]]]
+    ) -> dict[int, list[tuple[float, float]]]:
         for d, pts in v.items():
             seqs = [s for s, _ in pts]
             if not 0 < d <= 1024 or len(pts) < 2 or seqs != sorted(set(seqs)) or seqs[0] <= 0:
@@ -293,9 +295,7 @@ def attention_fraction(curve: dict[int, list[tuple[float, float]]], head_dim: fl
 
     s = np.log(np.maximum(np.asarray(seq, dtype=np.float64), 1.0))
     dims = sorted(curve)
-    per = [
-        np.interp(s, np.log([p[0] for p in curve[d]]), [p[1] for p in curve[d]]) for d in dims
-    ]
+    per = [np.interp(s, np.log([p[0] for p in curve[d]]), [p[1] for p in curve[d]]) for d in dims]
     if len(dims) == 1:
         return np.asarray(per[0], dtype=np.float64)
     x = float(np.log(min(max(head_dim, dims[0]), dims[-1])))

@@ -83,7 +83,9 @@ def rates(device_id: str) -> dict[int, list[tuple[int, float]]]:
             g = df[(df.head_dim == d) & (df.isl == s)]
             if g.empty:
                 continue
-            flops = 2.0 * g.batch_size * g.isl.astype(float) ** 2 * g.num_heads * d  # causal: half of 4 b s^2 h d
+            flops = (
+                2.0 * g.batch_size * g.isl.astype(float) ** 2 * g.num_heads * d
+            )  # causal: half of 4 b s^2 h d
             frac = float((flops / (g.latency * 1e-3)).max() / peak)
             pts.append((s, round(frac, 3)))
         if len(pts) >= 2:
@@ -112,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             got = dict(pts)
             print(f"{dev:<16} {d:>8} " + " ".join(f"{got[s]:6.3f}" if s in got else "     -" for s in SEQS))
     if a.json:
-        a.json.write_text(json.dumps({k: {str(d): v for d, v in r.items()} for k, r in table.items()}, indent=2))
+        a.json.write_text(
+            json.dumps({k: {str(d): v for d, v in r.items()} for k, r in table.items()}, indent=2)
+        )
     return 0
 
 

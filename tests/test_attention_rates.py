@@ -87,3 +87,24 @@ def test_attention_is_charged_at_the_measured_rate_by_hand() -> None:
     fwd = a * 2 * s * s * (d + d) * 0.5  # causal: half the 4 s^2 a d of the full score matrix
     want = L * 3.5 * fwd / (100e12 * frac * 0.8 / 1.6)  # torchtitan: FlashAttention-2, not cuDNN
     assert _slot(model, TORCHTITAN, seq=s, co=co)["attention"][0] == pytest.approx(want, rel=1e-12)
+
+
+def test_a_sliding_window_costs_the_keys_it_attends_to() -> None:
+    # Query i of a causal window of w keys attends to min(i, w) of them: s*w - w^2/2 per head, the
+    # count autopar.model uses for FLOPs; the attention core's time follows it (rate held constant).
+    from dataclasses import replace
+
+    from test_stack_time import CO, MEGATRON, _model, _slot
+
+    from autopar.model import load_model
+
+    s, w, L = 4096, 1024, 2
+    co = replace(CO, gemm_half_dim=1e-9, exp_rate=0.0)  # the same rate at every length
+    full = _model(1024, L, 16, 64)
+    win = load_model({**full.model_dump(), "name": "win", "sliding_window": w, "sliding_window_layers": L})
+    ratio = (
+        _slot(win, MEGATRON, seq=s, co=co)["attention"][0]
+        / _slot(full, MEGATRON, seq=s, co=co)["attention"][0]
+    )
+    assert ratio == pytest.approx((w - w * w / (2 * s)) / (s / 2), rel=1e-9)
+    assert ratio == pytest.approx(win._context(s, w, True) / full._context(s, 0, True), rel=1e-9)

@@ -168,7 +168,7 @@ def test_calibration_ranges_and_required_blocks(tmp_path: Path) -> None:
     for bad, words in (
         (sub("tp_overlap", "1.7"), "global.tp_overlap"),
         (sub("bf16", "5.0"), "gemm.bf16"),
-        (sub("attention", "-0.314"), "attention"),
+        (sub("attention_scale", "-0.314"), "attention_scale"),
         (sub("bf16", ".nan"), "gemm.bf16"),
         (base.replace("global:", "globals:"), "required block 'global' is missing"),
         (base + "transfer: {}\n", "'transfer' appears twice"),

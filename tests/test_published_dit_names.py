@@ -91,9 +91,15 @@ def test_rows_spelled_otherwise_or_unknown_are_predicted_not_skipped(tmp_path: P
     # an unknown name with its architecture columns: built from them (FLUX.1-dev's dimensions here)
     unknown = [dict(r, row_id=r["row_id"] + "u", model="MyMMDiT-12B") for r in keep if "FLUX" in r["model"]]
     bare = [dict(unknown[0], row_id="Dbare", arch_layers="", arch_hidden="", arch_heads="")]
-    got = _run(tmp_path, respelled + unknown + bare, fields, "respelled")
+    # The study fits its coefficients on the rows it reads: the same rows spelled otherwise give the
+    # same fit and the same predictions; rows added to them may move the fit, so they run apart.
+    respelled_got = _run(tmp_path, respelled, fields, "respelled")
     for rid, rec in base.items():
-        assert "skipped" not in rec and got[rid]["predicted_value"] == pytest.approx(rec["predicted_value"])
+        got_rec = respelled_got[rid]
+        assert "skipped" not in got_rec and got_rec["predicted_value"] == pytest.approx(
+            rec["predicted_value"]
+        )
+    got = _run(tmp_path, keep + unknown + bare, fields, "unknown")
     for r in unknown:
         rec = got[r["row_id"]]
         assert "skipped" not in rec, rec

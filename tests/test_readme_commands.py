@@ -33,6 +33,11 @@ BIN = Path(sys.executable).parent
 # command prefix -> why it is not run here (times measured on the 2-core development machine)
 SKIPPED = {
     "python -m pip install": "installs the package: the suite runs against the installed one already",
+    "git clone --branch core_v0.16.1": "downloads Megatron-LM from GitHub (the suite has no network); the slow test "
+    "of tests/test_export_launchers.py runs the same check when AUTOPAR_MEGATRON_LM names a checkout",
+    "python tools/check_megatron_args.py --megatron-lm Megatron-LM": "needs the Megatron-LM checkout of the "
+    "command before it (see there)",
+    "python studies/suite_speed.py": "runs the whole default suite (minutes), of which this test is part",
     "mkdocs build --strict": "builds the documentation site: tests/test_docs_site.py builds it with the same "
     "--strict flag into a temporary directory",
     "python -m pytest": "the default test suite (not slow or stress; a few minutes on 2 cores), of which this test is part",

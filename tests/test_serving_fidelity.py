@@ -27,15 +27,21 @@ def ttft_ms(device: str, cal=None, isl: int = 16000) -> float:
     return float(res["ttft_service_s"][0]) * 1e3
 
 
-def test_hopper_and_ampere_prefill_attention_use_the_published_kernel_figures() -> None:
+def test_hopper_and_ampere_prefill_attention_use_the_measured_or_published_kernel_figures() -> None:
+    # A profile with a measured forward FMHA curve (efficiency.attention_fwd) prefills at that curve;
+    # the same die without one takes the published kernel figure of the die.
     cal = load_calibration()
     for dev, die in (("h100-sxm-80gb", "gh100"), ("h200-sxm-141gb", "gh100"), ("a100-80gb", "ga100")):
         eff, src = prefill_attention_source(dev, cal)
         assert eff == PREFILL_ATTENTION_EFF[die][0] and "arXiv" in src
         w = make_workload(isl=1000, osl=100)
-        ctx = make_context(
-            load_model("llama-3.1-8b"), load_device(dev), w, devices_per_node=8, calibration=cal
+        prof = load_device(dev)
+        ctx = make_context(load_model("llama-3.1-8b"), prof, w, devices_per_node=8, calibration=cal)
+        assert prof.efficiency.attention_fwd and ctx.sc.prefill_attention_eff is None
+        unmeasured = prof.model_copy(
+            update={"efficiency": prof.efficiency.model_copy(update={"attention_fwd": {}})}
         )
+        ctx = make_context(load_model("llama-3.1-8b"), unmeasured, w, devices_per_node=8, calibration=cal)
         assert ctx.sc.prefill_attention_eff == eff
     # a die without a published figure keeps the training-fitted efficiency, and says so
     eff, src = prefill_attention_source("mi300x", cal)

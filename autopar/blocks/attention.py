@@ -134,10 +134,13 @@ def core_time(model, ctx: SlotContext) -> tuple[np.ndarray, np.ndarray]:
         attn_f = bh * (scores + context) + passes
         return attn_f, 2.0 * attn_f
     if window and model.sliding_window_layers:
-        # FlashAttention: fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd.
+        # FlashAttention: fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd. A window of w keys: query i
+        # attends to min(i, w) keys, s·w − w²/2 in all, which attn_fwd's causal half of s·s_kv is for
+        # s_kv = 2w − w²/s (the full causal s when w >= s).
         frac_sw = model.sliding_window_layers / max(model.attn_layers, 1)
+        w = min(float(window), s_kv_full)
         mm_full, ex_full = attn_fwd(model, ctx, s_kv_full)
-        mm_win, ex_win = attn_fwd(model, ctx, min(window, s_kv_full), False)
+        mm_win, ex_win = attn_fwd(model, ctx, 2.0 * w - w * w / s_kv_full, False)
         mm_f = (1 - frac_sw) * mm_full + frac_sw * mm_win
         ex_f = (1 - frac_sw) * ex_full + frac_sw * ex_win
     else:

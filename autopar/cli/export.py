@@ -276,7 +276,7 @@ def register(sub) -> dict:
         "--launcher-version",
         default=None,
         metavar="X.Y",
-        help="write for this release of the launcher where its format changed (default: the current "
+        help="target this release of the launcher where its format changed (default: the current "
         "one; torchtitan: 0.3 (command), 0.2 (TOML); see --list-formats)",
     )
     p.add_argument(
