@@ -542,11 +542,12 @@ def _ask_lock(cfg_storage: Any, study: Any = None) -> Iterator[None]:
     """Serialize "count the trials, then ask one" across every process running the study.
 
     With a local journal or SQLite file: an exclusive ``flock`` on the file. With PostgreSQL: a
-    transaction holding a row lock (``SELECT ... FOR NO KEY UPDATE``) on the study's row of Optuna's
-    ``studies`` table, so the count and the new trial are one step in the database itself, whichever
-    machine the processes run on (the lock goes with the transaction: a killed worker's connection
-    closes and releases it). ``FOR NO KEY UPDATE`` still lets the trial rows that reference the study
-    be inserted (by Optuna's own connections) while it is held. Other database servers have no such
+    transaction holding an advisory lock keyed by the study's id (``pg_advisory_xact_lock``), so the
+    count and the new trial are one step in the database itself, whichever machine the processes
+    run on (the lock goes with the transaction: a killed worker's connection closes and releases
+    it). A row lock on the study's row would not do: Optuna's own connection locks that row
+    ``FOR UPDATE`` to number a new trial, and would wait on this one forever. Other database
+    servers have no such
     lock here and may overshoot by a trial per extra process.
     """
     engine = _pg_engine(study._storage) if study is not None else None
@@ -555,8 +556,8 @@ def _ask_lock(cfg_storage: Any, study: Any = None) -> Iterator[None]:
 
         with engine.connect() as conn, conn.begin():
             conn.execute(
-                sqlalchemy.text("SELECT study_id FROM studies WHERE study_id = :sid FOR NO KEY UPDATE"),
-                {"sid": study._study_id},
+                sqlalchemy.text("SELECT pg_advisory_xact_lock(:k, :sid)"),
+                {"k": _PG_CLAIM_LOCK, "sid": study._study_id},
             )
             yield
         return
@@ -576,17 +577,16 @@ def _ask_lock(cfg_storage: Any, study: Any = None) -> Iterator[None]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
+# first key of the pg_advisory_xact_lock(key, study_id) that serializes a study's count-and-ask
+_PG_CLAIM_LOCK = 0x61757470  # "autp"
+
+
 def _pg_engine(storage: Any) -> Any:
     """The SQLAlchemy engine of an Optuna RDB storage on PostgreSQL, else None."""
+    storage = getattr(storage, "_backend", storage)  # a study's RDB storage is wrapped in a cache
     engine = getattr(storage, "engine", None)
     dialect = getattr(getattr(engine, "dialect", None), "name", None)
     return engine if dialect == "postgresql" else None
-
-
-def _exact_total(storage: Any) -> bool:
-    """Whether :func:`_ask_lock` makes ``--n-trials`` exact on this storage."""
-    engine = getattr(storage, "engine", None)
-    return engine is None or getattr(engine.dialect, "name", None) in ("postgresql", "sqlite")
 
 
 def make_sampler(name: str, seed: int, *, multi: bool) -> Any:
@@ -1347,7 +1347,8 @@ def run_study(
             "the energy objective is not modeled for uneven pipeline splits", "use throughput, memory or cost"
         )
     study, resumed, sampler_name, seed = open_study(cfg)
-    fail_stale_trials(study)
+    with _ask_lock(cfg.storage, study):  # a retry it queues is one step with the count, as below
+        fail_stale_trials(study)
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     # A resumed session must not replay the first session's random proposals: offset the seed by
     # the trials already in the study (deterministic, and recorded).
