@@ -547,8 +547,7 @@ def _ask_lock(cfg_storage: Any, study: Any = None) -> Iterator[None]:
     run on (the lock goes with the transaction: a killed worker's connection closes and releases
     it). A row lock on the study's row would not do: Optuna's own connection locks that row
     ``FOR UPDATE`` to number a new trial, and would wait on this one forever. Other database
-    servers have no such
-    lock here and may overshoot by a trial per extra process.
+    servers have no such lock here and may overshoot by a trial per extra process.
     """
     engine = _pg_engine(study._storage) if study is not None else None
     if engine is not None:
