@@ -193,3 +193,32 @@ def test_embedded_ray_listens_on_loopback_only(tmp_path: Path) -> None:
         "node_ip": "127.0.0.1",
         "dashboard": False,
     }
+
+
+def test_study_scored_on_ray_is_identical(ray_local, tmp_path: Path) -> None:
+    """``study run --ray``: each batch's proposals are scored as Ray tasks; with the same sampler and
+    seed the study holds the same trials, values and best layouts as one scored in-process."""
+    from autopar.objectives import Objectives
+    from autopar.prediction import training_job
+    from autopar.search.space import load_space
+    from autopar.search.study import StudyConfig, load_report, run_study
+
+    job = training_job(devices_per_node=None, **{k: v for k, v in MOE.items()})
+    reps = {}
+    for mode in (None, "local"):
+        cfg = StudyConfig(
+            name="r",
+            job=job,
+            space=load_space("default"),
+            objectives=Objectives.parse("throughput"),
+            sampler="random",
+            seed=5,
+            storage=str(tmp_path / f"{mode}.log"),
+            seed_top_k=0,
+            ray=mode,
+        )
+        rep = run_study(cfg, n_trials=24)
+        assert rep.n_complete == 24 and rep.new_trials == 24
+        reps[mode] = load_report("r", str(tmp_path / f"{mode}.log"), top=5)
+    assert reps[None].history == reps["local"].history
+    assert reps[None].best == reps["local"].best

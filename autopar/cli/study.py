@@ -82,6 +82,22 @@ def register(sub: Any) -> dict[str, Any]:
         default=None,
         help="journal file path (default: autopar-studies.log), *.db for SQLite, or an Optuna storage URL",
     )
+    r.add_argument(
+        "--heartbeat-interval",
+        type=int_range(0, 3600),
+        default=10,
+        metavar="S",
+        help="database-server storages: each worker records that its running trials are alive every S "
+        "seconds (default: 10; 0: off); a trial whose worker stopped is failed and retried",
+    )
+    r.add_argument(
+        "--grace-period",
+        type=int_range(1, 86400),
+        default=None,
+        metavar="S",
+        help="database-server storages: seconds without a heartbeat after which a running trial is "
+        "failed and retried (default: twice --heartbeat-interval)",
+    )
     r.add_argument("--top", type=int_range(1, MAX_TOP), default=5, help="how many best trials to report")
     r.add_argument("--verbose", action="store_true", help="print every finished trial")
     r.add_argument(
@@ -159,10 +175,11 @@ def _run(a: argparse.Namespace) -> int:
     from autopar.files import check_study_name
     from autopar.search.recommend import Objectives
     from autopar.search.space import load_space
-    from autopar.search.study import StudyConfig, check_storage, run_study
+    from autopar.search.study import Heartbeat, StudyConfig, check_storage, run_study
 
     check_study_name(a.name)
     check_storage(a.storage)  # a bad storage is refused before the job and space are built
+    heartbeat = Heartbeat(interval=a.heartbeat_interval, grace_period=a.grace_period)
     objectives = Objectives.parse(a.objective, price_per_device_hour=price(a), price_per_kwh=a.price_per_kwh)
     space = load_space(a.space, tuple(a.overrides))
     job = job_from_args(a).resolve()
@@ -188,7 +205,14 @@ def _run(a: argparse.Namespace) -> int:
         seed_top_k=a.seed_top_k,
         batch=a.batch,
         structured_seeds=not a.no_structured_seeds,
+        heartbeat=heartbeat,
+        ray=a.ray,
     )
+    started = False
+    if a.ray is not None:
+        from autopar.search.ray_backend import connect
+
+        started = connect(a.ray)  # an unreachable address is refused before the study is opened
 
     from autopar.progress import Bar
 
@@ -211,6 +235,10 @@ def _run(a: argparse.Namespace) -> int:
         rep = run_study(cfg, n_trials=a.n_trials, timeout=a.timeout, on_trial=on_trial)
     finally:
         bar.close()
+        if started:
+            from autopar.search.ray_backend import shutdown
+
+            shutdown()
     _emit(rep, a.json)
     return 0
 

@@ -171,6 +171,13 @@ def shutdown() -> None:
         _started_here = False
 
 
+def cluster_cpus(address: Any = "local") -> int:
+    """The CPUs of the Ray cluster at ``address`` (connecting to it first), at least 1."""
+    ray = _ray()
+    connect(address)
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
 def _remote(fn: Callable[..., Any]) -> Any:
     ray = _ray()
     return ray.remote(num_cpus=1, max_retries=1)(fn)

@@ -400,20 +400,31 @@ def check_storage(storage: str | Path | None, *, must_exist: bool = False) -> No
     _check_storage_file(p, must_exist=must_exist, journal=p.suffix not in SQLITE_SUFFIXES)
 
 
-def resolve_storage(storage: str | Path | None, *, must_exist: bool = False, read_only: bool = False) -> Any:
+def resolve_storage(
+    storage: str | Path | None,
+    *,
+    must_exist: bool = False,
+    read_only: bool = False,
+    heartbeat: Heartbeat | None = None,
+) -> Any:
     """An Optuna storage: a URL (opened here, so a missing driver is one line), ``*.db``/``*.sqlite``
     as SQLite (an existing file must be an Optuna database), any other path a journal file (checked:
     regular UTF-8 file of Optuna log entries, or a new one in an existing directory; ``must_exist``
     for commands that only read). A journal whose last line was cut, or with a line spliced from a
     cut entry and a whole one, is repaired first (:func:`repair_torn_tail`, :func:`repair_spliced`)
-    unless ``read_only`` (Optuna's replay skips a cut last line; a spliced one is refused)."""
+    unless ``read_only`` (Optuna's replay skips a cut last line; a spliced one is refused).
+
+    A database server URL (not SQLite) gets Optuna's heartbeats per ``heartbeat`` (default
+    :class:`Heartbeat`): a running trial whose worker stops beating for the grace period is failed
+    and retried (:func:`run_study`)."""
     from optuna.storages.journal import JournalFileSymlinkLock, JournalStorage
 
     s = str(storage or DEFAULT_STORAGE)
     if not s.strip():
         raise AutoparError("--storage is empty", STORAGE_HINT)
     if "://" in s:
-        return _rdb(s, s)
+        hb = heartbeat or Heartbeat()
+        return _rdb(s, _shown_url(s), None if s.startswith("sqlite") or read_only else hb)
     p = Path(s).expanduser()
     if p.suffix in SQLITE_SUFFIXES:
         _check_storage_file(p, must_exist=must_exist, journal=False)
@@ -442,13 +453,84 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:200] if text else "no detail"
 
 
-def _rdb(url: str, shown: str) -> Any:
+@dataclass(frozen=True)
+class Heartbeat:
+    """Optuna's heartbeat settings for a study on a database server: every ``interval`` seconds each
+    worker records that its running trials are alive; a running trial whose last beat is older than
+    ``grace_period`` (default: twice the interval, as in Optuna) is failed by the next worker that
+    looks, and retried up to ``max_retry`` times (Optuna's ``RetryFailedTrialCallback``).
+    ``interval`` 0 turns heartbeats off."""
+
+    interval: int = 10
+    grace_period: int | None = None
+    max_retry: int = 3
+
+    def __post_init__(self) -> None:
+        if self.interval < 0:
+            raise AutoparError(
+                f"heartbeat interval {self.interval} must be >= 0 s", "pass --heartbeat-interval >= 0"
+            )
+        if self.grace_period is not None and self.grace_period <= self.interval:
+            raise AutoparError(
+                f"grace period {self.grace_period} s must be longer than the heartbeat interval {self.interval} s",
+                "pass --grace-period above --heartbeat-interval (default: twice it)",
+            )
+
+
+def _shown_url(url: str) -> str:
+    """A storage URL as printed: without its password."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return str(make_url(url).render_as_string(hide_password=True))
+    except Exception:  # noqa: BLE001 - not a URL SQLAlchemy parses: Optuna's open says why
+        return url.split("@", 1)[-1] if "@" in url else url
+
+
+# pg_advisory_lock key under which processes opening a PostgreSQL storage create Optuna's tables
+# one at a time (Optuna's create_all, run by several processes on an empty database at once,
+# fails with a unique violation in PostgreSQL's catalog).
+_PG_SCHEMA_LOCK = 0x6175746F706172  # "autopar"
+
+
+@contextlib.contextmanager
+def _pg_schema_lock(url: str) -> Iterator[None]:
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    engine = sqlalchemy.create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:k)"), {"k": _PG_SCHEMA_LOCK})
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_SCHEMA_LOCK})
+                conn.commit()
+    finally:
+        engine.dispose()
+
+
+def _rdb(url: str, shown: str, heartbeat: Heartbeat | None = None) -> Any:
     import optuna
 
+    kw: dict[str, Any] = {}
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return optuna.storages.RDBStorage(url)
+            warnings.simplefilter("ignore")  # the heartbeat and retry APIs are marked experimental
+            if heartbeat is not None and heartbeat.interval > 0:
+                kw = {
+                    "heartbeat_interval": heartbeat.interval,
+                    "grace_period": heartbeat.grace_period,
+                    "heartbeat_stale_trial_callback": optuna.storages.RetryFailedTrialCallback(
+                        max_retry=heartbeat.max_retry
+                    ),
+                }
+            if url.startswith("postgresql"):
+                with _pg_schema_lock(url):
+                    return optuna.storages.RDBStorage(url, **kw)
+            return optuna.storages.RDBStorage(url, **kw)
     except Exception as exc:  # noqa: BLE001 - a missing driver, a bad URL, a file that is no database
         raise AutoparError(
             f"cannot open study storage {shown}: {type(exc).__name__}: {_first_line(exc)}", STORAGE_HINT
@@ -456,13 +538,31 @@ def _rdb(url: str, shown: str) -> Any:
 
 
 @contextlib.contextmanager
-def _ask_lock(cfg_storage: Any) -> Iterator[None]:
-    """Serialize "count the trials, then ask one" across processes sharing a local storage file.
+def _ask_lock(cfg_storage: Any, study: Any = None) -> Iterator[None]:
+    """Serialize "count the trials, then ask one" across every process running the study.
 
-    With it, ``--n-trials`` is an exact total however many processes run the study; an Optuna URL
-    (a database server) has no such lock and may overshoot by a trial per extra process.
+    With a local journal or SQLite file: an exclusive ``flock`` on the file. With PostgreSQL: a
+    transaction holding an advisory lock keyed by the study's id (``pg_advisory_xact_lock``), so the
+    count and the new trial are one step in the database itself, whichever machine the processes
+    run on (the lock goes with the transaction: a killed worker's connection closes and releases
+    it). A row lock on the study's row would not do: Optuna's own connection locks that row
+    ``FOR UPDATE`` to number a new trial, and would wait on this one forever. Other database
+    servers have no such lock here and may overshoot by a trial per extra process.
     """
+    engine = _pg_engine(study._storage) if study is not None else None
+    if engine is not None:
+        import sqlalchemy
+
+        with engine.connect() as conn, conn.begin():
+            conn.execute(
+                sqlalchemy.text("SELECT pg_advisory_xact_lock(:k, :sid)"),
+                {"k": _PG_CLAIM_LOCK, "sid": study._study_id},
+            )
+            yield
+        return
     p = None if _is_storage_obj(cfg_storage) else storage_file(cfg_storage)
+    if p is None and isinstance(cfg_storage, str) and cfg_storage.startswith("sqlite:///"):
+        p = Path(cfg_storage[len("sqlite:///") :])
     if p is None or not p.exists():
         yield
         return
@@ -474,6 +574,18 @@ def _ask_lock(cfg_storage: Any) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+# first key of the pg_advisory_xact_lock(key, study_id) that serializes a study's count-and-ask
+_PG_CLAIM_LOCK = 0x61757470  # "autp"
+
+
+def _pg_engine(storage: Any) -> Any:
+    """The SQLAlchemy engine of an Optuna RDB storage on PostgreSQL, else None."""
+    storage = getattr(storage, "_backend", storage)  # a study's RDB storage is wrapped in a cache
+    engine = getattr(storage, "engine", None)
+    dialect = getattr(getattr(engine, "dialect", None), "name", None)
+    return engine if dialect == "postgresql" else None
 
 
 def make_sampler(name: str, seed: int, *, multi: bool) -> Any:
@@ -821,6 +933,10 @@ class StudyConfig:
     seed_top_k: int = 10
     batch: int = 8
     structured_seeds: bool = True
+    # a database server's heartbeats (default Heartbeat(): 10 s, grace 20 s); ignored for local files
+    heartbeat: Heartbeat | None = None
+    # score each batch's new proposals as Ray tasks: "local" (embedded) or a cluster address
+    ray: Any = None
 
     def __post_init__(self) -> None:
         if isinstance(self.job, Job):
@@ -869,33 +985,124 @@ def _pid_alive(pid: int) -> bool:
 
 
 def fail_stale_trials(study: Any, *, untagged_after_s: float = 30.0) -> int:
-    """Mark RUNNING trials of dead workers FAIL (a killed run leaves its in-flight trials RUNNING).
+    """Mark RUNNING trials of dead workers FAIL (a killed run leaves its in-flight trials RUNNING);
+    how many this call failed.
 
-    A trial is tagged with its worker (host:pid) right after it is created; a tagged trial of a dead
-    local process is failed at once. A process killed between creating a trial and tagging it leaves
-    an untagged one: that is failed once it is older than ``untagged_after_s`` (trials live for
-    milliseconds).
+    On a storage with heartbeats (a database server, :class:`Heartbeat`) a trial is dead when its
+    last heartbeat is older than the grace period (Optuna's ``fail_stale_trials``), whichever
+    machine ran it; each is retried (Optuna's ``RetryFailedTrialCallback``: a waiting copy with the
+    same parameters, which the next ask takes). Without heartbeats (a local journal or SQLite file)
+    a trial is tagged with its worker (host:pid) right after it is created, and a tagged trial of a
+    dead local process is failed at once (not retried: its study's total counts it).
+
+    Either way, a process killed between creating a trial and tagging it (or recording its first
+    heartbeat) leaves an untagged one: that is failed (and, with heartbeats, retried) once it is
+    older than ``untagged_after_s`` (trials live for milliseconds; with heartbeats, the grace period
+    if shorter).
     """
     import datetime as dt
 
+    import optuna
     from optuna.trial import TrialState
 
+    storage = study._storage
+    beats = _heartbeat_interval(storage) is not None
+    n = 0
+    if beats:
+        before = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # marked experimental since Optuna 2.9
+            optuna.storages.fail_stale_trials(study)
+        after = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+        n += len(before - after)
+    if beats:  # an untagged trial has no heartbeat either: it is stale after the grace period
+        grace = getattr(storage, "grace_period", None) or 2 * (_heartbeat_interval(storage) or 0)
+        untagged_after_s = min(untagged_after_s, float(grace))
     host = socket.gethostname()
     now = dt.datetime.now()
-    n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         w = t.user_attrs.get("worker", "")
         h, _, pid = w.rpartition(":")
-        dead = h == host and pid.isdigit() and not _pid_alive(int(pid))
+        dead = not beats and h == host and pid.isdigit() and not _pid_alive(int(pid))
         stale = (
             not w
             and t.datetime_start is not None
             and (now - t.datetime_start).total_seconds() > untagged_after_s
         )
-        if dead or stale:
-            study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-            n += 1
+        if not (dead or stale):
+            continue
+        try:
+            changed = storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
+        except optuna.exceptions.UpdateFinishedTrialError:  # another process failed it first
+            continue
+        if not changed:
+            continue
+        n += 1
+        retry = storage.get_heartbeat_stale_trial_callback() if beats else None
+        if retry is not None:
+            retry(study, storage.get_trial(t._trial_id))
     return n
+
+
+def _heartbeat_interval(storage: Any) -> int | None:
+    """The storage's heartbeat interval in seconds, or None where it has none."""
+    get = getattr(storage, "get_heartbeat_interval", None)
+    return get() if get is not None else None
+
+
+def counted_trials(study: Any) -> int:
+    """The trials that count toward ``--n-trials``: complete, pruned, running, and failed ones that
+    were not retried (a dead worker's trial retried by :func:`fail_stale_trials` counts once, as its
+    retry)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    retried = {n for t in trials for n in t.system_attrs.get("retry_history", ())}
+    live = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    return sum(t.state in live or (t.state == TrialState.FAIL and t.number not in retried) for t in trials)
+
+
+class _Beats:
+    """Record a heartbeat for each in-flight trial every ``interval`` seconds, from a thread that
+    runs while the session does (the first beat of a trial is recorded when it is created; the
+    thread covers it from then until it is told, including while this process waits for the lock
+    to ask the rest of its batch). A beat that cannot be written is skipped: the trial then goes
+    stale and is retried by another worker, and this one's tell is refused."""
+
+    def __init__(self, storage: Any, interval: int | None) -> None:
+        import threading
+
+        self.storage, self.interval = storage, interval
+        self.ids: set[int] = set()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="autopar-heartbeat", daemon=True)
+
+    def __enter__(self) -> _Beats:
+        if self.interval:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.interval:
+            self.stop.set()
+            self.thread.join()
+
+    def add(self, trial_id: int) -> None:
+        with self.lock:
+            self.ids.add(trial_id)
+
+    def done(self, trial_id: int) -> None:
+        with self.lock:
+            self.ids.discard(trial_id)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.interval):
+            with self.lock:
+                ids = sorted(self.ids)
+            for i in ids:
+                with contextlib.suppress(Exception):
+                    self.storage.record_heartbeat(i)
 
 
 def _job_attrs(cfg: StudyConfig) -> dict[str, Any]:
@@ -918,7 +1125,11 @@ def open_study(cfg: StudyConfig) -> tuple[Any, bool, str, int]:
 
     check_study_name(cfg.name)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = resolve_storage(cfg.storage) if not _is_storage_obj(cfg.storage) else cfg.storage
+    storage = (
+        resolve_storage(cfg.storage, heartbeat=cfg.heartbeat)
+        if not _is_storage_obj(cfg.storage)
+        else cfg.storage
+    )
     directions: list[Any] = [TRAINING[n].direction for n in cfg.objectives.names]
     attrs = _job_attrs(cfg)
     try:
@@ -1066,7 +1277,7 @@ def enqueue_seeds(study: Any, tspace: TrialSpace, cfg: StudyConfig, cal: Calibra
             if got is not None:
                 items.append((tspace.params_for(lay, got[1]), "balanced split"))
     states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING)
-    with _ask_lock(cfg.storage):
+    with _ask_lock(cfg.storage, study):
         room = max(n_trials - len(study.get_trials(deepcopy=False, states=states)), 0)
         kept = items[:room]
         for params, kind in kept:
@@ -1075,6 +1286,23 @@ def enqueue_seeds(study: Any, tspace: TrialSpace, cfg: StudyConfig, cal: Calibra
     if up is not None and cfg.structured_seeds:
         study.set_user_attr("seeded_balanced_splits", sum(kind == "balanced split" for _, kind in kept))
     return len(kept)
+
+
+def _score(scorer: TrialScorer, cands: list[Candidate], ray: Any) -> list[dict[str, Any]]:
+    """Score the candidates here, or (``ray``) as Ray tasks, one per cluster CPU at most."""
+    if ray is None or not cands:
+        return scorer.score(cands)
+    from autopar.search.ray_backend import cluster_cpus, map_tasks
+
+    n = max(1, min(len(cands), cluster_cpus(ray)))
+    size = -(-len(cands) // n)
+    parts = [(scorer, cands[i : i + size]) for i in range(0, len(cands), size)]
+    return [r for got in map_tasks(_score_part, parts, address=ray) for r in got]
+
+
+def _score_part(item: tuple[TrialScorer, list[Candidate]]) -> list[dict[str, Any]]:
+    scorer, cands = item
+    return scorer.score(cands)
 
 
 def _cache_from_storage(study: Any) -> dict[str, dict[str, Any]]:
@@ -1105,6 +1333,7 @@ def run_study(
     ``on_trial(number, candidate, result, cached)`` is called after each trial is stored; ``stop()``
     is checked between batches.
     """
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     if timeout is not None and not timeout > 0:
@@ -1117,13 +1346,14 @@ def run_study(
             "the energy objective is not modeled for uneven pipeline splits", "use throughput, memory or cost"
         )
     study, resumed, sampler_name, seed = open_study(cfg)
-    fail_stale_trials(study)
+    with _ask_lock(cfg.storage, study):  # a retry it queues is one step with the count, as below
+        fail_stale_trials(study)
     done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     # A resumed session must not replay the first session's random proposals: offset the seed by
     # the trials already in the study (deterministic, and recorded).
     session_seed = seed + len(study.get_trials(deepcopy=False))
     study.sampler = make_sampler(sampler_name, session_seed, multi=len(cfg.objectives.names) > 1)
-    with _ask_lock(cfg.storage):  # read-modify-write of one attribute shared by every process
+    with _ask_lock(cfg.storage, study):  # read-modify-write of one attribute shared by every process
         sessions = list(study._storage.get_study_user_attrs(study._study_id).get("sessions", []))
         sessions.append(
             {
@@ -1141,45 +1371,70 @@ def run_study(
     ckey = constraints_key()
     # --n-trials counts finished trials (complete, pruned, failed) plus those in flight, over every
     # process that runs the study (Optuna's MaxTrialsCallback counts the same way when told these states).
-    counted = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+    # --n-trials counts finished trials (complete, pruned, failed and not retried) plus those in
+    # flight, over every process that runs the study: counted and asked as one locked step.
+    storage = study._storage
+    beat = _heartbeat_interval(storage)
     new = 0
     worker = _worker_id()
-    while (timeout is None or time.perf_counter() - t0 < timeout) and not (stop and stop()):
-        trials = []
-        for _ in range(cfg.batch):
-            with _ask_lock(cfg.storage):  # count and ask as one step across processes
-                if len(study.get_trials(deepcopy=False, states=counted)) >= n_trials:
-                    break
-                t = study.ask()
-            t.set_user_attr("worker", worker)
-            trials.append(t)
-        if not trials:
-            break
-        cands = [tspace.suggest(t) for t in trials]
-        todo = [i for i, c in enumerate(cands) if c.key not in cache]
-        uniq: dict[str, int] = {}
-        for i in todo:
-            uniq.setdefault(cands[i].key, i)
-        scored = scorer.score([cands[i] for i in uniq.values()])
-        for (key, _), r in zip(uniq.items(), scored, strict=True):
-            cache[key] = r
-        for i, (t, c) in enumerate(zip(trials, cands, strict=True)):
-            r = cache[c.key]
-            t.set_user_attr("key", c.key)
-            t.set_user_attr("layout", c.short())
-            t.set_user_attr("result", {k: v for k, v in r.items() if k != "values"} | {"values": r["values"]})
-            t.set_user_attr("fits", r["fits"])
-            cached = i not in uniq.values()
-            t.set_user_attr("cached", cached)
-            t.set_user_attr("repaired", c.repaired)
-            # Optuna's constraints system attribute (what a sampler's constraints_func writes, and
-            # what optuna-dashboard reads): one value, feasible when <= 0; its name is the study's
-            # "constraint" attribute.
-            study._storage.set_trial_system_attr(t._trial_id, ckey, [float(r["constraint"])])
-            study.tell(t, r["values"])
-            new += 1
-            if on_trial is not None:
-                on_trial(t.number, c, r, cached)
+    with _Beats(storage, beat) as beats:
+        while (timeout is None or time.perf_counter() - t0 < timeout) and not (stop and stop()):
+            trials = []
+            others_running = False
+            for i in range(cfg.batch):
+                with _ask_lock(cfg.storage, study):  # count and ask as one step across processes
+                    if i == 0 and beat is not None:
+                        fail_stale_trials(study)
+                    if counted_trials(study) >= n_trials:
+                        # With heartbeats, a trial another worker is running may yet go stale and be
+                        # retried: stay until none is left, so the total ends exact.
+                        others_running = beat is not None and bool(
+                            study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                        )
+                        break
+                    t = study.ask()
+                    if beat is not None:
+                        storage.record_heartbeat(t._trial_id)
+                        beats.add(t._trial_id)
+                    t.set_user_attr("worker", worker)
+                trials.append(t)
+            if not trials:
+                if others_running:
+                    time.sleep(min(1.0, float(beat or 1)))
+                    continue
+                break
+            cands = [tspace.suggest(t) for t in trials]
+            todo = [i for i, c in enumerate(cands) if c.key not in cache]
+            uniq: dict[str, int] = {}
+            for i in todo:
+                uniq.setdefault(cands[i].key, i)
+            scored = _score(scorer, [cands[i] for i in uniq.values()], cfg.ray)
+            for (key, _), r in zip(uniq.items(), scored, strict=True):
+                cache[key] = r
+            for i, (t, c) in enumerate(zip(trials, cands, strict=True)):
+                r = cache[c.key]
+                cached = i not in uniq.values()
+                try:
+                    t.set_user_attr("key", c.key)
+                    t.set_user_attr("layout", c.short())
+                    t.set_user_attr(
+                        "result", {k: v for k, v in r.items() if k != "values"} | {"values": r["values"]}
+                    )
+                    t.set_user_attr("fits", r["fits"])
+                    t.set_user_attr("cached", cached)
+                    t.set_user_attr("repaired", c.repaired)
+                    # Optuna's constraints system attribute (what a sampler's constraints_func
+                    # writes, and what optuna-dashboard reads): one value, feasible when <= 0; its
+                    # name is the study's "constraint" attribute.
+                    storage.set_trial_system_attr(t._trial_id, ckey, [float(r["constraint"])])
+                    study.tell(t, r["values"])
+                except UpdateFinishedTrialError:
+                    continue  # failed as stale meanwhile (heartbeats not written): retried elsewhere
+                finally:
+                    beats.done(t._trial_id)
+                new += 1
+                if on_trial is not None:
+                    on_trial(t.number, c, r, cached)
     report = study_report(study, top=5)
     report.new_trials, report.resumed, report.elapsed_s = new, resumed, time.perf_counter() - t0
     return report
