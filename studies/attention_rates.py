@@ -29,6 +29,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from gemm_rates import have_tables
+
 # autopar device id -> (AIConfigurator system, TensorRT-LLM version of its attention table)
 SYSTEMS = {
     "a100-80gb": ("a100_sxm", "1.0.0"),
@@ -97,14 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None, help="write the table here")
     a = ap.parse_args(argv)
-    try:
-        import aiconfigurator_core  # noqa: F401
-        import pyarrow  # noqa: F401
-    except ImportError:
-        print(
-            "error: this study reads aiconfigurator-core's tables: pip install -e '.[aiconfigurator]'",
-            file=sys.stderr,
-        )
+    if not have_tables():
         return 2
     table = {d: rates(d) for d in SYSTEMS}
     print("causal forward attention, bf16: achieved fraction of the profile's dense bf16 peak")

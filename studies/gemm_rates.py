@@ -103,10 +103,9 @@ def fit_shape(M, N, K, eff) -> tuple[float, float, float]:
     return float(sol.x[0]), float(sol.x[1]), float(np.sqrt(np.mean(r**2)))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", type=Path, default=None, help="write the table here")
-    a = ap.parse_args(argv)
+def have_tables() -> bool:
+    """Whether aiconfigurator-core's tables (and pyarrow to read them) are installed; says what to
+    install on stderr when not."""
     try:
         import aiconfigurator_core  # noqa: F401
         import pyarrow  # noqa: F401
@@ -115,6 +114,15 @@ def main(argv: list[str] | None = None) -> int:
             "error: this study reads aiconfigurator-core's tables: pip install -e '.[aiconfigurator]'",
             file=sys.stderr,
         )
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, default=None, help="write the table here")
+    a = ap.parse_args(argv)
+    if not have_tables():
         return 2
     table = {d: rates(d) for d in SYSTEMS}
     print(
