@@ -33,6 +33,8 @@ BIN = Path(sys.executable).parent
 # command prefix -> why it is not run here (times measured on the 2-core development machine)
 SKIPPED = {
     "python -m pip install": "installs the package: the suite runs against the installed one already",
+    "pip install": "installs the package into the interpreter the suite runs on (it would repoint it at the "
+    "test's temporary copy): the suite runs against the installed one already",
     "git clone --branch core_v0.16.1": "downloads Megatron-LM from GitHub (the suite has no network); the slow test "
     "of tests/test_export_launchers.py runs the same check when AUTOPAR_MEGATRON_LM names a checkout",
     "python tools/check_megatron_args.py --megatron-lm Megatron-LM": "needs the Megatron-LM checkout of the "
