@@ -7,7 +7,9 @@ default: this checkout; point it at another checkout to measure a baseline) afte
 that writes the bytecode caches (the child runs without ``PYTHONDONTWRITEBYTECODE``, as an
 installed package does). Printed per command: the median wall time, the median CPU time of the
 child (user + system: steadier than wall time on a shared machine) and both as a ratio of
-``python -c pass`` measured the same way. The machine's load average is printed because other
+``python -c pass`` measured the same way. Two floor rows follow: the libraries ``recommend``
+needs imported alone, and the same 405B search through the Python API (what the CLI adds is
+the difference). The machine's load average is printed because other
 processes share its cores.
 """
 
@@ -26,11 +28,23 @@ RECOMMEND = (
     "recommend --model llama-3.1-405b --device h100-sxm-80gb --num-devices 16384 --seq-len 8192 "
     "--global-batch 2048"
 )
+# The floor under ``recommend``: the third-party modules its search and report cannot do without
+# (numpy arrays, pydantic models - the first model built loads most of pydantic -, rich tables,
+# YAML cost data), and the same search through the Python API (no parser, no table).
+LIBRARIES = (
+    "import numpy, pydantic, rich.console, rich.table, yaml\nclass M(pydantic.BaseModel):\n    x: int = 0"
+)
+API = (
+    "import autopar; autopar.recommend(model='llama-3.1-405b', device='h100-sxm-80gb', "
+    "num_devices=16384, seq_len=8192, global_batch=2048, progress=False)"
+)
 COMMANDS = [
     ("python -c pass", ["-c", "pass"]),
     ("autopar --version", ["-m", "autopar", "--version"]),
     ("autopar --help", ["-m", "autopar", "--help"]),
     ("autopar recommend 405B/16,384 H100", ["-m", "autopar", *RECOMMEND.split()]),
+    ("floor: numpy+pydantic+rich+yaml", ["-c", LIBRARIES]),
+    ("floor: autopar.recommend() 405B (API)", ["-c", API]),
 ]
 
 

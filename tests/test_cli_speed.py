@@ -97,3 +97,41 @@ def test_version_matches_argparse() -> None:
     with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
         full.parse_args(["--version"])
     assert _run(["--version"]) == (0, buf.getvalue())
+
+
+# Every module the CLI could have loaded before the fast start: all command modules, every
+# exporter, the report, serving, what-if and the study backends (the "before" import state).
+_EAGER = (
+    "import sys; from autopar.cli.main import build_parser, main; build_parser(); "
+    "import autopar.export, autopar.report, autopar.serving.search, autopar.whatif.compare, "
+    "autopar.search.study; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def _json_of(cmd: list[str]) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    data.pop("elapsed_s")  # wall-clock time differs run to run
+    return data
+
+
+def test_recommend_json_same_lazy_and_eager() -> None:
+    """`autopar recommend --json` from a fresh process, which imports only what the command needs,
+    prints what it prints with every module of the package loaded first: lazy imports change no
+    figure, ranking or note."""
+    lazy = _json_of([sys.executable, "-m", "autopar", *RECOMMEND])
+    eager = _json_of([sys.executable, "-c", _EAGER, *RECOMMEND])
+    assert lazy["results"] and lazy == eager
+
+
+def test_recommend_json_loads_no_report_or_other_command() -> None:
+    """`recommend --json` imports neither the HTML report nor another command's module."""
+    code = (
+        "import sys, io, contextlib; from autopar.cli import main; buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf): rc = main(sys.argv[1:])\n"
+        "print(rc, sorted(m for m in sys.modules if m in ('autopar.report', 'autopar.serving', "
+        "'autopar.whatif', 'autopar.search.study', 'autopar.cli.serve', 'autopar.cli.study', "
+        "'autopar.cli.whatif', 'autopar.cli.dit')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, *RECOMMEND], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0 []"

@@ -140,9 +140,10 @@ def cmd_recommend(a: argparse.Namespace) -> int:
     from autopar.cli.export import check_out
 
     check_out(a.out)  # a bad destination is refused before the search runs
-    from autopar.report import check_html_path
+    if a.html is not None:  # the report module loads only for a report
+        from autopar.report import check_html_path
 
-    check_html_path(a.html)
+        check_html_path(a.html)
     objective = a.objective
     if a.html and "," not in objective:
         # the report's Pareto plot needs a front: keep the one against memory (the ranking is unchanged)
