@@ -352,7 +352,7 @@ def test_cli_generate_json_and_errors() -> None:
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["job"]["workload"]["kind"] == "generation" and len(out["results"]) == 2
-    assert out["exports"][0].startswith("torchrun --nproc_per_node=4")
+    assert out["exports"][0].startswith("xdit --nproc_per_node=4 --model black-forest-labs/FLUX.1-dev")
     for bad in (
         ("dit", "model", "no-such-dit"),
         ("dit", "generate", "--model", "sana-1600m", "--device", "a100-80gb", "--num-devices", "4",

@@ -100,6 +100,16 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from autopar.dit.spec import load_dit
     from autopar.hardware import load_device
 
+    if a.launcher_version is not None:  # refused before any work
+        from autopar.export.xdit import XDIT_VERSIONS
+
+        if a.export != "xdit":
+            raise AutoparError("--launcher-version is for --export xdit", "add --export xdit or drop it")
+        if a.launcher_version not in XDIT_VERSIONS:
+            raise AutoparError(
+                f"unknown xDiT launcher version {a.launcher_version!r}",
+                f"use one of {', '.join(XDIT_VERSIONS)}",
+            )
     job = _job(a, "generation", GEN_FIELDS)
     spec = load_dit(job.model)
     device = load_device(job.cluster.device)
@@ -131,7 +141,17 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if a.export:
         from autopar.export.xdit import export
 
-        exports = [export(a.export, spec=spec, req=req, layout=r["layout"], num_devices=n) for r in rows]
+        exports = [
+            export(
+                a.export,
+                spec=spec,
+                req=req,
+                layout=r["layout"],
+                num_devices=n,
+                launcher_version=a.launcher_version,
+            )
+            for r in rows
+        ]
     tokens = spec.tokens(req.height, req.width, req.frames)
     if a.json:
         out = {"schema_version": 1, "job": job.to_dict(), "tokens_per_sample": tokens, "results": rows}
@@ -267,7 +287,13 @@ def register(sub: Any) -> dict[str, Any]:
         "--export",
         choices=["xdit", "diffusers"],
         default=None,
-        help="print the launch command of each layout",
+        help="print the launch of each layout: xdit (xfuser) or diffusers (a torchrun script, "
+        "ParallelConfig with context or tensor parallelism)",
+    )
+    g.add_argument(
+        "--launcher-version",
+        default=None,
+        help="with --export xdit: 0.7 (default, the xdit entry point) or 0.6 (torchrun + xDiT's example script)",
     )
 
     t = dsub.add_parser(
