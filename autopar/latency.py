@@ -59,7 +59,7 @@ SLOT_PARTS = ("gemm", "attention", "elementwise", "recompute", "tp_comm", "cp_co
 
 @dataclass(frozen=True)
 class Coefficients:
-    """The fitted coefficients of one device type; each has a physical meaning (README)."""
+    """The fitted coefficients of one device type; each has a physical meaning (docs/calibration.md)."""
 
     peak_flops: dict[str, float]  # FLOP/s dense per precision
     gemm_eff: dict[str, float]  # achieved fraction of peak for large GEMMs
