@@ -179,3 +179,13 @@ def test_acceptance_figure_none_wrong() -> None:
 def test_acceptance_figure_ninety_percent_load() -> None:
     s, _ = _acceptance()
     assert s["load_share"] >= 0.90, f"{s['loads']} of {s['scored']} ({s['load_share']:.1%}) load within 3 %"
+
+
+def test_no_config_names_a_path_of_some_machine() -> None:
+    # A tracked file names no path of the machine it was saved on; where an upload carried one in
+    # `_name_or_path` (a field no count reads), SOURCES.yaml says what replaced it.
+    import json
+
+    for cfg in sorted(REAL.glob("*/config.json")):
+        name = json.loads(cfg.read_text(encoding="utf-8")).get("_name_or_path", "")
+        assert not name.startswith(("/", "~")) and ":\\" not in name, (cfg.parent.name, name)

@@ -823,7 +823,8 @@ def iteration(
 
     n_dec, n_pre, dec_ctx, pre_ctx = col(n_dec), col(n_pre), col(dec_ctx), col(pre_ctx)
     pre_len, logit_rows, clock = col(pre_len), col(logit_rows), col(clock)
-    prec = ctx.compute_precision
+    # a weight format's GEMMs: the peak it runs at and the efficiency key of its measured rate
+    peak_key, eff_key = GEMM_FORMATS.get(ctx.compute_precision, (ctx.compute_precision,) * 2)
     mb = pp  # micro-batches in flight
     tok_mb = (n_dec * dec_tokens + n_pre) / mb  # tokens of one micro-batch (whole instance)
     lps = np.ceil(m.layers / pp)
@@ -851,11 +852,8 @@ def iteration(
         layers=layers,
         attn_l=layers * (mx.attn if mx is not None else 1.0),
         mx=mx,
-        peak=co.peak(GEMM_FORMATS.get(prec, (prec, prec))[0]) * clock,
-        eff=co.gemm_eff.get(
-            GEMM_FORMATS.get(prec, (prec, prec))[1],
-            co.gemm_eff.get(GEMM_FORMATS.get(prec, (prec, prec))[0], co.gemm_eff["bf16"]),
-        ),
+        peak=co.peak(peak_key) * clock,
+        eff=co.gemm_eff.get(eff_key, co.gemm_eff.get(peak_key, co.gemm_eff["bf16"])),
         dec_tokens=float(dec_tokens),
         peak16=co.peak("bf16") * clock,
         eff16=co.gemm_eff["bf16"],
