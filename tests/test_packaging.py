@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,6 +14,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_wheel_ships_the_data_and_builds_without_warnings(tmp_path: Path) -> None:
+    # setuptools writes build/ and *.egg-info beside the sources: build from a copy, so that nothing
+    # is written into the checkout (another test, run at the same time, checks exactly that).
+    src = tmp_path / "src"
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", "build", "dist", "site", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", ".benchmarks"
+        ),
+    )
+    out = tmp_path / "wheel"
     r = subprocess.run(
         [
             sys.executable,
@@ -23,10 +35,10 @@ def test_wheel_ships_the_data_and_builds_without_warnings(tmp_path: Path) -> Non
             "--no-build-isolation",
             "-v",
             "-w",
-            str(tmp_path),
+            str(out),
             ".",
         ],
-        cwd=ROOT,
+        cwd=src,
         capture_output=True,
         text=True,
         timeout=600,
@@ -35,7 +47,7 @@ def test_wheel_ships_the_data_and_builds_without_warnings(tmp_path: Path) -> Non
     log = r.stdout + r.stderr
     for bad in ("is absent from the `packages` configuration", "SetuptoolsDeprecationWarning"):
         assert bad not in log, [ln for ln in log.splitlines() if bad in ln][:3]
-    (wheel,) = tmp_path.glob("autopar-*.whl")
+    (wheel,) = out.glob("autopar-*.whl")
     assert wheel.name.startswith(f"autopar-{autopar.__version__}-")
     names = set(zipfile.ZipFile(wheel).namelist())
     for path in (
