@@ -363,18 +363,36 @@ class ExpectedError:
         return text
 
 
+def stack_class_key(stack: str | None, model_cls: str | None) -> str:
+    """The key of a (training stack, model class) base entry: ``megatron/moe-fine``."""
+    return f"{stack}/{model_cls}"
+
+
+def base_entry(
+    base: dict[str, Any], stack: str | None, model_cls: str | None = None
+) -> tuple[dict[str, Any] | None, str]:
+    """(entry, group name) of the most specific base figure a prediction has: its training stack and
+    model class, else its stack, else all in-domain held-out runs."""
+    if stack and model_cls:
+        entry = (base.get("stack_class") or {}).get(stack_class_key(stack, model_cls))
+        if entry:
+            return entry, f"stack {stack}, {model_cls}"
+    entry = (base.get("stack") or {}).get(stack) if stack else None
+    if entry:
+        return entry, f"stack {stack}"
+    return base.get("all"), "all"
+
+
 def lookup_expected_error(
-    table: dict[str, Any], stack: str | None, kinds: tuple[str, ...] = ()
+    table: dict[str, Any], stack: str | None, kinds: tuple[str, ...] = (), model_cls: str | None = None
 ) -> ExpectedError | None:
     """The out-of-sample figure of an ``autopar.expected_error/v2`` table: the base p90 of the
-    prediction's training stack (or of all in-domain held-out runs where the stack had too few),
-    times the widening factor of every extrapolation kind in ``kinds``."""
+    prediction's training stack and model class (or of its stack, or of all in-domain held-out runs,
+    where those had too few: :func:`base_entry`), times the widening factor of every extrapolation
+    kind in ``kinds``."""
     if table.get("schema") != EXPECTED_ERROR_SCHEMA:
         return None
-    base = table.get("base") or {}
-    entry, group = ((base.get("stack") or {}).get(stack) if stack else None), f"stack {stack}"
-    if not entry:
-        entry, group = base.get("all"), "all"
+    entry, group = base_entry(table.get("base") or {}, stack, model_cls)
     if not entry:
         return None
     widening = table.get("widening") or {}
@@ -422,7 +440,7 @@ def expected_error(
             model_cls=model_class(model) if model is not None else None,
             num_devices=num_devices,
         )
-        found = lookup_expected_error(table, stack, kinds)
+        found = lookup_expected_error(table, stack, kinds, model_class(model) if model is not None else None)
         if found is not None:
             return found
     res = cal.provenance.get("residuals") or {}

@@ -72,10 +72,12 @@ from autopar.coefficients import (
     EXPECTED_ERROR_SCHEMA,
     EXTRAPOLATIONS,
     Calibration,
+    base_entry,
     extrapolations,
     load_calibration,
     lookup_expected_error,
     model_class,
+    stack_class_key,
 )
 
 TARGETS = ("tokens_per_s_per_device", "step_time_s", "hw_tflops_per_device", "model_tflops_per_device", "mfu")
@@ -446,6 +448,7 @@ def held_out_entries(rows: list[Case], fits: list[dict[str, Any]]) -> list[dict[
             "case": rows[i],
             "error": float(r["errors"][i]),
             "stack": rows[i].job.framework.name,  # type: ignore[union-attr]
+            "cls": model_class(rows[i].job.model),  # type: ignore[union-attr]
             "kinds": tuple(k),
         }
         for r in fits[1:]
@@ -466,10 +469,13 @@ def _group(errs: list[float]) -> dict[str, Any]:
 def calibrate_widening(
     entries: list[dict[str, Any]], min_rows: int = EXPECTED_ERROR_MIN_ROWS
 ) -> dict[str, Any]:
-    """The base p90 per stack and one widening factor per extrapolation kind, from held-out rows.
+    """The base p90 per stack and model class, and one widening factor per extrapolation kind, from
+    held-out rows.
 
-    Base: the p90 of |error| of the held-out rows that extrapolate in no way, per training stack
-    with >= ``min_rows`` of them, and over all of them. Factors: for each kind with >= ``min_rows``
+    Base: the p90 of |error| of the held-out rows that extrapolate in no way, per training stack and
+    model class (``coefficients.model_class``: a stack's dense rows are not as uncertain as its
+    fine-grained MoE rows) with >= ``min_rows`` of them, per training stack, and over all of them; a
+    row takes the most specific of the three that has enough rows. Factors: for each kind with >= ``min_rows``
     held-out rows, the p90 of |error| / (base x the other kinds' factors of the row) over its rows
     (at least 1), iterated to a fixed point, so the band covers ~90% of each kind's rows; a kind
     with fewer rows takes the largest fitted factor (it is not assumed to extrapolate better than
@@ -477,17 +483,20 @@ def calibrate_widening(
     """
     inside = [e for e in entries if not e["kinds"]]
     by_stack: dict[str, list[float]] = defaultdict(list)
+    by_class: dict[str, list[float]] = defaultdict(list)
     for e in inside:
         by_stack[e["stack"]].append(e["error"])
+        by_class[stack_class_key(e["stack"], e.get("cls"))].append(e["error"])
     base = {
         "stack": {k: _group(v) for k, v in sorted(by_stack.items()) if len(v) >= min_rows},
+        "stack_class": {k: _group(v) for k, v in sorted(by_class.items()) if len(v) >= min_rows},
         "all": _group([e["error"] for e in inside]) if inside else None,
     }
     if base["all"] is None:
         raise ValueError("no held-out row is inside the measured domain: cannot set a base error")
 
     def b(e: dict[str, Any]) -> float:
-        return float((base["stack"].get(e["stack"]) or base["all"])["p90_ape"])
+        return float(base_entry(base, e["stack"], e.get("cls"))[0]["p90_ape"])
 
     factors = {k: 1.0 for k in EXTRAPOLATIONS}
     rows = {k: [e for e in entries if k in e["kinds"]] for k in EXTRAPOLATIONS}
@@ -520,7 +529,9 @@ def band_coverage(entries: list[dict[str, Any]], table: dict[str, Any]) -> dict[
     ``coefficients.lookup_expected_error`` quotes it) and the median band."""
     if not entries:
         return {"rows": 0, "covered": 0, "coverage": float("nan"), "median_band": float("nan")}
-    bands = np.array([lookup_expected_error(table, e["stack"], e["kinds"]).p90 for e in entries])  # type: ignore[union-attr]
+    bands = np.array(
+        [lookup_expected_error(table, e["stack"], e["kinds"], e.get("cls")).p90 for e in entries]  # type: ignore[union-attr]
+    )
     errs = np.abs([e["error"] for e in entries])
     covered = int((errs <= bands).sum())
     return {
@@ -589,7 +600,7 @@ def expected_error_provenance(
         held.setdefault(f["fold"][0], {})[f["holdout"]] = len(f["held"])
     return {
         "method": "base: p90 of |out-of-sample relative error| of tokens/s of the held-out rows that "
-        "extrapolate in no way, per stack; widening: one factor per extrapolation kind, the p90 of "
+        "extrapolate in no way, per stack and model class (else per stack); widening: one factor per extrapolation kind, the p90 of "
         "|error| / band of its held-out rows; rows held out by source, by device and by die, each "
         "predicted under fit_published BASE refitted without them",
         "command": f"python studies/accuracy.py --lodo --write-expected-error {SHIPPED_TABLE}",
@@ -643,6 +654,10 @@ def print_expected_error(table: dict[str, Any], cross: dict[str, Any]) -> None:
     for k, g in base["stack"].items():
         print(
             f"  base stack {k:<26} rows {g['rows']:>4}  p90 {g['p90_ape']:6.1%}  median {g['median_ape']:6.1%}"
+        )
+    for k, g in (base.get("stack_class") or {}).items():
+        print(
+            f"  base stack/class {k:<20} rows {g['rows']:>4}  p90 {g['p90_ape']:6.1%}  median {g['median_ape']:6.1%}"
         )
     g = base["all"]
     print(f"  base all {'':<28} rows {g['rows']:>4}  p90 {g['p90_ape']:6.1%}  median {g['median_ape']:6.1%}")

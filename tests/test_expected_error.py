@@ -159,6 +159,41 @@ def test_widening_covers_each_kind_and_wider_for_extrapolations():
     assert unmeasured.p90 > dense.p90 and moe.p90 > dense.p90  # type: ignore[union-attr]
 
 
+def test_base_per_stack_and_model_class_when_the_class_has_rows():
+    """A stack's fine-grained MoE rows are held out with ~3x its dense rows' error: each class quotes
+    its own p90 (and covers its own rows), where one per-stack figure would be too wide for dense
+    and too narrow for MoE."""
+    rng = np.random.default_rng(2)
+    entries = (
+        [
+            {"mode": "source", "stack": "megatron", "cls": "dense", "kinds": (), "error": rng.normal(0, 0.1)}
+            for _ in range(200)
+        ]
+        + [
+            {
+                "mode": "device",
+                "stack": "megatron",
+                "cls": "moe-fine",
+                "kinds": (),
+                "error": rng.normal(0, 0.3),
+            }
+            for _ in range(80)
+        ]
+        + [{"mode": "source", "stack": "megatron", "cls": "moe", "kinds": (), "error": 0.5}] * 3
+    )
+    w = accuracy.calibrate_widening(entries)
+    sc = w["base"]["stack_class"]
+    assert set(sc) == {"megatron/dense", "megatron/moe-fine"}  # moe: 3 rows, below min_rows
+    assert sc["megatron/moe-fine"]["p90_ape"] > 2.0 * sc["megatron/dense"]["p90_ape"]
+    table = {"schema": "autopar.expected_error/v2", "domain": DOMAIN, **w}
+    for cls in ("dense", "moe-fine"):
+        cov = accuracy.band_coverage([e for e in entries if e["cls"] == cls], table)
+        assert 0.85 <= cov["coverage"] <= 0.95, (cls, cov)
+    stack_wide = lookup_expected_error(table, "megatron", ())
+    assert lookup_expected_error(table, "megatron", (), "moe").p90 == stack_wide.p90  # type: ignore[union-attr]
+    assert accuracy.band_coverage(entries, table)["median_band"] < stack_wide.p90  # type: ignore[union-attr]
+
+
 def test_table_round_trips_through_yaml(tmp_path: Path):
     entries = _entries(np.random.default_rng(1))
     table = accuracy.expected_error_table(entries, DOMAIN, {"command": "test"})

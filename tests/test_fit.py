@@ -25,6 +25,7 @@ import autopar  # noqa: E402
 from autopar.calibration import fit as F  # noqa: E402
 from autopar.coefficients import (  # noqa: E402
     _expected_error_table,
+    base_entry,
     expected_error,
     expected_error_path,
     load_calibration,
@@ -129,6 +130,16 @@ def test_lookup_base_per_stack_then_all_times_the_factors():
     e = lookup_expected_error(TABLE, "fsdp", ("device", "model_class"))
     assert (e.group, e.rows, e.factor) == ("all", 100, 3.0) and e.p90 == pytest.approx(0.75)
     assert "widened x3.00 for: device never measured, model class never measured" in e.describe()
+    assert (
+        lookup_expected_error(TABLE, "megatron", (), "moe-fine").group == "stack megatron"
+    )  # no class entry
+    by_class = {
+        **TABLE,
+        "base": {**TABLE["base"], "stack_class": {"megatron/moe-fine": {"rows": 12, "p90_ape": 0.4}}},
+    }
+    e = lookup_expected_error(by_class, "megatron", ("device",), "moe-fine")
+    assert (e.group, e.rows) == ("stack megatron, moe-fine", 12) and e.p90 == pytest.approx(0.8)
+    assert lookup_expected_error(by_class, "megatron", (), "dense").p90 == 0.2  # the stack's own figure
     assert lookup_expected_error({}, "megatron") is None  # no table (or a v1 one): nothing quoted
     assert lookup_expected_error({**TABLE, "schema": "autopar.expected_error/v1"}, "megatron") is None
 
@@ -203,8 +214,10 @@ def test_prediction_json_carries_the_basis():
     )
     d = json.loads(json.dumps(p.to_dict()))
     shipped = _expected_error_table(str(expected_error_path()))
-    entry = shipped["base"]["stack"].get("megatron") or shipped["base"]["all"]
-    assert d["expected_error_p90"] == entry["p90_ape"]  # measured device, precision, stack, class, scale
+    entry, group = base_entry(shipped["base"], "megatron", "dense")
+    assert (
+        d["expected_error_p90"] == entry["p90_ape"] and d["expected_error_basis"]["group"] == group
+    )  # measured device, precision, stack, class, scale
     assert d["expected_error_basis"]["basis"] == "out_of_sample"
     assert (
         d["expected_error_basis"]["widened_by"] == [] and d["expected_error_basis"]["rows"] == entry["rows"]

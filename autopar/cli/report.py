@@ -44,16 +44,22 @@ def _assumptions_and_error(rep: Report, assumptions: list[str], expected: Any) -
 
 
 def _expected_errors(jobs: list[dict[str, Any]]) -> list[str]:
-    """The expected error of tokens/s that each distinct (device, calibration, stack) quotes."""
+    """The expected error of tokens/s that each distinct (device, calibration, stack, model) quotes."""
     from autopar.coefficients import expected_error, load_calibration
+    from autopar.errors import AutoparError
+    from autopar.model import load_model
 
     out: dict[tuple[Any, ...], str] = {}
     for job in jobs:
         dev = (job.get("cluster") or {}).get("device")
-        key = (dev, job.get("calibration"), job.get("framework"))
+        key = (dev, job.get("calibration"), job.get("framework"), str(job.get("model")))
         if dev is None or key in out:
             continue
-        e = expected_error(dev, load_calibration(job.get("calibration")), job.get("framework"))
+        try:  # the model's class (dense / MoE) picks the base figure; a job on record always loads
+            model = load_model(job["model"]) if job.get("model") is not None else None
+        except AutoparError:
+            model = None
+        e = expected_error(dev, load_calibration(job.get("calibration")), job.get("framework"), model=model)
         out[key] = f"expected error of tokens/s on {dev}: " + (
             e.describe() if e else "no out-of-sample error figure covers this device and stack"
         )
