@@ -130,7 +130,8 @@ def layer_params_per_rank(model, lay: LayoutTable) -> tuple[np.ndarray, np.ndarr
         attn = blocks.mixer(model).params(model) / tp + model.norm_params_per_layer
     dense = attn + blocks.mlp.params(model) / tp
     if model.is_moe:
-        nonexp = model.shared_expert_params / tp + model.router_params  # shared experts split over tp
+        # shared experts split over tp; the router and a latent MoE's projections are replicated
+        nonexp = model.shared_expert_params / tp + model.router_params + model.latent_proj_params
         experts = blocks.moe_ffn.params(model)[1] / (lay["ep"] * lay["etp"])
     else:
         nonexp, experts = 0.0, 0.0 * tp

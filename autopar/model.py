@@ -85,6 +85,9 @@ class ModelSpec(BaseModel):
     num_experts: int = 0
     moe_topk: int = 0
     moe_ffn_hidden: int = 0  # per routed expert
+    # Latent MoE (Nemotron 3 Super, NemotronHMoE): a token is projected h -> moe_latent_size before the
+    # routed experts, which work in that width, and back after; the router and the shared experts read h.
+    moe_latent_size: int = 0
     shared_expert_ffn: int = 0  # total intermediate size of always-active shared experts per MoE layer
     moe_layers: int = 0  # number of MoE layers; dense layers = layers - moe_layers - no_ffn_layers
     first_dense_layers: int = 0  # leading dense layers (DeepSeek first_k_dense_replace)
@@ -147,11 +150,21 @@ class ModelSpec(BaseModel):
                 raise bad(f"moe_topk must be in 1..num_experts ({self.num_experts}), got {self.moe_topk}")
             if self.moe_ffn_hidden <= 0:
                 raise bad("moe_ffn_hidden must be positive for a MoE model")
+            if not 0 <= self.moe_latent_size < self.hidden:
+                raise bad(
+                    f"moe_latent_size must be in 0..hidden-1 ({self.hidden - 1}), got {self.moe_latent_size}"
+                )
             if self.moe_layers == 0:
                 raise bad(
                     "num_experts > 0 but moe_layers is 0", "set moe_layers (= layers if every layer is MoE)"
                 )
-        elif self.moe_layers or self.moe_topk or self.moe_ffn_hidden or self.shared_expert_ffn:
+        elif (
+            self.moe_layers
+            or self.moe_topk
+            or self.moe_ffn_hidden
+            or self.shared_expert_ffn
+            or self.moe_latent_size
+        ):
             raise bad("MoE fields are set but num_experts is 0")
         if self.dense_layers and self.ffn_hidden <= 0:
             raise bad(f"{self.dense_layers} dense layers but ffn_hidden is {self.ffn_hidden}")
@@ -337,8 +350,22 @@ class ModelSpec(BaseModel):
         return self._mlp(self.ffn_hidden) + bias
 
     @property
+    def moe_dim(self) -> int:
+        """The width routed experts read and write: the latent width of a latent MoE, else hidden."""
+        return self.moe_latent_size or self.hidden
+
+    @property
     def expert_params(self) -> int:
-        return self._mlp(self.moe_ffn_hidden) if self.is_moe else 0
+        return (3 if self.gated_mlp else 2) * self.moe_dim * self.moe_ffn_hidden if self.is_moe else 0
+
+    @property
+    def latent_proj_params(self) -> int:
+        """A latent MoE's two projections h -> latent -> h (with biases where the MLP has them)."""
+        if not (self.is_moe and self.moe_latent_size):
+            return 0
+        return 2 * self.hidden * self.moe_latent_size + (
+            self.moe_latent_size + self.hidden if self.mlp_bias else 0
+        )
 
     @property
     def shared_expert_params(self) -> int:
@@ -377,7 +404,12 @@ class ModelSpec(BaseModel):
         """Routed experts, shared experts and router of one MoE block."""
         if not self.is_moe:
             return 0
-        return self.num_experts * self.expert_params + self.shared_expert_params + self.router_params
+        return (
+            self.num_experts * self.expert_params
+            + self.shared_expert_params
+            + self.router_params
+            + self.latent_proj_params
+        )
 
     @property
     def moe_layer_params(self) -> int:
@@ -462,7 +494,10 @@ class ModelSpec(BaseModel):
                 )
             )
         moe = (
-            self.moe_topk * self.expert_params + self.shared_expert_params + self.router_params
+            self.moe_topk * self.expert_params
+            + self.shared_expert_params
+            + self.router_params
+            + 2 * self.hidden * self.moe_latent_size
             if self.is_moe
             else 0
         )
@@ -1870,11 +1905,8 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
             f["shared_expert_ffn"] = _int(c, "moe_shared_expert_intermediate_size", 0, ctx=ctx) * _int(
                 c, "n_shared_experts", 1, ctx=ctx
             )
-            if c.get("moe_latent_size") is not None:
-                raise UnsupportedArchitecture(
-                    f"{ctx}moe_latent_size (latent MoE: experts in a projected latent space)",
-                    "latent-MoE projections are not modeled yet; remove the field only if it is null",
-                )
+            if c.get("moe_latent_size") is not None:  # NemotronHMoE.fc1/fc2_latent_proj
+                f["moe_latent_size"] = _int(c, "moe_latent_size", ctx=ctx)
         else:
             f["num_experts"] = _first_int(c, ("num_experts", "num_local_experts"), ctx=ctx)
             f["shared_expert_ffn"] = _int(c, "shared_expert_intermediate_size", 0, ctx=ctx)

@@ -73,8 +73,9 @@ def expert_rows_per_rank(model, T, sp_div, etp) -> np.ndarray:
 
 
 def dispatch_bytes(model, T, sp_div, elem) -> np.ndarray:
-    """Bytes one rank sends in one dispatch (and receives back in one combine): ``(T/sp) * k * h * elem``."""
-    return routed_tokens(T, sp_div) * model.moe_topk * float(model.hidden) * np.asarray(elem)
+    """Bytes one rank sends in one dispatch (and receives back in one combine): ``(T/sp) * k * h * elem``
+    (``h``: :attr:`ModelSpec.moe_dim`, the latent width of a latent MoE, which dispatches projected tokens)."""
+    return routed_tokens(T, sp_div) * model.moe_topk * float(model.moe_dim) * np.asarray(elem)
 
 
 def distinct_share(model, groups) -> np.ndarray:
@@ -130,9 +131,9 @@ def permutation_bytes(model, T, sp_div, ep, etp, elem) -> np.ndarray:
     the fused unpermutation 2 (probability-weighted combine) reads the copies and writes ``T_r``
     rows. With more than one local expert, permutation 2 and unpermutation 1 sort the
     ``T_r * k * etp`` received rows by expert and back, each a read and a write. Rows are ``h``
-    wide; the backward moves the same bytes once more (the gradient of a gather is a scatter).
+    wide (a latent MoE's: its latent width); the backward moves the same bytes once more (the gradient of a gather is a scatter).
     """
-    h = float(model.hidden)
+    h = float(model.moe_dim)
     t_r = routed_tokens(T, sp_div)
     copies = t_r * model.moe_topk
     sort = np.where(model.num_experts / np.asarray(ep, dtype=np.float64) > 1, 1.0, 0.0)
@@ -156,7 +157,7 @@ def routed_activation_parts(model, sb_local, sp_div, etp) -> tuple[np.ndarray, f
     etp = np.asarray(etp, dtype=np.float64)
     rows = expert_rows_per_rank(model, sb_local, sp_div, etp)
     f_e = float(model.moe_ffn_hidden)
-    return rows, float(model.hidden), (2.0 if model.gated_mlp else 1.0) * f_e / etp, f_e / etp
+    return rows, float(model.moe_dim), (2.0 if model.gated_mlp else 1.0) * f_e / etp, f_e / etp
 
 
 def paired_fraction(pp, grad_accum) -> np.ndarray:

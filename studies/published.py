@@ -304,6 +304,7 @@ MODEL_PRESETS = {
     "nemotron-8b": "nemotron-8b",  # NeMo Nemotron3Config8B
     "nemotron-22b": "nemotron-22b",  # NeMo Nemotron3Config22B
     "nemotron_3_nano": "nemotron-3-nano-30b-a3b",
+    "nemotron_3_super": "nemotron-3-super-120b-a12b",
 }
 
 

@@ -263,8 +263,8 @@ def test_unknown_and_refused_architectures():
     with pytest.raises(UnsupportedArchitecture, match="DeepSeek-V3.2 sparse attention"):
         load_model(v32)  # DeepSeek Sparse Attention is refused by name, not costed as dense MLA
     nano = cfg("nemotron-3-nano-30b-a3b")
-    with pytest.raises(UnsupportedArchitecture, match="moe_latent_size"):
-        load_model(dict(nano, moe_latent_size=1024))  # Nemotron 3 Super/Ultra latent MoE
+    with pytest.raises(ModelConfigError, match="moe_latent_size must be in 0..hidden-1"):
+        load_model(dict(nano, moe_latent_size=nano["hidden_size"]))  # a latent space is narrower
     with pytest.raises(UnsupportedArchitecture, match="hybrid_override_pattern"):
         load_model(dict(nano, hybrid_override_pattern="X" * 52))
     with pytest.raises(ModelConfigError, match="52 layers"):
@@ -479,3 +479,28 @@ def test_cli_warns_about_a_tower_on_stderr(capsys):
         and d["warnings"]
         and d["total_params"] == load_model(cfg("gemma-3-27b")).total_params
     )
+
+
+def test_latent_moe_by_hand():
+    """Nemotron 3 Super's latent MoE (transformers NemotronHMoE): the router and the shared expert read
+    the hidden width h; fc1_latent_proj h -> l, the routed experts (non-gated, width F) on l-wide rows,
+    fc2_latent_proj l -> h. Counted by hand on the Nano config with a latent width added."""
+    from autopar import moe
+    from autopar.blocks import moe_ffn
+
+    nano = cfg("nemotron-3-nano-30b-a3b")
+    plain, lat = load_model(nano), load_model(dict(nano, moe_latent_size=1024))
+    h, l, E, k, F = 2688, 1024, 128, 6, 1856
+    assert (plain.moe_dim, lat.moe_dim) == (h, l)
+    assert lat.expert_params == 2 * l * F and plain.expert_params == 2 * h * F  # fc1 + fc2, relu2
+    assert lat.latent_proj_params == 2 * h * l and plain.latent_proj_params == 0
+    per_layer = (plain.expert_params - lat.expert_params) * E - 2 * h * l
+    assert plain.total_params - lat.total_params == lat.moe_layers * per_layer
+    active = (plain.expert_params - lat.expert_params) * k - 2 * h * l
+    assert plain.active_params - lat.active_params == lat.moe_layers * active
+    # forward FLOPs per token of one MoE layer: router 2hE, latent projections 2 x 2hl, k experts at l
+    want = 2 * h * E + 4 * h * l + k * 2 * (2 * l * F) + 2 * (2 * h * 3712)
+    assert moe_ffn.flops_per_token(lat) == pytest.approx(want, rel=1e-12)
+    # the dispatcher moves projected (l-wide) tokens
+    assert float(moe.dispatch_bytes(lat, 4096.0, 1, 2.0)) == 4096 * k * l * 2
+    assert float(moe.dispatch_bytes(plain, 4096.0, 1, 2.0)) == 4096 * k * h * 2

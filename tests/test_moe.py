@@ -31,6 +31,7 @@ class _M:  # a MoE shape small enough to count by hand
     moe_topk = 4
     moe_ffn_hidden = 512
     gated_mlp = True
+    moe_dim = 1024  # no latent projection: the experts read hidden-wide rows
 
 
 # (tp, etp, ep, sp, tokens per local expert GEMM per rank), T = 4096 tokens per micro-batch per rank.

@@ -51,7 +51,6 @@ REFUSED = {
     "mimo-v2-flash": "'mimo_v2_flash' is not one autopar knows",
     "minimax-m3": "'minimax_m3' is not one autopar knows",
     "muse-glimmer": "'muse_glimmer_text' is not one autopar knows",
-    "nemotron-3-super": "latent MoE",
     "nemotron-nas": "'nemotron-nas' is not one autopar knows",
     "phi-2-mixformer": "'mixformer-sequential' is not one autopar knows",
     "seamless-m4t-v2": "encoder-decoder",

@@ -27,22 +27,24 @@ def up_mult(model) -> float:
     return 2.0 if model.gated_mlp else 1.0
 
 
-def gemm_shapes(model, F, width_div) -> list[tuple[Any, Any]]:
-    """(N, K) of fc1 and fc2 per rank at width ``F`` split ``width_div`` ways, M = tokens."""
-    h = float(model.hidden)
+def gemm_shapes(model, F, width_div, dim: float | None = None) -> list[tuple[Any, Any]]:
+    """(N, K) of fc1 and fc2 per rank at width ``F`` split ``width_div`` ways, M = tokens; the MLP
+    reads and writes ``dim`` wide rows (default hidden; a latent MoE's experts: the latent width)."""
+    h = float(model.hidden if dim is None else dim)
     return [(up_mult(model) * F / width_div, h), (h, F / width_div)]
 
 
-def gemms(model, f, F, M, width_div) -> Any:
+def gemms(model, f, F, M, width_div, dim: float | None = None) -> Any:
     """fc1 + fc2 at width ``F`` over ``M`` rows, ``f(M, N, K)`` summed."""
-    (n1, k1), (n2, k2) = gemm_shapes(model, F, width_div)
+    (n1, k1), (n2, k2) = gemm_shapes(model, F, width_div, dim)
     return f(M, n1, k1) + f(M, n2, k2)
 
 
-def flops_per_token(model, F: float | None = None) -> float:
-    """Forward FLOPs per token of one MLP of width ``F`` (default the dense MLP's), unsharded."""
+def flops_per_token(model, F: float | None = None, dim: float | None = None) -> float:
+    """Forward FLOPs per token of one MLP of width ``F`` (default the dense MLP's) on ``dim`` wide
+    rows (default hidden), unsharded."""
     F = model.ffn_hidden if F is None else F
-    return sum(2.0 * N * K for N, K in gemm_shapes(model, F, 1.0))
+    return sum(2.0 * N * K for N, K in gemm_shapes(model, F, 1.0, dim))
 
 
 def act_mult(model) -> float:

@@ -4,7 +4,9 @@ arithmetic (balanced routing, dispatcher bytes) is :mod:`autopar.moe`.
 
 Parameters: :attr:`ModelSpec.router_params`, :attr:`ModelSpec.shared_expert_params` (non-expert)
 and ``E x`` :attr:`ModelSpec.expert_params` (routed). Forward FLOPs per token: the router GEMM
-(2 h E) and k experts' and the shared experts' MLPs (:mod:`autopar.blocks.mlp`). Split: EP places
+(2 h E) and k experts' and the shared experts' MLPs (:mod:`autopar.blocks.mlp`); a latent MoE
+(Nemotron 3 Super) projects each token h -> l before the routed experts, which run on l-wide rows,
+and back after (2 x 2 h l), so its dispatch, permutations and expert GEMMs move l, not h. Split: EP places
 E/ep experts per rank and routes tokens by all-to-all (:func:`a2a_seconds`); expert-TP splits each
 expert's width F_e over etp with an all-gather / reduce-scatter of the received copies
 (:func:`etp_seconds`); the shared experts split over TP as a dense MLP; the router runs on the
@@ -33,8 +35,9 @@ def present(model) -> bool:
 
 
 def params(model) -> tuple[float, float]:
-    """(non-expert parameters: router + shared experts, routed-expert parameters) of one layer."""
-    return float(model.router_params + model.shared_expert_params), float(
+    """(non-expert parameters: router + shared experts + latent projections, routed-expert
+    parameters) of one layer."""
+    return float(model.router_params + model.shared_expert_params + model.latent_proj_params), float(
         model.num_experts * model.expert_params
     )
 
@@ -42,7 +45,10 @@ def params(model) -> tuple[float, float]:
 def flops_per_token(model) -> float:
     """Forward FLOPs per token of one MoE layer, unsharded: router, k routed experts, shared experts."""
     h = float(model.hidden)
-    fl = 2.0 * h * model.num_experts + model.moe_topk * mlp.flops_per_token(model, model.moe_ffn_hidden)
+    fl = 2.0 * h * model.num_experts + model.moe_topk * mlp.flops_per_token(
+        model, model.moe_ffn_hidden, model.moe_dim
+    )
+    fl += 4.0 * h * model.moe_latent_size  # latent projections h -> l -> h (0 without)
     if model.shared_expert_ffn:
         fl += mlp.flops_per_token(model, model.shared_expert_ffn)
     return fl
@@ -52,9 +58,16 @@ def gemms(model, f, ctx: SlotContext) -> tuple[Any, Any]:
     """(routed + shared expert GEMMs, the shared experts alone), ``f(M, N, K)`` summed. Grouped GEMM
     = one GEMM per local expert with M = its tokens (:mod:`autopar.moe`): small per-expert M pays the
     same tile/wave quantization as any small GEMM. Shared experts run on the rank's sequence-parallel
-    share of the tokens."""
+    share of the tokens, as do a latent MoE's two projections (before the dispatch and after the
+    combine)."""
     tok_e = moe.tokens_per_expert(model, ctx.T, ctx.sp_div, ctx.ep, ctx.etp)
-    expert = (model.num_experts / ctx.ep) * mlp.gemms(model, f, model.moe_ffn_hidden, tok_e, ctx.etp)
+    expert = (model.num_experts / ctx.ep) * mlp.gemms(
+        model, f, model.moe_ffn_hidden, tok_e, ctx.etp, model.moe_dim
+    )
+    if model.moe_latent_size:
+        rows = moe.routed_tokens(ctx.T, ctx.sp_div)
+        h, lat = float(model.hidden), float(model.moe_latent_size)
+        expert = expert + f(rows, lat, h) + f(rows, h, lat)
     shared = (
         mlp.gemms(model, f, model.shared_expert_ffn, ctx.T, ctx.tp)
         if model.shared_expert_ffn
@@ -86,7 +99,7 @@ def etp_seconds(model, ctx: SlotContext) -> np.ndarray:
     """Expert-TP collectives of one layer per micro-batch: the received copies all-gathered before the
     expert GEMMs and reduce-scattered after (fwd AG+RS, bwd RS+AG; a recomputed forward adds one more
     AG+RS; the routed experts are never partly recomputed)."""
-    etp_bytes = moe.expert_rows_per_rank(model, ctx.T, ctx.sp_div, ctx.etp) * float(model.hidden) * ctx.elem
+    etp_bytes = moe.expert_rows_per_rank(model, ctx.T, ctx.sp_div, ctx.etp) * float(model.moe_dim) * ctx.elem
     etp_one = C.all_gather(ctx.links, etp_bytes, ctx.etp, np.ones(ctx.n))
     return (4.0 + np.where(ctx.full, 2.0, 0.0)) * etp_one
 

@@ -437,6 +437,7 @@ def weights_per_device(ctx: ServingContext, tab: ServingTable) -> np.ndarray:
         moe_layer = wb * (attn + m.shared_expert_params / ta + m.num_experts * m.expert_params / tp) + 2.0 * (
             attn_16 + m.router_params
         )
+        moe_layer = moe_layer + wb * m.latent_proj_params  # a latent MoE's projections, replicated
     else:
         moe_layer = 0.0
     lps = np.ceil(m.layers / pp)
@@ -719,9 +720,12 @@ def _iter_ffn(it: _Iter) -> None:
         activated = 1.0 - np.power(1.0 - k / E, it.tok_mb)  # share of experts that get any token
         parts = [
             it.gemm(tpe, N, K, weight_frac=activated, count=local)
-            for N, K in blocks.mlp.gemm_shapes(m, Fe, etp)
+            for N, K in blocks.mlp.gemm_shapes(m, Fe, etp, m.moe_dim)
         ]
         parts.append(it.gemm(M, E, h, wbytes=2.0, p=it.peak16, e=it.eff16))
+        if m.moe_latent_size:  # h -> latent before the routed experts, latent -> h after
+            lat = float(m.moe_latent_size)
+            parts += [it.gemm(M, lat, h), it.gemm(M, h, lat)]
         if m.shared_expert_ffn:
             parts += [it.gemm(M, N, K) for N, K in blocks.mlp.gemm_shapes(m, m.shared_expert_ffn, ta)]
         it.add_sum(parts, it.n_moe)
