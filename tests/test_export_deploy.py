@@ -465,3 +465,10 @@ def test_cli_and_module_name_the_same_formats() -> None:
     assert set(DEPLOY_FORMATS) == set(FORMATS)
     for k, v in FORMATS.items():
         assert DEPLOY_FORMATS[k].startswith(v)
+
+
+def test_a_plan_scored_for_another_runtime_is_not_deployed_as_vllm() -> None:
+    rec = copy.deepcopy(first(llama70b(), "aggregated"))
+    rec["job"]["backend"] = "sglang"
+    with pytest.raises(ExportError, match="scored for the sglang runtime"):
+        render_deploy(rec, "dynamo")

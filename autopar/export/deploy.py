@@ -240,6 +240,13 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
             "a training record cannot be deployed as a serving graph",
             "pass the --json output of `autopar serve`",
         )
+    backend = wd.get("backend", job.get("backend"))
+    if isinstance(backend, str) and not backend.lower().startswith("vllm"):
+        raise unsupported(
+            f"a plan scored for the {backend} runtime",
+            "a deployment manifest of vLLM workers",
+            "serve with the vLLM backend, or deploy the plan's own runtime by hand",
+        )
     try:
         w = ServingWorkload(**wd)
     except (ValidationError, TypeError) as e:
