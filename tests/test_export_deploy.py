@@ -472,3 +472,22 @@ def test_a_plan_scored_for_another_runtime_is_not_deployed_as_vllm() -> None:
     rec["job"]["backend"] = "sglang"
     with pytest.raises(ExportError, match="scored for the sglang runtime"):
         render_deploy(rec, "dynamo")
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("replicas",), float("inf")),
+        (("replicas",), 2**40),
+        (("tp",), "8"),
+        (("tp",), 1.5),
+        (("concurrency_per_instance",), -3.0),
+        (("max_num_tokens",), None),
+        (("mode",), "hybrid"),
+    ],
+)
+def test_a_malformed_record_is_refused_in_one_error(path: tuple[str, ...], value: Any) -> None:
+    rec = copy.deepcopy(first(llama70b(), "aggregated"))
+    rec[path[0]] = value
+    with pytest.raises(ExportError):
+        render_deploy(rec, "dynamo")

@@ -179,11 +179,20 @@ class Plan:
         return any(p.role != "worker" for p in self.pools)
 
 
+INT32_MAX = 2**31 - 1  # Kubernetes replicas and vLLM's token counts are 32-bit
+
+
 def _int(d: Mapping[str, Any], key: str, where: str) -> int:
     v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 1 or v != int(v):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or not math.isfinite(v)
+        or not 1 <= v <= INT32_MAX
+        or v != int(v)
+    ):
         raise ExportError(
-            f"{where}: {key} is {v!r}, not a positive integer",
+            f"{where}: {key} is {v!r}, not a positive integer (at most {INT32_MAX})",
             "pass the --json output of `autopar serve` as written",
         )
     return int(v)
@@ -191,7 +200,7 @@ def _int(d: Mapping[str, Any], key: str, where: str) -> int:
 
 def _positive(d: Mapping[str, Any], key: str, where: str) -> float:
     v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= INT32_MAX:
         raise ExportError(
             f"{where}: {key} is {v!r}, not a positive number",
             "pass the --json output of `autopar serve` as written",
