@@ -491,3 +491,10 @@ def test_a_malformed_record_is_refused_in_one_error(path: tuple[str, ...], value
     rec[path[0]] = value
     with pytest.raises(ExportError):
         render_deploy(rec, "dynamo")
+
+
+def test_pools_on_another_device_type_are_not_deployed_on_the_cluster_device() -> None:
+    rec = copy.deepcopy(first(llama70b(), "disaggregated"))
+    rec["prefill"]["device"] = "b200"
+    with pytest.raises(ExportError, match="prefill pool on b200 beside h200-sxm-141gb"):
+        render_deploy(rec, "llm-d")

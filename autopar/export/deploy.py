@@ -344,6 +344,15 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
         )
     else:
         raise ExportError(f"{where}: mode {mode!r} is neither aggregated nor disaggregated")
+    for key in ("prefill", "decode"):
+        pd = record.get(key)
+        other = pd.get("device") if isinstance(pd, Mapping) else None
+        if other is not None and other != device:
+            raise unsupported(
+                f"a {key} pool on {other} beside {device}",
+                "a deployment manifest",
+                "this export writes one device type for every pool; deploy each pool's component by hand",
+            )
     max_model_len = w.isl + w.osl
     for p in pools:
         if not w.chunked_prefill and p.max_num_batched_tokens < max_model_len:
