@@ -421,6 +421,24 @@ def test_cli_writes_whole_files_and_overwrites_only_with_force(
     assert len(err.strip().splitlines()) == 1 and "--force" in err and out.read_text() == before
     assert main([*argv, "--name", "other", "--force"]) == 0
     assert yaml.safe_load(out.read_text())["metadata"]["name"] == "other"
+    sg = tmp_path / "sglang.yaml"
+    assert (
+        main(
+            [
+                "export",
+                "--format",
+                "dynamo",
+                "--engine",
+                "sglang",
+                "--from-json",
+                str(serve_json),
+                "--out",
+                str(sg),
+            ]
+        )
+        == 0
+    )
+    assert check_dynamo(sg.read_text())["spec"]["backendFramework"] == "sglang"
     values = tmp_path / "values.yaml"
     assert main(["export", "--format", "llm-d", "--from-json", str(serve_json), "--out", str(values)]) == 0
     check_llmd(values.read_text())
@@ -435,6 +453,7 @@ def test_cli_writes_whole_files_and_overwrites_only_with_force(
         (["--format", "dynamo", "--record", "999"], "--record 999 is out of range"),
         (["--format", "dynamo", "--launcher-version", "1.4"], "--launcher-version does not apply"),
         (["--format", "llm-d", "--checkpoint", "/models/llama"], "pods download a Hugging Face checkpoint"),
+        (["--format", "llm-d", "--engine", "sglang"], "sglang workers cannot be expressed in llm-d"),
     ],
 )
 def test_cli_refusals_are_one_line_and_write_nothing(
@@ -467,11 +486,17 @@ def test_cli_and_module_name_the_same_formats() -> None:
         assert DEPLOY_FORMATS[k].startswith(v)
 
 
-def test_a_plan_scored_for_another_runtime_is_not_deployed_as_vllm() -> None:
+def test_the_plan_backend_picks_the_workers() -> None:
     rec = copy.deepcopy(first(llama70b(), "aggregated"))
-    rec["job"]["backend"] = "sglang"
-    with pytest.raises(ExportError, match="scored for the sglang runtime"):
+    rec["job"]["backend"] = "trtllm"
+    with pytest.raises(ExportError, match="scored for the trtllm runtime"):
         render_deploy(rec, "dynamo")
+    rec["job"]["backend"] = "sglang"
+    assert read_deploy(render_deploy(rec, "dynamo"), "dynamo")[0]["engine"] == "sglang"
+    with pytest.raises(ExportError, match="sglang workers cannot be expressed in llm-d"):
+        render_deploy(rec, "llm-d")
+    with pytest.raises(ExportError, match="--engine vllm for a plan scored for the sglang runtime"):
+        render_deploy(rec, "dynamo", DeployOptions(engine="vllm"))
 
 
 @pytest.mark.parametrize(
@@ -498,3 +523,44 @@ def test_pools_on_another_device_type_are_not_deployed_on_the_cluster_device() -
     rec["prefill"]["device"] = "b200"
     with pytest.raises(ExportError, match="prefill pool on b200 beside h200-sxm-141gb"):
         render_deploy(rec, "llm-d")
+
+
+def check_scored_sglang(
+    text: str, rec: dict[str, Any], *, model: str, quantization: str | None, kv: str
+) -> None:
+    got = read_deploy(text, "dynamo")
+    want = expected_pools(rec)
+    pools = [rec] if rec["mode"] == "aggregated" else [rec["prefill"], rec["decode"]]
+    assert [p["role"] for p in got] == [p["role"] for p in want]
+    for g, e, d in zip(got, want, pools, strict=True):
+        assert g["engine"] == "sglang"
+        for k in ("replicas", "tp", "pp", "dp", "expert_parallel", "max_model_len"):
+            assert g[k] == e[k], (g["role"], k, g[k], e[k])
+        assert g["ep"] == d.get("ep", 1)
+        batch = d.get("concurrency_per_instance", d.get("prompts_per_batch"))
+        assert g["max_running_requests"] == max(1, math.ceil(batch - 1e-9))  # the server's total
+        assert g["chunked_prefill_size"] == g["max_prefill_tokens"] == d["max_num_tokens"]
+        assert g["devices_per_pod"] * g["nodes"] == e["devices"]
+        assert (g["model"], g["quantization"], g["kv_cache_dtype"]) == (model, quantization, kv)
+        assert (g["transfer_backend"] == "nixl") == (g["role"] != "worker")
+
+
+def test_sglang_workers_on_dynamo() -> None:
+    recs = dsv3()
+    dis = first(recs, "disaggregated", lambda r: r["decode"]["adp"] > 1)
+    agg = first(recs, "aggregated", lambda r: r["adp"] > 1 and r["ep"] == r["tp"])
+    narrow = first(recs, "aggregated", lambda r: 1 < r["ep"] < r["tp"])  # SGLang's EP divides TP
+    opts = DeployOptions(engine="sglang")
+    for rec in (dis, agg, narrow):
+        text = render_deploy(rec, "dynamo", opts)
+        doc = check_dynamo(text)
+        assert doc["spec"]["backendFramework"] == "sglang"
+        assert all(
+            c["podTemplate"]["spec"]["containers"][0]["image"]
+            == "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.5.0"
+            for c in doc["spec"]["components"]
+        )
+        check_scored_sglang(text, rec, model="deepseek-ai/DeepSeek-V3", quantization="fp8", kv="fp8_e4m3")
+    off = _with_workload(first(llama70b(), "aggregated"), chunked_prefill=False)
+    pool = read_deploy(render_deploy(off, "dynamo", opts), "dynamo")[0]
+    assert pool["chunked_prefill_size"] == -1 and pool["kv_cache_dtype"] == "fp8_e4m3"

@@ -211,11 +211,20 @@ def _job_and_layout_dests() -> frozenset[str]:
 
 # autopar.export.deploy.FORMATS, spelled here so that --help and --list-formats import nothing
 DEPLOY_FORMATS = {
-    "dynamo": "NVIDIA Dynamo DynamoGraphDeployment (nvidia.com/v1beta1, Dynamo 1.5.0; vLLM workers), "
-    "from serve --json",
+    "dynamo": "NVIDIA Dynamo DynamoGraphDeployment (nvidia.com/v1beta1, Dynamo 1.5.0; vLLM or SGLang "
+    "workers), from serve --json",
     "llm-d": "llm-d-modelservice Helm values (chart v0.4.12; vLLM prefill/decode pools), from serve --json",
 }
-DEPLOY_OPTIONS = ("name", "namespace", "image", "checkpoint", "hf_token_secret", "gpus_per_node", "force")
+DEPLOY_OPTIONS = (
+    "engine",
+    "name",
+    "namespace",
+    "image",
+    "checkpoint",
+    "hf_token_secret",
+    "gpus_per_node",
+    "force",
+)
 
 
 def _cmd_deploy(a: argparse.Namespace) -> int:
@@ -246,6 +255,7 @@ def _cmd_deploy(a: argparse.Namespace) -> int:
         checkpoint=a.checkpoint,
         hf_token_secret=a.hf_token_secret,
         gpus_per_node=a.gpus_per_node,
+        engine=a.engine,
     )
     opts.check()
     if a.out is not None:
@@ -365,6 +375,13 @@ def register(sub) -> dict:
 
     g = p.add_argument_group("deployment manifests (--format dynamo or llm-d, from serve --json)")
     g.add_argument(
+        "--engine",
+        choices=("vllm", "sglang"),  # autopar.export.deploy.ENGINES (not imported: startup)
+        default=None,
+        help="the workers' inference engine; sglang for --format dynamo only (default: the plan's "
+        "backend where it names one, else vllm)",
+    )
+    g.add_argument(
         "--name",
         default="autopar-serve",
         help="DynamoGraphDeployment name / llm-d model label (default: autopar-serve)",
@@ -377,8 +394,8 @@ def register(sub) -> dict:
     g.add_argument(
         "--image",
         default=None,
-        help="container image of the workers (default: nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.5.0 for "
-        "dynamo, ghcr.io/llm-d/llm-d-cuda:latest for llm-d)",
+        help="container image of the workers (default: nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.5.0 "
+        "or sglang-runtime:1.5.0 for dynamo, ghcr.io/llm-d/llm-d-cuda:latest for llm-d)",
     )
     g.add_argument(
         "--checkpoint",

@@ -7,7 +7,9 @@ A ``serve --json`` record (one of its ``results``) becomes the file a cluster de
   ``prefill`` and ``decode`` for a disaggregated one; ``replicas`` = the pool's instances;
   ``multinode.nodeCount`` where an instance spans nodes), each worker ``python3 -m dynamo.vllm``
   with vLLM engine arguments and ``--disaggregation-mode prefill|decode`` plus the NIXL KV connector
-  (``examples/backends/vllm/deploy/disagg.yaml`` of ai-dynamo/dynamo).
+  (``examples/backends/vllm/deploy/disagg.yaml`` of ai-dynamo/dynamo), or, with ``engine``
+  ``sglang`` (or a plan scored for SGLang), ``python3 -m dynamo.sglang`` with SGLang server
+  arguments (:func:`sglang_args`; ``examples/backends/sglang/deploy/disagg.yaml``).
 * ``llm-d``: values for the ``llm-d-modelservice`` Helm chart (v0.4.x: ``decode`` and ``prefill``
   pools with ``replicas``, ``parallelism.tensor/data/dataLocal/workers`` and a ``vllm`` container
   whose ``modelCommand: vllmServe`` makes the chart run ``vllm serve MODEL --tensor-parallel-size
@@ -24,8 +26,9 @@ format (``--dtype``/``--quantization``), ``--kv-cache-dtype``, chunked prefill a
 What the plan does not decide (name, namespace, image, the secret holding the Hugging Face token,
 GPUs per node, a pre-quantized checkpoint) is a :class:`DeployOptions` field with a stated default.
 
-Refused (:class:`~autopar.export.base.ExportError`, one line): expert parallelism narrower than
-the instance (vLLM's EP is all ranks or none), speculative decoding (the plan does not name the
+Refused (:class:`~autopar.export.base.ExportError`, one line): for vLLM, expert parallelism
+narrower than the instance (vLLM's EP is all ranks or none; SGLang's ``--ep-size`` divides TP);
+SGLang workers for llm-d; a plan scored for another runtime (TensorRT-LLM); speculative decoding (the plan does not name the
 draft), a KV-cache dtype vLLM has no name for, a checkpoint-quantized weight format
 (fp8-block, int8, int4, nvfp4, mxfp4) without ``checkpoint``, an instance that does not fill whole
 nodes, a device the target has no resource for, and a token budget vLLM would reject.
@@ -40,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from autopar.export import sglang as _sglang
 from autopar.export import vllm as _vllm
 from autopar.export.base import ExportError, parse_flags, serving_model_ref, to_int, unsupported
 
@@ -58,13 +62,16 @@ DYNAMO_API = "nvidia.com/v1beta1"
 DYNAMO_VERSION = "1.5.0"
 LLMD_CHART_VERSION = "v0.4.12"
 FORMATS = {
-    "dynamo": f"NVIDIA Dynamo DynamoGraphDeployment ({DYNAMO_API}, Dynamo {DYNAMO_VERSION}; vLLM workers)",
+    "dynamo": f"NVIDIA Dynamo DynamoGraphDeployment ({DYNAMO_API}, Dynamo {DYNAMO_VERSION}; vLLM or SGLang workers)",
     "llm-d": f"llm-d-modelservice Helm values (chart {LLMD_CHART_VERSION}; vLLM prefill/decode pools)",
 }
 DEFAULT_IMAGE = {
-    "dynamo": f"nvcr.io/nvidia/ai-dynamo/vllm-runtime:{DYNAMO_VERSION}",
-    "llm-d": "ghcr.io/llm-d/llm-d-cuda:latest",
+    ("dynamo", "vllm"): f"nvcr.io/nvidia/ai-dynamo/vllm-runtime:{DYNAMO_VERSION}",
+    ("dynamo", "sglang"): f"nvcr.io/nvidia/ai-dynamo/sglang-runtime:{DYNAMO_VERSION}",
+    ("llm-d", "vllm"): "ghcr.io/llm-d/llm-d-cuda:latest",
 }
+ENGINES = ("vllm", "sglang")
+SGLANG_BOOTSTRAP_PORT = 12345  # --disaggregation-bootstrap-port of Dynamo's sglang disagg.yaml
 # The KV connector both projects' vLLM P/D examples configure (NIXL, every worker kv_both).
 KV_TRANSFER_CONFIG = json.dumps(
     {"kv_connector": "NixlConnector", "kv_role": "kv_both"}, separators=(",", ":")
@@ -103,6 +110,20 @@ VLLM_BOOL_FLAGS = (
     "--enable-prefix-caching",
 )
 DYNAMO_VALUE_FLAGS = ("--disaggregation-mode",)
+# SGLang: the flags of autopar's sglang export plus ServerArgs fields it does not write
+# (chunked_prefill_size, max_prefill_tokens, kv_cache_dtype, served_model_name, the PD
+# disaggregation settings; enable_dp_attention and skip_tokenizer_init as Dynamo's examples use them).
+SGLANG_VALUE_FLAGS = (
+    *_sglang.VALUE_FLAGS,
+    "--served-model-name",
+    "--chunked-prefill-size",
+    "--max-prefill-tokens",
+    "--kv-cache-dtype",
+    "--disaggregation-mode",
+    "--disaggregation-transfer-backend",
+    "--disaggregation-bootstrap-port",
+)
+SGLANG_BOOL_FLAGS = ("--enable-dp-attention", "--skip-tokenizer-init")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -112,10 +133,11 @@ class DeployOptions:
 
     name: str = "autopar-serve"  # metadata.name (Dynamo) / the model label (llm-d)
     namespace: str | None = None  # Dynamo metadata.namespace (None: kubectl's current namespace)
-    image: str | None = None  # None: DEFAULT_IMAGE[format]
+    image: str | None = None  # None: DEFAULT_IMAGE[format, engine]
     checkpoint: str | None = None  # what the workers load (None: the model's Hugging Face id)
     hf_token_secret: str = "hf-token-secret"  # Kubernetes Secret with HF_TOKEN ("" for none)
     gpus_per_node: int | None = None  # devices per Kubernetes node (None: the cluster's devices_per_node)
+    engine: str | None = None  # vllm or sglang workers (None: the plan's backend, else vllm)
 
     def check(self) -> None:
         for what, v in (("--name", self.name), ("--namespace", self.namespace)):
@@ -129,6 +151,8 @@ class DeployOptions:
             len(self.hf_token_secret) > 253 or not _DNS_LABEL.match(self.hf_token_secret)
         ):
             raise ExportError(f"--hf-token-secret {self.hf_token_secret!r} is not a Kubernetes Secret name")
+        if self.engine is not None and self.engine not in ENGINES:
+            raise ExportError(f"--engine {self.engine!r} is not one of {', '.join(ENGINES)}")
         if self.gpus_per_node is not None and self.gpus_per_node < 1:
             raise ExportError(f"--gpus-per-node {self.gpus_per_node} must be at least 1")
         for what, v in (("--image", self.image), ("--checkpoint", self.checkpoint)):
@@ -138,7 +162,8 @@ class DeployOptions:
 
 @dataclass(frozen=True)
 class Pool:
-    """One pool of identical vLLM instances (``role``: worker, prefill or decode)."""
+    """One pool of identical instances (``role``: worker, prefill or decode), in vLLM's units (per
+    data-parallel engine) with the instance totals SGLang takes."""
 
     role: str
     replicas: int
@@ -148,6 +173,9 @@ class Pool:
     expert_parallel: bool
     max_num_seqs: int  # per engine
     max_num_batched_tokens: int  # per engine
+    ep: int = 1  # expert-parallel width of the instance (SGLang's --ep-size)
+    batch: float = 1.0  # scored concurrency of the instance (prompts per iteration for prefill)
+    budget: int = 1  # scored token budget per iteration of the instance
 
     @property
     def devices(self) -> int:
@@ -160,7 +188,8 @@ class Plan:
     """A scored serving layout as deployable pools plus the engine settings every pool shares."""
 
     model: str  # the job's model (preset id or config path)
-    checkpoint: str  # what vLLM loads
+    checkpoint: str  # what the workers load
+    engine: str  # vllm or sglang
     device: str
     vendor: str
     devices_per_node: int
@@ -213,22 +242,44 @@ def _pool(role: str, d: Mapping[str, Any], replicas: int, batch: float, budget: 
     ep, adp = _int({"ep": d.get("ep", 1)}, "ep", where), _int({"adp": d.get("adp", 1)}, "adp", where)
     if tp % adp:
         raise ExportError(f"{where}: tp={tp} is not a multiple of adp={adp}", "pass serve --json as written")
-    if ep > 1 and ep != tp:
-        raise unsupported(
-            f"expert parallel ep={ep} within tp={tp} ({role} pool)",
-            "vLLM",
-            "vLLM's --enable-expert-parallel shards the experts over every rank of the instance "
-            "(ep = tp); search with --ep 1 or --ep equal to tp",
-        )
     seqs = max(1, math.ceil(batch / adp - 1e-9))
     tokens = max(1, math.ceil(budget / adp - 1e-9))
-    if tokens < seqs:
+    return Pool(role, replicas, tp // adp, pp, adp, ep > 1, seqs, tokens, ep, batch, budget)
+
+
+def _check_engine(pool: Pool, engine: str, chunked_prefill: bool, max_model_len: int) -> None:
+    """Refuse what ``engine`` cannot run as scored."""
+    tp = pool.tp * pool.dp  # the instance's TP (attention TP x attention-DP ranks)
+    if engine == "sglang":
+        if pool.ep > 1 and tp % pool.ep:
+            raise unsupported(
+                f"expert parallel ep={pool.ep} with tp={tp} ({pool.role} pool)",
+                "SGLang",
+                "SGLang's --ep-size divides --tp-size",
+            )
+        return
+    if pool.ep > 1 and pool.ep != tp:
         raise unsupported(
-            f"a token budget of {tokens} per engine below {seqs} sequences ({role} pool)",
+            f"expert parallel ep={pool.ep} within tp={tp} ({pool.role} pool)",
+            "vLLM",
+            "vLLM's --enable-expert-parallel shards the experts over every rank of the instance "
+            "(ep = tp); search with --ep 1 or --ep equal to tp, or export --engine sglang",
+        )
+    if pool.max_num_batched_tokens < pool.max_num_seqs:
+        raise unsupported(
+            f"a token budget of {pool.max_num_batched_tokens} per engine below {pool.max_num_seqs} "
+            f"sequences ({pool.role} pool)",
             "vLLM",
             "vLLM requires --max-num-batched-tokens >= --max-num-seqs; serve with a larger --max-num-tokens",
         )
-    return Pool(role, replicas, tp // adp, pp, adp, ep > 1, seqs, tokens)
+    if not chunked_prefill and pool.max_num_batched_tokens < max_model_len:
+        raise unsupported(
+            f"a token budget of {pool.max_num_batched_tokens} below max-model-len {max_model_len} "
+            f"without chunked prefill ({pool.role} pool)",
+            "vLLM",
+            "vLLM needs the budget to hold a whole sequence when chunked prefill is off; serve "
+            "with chunked prefill or a larger --max-num-tokens",
+        )
 
 
 def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = None) -> Plan:
@@ -249,13 +300,20 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
             "a training record cannot be deployed as a serving graph",
             "pass the --json output of `autopar serve`",
         )
-    backend = wd.get("backend", job.get("backend"))
-    if isinstance(backend, str) and not backend.lower().startswith("vllm"):
+    backend = wd.pop("backend", job.get("backend"))
+    scored_for = backend.lower().split("-")[0].split(":")[0] if isinstance(backend, str) else None
+    if scored_for is not None and scored_for not in ENGINES:
         raise unsupported(
             f"a plan scored for the {backend} runtime",
-            "a deployment manifest of vLLM workers",
-            "serve with the vLLM backend, or deploy the plan's own runtime by hand",
+            "a deployment manifest of vLLM or SGLang workers",
+            "serve with the vllm or sglang backend, or deploy the plan's own runtime by hand",
         )
+    if opts.engine is not None and scored_for is not None and opts.engine != scored_for:
+        raise ExportError(
+            f"--engine {opts.engine} for a plan scored for the {backend} runtime",
+            f"drop --engine, or serve with the {opts.engine} backend",
+        )
+    engine = opts.engine or scored_for or "vllm"
     try:
         w = ServingWorkload(**wd)
     except (ValidationError, TypeError) as e:
@@ -304,7 +362,7 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
         kv_cache_dtype = "auto"  # the model dtype
     else:
         raise unsupported(
-            f"a {kv} KV cache with {act} activations", "vLLM", "vLLM's KV cache is the model dtype or fp8"
+            f"a {kv} KV cache with {act} activations", engine, "the KV cache is the model dtype or fp8"
         )
     checkpoint = opts.checkpoint or serving_model_ref(model, "a deployment manifest")
     if not _HF_ID.match(checkpoint):
@@ -355,14 +413,7 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
             )
     max_model_len = w.isl + w.osl
     for p in pools:
-        if not w.chunked_prefill and p.max_num_batched_tokens < max_model_len:
-            raise unsupported(
-                f"a token budget of {p.max_num_batched_tokens} below max-model-len {max_model_len} "
-                f"without chunked prefill ({p.role} pool)",
-                "vLLM",
-                "vLLM needs the budget to hold a whole sequence when chunked prefill is off; serve "
-                "with chunked prefill or a larger --max-num-tokens",
-            )
+        _check_engine(p, engine, w.chunked_prefill, max_model_len)
         if p.devices > dpn and p.devices % dpn:
             raise unsupported(
                 f"a {p.role} instance of {p.devices} devices on nodes of {dpn}",
@@ -377,6 +428,7 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
     return Plan(
         model=model,
         checkpoint=checkpoint,
+        engine=engine,
         device=device,
         vendor=cl.device.vendor,
         devices_per_node=dpn,
@@ -422,6 +474,37 @@ def vllm_args(plan: Plan, pool: Pool, *, parallel: bool = True) -> list[str]:
     return a
 
 
+def sglang_args(plan: Plan, pool: Pool) -> list[str]:
+    """SGLang ``ServerArgs`` of one pool, as Dynamo 1.5's sglang runtime (SGLang 0.5.17) takes them:
+    one server per instance, ``--tp-size`` its TP (all ranks under attention DP, with ``--dp-size``
+    and ``--enable-dp-attention``), ``--ep-size`` dividing it; ``--max-running-requests`` and
+    ``--chunked-prefill-size`` are the instance's totals (SGLang divides both by the attention-DP
+    size: server_args.py, pool_configurator.py)."""
+    a = ["--tp-size", str(pool.tp * pool.dp)]
+    if pool.dp > 1:
+        a += ["--dp-size", str(pool.dp), "--enable-dp-attention"]
+    if pool.ep > 1:
+        a += ["--ep-size", str(pool.ep)]
+    a += [
+        "--pp-size",
+        str(pool.pp),
+        "--context-length",
+        str(plan.max_model_len),
+        "--max-running-requests",
+        str(max(1, math.ceil(pool.batch - 1e-9))),
+        "--chunked-prefill-size",
+        str(pool.budget if plan.chunked_prefill else -1),
+        "--max-prefill-tokens",
+        str(pool.budget),
+        "--dtype",
+        plan.dtype,
+    ]
+    if plan.quantization:
+        a += ["--quantization", plan.quantization]
+    a += ["--kv-cache-dtype", {"fp8": "fp8_e4m3"}.get(plan.kv_cache_dtype, plan.kv_cache_dtype)]
+    return a
+
+
 def _nodes(plan: Plan, pool: Pool) -> tuple[int, int]:
     """(nodes per instance, devices per pod)."""
     if pool.devices <= plan.devices_per_node:
@@ -450,7 +533,7 @@ def _dynamo(plan: Plan, opts: DeployOptions) -> dict[str, Any]:
             "dynamo",
             "Dynamo's vLLM runtime images are CUDA builds; use --format llm-d",
         )
-    image = opts.image or DEFAULT_IMAGE["dynamo"]
+    image = opts.image or DEFAULT_IMAGE["dynamo", plan.engine]
     env_from = [{"secretRef": {"name": opts.hf_token_secret}}] if opts.hf_token_secret else []
     comps: list[dict[str, Any]] = [
         {
@@ -471,23 +554,31 @@ def _dynamo(plan: Plan, opts: DeployOptions) -> dict[str, Any]:
             },
         }
     ]
-    names = {"worker": "VllmWorker", "prefill": "VllmPrefillWorker", "decode": "VllmDecodeWorker"}
+    prefix = {"vllm": "Vllm", "sglang": "Sglang"}[plan.engine]
+    names = {"worker": "Worker", "prefill": "PrefillWorker", "decode": "DecodeWorker"}
     for p in plan.pools:
         nodes, per_pod = _nodes(plan, p)
-        args = ["--model", plan.checkpoint, "--served-model-name", plan.checkpoint, *vllm_args(plan, p)]
-        if p.role != "worker":
-            args += ["--disaggregation-mode", p.role, "--kv-transfer-config", KV_TRANSFER_CONFIG]
+        if plan.engine == "vllm":
+            args = ["--model", plan.checkpoint, "--served-model-name", plan.checkpoint, *vllm_args(plan, p)]
+            if p.role != "worker":
+                args += ["--disaggregation-mode", p.role, "--kv-transfer-config", KV_TRANSFER_CONFIG]
+        else:  # the frontend tokenizes (examples/backends/sglang/deploy/*.yaml)
+            args = ["--model-path", plan.checkpoint, "--served-model-name", plan.checkpoint]
+            args += ["--skip-tokenizer-init", *sglang_args(plan, p)]
+            if p.role != "worker":
+                args += ["--disaggregation-mode", p.role, "--disaggregation-transfer-backend", "nixl"]
+                args += ["--disaggregation-bootstrap-port", str(SGLANG_BOOTSTRAP_PORT)]
         container: dict[str, Any] = {
             "name": "main",
             "image": image,
-            "command": ["python3", "-m", "dynamo.vllm"],
+            "command": ["python3", "-m", f"dynamo.{plan.engine}"],
             "args": args,
             "resources": {"limits": {"nvidia.com/gpu": str(per_pod)}},
         }
         if env_from:
             container["envFrom"] = env_from
         comp: dict[str, Any] = {
-            "name": names[p.role],
+            "name": prefix + names[p.role],
             "type": p.role,
             "replicas": p.replicas,
             "podTemplate": {"spec": {"containers": [container]}},
@@ -502,7 +593,7 @@ def _dynamo(plan: Plan, opts: DeployOptions) -> dict[str, Any]:
         "apiVersion": DYNAMO_API,
         "kind": "DynamoGraphDeployment",
         "metadata": meta,
-        "spec": {"backendFramework": "vllm", "components": comps},
+        "spec": {"backendFramework": plan.engine, "components": comps},
     }
 
 
@@ -514,7 +605,13 @@ def _llmd(plan: Plan, opts: DeployOptions) -> dict[str, Any]:
             "llm-d",
             "llm-d-modelservice schedules nvidia, amd, intel-gaudi and google accelerators",
         )
-    image = opts.image or DEFAULT_IMAGE["llm-d"]
+    if plan.engine != "vllm":
+        raise unsupported(
+            f"{plan.engine} workers",
+            "llm-d",
+            "llm-d-modelservice's vllmServe command runs vLLM; use --format dynamo for SGLang",
+        )
+    image = opts.image or DEFAULT_IMAGE["llm-d", "vllm"]
     by_role = {p.role: p for p in plan.pools}
 
     def section(p: Pool | None) -> dict[str, Any]:
@@ -627,9 +724,52 @@ def _pool_view(role: str, replicas: int, flags: Mapping[str, Any], fmt: str, **e
         "chunked_prefill": not flags.get("--no-enable-chunked-prefill"),
         "prefix_caching": bool(flags.get("--enable-prefix-caching")),
         "kv_transfer_config": flags.get("--kv-transfer-config"),
+        "engine": "vllm",
     }
     view.update(extra)
     return view
+
+
+def _sglang_view(
+    comp: Mapping[str, Any], c: Mapping[str, Any], per_pod: int, nodes: int, fmt: str
+) -> dict[str, Any]:
+    flags = parse_flags(list(c["args"]), SGLANG_VALUE_FLAGS, SGLANG_BOOL_FLAGS, fmt)
+
+    def num(key: str, default: int | None = None) -> int:
+        if key not in flags:
+            if default is None:
+                raise ExportError(f"{key} missing from a {fmt} SGLang worker")
+            return default
+        return int(flags[key]) if key == "--chunked-prefill-size" else to_int(flags[key], key, fmt)
+
+    mode = flags.get("--disaggregation-mode", "null")
+    role = {"null": "worker"}.get(mode, mode)
+    if role != comp.get("type"):
+        raise ExportError(f"component {comp.get('name')!r} of type {comp.get('type')} runs {mode}")
+    tp, dp = num("--tp-size", 1), num("--dp-size", 1)
+    if dp > 1 and not flags.get("--enable-dp-attention"):
+        raise ExportError(f"component {comp.get('name')!r}: --dp-size without --enable-dp-attention")
+    return {
+        "role": role,
+        "replicas": int(comp["replicas"]),
+        "engine": "sglang",
+        "tp": tp // dp,
+        "pp": num("--pp-size", 1),
+        "dp": dp,
+        "ep": num("--ep-size", 1),
+        "expert_parallel": num("--ep-size", 1) > 1,
+        "max_running_requests": num("--max-running-requests"),
+        "chunked_prefill_size": num("--chunked-prefill-size"),
+        "max_prefill_tokens": num("--max-prefill-tokens"),
+        "max_model_len": num("--context-length"),
+        "dtype": flags.get("--dtype"),
+        "quantization": flags.get("--quantization"),
+        "kv_cache_dtype": flags.get("--kv-cache-dtype", "auto"),
+        "transfer_backend": flags.get("--disaggregation-transfer-backend"),
+        "devices_per_pod": per_pod,
+        "nodes": nodes,
+        "model": flags.get("--model-path"),
+    }
 
 
 def read_deploy(text: str, fmt: str) -> list[dict[str, Any]]:
@@ -648,15 +788,20 @@ def read_deploy(text: str, fmt: str) -> list[dict[str, Any]]:
             if comp.get("type") == "frontend":
                 continue
             (c,) = comp["podTemplate"]["spec"]["containers"]
+            per_pod = to_int(c["resources"]["limits"]["nvidia.com/gpu"], "nvidia.com/gpu", fmt)
+            nodes = int(comp.get("multinode", {}).get("nodeCount", 1))
+            if c.get("command") == ["python3", "-m", "dynamo.sglang"]:
+                pools.append(_sglang_view(comp, c, per_pod, nodes, fmt))
+                continue
             if c.get("command") != ["python3", "-m", "dynamo.vllm"]:
-                raise ExportError(f"component {comp.get('name')!r} does not run dynamo.vllm")
+                raise ExportError(
+                    f"component {comp.get('name')!r} runs neither dynamo.vllm nor dynamo.sglang"
+                )
             flags = parse_flags(list(c["args"]), VLLM_VALUE_FLAGS + DYNAMO_VALUE_FLAGS, VLLM_BOOL_FLAGS, fmt)
             mode = flags.get("--disaggregation-mode", "agg")
             role = {"agg": "worker"}.get(mode, mode)
             if role != comp.get("type"):
                 raise ExportError(f"component {comp.get('name')!r} of type {comp.get('type')} runs {mode}")
-            per_pod = to_int(c["resources"]["limits"]["nvidia.com/gpu"], "nvidia.com/gpu", fmt)
-            nodes = int(comp.get("multinode", {}).get("nodeCount", 1))
             pools.append(
                 _pool_view(
                     role,
