@@ -514,14 +514,14 @@ def _nodes(plan: Plan, pool: Pool) -> tuple[int, int]:
 
 def _header(plan: Plan, fmt: str) -> str:
     pools = "; ".join(
-        f"{p.role}: {p.replicas} x (tp {p.tp}, pp {p.pp}, dp {p.dp}{', ep' if p.expert_parallel else ''}; "
+        f"{p.role}: {p.replicas} x (tp {p.tp}, pp {p.pp}, dp {p.dp}{f', ep {p.ep}' if p.ep > 1 else ''}; "
         f"{p.devices} {plan.device} each)"
         for p in plan.pools
     )
     scored = json.dumps(plan.scored, sort_keys=True, separators=(",", ":"), default=float)
     return (
         f"# {FORMATS[fmt]}, written by autopar export for the serve layout {plan.short}\n"
-        f"# model {plan.model} ({plan.checkpoint}); {pools}\n"
+        f"# {plan.engine} workers; model {plan.model} ({plan.checkpoint}); {pools}\n"
         f"# scored: {scored}\n"
     )
 
