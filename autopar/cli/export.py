@@ -209,6 +209,72 @@ def _job_and_layout_dests() -> frozenset[str]:
     )
 
 
+# autopar.export.deploy.FORMATS, spelled here so that --help and --list-formats import nothing
+DEPLOY_FORMATS = {
+    "dynamo": "NVIDIA Dynamo DynamoGraphDeployment (nvidia.com/v1beta1, Dynamo 1.5.0; vLLM or SGLang "
+    "workers), from serve --json",
+    "llm-d": "llm-d-modelservice Helm values (chart v0.4.12; vLLM prefill/decode pools), from serve --json",
+}
+DEPLOY_OPTIONS = (
+    "engine",
+    "name",
+    "namespace",
+    "image",
+    "checkpoint",
+    "hf_token_secret",
+    "gpus_per_node",
+    "force",
+)
+
+
+def _cmd_deploy(a: argparse.Namespace) -> int:
+    """``--format dynamo|llm-d``: the manifest of one ``serve --json`` result, written whole or
+    not at all; an existing ``--out`` is replaced only with ``--force``."""
+    from autopar.export.deploy import DeployOptions, render_deploy
+
+    fmt = a.format
+    if a.launcher_version is not None:
+        raise AutoparError(f"--launcher-version does not apply to --format {fmt}", "drop --launcher-version")
+    if not a.from_json:
+        raise AutoparError(
+            f"--format {fmt} needs --from-json FILE: the --json output of `autopar serve`",
+            "autopar serve ... --json > serve.json, then autopar export --format "
+            + fmt
+            + " --from-json serve.json",
+        )
+    given = sorted(getattr(a, "_given", set()) & _job_and_layout_dests())
+    if given:
+        flags = ", ".join("--" + d.replace("_", "-") for d in given)
+        raise AutoparError(
+            f"--from-json carries the serving plan, so {flags} would be ignored", "drop " + flags
+        )
+    opts = DeployOptions(
+        name=a.name,
+        namespace=a.namespace,
+        image=a.image,
+        checkpoint=a.checkpoint,
+        hf_token_secret=a.hf_token_secret,
+        gpus_per_node=a.gpus_per_node,
+        engine=a.engine,
+    )
+    opts.check()
+    if a.out is not None:
+        check_out(a.out)
+        if not a.force and (a.out.exists() or a.out.is_symlink()):
+            raise AutoparError(f"--out {a.out} exists", "pass --force to replace it, or choose another path")
+    records = _read_records(a.from_json)
+    if not 0 <= a.record < len(records):
+        raise AutoparError(f"--record {a.record} is out of range (0..{len(records) - 1})")
+    record = records[a.record]
+    if not _is_serving(record):
+        raise AutoparError(
+            f"--format {fmt} deploys a serving plan; record {a.record} is not one",
+            "pass the --json output of `autopar serve`",
+        )
+    write_output(render_deploy(record, fmt, opts), a.out)
+    return 0
+
+
 def cmd_export(a: argparse.Namespace) -> int:
     from autopar.export import EXPORTERS
 
@@ -220,7 +286,19 @@ def cmd_export(a: argparse.Namespace) -> int:
             versions = launcher_versions(name)
             tail = f" [launcher versions: {', '.join(versions)}]" if len(versions) > 1 else ""
             sys.stdout.write(f"{name:<16} {desc}{tail}\n")
+        for name, desc in DEPLOY_FORMATS.items():
+            sys.stdout.write(f"{name:<16} {desc}\n")
         return 0
+    if a.format in DEPLOY_FORMATS:
+        return _cmd_deploy(a)
+    given = sorted(getattr(a, "_given", set()) & set(DEPLOY_OPTIONS))
+    if given:
+        flags = ", ".join("--" + d.replace("_", "-") for d in given)
+        raise AutoparError(
+            f"{flags} {'applies' if len(given) == 1 else 'apply'} only to the deployment formats "
+            f"({', '.join(DEPLOY_FORMATS)})",
+            "drop " + flags + " or pass --format dynamo or --format llm-d",
+        )
     check_out(a.out)
     if a.launcher_version is not None and a.format is not None:
         from autopar.export import get_exporter
@@ -267,7 +345,8 @@ def register(sub) -> dict:
         "--format",
         default=None,
         help="megatron, megatron_bridge, deepspeed, torchtitan, accelerate, "
-        "torchrun, vllm, sglang or env (see --list-formats) (default: the job's framework's: "
+        "torchrun, vllm, sglang or env (see --list-formats); dynamo or llm-d for a serve --json "
+        "plan's deployment manifest (default: the job's framework's: "
         "megatron->megatron, torchtitan->torchtitan, deepspeed/megatron-deepspeed->deepspeed, "
         "fsdp->accelerate)",
     )
@@ -292,7 +371,53 @@ def register(sub) -> dict:
     add_job_args(p, optional=True)
     add_layout_args(p)
     add_export_output_args(p, required=False)
+    from autopar.cli.args import positive_int
+
+    g = p.add_argument_group("deployment manifests (--format dynamo or llm-d, from serve --json)")
+    g.add_argument(
+        "--engine",
+        choices=("vllm", "sglang"),  # autopar.export.deploy.ENGINES (not imported: startup)
+        default=None,
+        help="the workers' inference engine; sglang for --format dynamo only (default: the plan's "
+        "backend where it names one, else vllm)",
+    )
+    g.add_argument(
+        "--name",
+        default="autopar-serve",
+        help="DynamoGraphDeployment name / llm-d model label (default: autopar-serve)",
+    )
+    g.add_argument(
+        "--namespace",
+        default=None,
+        help="Dynamo metadata.namespace (default: none, kubectl's current namespace)",
+    )
+    g.add_argument(
+        "--image",
+        default=None,
+        help="container image of the workers (default: nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.5.0 "
+        "or sglang-runtime:1.5.0 for dynamo, ghcr.io/llm-d/llm-d-cuda:latest for llm-d)",
+    )
+    g.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="ORG/NAME",
+        help="Hugging Face checkpoint the workers load; needed for fp8-block, int8, int4, nvfp4 and mxfp4 "
+        "weights, which vLLM reads from a quantized checkpoint (default: the model's checkpoint)",
+    )
+    g.add_argument(
+        "--hf-token-secret",
+        default="hf-token-secret",
+        metavar="SECRET",
+        help="Kubernetes Secret holding HF_TOKEN ('' for none) (default: hf-token-secret)",
+    )
+    g.add_argument(
+        "--gpus-per-node",
+        type=positive_int,
+        default=None,
+        help="devices per Kubernetes node (default: the plan's devices_per_node)",
+    )
+    g.add_argument("--force", action="store_true", help="replace an existing --out file (default: refuse)")
     from autopar.cli.args import track_given
 
-    track_given(p, _job_and_layout_dests())
+    track_given(p, _job_and_layout_dests() | set(DEPLOY_OPTIONS))
     return {"export": cmd_export}

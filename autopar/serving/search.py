@@ -408,6 +408,7 @@ def _agg_record(ctx: ServingContext, agg: dict[str, Any], i: int, price: float |
         "idle_devices": int(agg["num_devices"]) - dev * reps,
         "concurrency_per_instance": round(batch, 2),
         "concurrency": round(batch * reps, 2),
+        "max_num_tokens": int(res["budget"][i]),  # token budget per iteration it was scored with
         "power_cap_w": float(tab["cap_w"][i]) or None,
         "short": _short(**t) + f" x{reps} b{batch:.0f}",
         "ttft_ms": float(res["ttft_s"][i]) * 1e3,
@@ -617,6 +618,8 @@ def _disaggregated(
         "t_d": t_d,
         "ptab": ptab,
         "k": k,
+        "budget_p": int(budget_p),
+        "budget_d": np.broadcast_to(mem_d["budget"], (len(inst),)),
         "att": att,
         "pools": pools,
     }
@@ -634,8 +637,18 @@ def _dis_record(dis: dict[str, Any], flat: int) -> dict[str, Any]:
     jt = float(dis["pool_w"][i, j]) / max(tps, 1e-30)
     return {
         "mode": "disaggregated",
-        "prefill": {**pre, "instances": x, "prompts_per_batch": int(dis["k"][pi])},
-        "decode": {**dec, "instances": y, "concurrency_per_instance": B},
+        "prefill": {
+            **pre,
+            "instances": x,
+            "prompts_per_batch": int(dis["k"][pi]),
+            "max_num_tokens": dis["budget_p"],
+        },
+        "decode": {
+            **dec,
+            "instances": y,
+            "concurrency_per_instance": B,
+            "max_num_tokens": int(dis["budget_d"][int(dis["di"][dj])]),
+        },
         "devices": int(dis["devices"][i, j]),
         "idle_devices": int(dis["num_devices"]) - int(dis["devices"][i, j]),
         "short": f"{x}P({_short(**pre)} k{int(dis['k'][pi])}) + {y}D({_short(**dec)} b{B:.0f})",
