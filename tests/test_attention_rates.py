@@ -108,3 +108,27 @@ def test_a_sliding_window_costs_the_keys_it_attends_to() -> None:
     )
     assert ratio == pytest.approx((w - w * w / (2 * s)) / (s / 2), rel=1e-9)
     assert ratio == pytest.approx(win._context(s, w, True) / full._context(s, 0, True), rel=1e-9)
+
+
+def test_curve_less_devices_take_the_measured_devices_attention_ratio() -> None:
+    """A device with a measured kernel is charged the curve times the fitted attention_scale; the
+    transfer ratio for devices without one is what that rate is over the estimate path's rate on the
+    measured devices (hand computation at head dim 128, 8k keys, with the SFU exponentials in series),
+    and a curve-less profile is charged its estimate times that ratio."""
+    from autopar.calibration.fit import TRANSFER_ATTENTION_SHAPE, measured_attention_ratio
+    from autopar.coefficients import coefficients_for, load_calibration
+
+    cal = load_calibration()
+    h100 = load_device("h100-sxm-80gb")
+    co, _ = coefficients_for(h100, cal)
+    hd, s = TRANSFER_ATTENTION_SHAPE
+    achieved = float(attention_fraction(h100.efficiency.attention_fwd, hd, s)) * co.attention_scale
+    peak = h100.peak_tflops["bf16"] * 1e12
+    matmul = 1.0 / (h100.efficiency.attention * s / (s + co.gemm_half_dim))  # seconds x peak per flop
+    exps = peak / (512.0 * co.exp_rate)  # one exponential per 2 (d_qk + d_v) = 512 flops
+    assert measured_attention_ratio(h100, cal) == pytest.approx(achieved * (matmul + exps), rel=1e-12)
+    assert 0.3 < measured_attention_ratio(h100, cal) < 1.0  # training runs below the estimate
+    mi300x = load_device("mi300x")
+    assert not mi300x.efficiency.attention_fwd and measured_attention_ratio(mi300x, cal) is None
+    co_amd, _ = coefficients_for(mi300x, cal)
+    assert co_amd.attention_eff == pytest.approx(mi300x.efficiency.attention * cal.transfer.attention_ratio)

@@ -306,8 +306,38 @@ def group_weights(samples: Sequence[Sample]) -> np.ndarray:
     return w / w.mean()
 
 
+# The attention shape at which a measured device's achieved training attention rate is compared with
+# its profile's estimate (head dimension, keys per query): Llama-style heads at an 8k context.
+TRANSFER_ATTENTION_SHAPE = (128.0, 8192.0)
+
+
+def measured_attention_ratio(dev, cal: Calibration) -> float | None:
+    """Achieved / estimated attention rate of a device with a measured forward kernel: the rate its
+    training attention is charged at (the measured curve at :data:`TRANSFER_ATTENTION_SHAPE` times the
+    fitted ``attention_scale``) over the rate the estimate path would charge it (the profile's
+    ``efficiency.attention`` at that length, in series with the softmax exponentials on its SFUs), both
+    as fractions of the bf16 peak. A device without a measured kernel is charged its estimate times
+    the geometric mean of these ratios (``transfer.attention_ratio``), as fitted rates transferred
+    before the curves. None where the profile has no curve."""
+    from autopar.coefficients import coefficients_for
+    from autopar.hardware import attention_fraction
+
+    eff = dev.efficiency
+    if not eff.attention_fwd or not eff.attention:
+        return None
+    co, _ = coefficients_for(dev, cal)
+    hd, s = TRANSFER_ATTENTION_SHAPE
+    achieved = float(attention_fraction(eff.attention_fwd, hd, s)) * co.attention_scale
+    peak = dev.peak_tflops["bf16"] * 1e12
+    sfu = peak / (2.0 * (2.0 * hd) * co.exp_rate) if co.exp_rate > 0 else 0.0  # seconds per flop x peak
+    estimate = 1.0 / (1.0 / (eff.attention * s / (s + co.gemm_half_dim)) + sfu)
+    return achieved / estimate
+
+
 def transfer_ratios(cal: Calibration, samples: Sequence[Sample]) -> dict[str, float]:
-    """Geometric-mean fitted/published ratios of GEMM (bf16) and attention efficiency."""
+    """Geometric-mean fitted/published ratios of GEMM (bf16) and attention efficiency: the attention
+    ratio of a die is its fitted attention factor over the profile's, or, for a device charged at a
+    measured kernel, :func:`measured_attention_ratio`."""
     per: dict[str, tuple[list[float], list[float]]] = {}  # one ratio per die (or undied device)
     for dev in {s.job.device.id: s.job.device for s in samples}.values():
         dc = cal.devices.get(dev.id)
@@ -318,6 +348,8 @@ def transfer_ratios(cal: Calibration, samples: Sequence[Sample]) -> dict[str, fl
             gg.append(dc.gemm["bf16"] / dev.efficiency.gemm["bf16"])
         if dc.attention is not None:
             aa.append(dc.attention / dev.efficiency.attention)
+        elif (r := measured_attention_ratio(dev, cal)) is not None:
+            aa.append(r)
     g = [float(np.exp(np.mean(np.log(x)))) for x, _ in per.values() if x]
     a = [float(np.exp(np.mean(np.log(y)))) for _, y in per.values() if y]
     return {
