@@ -254,6 +254,7 @@ class ServingContext:
     devices_per_node: int
     compute_precision: str
     extra: dict[str, Any] = field(default_factory=dict)
+    backend: Any = None  # autopar.serving.backends.BackendProfile (None: trtllm's, as make_context loads it)
 
     @property
     def weight_bytes(self) -> float:
@@ -262,6 +263,15 @@ class ServingContext:
     @property
     def kv_bytes(self) -> float:
         return KV_BYTES[self.workload.kv_dtype]
+
+    @property
+    def max_batch(self) -> int:
+        """Sequences per instance the runtime admits (the workload's, else the backend's default:
+        make_context resolves it)."""
+        mb = self.workload.max_batch
+        if mb is None:
+            raise AutoparError("serving context without a resolved max_batch (build it with make_context)")
+        return int(mb)
 
 
 def make_context(
@@ -273,7 +283,11 @@ def make_context(
     calibration: Calibration | None = None,
     serving_coefficients: ServingCoefficients | None = None,
 ) -> ServingContext:
+    from autopar.serving.backends import load_backend
+
     cal = calibration or load_calibration()
+    backend = load_backend(workload.backend, workload.backend_version)
+    workload = resolve_workload(workload, backend, device)
     co, link_coeffs = coefficients_for(device, cal)
     links = C.Links.from_cluster(device, devices_per_node, link_coeffs)
     # fp8 weights run fp8 GEMMs where the device has an fp8 tensor-core rate; otherwise (and for
@@ -282,7 +296,11 @@ def make_context(
     fmt = GEMM_FORMATS.get(wp)
     prec = wp if fmt is not None and fmt[0] in device.peak_tflops else "bf16"
     sc = serving_coefficients or ServingCoefficients.from_calibration(cal)
-    if sc.prefill_attention_eff is None and not device.efficiency.attention_fwd:
+    if sc.prefill_attention_eff is None and (
+        not device.efficiency.attention_fwd or backend.attention.prefill == "published"
+    ):
+        # the die's published FlashAttention figure: where the device has no measured forward curve,
+        # or where the stack runs FlashAttention rather than TensorRT-LLM's measured context kernel
         sc = replace(sc, prefill_attention_eff=prefill_attention_source(device.id, cal)[0])
     if device.runtime_reserve_gb is not None:  # a device-level reserve (0: statically compiled SRAM)
         sc = replace(sc, runtime_reserve_bytes=device.runtime_reserve_gb * 1e9, comm_buffer_bytes=0.0)
@@ -296,7 +314,24 @@ def make_context(
             layer_latency_s=st.layer_latency_us * 1e-6,
             tile_rows=st.gemm_tile_rows,
         )
-    return ServingContext(model, device, workload, co, links, sc, devices_per_node, prec)
+    return ServingContext(model, device, workload, co, links, sc, devices_per_node, prec, backend=backend)
+
+
+def resolve_workload(workload: ServingWorkload, backend: Any, device: Any) -> ServingWorkload:
+    """The workload with the runtime limits left at None filled from the backend's defaults for this
+    device (SGLang's KV fraction depends on the candidate's TP: it stays None, per candidate later)."""
+    from autopar.serving import backends as B
+
+    fill: dict[str, Any] = {}
+    if workload.max_batch is None:
+        fill["max_batch"] = B.max_batch(backend, device)
+    if workload.max_num_tokens is None:
+        fill["max_num_tokens"] = B.max_num_tokens(backend, device)
+    if workload.chunked_prefill is None:
+        fill["chunked_prefill"] = backend.scheduler.chunked_prefill.value
+    if workload.kv_cache_fraction is None and backend.kv_cache.fraction.rule is None:
+        fill["kv_cache_fraction"] = float(backend.kv_cache.fraction.tiers[0].value)
+    return workload.model_copy(update=fill) if fill else workload
 
 
 # ============================================================================================== table
@@ -388,12 +423,13 @@ def _kv_seq_bytes_per_device(ctx: ServingContext, tab: ServingTable, seq_len: fl
     cache (:func:`recurrent_state_bytes_per_device`).
     """
     m = ctx.model
-    paged = math.ceil(seq_len / KV_PAGE_TOKENS) * KV_PAGE_TOKENS
+    page = ctx.backend.kv_cache.block_tokens if ctx.backend is not None else KV_PAGE_TOKENS
+    paged = math.ceil(seq_len / page) * page
     per_full_token = kv_bytes_per_token_per_device(ctx, tab)
     full = m.attn_layers - m.sliding_window_layers
     sw = m.sliding_window_layers
     # Sliding-window layers keep at most window (+1 page) tokens.
-    sw_tokens = min(paged, (math.ceil(m.sliding_window / KV_PAGE_TOKENS) + 1) * KV_PAGE_TOKENS) if sw else 0
+    sw_tokens = min(paged, (math.ceil(m.sliding_window / page) + 1) * page) if sw else 0
     kv = per_full_token * (full * paged + sw * sw_tokens) / max(m.attn_layers, 1)
     return kv + recurrent_state_bytes_per_device(ctx, tab)
 
@@ -484,7 +520,7 @@ def instance_memory(
     ta = tp / adp
     cap = np.full(len(tab), ctx.device.memory_bytes)
     weights = weights_per_device(ctx, tab)
-    bcap = np.minimum(batch_cap if batch_cap is not None else float(w.max_batch), float(w.max_batch))
+    bcap = np.minimum(batch_cap if batch_cap is not None else float(ctx.max_batch), float(ctx.max_batch))
     budget = (
         np.full(len(tab), float(w.max_num_tokens))
         if w.max_num_tokens
@@ -505,7 +541,7 @@ def instance_memory(
     groups = (tp > 1).astype(float) + (pp > 1).astype(float) + ((adp > 1) & (tp > 1)).astype(float)
     reserve = ctx.sc.runtime_reserve_bytes + groups * ctx.sc.comm_buffer_bytes
     free = cap - weights - workspace - reserve
-    kv_avail = np.maximum(free, 0.0) * w.kv_cache_fraction
+    kv_avail = kv_memory(ctx, tab, free=free, weights=weights, budget=budget)
     kv_seq = _kv_seq_bytes_per_device(ctx, tab, seq)
     max_conc = np.floor(kv_avail / kv_seq) * adp  # each attention-DP rank caches its own requests
     return {
@@ -519,6 +555,29 @@ def instance_memory(
         "weights_fit": weights + reserve + workspace <= cap,
         "budget": budget,
     }
+
+
+def kv_memory(ctx: ServingContext, tab: ServingTable, *, free, weights, budget) -> np.ndarray:
+    """Bytes per device the backend gives the KV cache, by its own accounting of ``kv_cache_fraction``:
+    TRT-LLM a share of the memory left free after weights, workspace and reserve; vLLM
+    (gpu_memory_utilization) a share of the TOTAL memory, less all of those; SGLang
+    (mem_fraction_static) a share of the TOTAL holding the weights and the KV pool, never more than
+    is free."""
+    from autopar.serving.backends import kv_fraction
+
+    w, b = ctx.workload, ctx.backend
+    rule = b.kv_cache.memory_rule if b is not None else "free"
+    if w.kv_cache_fraction is not None:
+        f = np.full(len(tab), float(w.kv_cache_fraction))
+    else:
+        f = kv_fraction(b, ctx.device, tab["tp"], tab["pp"], np.broadcast_to(budget, (len(tab),)))
+    free = np.maximum(free, 0.0)
+    if rule == "free":
+        return free * f
+    cap = ctx.device.memory_bytes
+    if rule == "total":
+        return np.maximum(free - (1.0 - f) * cap, 0.0)
+    return np.clip(f * cap - weights, 0.0, free)  # static: weights + KV pool
 
 
 # ========================================================================================= iteration
@@ -746,6 +805,42 @@ def _iter_elementwise(it: _Iter) -> None:
     it.add((t_el, np.zeros(it.n), it.M * per_tok, np.zeros(it.n), t_el), it.layers)
 
 
+def _all_reduce(ctx: ServingContext, nbytes: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Seconds of one TP all-reduce per call: NCCL (the alpha-beta cost plus the fitted per-call sync),
+    or, where the backend has one and the message qualifies, its custom kernel at its measured latency."""
+    from autopar.serving.backends import custom_allreduce_s, uses_custom_allreduce
+
+    nccl = C.all_reduce(ctx.links, nbytes, n, np.ones(len(n))) + np.where(
+        n > 1, ctx.sc.collective_sync_s, 0.0
+    )
+    car = ctx.backend.all_reduce.custom if ctx.backend is not None else None
+    if car is None:
+        return nccl
+    use = uses_custom_allreduce(car, nbytes, n, ctx.devices_per_node)
+    return np.where(use, custom_allreduce_s(car, nbytes, n), nccl)
+
+
+def _eager_launch_s(ctx: ServingContext, tab: ServingTable, it: _Iter, stage: np.ndarray) -> np.ndarray:
+    """Host time per micro-batch a step outside the backend's CUDA graphs waits for: its kernels'
+    launches (kernels per layer x layers of the stage x the eager launch cost) less the GPU time that
+    hides them (launches are asynchronous; the training model's eager rule). 0 where a graph covers
+    the step, and for backends whose host work is in the fitted coefficients (trtllm)."""
+    from autopar.serving.backends import graph_limit
+
+    b = ctx.backend
+    if b is None or not b.cuda_graphs.modelled:
+        return np.zeros(it.n)
+    cg, w = b.cuda_graphs, ctx.workload
+    budget = np.full(it.n, float(w.max_num_tokens or 0) or np.inf)
+    limit = graph_limit(b, ctx.device, tab["tp"], budget, float(ctx.max_batch))
+    if cg.scope == "tokens":
+        eager = it.tok_mb > limit
+    else:  # decode batches up to the limit replay a graph; steps with prefill run eager
+        eager = (it.pre_a > 0) | (it.dec_a * it.adp > limit)
+    host = it.lps * cg.kernels_per_layer * cg.launch_us * 1e-6
+    return np.where(eager, np.maximum(host - stage, 0.0), 0.0)
+
+
 def _iter_comm(it: _Iter) -> dict[str, np.ndarray]:
     """The stage's TP all-reduces (attention-DP: the attention group's, and the MoE all-to-alls), the
     pipeline send, and the bytes each device puts on its links per micro-batch."""
@@ -755,9 +850,9 @@ def _iter_comm(it: _Iter) -> dict[str, np.ndarray]:
     ones = np.ones(it.n)
     ar_bytes = it.tok_mb * h * ACT_BYTES
     sync = sc.collective_sync_s
-    ar_tp = C.all_reduce(links, ar_bytes, tp, ones) + np.where(tp > 1, sync, 0.0)
+    ar_tp = _all_reduce(ctx, ar_bytes, tp)
     if m.is_moe:
-        ar_attn = C.all_reduce(links, ar_bytes / adp, ta, ones) + np.where(ta > 1, sync, 0.0)
+        ar_attn = _all_reduce(ctx, ar_bytes / adp, ta)
         a2a = C.all_to_all(links, it.M * m.moe_topk * h * ACT_BYTES, tp, ones) + np.where(tp > 1, sync, 0.0)
         moe_comm = np.where(adp > 1, ar_attn + 2.0 * a2a, 2.0 * ar_tp)
         dense_comm = np.where(adp > 1, 2.0 * ar_attn, 2.0 * ar_tp)
@@ -882,7 +977,11 @@ def iteration(
     gpu = mb * stage
     if pre_seqs is None:
         pre_seqs = n_pre / np.maximum(pre_len, 1.0)
-    host = mb * sc.host_step_s + sc.host_per_seq_s * (n_dec + pre_seqs)
+    host = (
+        mb * sc.host_step_s
+        + sc.host_per_seq_s * (n_dec + pre_seqs)
+        + mb * _eager_launch_s(ctx, tab, it, stage)
+    )
     t_iter = gpu + host
     # FLOPs and bytes per device for one iteration.
     return {
@@ -1096,10 +1195,10 @@ def evaluate_serving(
     bad["power_cap_range"] = (cap_w > 0) & ((cap_w < POWER_CAP_MIN_FRACTION * tdp) | (cap_w > tdp))
     mem0 = instance_memory(ctx, tab)
     fixed = tab["conc"] > 0
-    bcap = np.where(fixed, tab["conc"], np.clip(mem0["max_conc"], 1, w.max_batch))
+    bcap = np.where(fixed, tab["conc"], np.clip(mem0["max_conc"], 1, ctx.max_batch))
     mem = instance_memory(ctx, tab, batch_cap=bcap)
     budget = mem["budget"]
-    max_conc = np.minimum(mem["max_conc"], float(w.max_batch))
+    max_conc = np.minimum(mem["max_conc"], float(ctx.max_batch))
     bad["weights_do_not_fit"] = ~mem["weights_fit"]
     bad["token_budget"] = np.full(n, (not w.chunked_prefill)) & (budget < prefill_split(w)[0])
     bmax = np.maximum(max_conc, 1.0)

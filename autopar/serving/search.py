@@ -330,14 +330,14 @@ def _aggregated(
     w = ctx.workload
     mode = w.mode
     base_mem = instance_memory(ctx, inst)
-    max_conc = np.minimum(base_mem["max_conc"], w.max_batch)
+    max_conc = np.minimum(base_mem["max_conc"], ctx.max_batch)
     n_inst = len(inst)
     devs = inst.devices
     idx: list[np.ndarray] = []
     conc: list[np.ndarray] = []
     reps: list[np.ndarray] = []
     if mode == "sweep":
-        lv = _levels(max_conc, w.max_batch)
+        lv = _levels(max_conc, ctx.max_batch)
         for i in range(n_inst):
             idx.append(np.full(len(lv[i]), i))
             conc.append(lv[i])
@@ -496,8 +496,8 @@ def _disaggregated(
     ok_p = (~illegal & mem_p["weights_fit"] & (mem_p["max_conc"] >= 1))[pi_]
     # ---- decode pool: decode-only iterations at every concurrency level ------------------------
     mem_d = instance_memory(ctx, inst)
-    maxc = np.minimum(mem_d["max_conc"], w.max_batch)
-    lv = _levels(maxc, w.max_batch)
+    maxc = np.minimum(mem_d["max_conc"], ctx.max_batch)
+    lv = _levels(maxc, ctx.max_batch)
     di = np.concatenate([np.full(len(v), i) for i, v in enumerate(lv)])
     B = np.concatenate(lv)
     dtab = inst.take(di)
@@ -667,6 +667,7 @@ def search_serving(
     job: dict[str, Any] | None = None,
     costing: dict[str, Any] | None = None,
     objective: str = "throughput",
+    notes: list[str] | None = None,
 ) -> ServingResult:
     """Run the whole serving search for one model/device/workload; see :func:`serve`."""
     w = ctx.workload
@@ -691,7 +692,7 @@ def search_serving(
         if "first" in dis:
             _count(dis["first"], reasons)
             dfeas = np.flatnonzero(dis["first"] < 0)
-    notes: list[str] = []
+    notes = list(notes or [])
     if w.mode == "offline":
         notes.append(
             "offline mode: the batch is what memory and max_batch allow; TTFT excludes the offline queue"
@@ -942,6 +943,9 @@ def serve(
     prefix_cache_hit_rate: float | None = None,
     speculative_tokens: int | None = None,
     acceptance_rate: float | None = None,
+    backend: str | None = None,
+    backend_version: str | None = None,
+    percentile: int | None = None,
     calibration: str | None = None,
     allow_long_context: bool | None = None,
     power_caps_w: list[float] | None = None,
@@ -992,6 +996,9 @@ def serve(
         prefix_cache_hit_rate=prefix_cache_hit_rate,
         speculative_tokens=speculative_tokens,
         acceptance_rate=acceptance_rate,
+        backend=backend,
+        backend_version=backend_version,
+        percentile=percentile,
     )
     if job is None:
         # the workload's own validation messages (one line, naming the field)
@@ -1044,9 +1051,34 @@ def serve(
     resolved = decl.to_dict()
     resolved["cluster"]["devices_per_node"] = cluster.devices_per_node
     from autopar.serving.accuracy import expected_error
+    from autopar.serving.backends import describe
 
+    b = ctx.backend
+    w_res = ctx.workload
+    if w_res.kv_cache_fraction is not None:
+        kv_text = {
+            "free": f"{w_res.kv_cache_fraction:g} of the memory left free after weights, workspace and reserve",
+            "total": f"{w_res.kv_cache_fraction:g} of the total memory, less weights, workspace and reserve",
+            "static": f"{w_res.kv_cache_fraction:g} of the total memory for weights and the KV pool",
+        }[b.kv_cache.memory_rule]
+    else:
+        kv_text = "mem_fraction_static derived per layout from the memory, TP and CUDA-graph batch (weights + KV pool)"
+    assumptions = describe(b, dev, kv_fraction_text=kv_text)
     costing = {
-        "expected_error": expected_error(dev.id, cal, spec),
+        "backend": {
+            "name": b.name,
+            "version": b.version,
+            "max_batch": w_res.max_batch,
+            "max_num_tokens": w_res.max_num_tokens,
+            "chunked_prefill": w_res.chunked_prefill,
+            "kv_cache_fraction": w_res.kv_cache_fraction,
+            "kv_memory_rule": b.kv_cache.memory_rule,
+            "kv_block_tokens": b.kv_cache.block_tokens,
+            "measured": b.measured,
+            "assumptions": assumptions,
+            "profile": f"cost_models/backends/{b.name}.yaml",
+        },
+        "expected_error": expected_error(dev.id, cal, spec, b.name),
         "compute_precision": ctx.compute_precision,
         "kv_precision": workload.kv_dtype,
         "coefficients": coefficient_source(dev.id, cal),
@@ -1068,6 +1100,7 @@ def serve(
         job=resolved,
         costing=costing,
         objective=objective,
+        notes=assumptions,
     )
 
 
