@@ -75,5 +75,7 @@ def test_a_long_front_is_thinned_but_keeps_the_chosen_layout(monkeypatch: pytest
     monkeypatch.setattr(search, "MAX_PARETO", 3)
     thin = serve(**CASES["sweep"])
     assert thin.pareto_info["front_size"] == full.pareto_info["front_size"] > 3
-    assert 3 <= len(thin.pareto) <= 4 and {p["short"] for p in thin.pareto} <= {p["short"] for p in full.pareto}
+    assert 3 <= len(thin.pareto) <= 4 and {p["short"] for p in thin.pareto} <= {
+        p["short"] for p in full.pareto
+    }
     assert [p["short"] for p in thin.pareto if p["chosen"]] == [thin.results[0]["short"]]

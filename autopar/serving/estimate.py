@@ -1221,7 +1221,7 @@ def evaluate_serving(
         ss = steady_state(ctx, tab, hi, budget=budget, clock=clock)
         r = np.clip(rho, 0.0, 0.999)
         wait = r / (2.0 * (1.0 - r)) * ss["ttft"]  # M/D/1 mean wait, prefill as the server
-        pct: dict[str, np.ndarray] = {}
+        pct = dict[str, np.ndarray]()
         if w.percentile is not None:
             q = w.percentile / 100.0
             # in flight under Poisson arrivals: Poisson about the mean (M/G/inf), its quantile by
