@@ -79,3 +79,11 @@ def test_a_long_front_is_thinned_but_keeps_the_chosen_layout(monkeypatch: pytest
         p["short"] for p in full.pareto
     }
     assert [p["short"] for p in thin.pareto if p["chosen"]] == [thin.results[0]["short"]]
+
+
+def test_report_quotes_the_widened_expected_error_of_another_stack() -> None:
+    r = serve(**CASES["vllm-offline"])
+    page = html.unescape(serving_report(r).html())
+    ee = r.costing["expected_error"]
+    assert ee and "backend" in ee["widened_by"] and ee["text"] in page
+    assert "no serving run of vllm" in page  # the backend's assumptions are listed

@@ -316,8 +316,11 @@ def serving_report(res: Any) -> Report:
         [f"coefficients: {res.costing.get('coefficients', 'default')}", *res.notes],
         "Assumptions and expected error",
     )
+    ee = res.costing.get("expected_error")
     rep.text(
-        "expected error: serving predictions carry no out-of-sample error figure yet (none was measured).",
+        f"expected error of output tokens/s: {ee['text']}"
+        if ee
+        else "expected error of output tokens/s: not quoted (no held-out serving runs describe this calibration).",
         "note",
     )
     rep.code(_command_line(), "Reproduce")
