@@ -205,3 +205,29 @@ def test_study_reads_each_rows_stack() -> None:
     assert stack_of({"stack": "vLLM 0.8.5"})[0] == "vllm"
     assert stack_of({"orig_framework": "SGLang v0.4"})[0] == "sglang"
     assert stack_of({"orig_framework": "llama.cpp"}) == (None, "llama.cpp")
+
+
+def test_gpu_stack_rules_stay_on_gpus() -> None:
+    """vLLM on a PCIe-only node: its custom kernel only at TP 2 (should_custom_ar needs NVLink above
+    two ranks); on a vendor's own stack (Groq) a GPU backend is refused; on a TPU neither graphs nor
+    the custom kernel are modelled, and the notes say so."""
+    car = B.load_backend("vllm").all_reduce.custom
+    use = B.uses_custom_allreduce(car, np.array([1e4, 1e4]), np.array([2.0, 4.0]), 8, fully_connected=False)
+    assert use.tolist() == [True, False]
+    m = load_model("llama-3.1-8b")
+    with pytest.raises(AutoparError, match="its vendor's own serving stack"):
+        make_context(
+            m, load_device("groq-lpu"), make_workload(isl=100, osl=100, backend="vllm"), devices_per_node=8
+        )
+    tpu = load_device("tpu-v5p")
+    notes = B.describe(B.load_backend("vllm"), tpu, kv_fraction_text="x")
+    assert any("neither is modelled" in n for n in notes) and not any("custom one-shot" in n for n in notes)
+
+
+def test_vllm_offline_runs_take_the_llm_class_budget() -> None:
+    b = B.load_backend("vllm")
+    assert B.max_num_tokens(b, H100, offline=True) == 16384 and B.max_num_tokens(b, H100) == 8192
+    ctx = ctx_for("llama-3.1-8b", "vllm", isl=1000, osl=1000, offline=True)
+    assert ctx.workload.max_num_tokens == 16384
+    ctx = ctx_for("llama-3.1-8b", "vllm", isl=1000, osl=1000, max_num_tokens=4096, offline=True)
+    assert ctx.workload.max_num_tokens == 4096  # a given budget wins

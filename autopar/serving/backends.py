@@ -85,6 +85,7 @@ class Tiered(_M):
 class TokenBudget(_M):
     rule: Literal["trtllm-bench", "fixed"]
     tiers: tuple[Tier, ...] = ()
+    offline_tiers: tuple[Tier, ...] = ()  # an offline run's defaults where they differ (vLLM's LLM class)
     source: str
 
 
@@ -171,6 +172,7 @@ class BackendProfile(_M):
     version: str
     versions: tuple[str, ...]
     measured: bool
+    gpu_vendors: tuple[str, ...] = ()  # where its CUDA/HIP graphs and custom all-reduce exist
     scheduler: Scheduler
     cuda_graphs: CudaGraphs
     all_reduce: AllReduce
@@ -202,6 +204,21 @@ def load_backend(name: str = "trtllm", version: str | None = None) -> BackendPro
     return prof
 
 
+def check_device(b: BackendProfile, device) -> None:
+    """Refuse a GPU serving stack on a machine that runs its vendor's own (SRAM, wafer-scale,
+    dataflow: the device profile's ``serving`` section)."""
+    if b.name != "trtllm" and device.serving is not None:
+        raise AutoparError(
+            f"{device.id} runs its vendor's own serving stack: --backend {b.name} does not run on it",
+            "drop --backend (the device profile's serving figures are used)",
+        )
+
+
+def gpu_rules(b: BackendProfile, device) -> bool:
+    """Whether the stack's CUDA/HIP-graph and custom all-reduce rules apply on this device's vendor."""
+    return device.vendor in b.gpu_vendors
+
+
 def _mem_gib(device) -> float:
     return float(device.memory_bytes) / GIB
 
@@ -210,12 +227,13 @@ def max_batch(b: BackendProfile, device) -> int:
     return int(b.scheduler.max_batch.value(device.id, _mem_gib(device)))
 
 
-def max_num_tokens(b: BackendProfile, device) -> int | None:
-    """The fixed token budget per iteration, or None for trtllm-bench's batch-dependent heuristic."""
+def max_num_tokens(b: BackendProfile, device, offline: bool = False) -> int | None:
+    """The fixed token budget per iteration, or None for trtllm-bench's batch-dependent heuristic.
+    ``offline``: an offline max-throughput run (vLLM's ``LLM`` class has its own defaults)."""
     mt = b.scheduler.max_num_tokens
     if mt.rule == "trtllm-bench":
         return None
-    t = Tiered(tiers=mt.tiers, source=mt.source)
+    t = Tiered(tiers=mt.offline_tiers if offline and mt.offline_tiers else mt.tiers, source=mt.source)
     return int(t.value(device.id, _mem_gib(device)))
 
 
@@ -274,18 +292,25 @@ def custom_allreduce_s(car: CustomAllReduce, nbytes: np.ndarray, n: np.ndarray) 
 
 
 def uses_custom_allreduce(
-    car: CustomAllReduce | None, nbytes: np.ndarray, n: np.ndarray, devices_per_node: int
+    car: CustomAllReduce | None,
+    nbytes: np.ndarray,
+    n: np.ndarray,
+    devices_per_node: int,
+    fully_connected: bool = True,
 ) -> np.ndarray:
-    """Where the custom kernel runs: a supported rank count inside one node, below the buffer size."""
+    """Where the custom kernel runs: a supported rank count inside one node, below the buffer size,
+    and on more than two ranks only where every GPU reaches every other directly (NVLink/xGMI, not
+    PCIe: ``should_custom_ar``)."""
     n = np.asarray(n, dtype=np.float64)
     if car is None:
         return np.zeros(n.shape, dtype=bool)
-    return np.isin(n, car.world_sizes) & (n <= devices_per_node) & (np.asarray(nbytes) < car.max_bytes)
+    ok = np.isin(n, car.world_sizes) & (n <= devices_per_node) & (np.asarray(nbytes) < car.max_bytes)
+    return ok & ((n == 2) | fully_connected)
 
 
-def describe(b: BackendProfile, device, *, kv_fraction_text: str) -> list[str]:
+def describe(b: BackendProfile, device, *, kv_fraction_text: str, offline: bool = False) -> list[str]:
     """The figures this prediction takes from the backend profile, one line each (the assumptions)."""
-    mnt = max_num_tokens(b, device)
+    mnt = max_num_tokens(b, device, offline)
     out = [
         f"backend {b.name} {b.version} ({b.title}): at most {max_batch(b, device)} sequences per instance; "
         + (
@@ -297,7 +322,12 @@ def describe(b: BackendProfile, device, *, kv_fraction_text: str) -> list[str]:
         f"{b.kv_cache.block_tokens} tokens; KV memory: {kv_fraction_text}",
     ]
     cg = b.cuda_graphs
-    if cg.modelled:
+    if not gpu_rules(b, device) and (cg.modelled or b.all_reduce.custom is not None):
+        out.append(
+            f"{device.id} ({device.vendor}) is not a GPU {b.name}'s CUDA graphs and custom all-reduce run on: "
+            "neither is modelled (NCCL-style all-reduce, no eager term)"
+        )
+    elif cg.modelled:
         what = (
             "steps above min(2 x max_num_seqs, 512, max_num_batched_tokens) tokens"
             if cg.scope == "tokens"
@@ -308,7 +338,7 @@ def describe(b: BackendProfile, device, *, kv_fraction_text: str) -> list[str]:
             "host launch where the GPU does not hide it)"
         )
     car = b.all_reduce.custom
-    if car is not None:
+    if car is not None and gpu_rules(b, device):
         out.append(
             f"TP all-reduce: {b.name}'s custom one-shot/two-shot kernel below {car.max_bytes / MIB:g} MiB inside "
             f"a node (TP {', '.join(map(str, car.world_sizes))}), at its latency measured on {car.measured_on}"

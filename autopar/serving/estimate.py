@@ -283,10 +283,11 @@ def make_context(
     calibration: Calibration | None = None,
     serving_coefficients: ServingCoefficients | None = None,
 ) -> ServingContext:
-    from autopar.serving.backends import load_backend
+    from autopar.serving.backends import check_device, load_backend
 
     cal = calibration or load_calibration()
     backend = load_backend(workload.backend, workload.backend_version)
+    check_device(backend, device)
     workload = resolve_workload(workload, backend, device)
     co, link_coeffs = coefficients_for(device, cal)
     links = C.Links.from_cluster(device, devices_per_node, link_coeffs)
@@ -326,7 +327,7 @@ def resolve_workload(workload: ServingWorkload, backend: Any, device: Any) -> Se
     if workload.max_batch is None:
         fill["max_batch"] = B.max_batch(backend, device)
     if workload.max_num_tokens is None:
-        fill["max_num_tokens"] = B.max_num_tokens(backend, device)
+        fill["max_num_tokens"] = B.max_num_tokens(backend, device, workload.offline)
     if workload.chunked_prefill is None:
         fill["chunked_prefill"] = backend.scheduler.chunked_prefill.value
     if workload.kv_cache_fraction is None and backend.kv_cache.fraction.rule is None:
@@ -808,15 +809,16 @@ def _iter_elementwise(it: _Iter) -> None:
 def _all_reduce(ctx: ServingContext, nbytes: np.ndarray, n: np.ndarray) -> np.ndarray:
     """Seconds of one TP all-reduce per call: NCCL (the alpha-beta cost plus the fitted per-call sync),
     or, where the backend has one and the message qualifies, its custom kernel at its measured latency."""
-    from autopar.serving.backends import custom_allreduce_s, uses_custom_allreduce
+    from autopar.serving.backends import custom_allreduce_s, gpu_rules, uses_custom_allreduce
 
     nccl = C.all_reduce(ctx.links, nbytes, n, np.ones(len(n))) + np.where(
         n > 1, ctx.sc.collective_sync_s, 0.0
     )
-    car = ctx.backend.all_reduce.custom if ctx.backend is not None else None
+    b = ctx.backend
+    car = b.all_reduce.custom if b is not None and gpu_rules(b, ctx.device) else None
     if car is None:
         return nccl
-    use = uses_custom_allreduce(car, nbytes, n, ctx.devices_per_node)
+    use = uses_custom_allreduce(car, nbytes, n, ctx.devices_per_node, ctx.device.scale_up.peer_memory)
     return np.where(use, custom_allreduce_s(car, nbytes, n), nccl)
 
 
@@ -825,10 +827,10 @@ def _eager_launch_s(ctx: ServingContext, tab: ServingTable, it: _Iter, stage: np
     launches (kernels per layer x layers of the stage x the eager launch cost) less the GPU time that
     hides them (launches are asynchronous; the training model's eager rule). 0 where a graph covers
     the step, and for backends whose host work is in the fitted coefficients (trtllm)."""
-    from autopar.serving.backends import graph_limit
+    from autopar.serving.backends import gpu_rules, graph_limit
 
     b = ctx.backend
-    if b is None or not b.cuda_graphs.modelled:
+    if b is None or not b.cuda_graphs.modelled or not gpu_rules(b, ctx.device):
         return np.zeros(it.n)
     cg, w = b.cuda_graphs, ctx.workload
     budget = np.full(it.n, float(w.max_num_tokens or 0) or np.inf)

@@ -1116,7 +1116,7 @@ def serve(
         }[b.kv_cache.memory_rule]
     else:
         kv_text = "mem_fraction_static derived per layout from the memory, TP and CUDA-graph batch (weights + KV pool)"
-    assumptions = describe(b, dev, kv_fraction_text=kv_text)
+    assumptions = describe(b, dev, kv_fraction_text=kv_text, offline=w_res.offline)
     targets = latency_targets(w_res)
     if w_res.percentile is not None:
         assumptions.append(targets["text"])
