@@ -231,3 +231,28 @@ def test_vllm_offline_runs_take_the_llm_class_budget() -> None:
     assert ctx.workload.max_num_tokens == 16384
     ctx = ctx_for("llama-3.1-8b", "vllm", isl=1000, osl=1000, max_num_tokens=4096, offline=True)
     assert ctx.workload.max_num_tokens == 4096  # a given budget wins
+
+
+def test_sglang_runs_prefill_and_decode_in_separate_batches() -> None:
+    """SGLang (no --enable-mixed-chunk): a decode step costs a decode-only iteration plus its share of
+    a prefill-only batch of the token budget; vLLM mixes both in one iteration, which is cheaper."""
+    from autopar.serving.estimate import steady_state
+
+    tab = ServingTable({"tp": [2]})
+    ctx = ctx_for("llama-3.1-8b", "sglang", isl=2000, osl=500)
+    budget = float(ctx.workload.max_num_tokens)
+    B = 64.0
+    ss = steady_state(ctx, tab, B, budget=budget)
+    dec = iteration(
+        ctx, tab, n_dec=B, n_pre=0, dec_ctx=2250, pre_ctx=0, pre_len=2000, logit_rows=B, pre_seqs=0
+    )
+    pre = iteration(
+        ctx, tab, n_dec=0, n_pre=budget, dec_ctx=2250, pre_ctx=1000, pre_len=2000, logit_rows=budget / 2000,
+        pre_seqs=budget / 2000,
+    )  # fmt: skip
+    share = B * 2000 / 500 / budget
+    assert float(ss["tpot"][0]) == pytest.approx(
+        float(dec["t_iter"][0] + share * pre["t_iter"][0]), rel=1e-12
+    )
+    assert float(ss["ttft"][0]) == pytest.approx(float(pre["t_iter"][0]), rel=1e-12)  # 2000 tokens: one batch
+    assert float(ss["batch"][0]) == B

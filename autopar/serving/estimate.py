@@ -1064,6 +1064,8 @@ def steady_state(
     q, tau = speculation(w)
     B = np.maximum(np.asarray(batch, dtype=np.float64), 1e-9)
     budget = np.asarray(budget, dtype=np.float64)
+    if ctx.backend is not None and not ctx.backend.scheduler.mixed_batches.value:
+        return _steady_state_split(ctx, tab, B, budget, clock)
     b_eff = np.minimum(B, budget / (q + tau * new / osl))
     pre = b_eff * tau * new / osl
     dec_ctx = isl + osl / 2.0
@@ -1133,6 +1135,50 @@ def steady_state(
         "tokens_per_step": tau,
         "iter": it,
         "budget_bound": b_eff < B - 1e-9,
+    }
+
+
+def _steady_state_split(ctx: ServingContext, tab: ServingTable, B, budget, clock=1.0) -> dict[str, Any]:
+    """The steady state of a scheduler that runs prefill and decode in separate batches (SGLang
+    without --enable-mixed-chunk): every decode step of the ``B`` sequences is a decode-only
+    iteration, and the ``B * isl / osl`` prompt tokens it admits run in prefill-only batches of the
+    token budget (``pre / budget`` of one per step; the KV cache, not the budget, bounds ``B``). A
+    prompt's TTFT is the prefill batches its tokens need. The step's figures are the decode
+    iteration's plus that share of a prefill batch's (every figure of an iteration is additive)."""
+    w = ctx.workload
+    isl, osl = float(w.isl), float(w.osl)
+    new, cached = prefill_split(w)
+    q, tau = speculation(w)
+    dec_ctx, pre_ctx = isl + osl / 2.0, cached + new / 2.0
+    B = np.broadcast_to(np.asarray(B, dtype=np.float64), (len(tab),))
+    budget = np.broadcast_to(np.asarray(budget, dtype=np.float64), (len(tab),))
+    pre = B * tau * new / osl
+    it_d = iteration(
+        ctx, tab, n_dec=B, n_pre=0.0, dec_ctx=dec_ctx, pre_ctx=pre_ctx, pre_len=isl, logit_rows=B * q,
+        pre_seqs=0.0, clock=clock, dec_tokens=q,
+    )  # fmt: skip
+    batch_p = np.maximum(budget, 1.0) if w.chunked_prefill else np.maximum(budget, new)
+    it_p = iteration(
+        ctx, tab, n_dec=0.0, n_pre=batch_p, dec_ctx=dec_ctx, pre_ctx=pre_ctx, pre_len=isl,
+        logit_rows=batch_p / new, pre_seqs=batch_p / new, clock=clock,
+    )  # fmt: skip
+    share = pre / batch_p
+    it = {k: it_d[k] + share * it_p[k] for k in it_d}
+    t_draft = draft_time(ctx, tab, B, dec_ctx, clock)
+    t_step = it["t_iter"] + t_draft
+    tpot = t_step / tau
+    ttft = np.ceil(new / batch_p) * it_p["t_iter"]
+    return {
+        "batch": B,
+        "tpot": tpot,
+        "ttft": ttft,
+        "prefill_tokens_per_iter": pre,
+        "output_tps_instance": B / tpot,
+        "request_rate_instance": B / (osl * tpot),
+        "step_s": t_step,
+        "tokens_per_step": tau,
+        "iter": it,
+        "budget_bound": np.zeros(len(tab), dtype=bool),
     }
 
 
