@@ -148,21 +148,49 @@ class ServingWorkload(_Frozen):
     kv_precision: KVPrecision | None = Field(
         None, description="KV-cache precision (None: fp8 with fp8, fp8-block or nvfp4 weights, else bf16)"
     )
-    ttft_ms: float | None = Field(None, gt=0, description="mean time-to-first-token target (ms)")
-    tpot_ms: float | None = Field(None, gt=0, description="mean time-per-output-token target (ms)")
+    ttft_ms: float | None = Field(
+        None, gt=0, description="time-to-first-token target (ms): the mean, or the --percentile"
+    )
+    tpot_ms: float | None = Field(
+        None, gt=0, description="time-per-output-token target (ms): the mean, or the --percentile"
+    )
     goodput: float | None = Field(None, gt=0, le=1, description="share of requests meeting both targets")
-    max_batch: int = Field(
-        4096,
+    max_batch: int | None = Field(
+        None,
         ge=1,
-        description="runtime cap on sequences per instance (trtllm-bench's tuning caps max_batch_size at 4096)",
+        description="runtime cap on sequences per instance (None: the backend's default: trtllm-bench's "
+        "tuning cap 4096, vLLM max_num_seqs, SGLang max_running_requests)",
     )
     max_num_tokens: int | None = Field(
         None,
         ge=1,
-        description="token budget per iteration (None: trtllm-bench's heuristic B*(1+isl/osl) in [2048, 32768])",
+        description="token budget per iteration (None: the backend's default: trtllm-bench's heuristic "
+        "B*(1+isl/osl) in [2048, 32768], vLLM max_num_batched_tokens, SGLang chunked_prefill_size)",
     )
-    chunked_prefill: bool = Field(True, description="chunked prefill (prompts split over iterations)")
-    kv_cache_fraction: float = Field(0.95, gt=0, le=1, description="share of free memory for the KV cache")
+    chunked_prefill: bool | None = Field(
+        None, description="chunked prefill (prompts split over iterations; None: the backend's default, on)"
+    )
+    kv_cache_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="memory share for the KV cache, as the backend counts it (None: its default): TRT-LLM "
+        "free_gpu_memory_fraction of the memory left free (0.95), vLLM gpu_memory_utilization of the total "
+        "(0.9), SGLang mem_fraction_static of the total, weights included (derived from the memory and TP)",
+    )
+    backend: Literal["trtllm", "vllm", "sglang"] = Field(
+        "trtllm",
+        description="serving stack whose scheduler, CUDA graphs, all-reduce, KV-cache and memory rules are "
+        "modelled (profiles in cost_models/backends/)",
+    )
+    backend_version: str | None = Field(
+        None, description="version of the backend (None: the version its profile was read at)"
+    )
+    percentile: Literal[50, 90, 95, 99] | None = Field(
+        None,
+        description="read --ttft-ms/--tpot-ms as this percentile over requests under Poisson arrivals at "
+        "--request-rate (None: the targets are means)",
+    )
     prefix_cache_hit_rate: float = Field(
         0.0,
         ge=0,
@@ -201,6 +229,12 @@ class ServingWorkload(_Frozen):
             )
         if self.speculative_tokens and self.acceptance_rate is None:
             raise ValueError("speculative_tokens needs acceptance_rate (the share of draft tokens accepted)")
+        if self.percentile is not None and self.request_rate is None:
+            raise ValueError(
+                "percentile needs request_rate: the percentiles come from Poisson arrivals at that rate"
+            )
+        if self.percentile is not None and self.goodput is not None:
+            raise ValueError("give percentile or goodput, not both (goodput is its own share of requests)")
         if self.goodput is not None and self.ttft_ms is None and self.tpot_ms is None:
             raise ValueError("goodput needs a ttft_ms or tpot_ms target to measure attainment against")
         return self

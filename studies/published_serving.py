@@ -43,6 +43,28 @@ from autopar.serving.estimate import (
 )
 
 PRECISION = {"fp8": "fp8", "mxfp8": "fp8", "bf16": "bf16", "fp16": "fp16"}
+# The serving stack a row states (data README: ``orig_framework``, or a ``stack`` column), by the
+# spellings sources use; each row is predicted with its stack's backend profile
+# (cost_models/backends/).
+STACKS = (
+    ("tensorrt-llm", "trtllm"),
+    ("tensorrt_llm", "trtllm"),
+    ("trtllm", "trtllm"),
+    ("sglang", "sglang"),
+    ("vllm", "vllm"),
+)
+
+
+def stack_of(row: dict[str, str]) -> tuple[str | None, str]:
+    """(backend, the row's own words) for a row's serving stack; None: a stack no profile describes."""
+    text = (row.get("stack") or row.get("orig_framework") or "").strip()
+    low = text.lower()
+    for key, name in STACKS:
+        if key in low:
+            return name, text
+    return None, text
+
+
 LONG_ISL = 5000  # the long-context rows of issue 23's acceptance (ISL >= 5000)
 
 
@@ -108,7 +130,14 @@ def prepare(row: dict[str, str]) -> dict[str, Any]:
     except AutoparError as exc:
         return rec | {"skipped": str(exc)}
     dpn = _int(row, "devices_per_node") or min(device.scale_up.domain, n)
+    backend, said = stack_of(row)
+    if backend is None:
+        if said:
+            return rec | {"skipped": f"serving stack {said!r} has no backend profile (trtllm, vllm, sglang)"}
+        backend = "trtllm"
+        rec["assumptions"].append("stack trtllm (not stated)")
     rec.update(
+        backend=backend,
         model=model,
         device=device,
         isl=isl,
@@ -126,7 +155,13 @@ def prepare(row: dict[str, str]) -> dict[str, Any]:
 
 
 def predict(rec: dict[str, Any], cal, sc: ServingCoefficients | None) -> dict[str, Any]:
-    w = make_workload(isl=rec["isl"], osl=rec["osl"], offline=True, weight_precision=rec["precision"])
+    w = make_workload(
+        isl=rec["isl"],
+        osl=rec["osl"],
+        offline=True,
+        weight_precision=rec["precision"],
+        backend=rec["backend"],
+    )
     ctx = make_context(
         rec["model"],
         rec["device"],
@@ -268,6 +303,7 @@ def expected_error_table(
         "domain": {
             "devices": sorted({r["device"].id for r in done}),
             "model_classes": sorted({"moe" if r["model"].is_moe else "dense" for r in done}),
+            "stacks": sorted({r["backend"] for r in done}),
         },
         "base": {
             "rows": int(len(allerr)),
@@ -307,6 +343,7 @@ def summarize(recs: list[dict[str, Any]], worst: int) -> dict[str, Any]:
         "model": defaultdict(list),
         "device": defaultdict(list),
         "context": defaultdict(list),
+        "stack": defaultdict(list),
     }
     for r in done:
         groups["tp"][f"tp{r['tp']}"].append(abs(r["error"]))
@@ -314,6 +351,7 @@ def summarize(recs: list[dict[str, Any]], worst: int) -> dict[str, Any]:
         groups["context"][f"isl>={LONG_ISL}" if long else f"isl<{LONG_ISL}"].append(abs(r["error"]))
         groups["model"][str(r["model"].name)].append(abs(r["error"]))
         groups["device"][r["device"].id].append(abs(r["error"]))
+        groups["stack"][r["backend"]].append(abs(r["error"]))
     summary: dict[str, Any] = {"rows": len(done), "skipped": len(skipped), "mape": float(ape.mean())}
     for g, d in groups.items():
         parts = ", ".join(f"{k} {np.mean(v):.1%} (n={len(v)})" for k, v in sorted(d.items()))

@@ -269,6 +269,36 @@ def serving_report(res: Any) -> Report:
         ),
         f"Pareto front of tokens/s per device and per user ({len(res.pareto)} points); the star is the chosen layout.",
     )
+    info = getattr(res, "pareto_info", None) or {}
+    if res.pareto:
+        p = res.workload.get("percentile")
+        cols = ["", "layout", "tok/s/user", "tok/s/device", "TTFT ms", "TPOT ms"]
+        cols += [f"TTFT p{p} ms", f"TPOT p{p} ms"] if p else []
+        rows = [
+            [
+                "chosen" if r.get("chosen") else "",
+                r["short"],
+                f"{r['output_tokens_per_s_per_user']:,.1f}",
+                f"{r['output_tokens_per_s_per_device']:,.0f}",
+                f"{r['ttft_ms']:,.1f}",
+                f"{r['tpot_ms']:,.2f}",
+                *([f"{r.get(f'ttft_ms_p{p}', 0):,.1f}", f"{r.get(f'tpot_ms_p{p}', 0):,.2f}"] if p else []),
+            ]
+            for r in sorted(res.pareto, key=lambda r: r["output_tokens_per_s_per_user"])
+        ]
+        where = (
+            "the chosen layout is on the front (marked)"
+            if info.get("chosen_on_front")
+            else "the chosen layout is not on the front: it delivers the most on the whole cluster, "
+            "while a layout on fewer devices beats it per device and per user"
+        )
+        rep.text(
+            f"The front: output tokens/s per user (1/TPOT) against output tokens/s per device over the "
+            f"{info.get('candidates', len(res.pareto))} candidates that meet the targets "
+            f"({info.get('front_size', len(res.pareto))} on the front, {len(res.pareto)} listed); {where}.",
+            "note",
+        )
+        rep.table(cols, rows)
     # only deployments with a breakdown get a bar (a disaggregated one has two pools and none)
     ranked = list(enumerate(res.results[:TOP_PLOTTED], 1))
     for key, xlabel, title in (
@@ -292,8 +322,11 @@ def serving_report(res: Any) -> Report:
         [f"coefficients: {res.costing.get('coefficients', 'default')}", *res.notes],
         "Assumptions and expected error",
     )
+    ee = res.costing.get("expected_error")
     rep.text(
-        "expected error: serving predictions carry no out-of-sample error figure yet (none was measured).",
+        f"expected error of output tokens/s: {ee['text']}"
+        if ee
+        else "expected error of output tokens/s: not quoted (no held-out serving runs describe this calibration).",
         "note",
     )
     rep.code(_command_line(), "Reproduce")

@@ -49,9 +49,35 @@ def extrapolations(device_id: str, cal: Any, model: Any, table: dict[str, Any]) 
     return tuple(kinds)
 
 
-def expected_error(device_id: str, cal: Any, model: Any) -> dict[str, Any] | None:
+def stacks(table: dict[str, Any]) -> tuple[str, ...]:
+    """The serving stacks the table's runs measured (``domain.stacks``; tables written before that
+    key existed measured TensorRT-LLM only, as their provenance says)."""
+    dom = table.get("domain") or {}
+    return tuple(dom.get("stacks") or ("trtllm",))
+
+
+def backend_widening(table: dict[str, Any], backend: str) -> dict[str, Any]:
+    """The widening of a prediction for a stack no held-out run measured. The table has no row of
+    that stack to fit a factor from, so it takes the largest held-out factor it has for any way of
+    leaving its domain (as studies/accuracy.py does for training kinds without rows)."""
+    widening = table.get("widening") or {}
+    if "backend" in widening:
+        return dict(widening["backend"])
+    kinds = {k: float((v or {}).get("factor", 1.0)) for k, v in widening.items()}
+    k_max = max(kinds, key=lambda k: kinds[k]) if kinds else None
+    f = kinds[k_max] if k_max else 1.0
+    return {
+        "factor": f,
+        "from": f"the largest held-out factor of the table (widening.{k_max}): no run of this stack to fit one",
+        "text": f"no serving run of {backend} measured (the stacks measured: {', '.join(stacks(table))}); "
+        f"the largest held-out factor of the table, x{f:.2f}",
+    }
+
+
+def expected_error(device_id: str, cal: Any, model: Any, backend: str = "trtllm") -> dict[str, Any] | None:
     """``{"p90", "basis", "rows", "widened_by", "factor", "text"}`` for a serving prediction, or
-    None (no table, or a calibration the table does not describe)."""
+    None (no table, or a calibration the table does not describe). ``backend``: the serving stack
+    predicted; one the table's runs never measured widens the figure (:func:`backend_widening`)."""
     from autopar.coefficients import load_calibration
 
     if cal != load_calibration():
@@ -61,7 +87,10 @@ def expected_error(device_id: str, cal: Any, model: Any) -> dict[str, Any] | Non
     if "p90_ape" not in base:
         return None
     kinds = extrapolations(device_id, cal, model, table)
-    widening = table.get("widening") or {}
+    widening = dict(table.get("widening") or {})
+    if backend not in stacks(table):
+        kinds = (*kinds, "backend")
+        widening["backend"] = backend_widening(table, backend)
     factor = 1.0
     for k in kinds:
         factor *= float((widening.get(k) or {}).get("factor", 1.0))

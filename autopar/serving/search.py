@@ -38,6 +38,8 @@ from autopar.serving.estimate import (
     power_demand,
     prefill_split,
     speculation,
+    wait_quantile,
+    z_score,
 )
 
 __all__ = ["serve", "ServingResult", "ServingInfeasible", "enumerate_instances", "search_serving"]
@@ -49,9 +51,10 @@ MAX_PP = 16
 # request rate the layout sustains on the cluster). "fewest-devices": the fewest devices that carry
 # the given load (request rate or concurrency) within the targets, then throughput.
 OBJECTIVES = ("throughput", "fewest-devices")
+MAX_PARETO = 64  # Pareto points listed (evenly spread along the front, the chosen layout always)
 TARGET_REASONS = {
-    "ttft_target": "mean TTFT above the target",
-    "tpot_target": "mean TPOT above the target",
+    "ttft_target": "TTFT (the mean, or the --percentile) above the target",
+    "tpot_target": "TPOT (the mean, or the --percentile) above the target",
     "goodput_target": "share of requests meeting the targets below the goodput target",
 }
 # Rules of the layout's shape alone: a search that fails only on these failed on divisibility.
@@ -107,6 +110,7 @@ class ServingResult:
     costing: dict[str, Any] = field(default_factory=dict)
     objective: str = "throughput"
     num_devices: int = 0
+    pareto_info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ranking(self) -> str:
@@ -148,6 +152,8 @@ class ServingResult:
         def f(x: Any, nd: int = 1) -> str:
             return "-" if x is None else f"{x:,.{nd}f}" if isinstance(x, float) else str(x)
 
+        p = self.workload.get("percentile")
+        pct_cols = [f"TTFT p{p} ms", f"TPOT p{p} ms"] if p else []
         cols = [
             "#",
             "layout",
@@ -155,6 +161,7 @@ class ServingResult:
             "idle",
             "TTFT ms",
             "TPOT ms",
+            *pct_cols,
             "tok/s",
             "tok/s/device",
             "tok/s/user",
@@ -169,6 +176,7 @@ class ServingResult:
                 str(r["idle_devices"]),
                 f(r["ttft_ms"]),
                 f(r["tpot_ms"], 2),
+                *([f(r.get(f"ttft_ms_p{p}")), f(r.get(f"tpot_ms_p{p}"), 2)] if p else []),
                 f(r["output_tokens_per_s"], 0),
                 f(r["output_tokens_per_s_per_device"], 0),
                 f(r["output_tokens_per_s_per_user"]),
@@ -218,6 +226,7 @@ class ServingResult:
             "infeasible_by_reason": self.infeasible_by_reason,
             "results": self.results,
             "pareto": self.pareto,
+            "pareto_front": self.pareto_info,
             "min_devices": self.min_devices,
             "closest": self.closest,
             "notes": self.notes,
@@ -330,14 +339,14 @@ def _aggregated(
     w = ctx.workload
     mode = w.mode
     base_mem = instance_memory(ctx, inst)
-    max_conc = np.minimum(base_mem["max_conc"], w.max_batch)
+    max_conc = np.minimum(base_mem["max_conc"], ctx.max_batch)
     n_inst = len(inst)
     devs = inst.devices
     idx: list[np.ndarray] = []
     conc: list[np.ndarray] = []
     reps: list[np.ndarray] = []
     if mode == "sweep":
-        lv = _levels(max_conc, w.max_batch)
+        lv = _levels(max_conc, ctx.max_batch)
         for i in range(n_inst):
             idx.append(np.full(len(lv[i]), i))
             conc.append(lv[i])
@@ -442,6 +451,9 @@ def _agg_record(ctx: ServingContext, agg: dict[str, Any], i: int, price: float |
             "host": float(res["t_host"][i]) * 1e3,
         },
     }
+    if w.percentile is not None:
+        rec[f"ttft_ms_p{w.percentile}"] = float(res["ttft_pct_s"][i]) * 1e3
+        rec[f"tpot_ms_p{w.percentile}"] = float(res["tpot_pct_s"][i]) * 1e3
     return rec
 
 
@@ -497,8 +509,8 @@ def _disaggregated(
     ok_p = (~illegal & mem_p["weights_fit"] & (mem_p["max_conc"] >= 1))[pi_]
     # ---- decode pool: decode-only iterations at every concurrency level ------------------------
     mem_d = instance_memory(ctx, inst)
-    maxc = np.minimum(mem_d["max_conc"], w.max_batch)
-    lv = _levels(maxc, w.max_batch)
+    maxc = np.minimum(mem_d["max_conc"], ctx.max_batch)
+    lv = _levels(maxc, ctx.max_batch)
     di = np.concatenate([np.full(len(v), i) for i, v in enumerate(lv)])
     B = np.concatenate(lv)
     dtab = inst.take(di)
@@ -508,6 +520,14 @@ def _disaggregated(
         dec_tokens=q,
     )  # fmt: skip
     t_d = (it_d["t_iter"] + draft_time(ctx, dtab, B, isl + osl / 2.0)) / tau  # per output token
+    t_dq = t_d  # TPOT at the target's percentile: the decode batch's quantile under Poisson arrivals
+    if w.percentile is not None and w.percentile > 50:
+        Bq = np.minimum(B + z_score(w.percentile / 100.0) * np.sqrt(B), maxc[di])
+        it_dq = iteration(
+            ctx, dtab, n_dec=Bq, n_pre=0.0, dec_ctx=isl + osl / 2.0, pre_ctx=0.0, pre_len=1.0,
+            logit_rows=Bq * q, dec_tokens=q,
+        )  # fmt: skip
+        t_dq = np.maximum((it_dq["t_iter"] + draft_time(ctx, dtab, Bq, isl + osl / 2.0)) / tau, t_d)
     rate_d = B / (osl * np.maximum(t_d, 1e-12))
     pw_d = power_demand(ctx, it_d)["avg_w"]
     ok_d = ~illegal[di] & mem_d["weights_fit"][di] & (maxc[di] >= B)
@@ -518,7 +538,7 @@ def _disaggregated(
     if w.ttft_ms is not None and w.goodput is None:
         ok_p &= t_p * 1e3 <= w.ttft_ms
     if w.tpot_ms is not None and w.goodput is None:
-        ok_d &= t_d * 1e3 <= w.tpot_ms
+        ok_d &= t_dq * 1e3 <= w.tpot_ms
     # every pool member that can serve (the search's whole xPyD space is pairs of these at any
     # instance counts): tests check the pruned, vectorized choice against it
     pools = {
@@ -585,6 +605,9 @@ def _disaggregated(
         "tpot_s": tpot,
         "rho": np.maximum(rho_p, rho_d) if w.mode == "request_rate" else np.zeros_like(ttft),
     }
+    if w.percentile is not None:
+        res["ttft_pct_s"] = ttft_service + wait_quantile(wait, r, w.percentile / 100.0)
+        res["tpot_pct_s"] = np.broadcast_to(t_dq[D][None, :], ttft_service.shape)
     flat = {k: v.ravel() for k, v in res.items()}
     targets = meets_targets(ctx, flat)
     att = attainment(ctx, flat).reshape(ttft.shape)
@@ -603,6 +626,8 @@ def _disaggregated(
         "devices": devices,
         "ttft": ttft,
         "tpot": tpot,
+        "pct": {k: v for k, v in res.items() if k.endswith("_pct_s")},
+        "percentile": w.percentile,
         "kv_t": kv_t,
         "out_tps": out_tps,
         "tps_dev": tps_dev,
@@ -664,6 +689,10 @@ def _dis_record(dis: dict[str, Any], flat: int) -> dict[str, Any]:
         "j_per_output_token": jt,
         "output_tokens_per_joule": 1.0 / jt,
         "cost_per_mtok": None if dis["cost"] is None else float(dis["cost"][i, j]),
+        **{
+            f"{k.removesuffix('_pct_s')}_ms_p{dis['percentile']}": float(v[i, j]) * 1e3
+            for k, v in dis["pct"].items()
+        },
     }
 
 
@@ -680,6 +709,7 @@ def search_serving(
     job: dict[str, Any] | None = None,
     costing: dict[str, Any] | None = None,
     objective: str = "throughput",
+    notes: list[str] | None = None,
 ) -> ServingResult:
     """Run the whole serving search for one model/device/workload; see :func:`serve`."""
     w = ctx.workload
@@ -704,7 +734,7 @@ def search_serving(
         if "first" in dis:
             _count(dis["first"], reasons)
             dfeas = np.flatnonzero(dis["first"] < 0)
-    notes: list[str] = []
+    notes = list(notes or [])
     if w.mode == "offline":
         notes.append(
             "offline mode: the batch is what memory and max_batch allow; TTFT excludes the offline queue"
@@ -787,7 +817,25 @@ def search_serving(
         ys.append(1.0 / float(dis["tpot"][i, j]))  # type: ignore[index]
         refs.append(("d", int(f)))
     front = pareto_front(-np.stack([np.array(xs), np.array(ys)], axis=1).reshape(-1, 2))
-    pareto = [record(*refs[k]) for k in front[:64]]
+    # At most MAX_PARETO points, evenly spread along the front (sorted by tokens/s per device), and
+    # always the chosen layout when it is on the front (it is ranked by what the whole cluster
+    # delivers, so a layout on fewer devices can beat it per device and per user).
+    chosen = (cands[0][1], cands[0][2]) if cands else None
+    keep = list(front)
+    if len(keep) > MAX_PARETO:
+        pick = np.unique(np.linspace(0, len(keep) - 1, MAX_PARETO).round().astype(int))
+        sub = [keep[i] for i in pick]
+        on = [k for k in keep if refs[k] == chosen]
+        keep = sorted(set(sub) | set(on), key=keep.index)
+    pareto = [dict(record(*refs[k]), chosen=refs[k] == chosen) for k in keep]
+    pareto_info = {
+        "x": "output_tokens_per_s_per_user",
+        "y": "output_tokens_per_s_per_device",
+        "candidates": len(xs),
+        "front_size": int(len(front)),
+        "listed": len(pareto),
+        "chosen_on_front": any(refs[k] == chosen for k in front),
+    }
 
     # ---- fewest devices for the request rate ------------------------------------------------------
     min_dev = None
@@ -813,6 +861,7 @@ def search_serving(
         notes=notes,
         objective=objective,
         num_devices=num_devices,
+        pareto_info=pareto_info,
     )
     if not results:
         result.closest = _closest(ctx, agg, dis)
@@ -841,12 +890,15 @@ def _closest(ctx: ServingContext, agg: dict[str, Any], dis: dict[str, Any] | Non
         return out
     if np.any(runs):
         idx = np.flatnonzero(runs)
-        i_tpot = idx[np.argmin(res["tpot_s"][idx])]
-        i_ttft = idx[np.argmin(res["ttft_s"][idx])]
+        # the statistic the targets are stated in (the mean, or the percentile)
+        tpot_s = res["tpot_pct_s"] if "tpot_pct_s" in res else res["tpot_s"]
+        ttft_s = res["ttft_pct_s"] if "ttft_pct_s" in res else res["ttft_s"]
+        i_tpot = idx[np.argmin(tpot_s[idx])]
+        i_ttft = idx[np.argmin(ttft_s[idx])]
         i_tps = idx[np.argmax(res["output_tps_per_device"][idx])]
-        out["min_tpot_ms"] = float(res["tpot_s"][i_tpot]) * 1e3
+        out["min_tpot_ms"] = float(tpot_s[i_tpot]) * 1e3
         out["min_tpot_layout"] = _agg_record(ctx, agg, int(i_tpot), None)["short"]
-        out["min_ttft_ms"] = float(res["ttft_s"][i_ttft]) * 1e3
+        out["min_ttft_ms"] = float(ttft_s[i_ttft]) * 1e3
         out["min_ttft_layout"] = _agg_record(ctx, agg, int(i_ttft), None)["short"]
         out["max_output_tokens_per_s_per_device"] = float(res["output_tps_per_device"][i_tps])
         if ctx.workload.mode == "request_rate":
@@ -860,8 +912,9 @@ def _closest(ctx: ServingContext, agg: dict[str, Any], dis: dict[str, Any] | Non
     if dis is not None and "ttft" in dis and dis["ttft"].size:
         valid = ~dis["bad"]["devices"].reshape(dis["ttft"].shape)
         if np.any(valid):
-            out["disaggregated_min_tpot_ms"] = float(np.min(dis["tpot"][valid])) * 1e3
-            out["disaggregated_min_ttft_ms"] = float(np.min(dis["ttft"][valid])) * 1e3
+            pct = dis.get("pct") or {}
+            out["disaggregated_min_tpot_ms"] = float(np.min(pct.get("tpot_pct_s", dis["tpot"])[valid])) * 1e3
+            out["disaggregated_min_ttft_ms"] = float(np.min(pct.get("ttft_pct_s", dis["ttft"])[valid])) * 1e3
     return out
 
 
@@ -894,14 +947,15 @@ def _infeasible_message(ctx: ServingContext, result: ServingResult) -> str:
             f"({REASONS.get(next(iter(reasons), ''), '')})"
         )
     parts = []
+    stat = f"p{w.percentile} " if w.percentile is not None else ""
     if w.tpot_ms is not None:
         parts.append(
-            f"TPOT target {w.tpot_ms:g} ms (best achievable {c['min_tpot_ms']:.2f} ms with "
+            f"{stat}TPOT target {w.tpot_ms:g} ms (best achievable {c['min_tpot_ms']:.2f} ms with "
             f"{c['min_tpot_layout']})"
         )
     if w.ttft_ms is not None:
         parts.append(
-            f"TTFT target {w.ttft_ms:g} ms (best achievable {c['min_ttft_ms']:.1f} ms with "
+            f"{stat}TTFT target {w.ttft_ms:g} ms (best achievable {c['min_ttft_ms']:.1f} ms with "
             f"{c['min_ttft_layout']})"
         )
     if w.mode == "request_rate" and "max_request_rate" in c:
@@ -955,6 +1009,9 @@ def serve(
     prefix_cache_hit_rate: float | None = None,
     speculative_tokens: int | None = None,
     acceptance_rate: float | None = None,
+    backend: str | None = None,
+    backend_version: str | None = None,
+    percentile: int | None = None,
     calibration: str | None = None,
     allow_long_context: bool | None = None,
     power_caps_w: list[float] | None = None,
@@ -1005,6 +1062,9 @@ def serve(
         prefix_cache_hit_rate=prefix_cache_hit_rate,
         speculative_tokens=speculative_tokens,
         acceptance_rate=acceptance_rate,
+        backend=backend,
+        backend_version=backend_version,
+        percentile=percentile,
     )
     if job is None:
         # the workload's own validation messages (one line, naming the field)
@@ -1057,9 +1117,38 @@ def serve(
     resolved = decl.to_dict()
     resolved["cluster"]["devices_per_node"] = cluster.devices_per_node
     from autopar.serving.accuracy import expected_error
+    from autopar.serving.backends import describe
 
+    b = ctx.backend
+    w_res = ctx.workload
+    if w_res.kv_cache_fraction is not None:
+        kv_text = {
+            "free": f"{w_res.kv_cache_fraction:g} of the memory left free after weights, workspace and reserve",
+            "total": f"{w_res.kv_cache_fraction:g} of the total memory, less weights, workspace and reserve",
+            "static": f"{w_res.kv_cache_fraction:g} of the total memory for weights and the KV pool",
+        }[b.kv_cache.memory_rule]
+    else:
+        kv_text = "mem_fraction_static derived per layout from the memory, TP and CUDA-graph batch (weights + KV pool)"
+    assumptions = describe(b, dev, kv_fraction_text=kv_text, offline=w_res.offline)
+    targets = latency_targets(w_res)
+    if w_res.percentile is not None:
+        assumptions.append(targets["text"])
     costing = {
-        "expected_error": expected_error(dev.id, cal, spec),
+        "backend": {
+            "name": b.name,
+            "version": b.version,
+            "max_batch": w_res.max_batch,
+            "max_num_tokens": w_res.max_num_tokens,
+            "chunked_prefill": w_res.chunked_prefill,
+            "kv_cache_fraction": w_res.kv_cache_fraction,
+            "kv_memory_rule": b.kv_cache.memory_rule,
+            "kv_block_tokens": b.kv_cache.block_tokens,
+            "measured": b.measured,
+            "assumptions": assumptions,
+            "profile": f"cost_models/backends/{b.name}.yaml",
+        },
+        "latency_targets": targets,
+        "expected_error": expected_error(dev.id, cal, spec, b.name),
         "compute_precision": ctx.compute_precision,
         "kv_precision": workload.kv_dtype,
         "coefficients": coefficient_source(dev.id, cal),
@@ -1081,7 +1170,28 @@ def serve(
         job=resolved,
         costing=costing,
         objective=objective,
+        notes=assumptions,
     )
+
+
+def latency_targets(w: ServingWorkload) -> dict[str, Any]:
+    """What the TTFT/TPOT targets are stated in, and the arrival assumption behind a percentile."""
+    if w.percentile is None:
+        return {"statistic": "mean", "arrival": w.mode, "text": "TTFT/TPOT targets are means"}
+    p = w.percentile
+    return {
+        "statistic": f"p{p}",
+        "percentile": p,
+        "arrival": f"Poisson at {w.request_rate:g} requests/s (open loop, split evenly over the replicas)",
+        "approximation": "TTFT: the prompt's service at the p-quantile of the in-flight batch plus the "
+        "p-quantile of the M/G/1 queueing wait (an arrival waits with probability rho; the wait of those "
+        "who do is exponential, Kingman's heavy-traffic approximation, with the M/D/1 mean wait); TPOT: "
+        "the iteration time at the p-quantile of the in-flight batch (Poisson by M/G/inf, normal "
+        "approximation): the inter-token time, an upper bound on the per-request mean",
+        "text": f"TTFT/TPOT targets are p{p} over requests: arrivals Poisson at {w.request_rate:g} req/s; "
+        f"TTFT p{p} = service at the p{p} in-flight batch + the p{p} M/G/1 wait (exponential tail, "
+        f"Kingman); TPOT p{p} = the iteration time at the p{p} in-flight batch",
+    }
 
 
 def workload_from_kwargs(**kw: Any) -> ServingWorkload:
