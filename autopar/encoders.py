@@ -140,7 +140,11 @@ def _bert(cfg: dict, mt: str, ctx: str, _int: Any, _bool: Any) -> dict[str, Any]
     )
     warnings = [
         f"{prefixes[0]}{suffix}: a bidirectional post-norm encoder (no causal mask, no KV cache); "
-        + ("the MLM head's vocabulary GEMM is costed on the last stage" if vocab_head else "no vocabulary head")
+        + (
+            "the MLM head's vocabulary GEMM is costed on the last stage"
+            if vocab_head
+            else "no vocabulary head"
+        )
     ]
     return fields | {"warnings": warnings}
 
@@ -211,7 +215,9 @@ def _seamless(cfg: dict, ctx: str, _int: Any, _bool: Any) -> dict[str, Any]:
     da = _int(cfg, "decoder_attention_heads", ctx=ctx)
     for a in (ea, da):
         if h % a:
-            raise UnsupportedArchitecture(f"{ctx}hidden_size {h} is not a multiple of the attention heads ({a})")
+            raise UnsupportedArchitecture(
+                f"{ctx}hidden_size {h} is not a multiple of the attention heads ({a})"
+            )
     act = cfg.get("activation_function", "relu")
     if act not in _GELU:
         raise UnsupportedArchitecture(f"{ctx}activation_function {act!r} is not modeled")

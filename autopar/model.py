@@ -219,7 +219,9 @@ class ModelSpec(BaseModel):
             raise bad(f"an {self.arch} model is costed with dense attention + MLP blocks only")
         if self.arch == "encoder_decoder":
             if not (self.encoder_layers and self.encoder_heads and self.encoder_ffn_hidden):
-                raise bad("an encoder_decoder model needs encoder_layers, encoder_heads and encoder_ffn_hidden")
+                raise bad(
+                    "an encoder_decoder model needs encoder_layers, encoder_heads and encoder_ffn_hidden"
+                )
             if self.hidden % self.encoder_heads:
                 raise bad(f"hidden ({self.hidden}) is not a multiple of encoder_heads ({self.encoder_heads})")
         elif self.encoder_layers or self.encoder_heads or self.encoder_ffn_hidden or self.encoder_seq:
@@ -367,7 +369,9 @@ class ModelSpec(BaseModel):
             return p
         d = self.head_dim
         if self.qkv_bias:
-            p += (self.heads * (2 if self.attn_output_gate else 1) + (2 if self.k_bias else 1) * self.kv_heads) * d
+            p += (
+                self.heads * (2 if self.attn_output_gate else 1) + (2 if self.k_bias else 1) * self.kv_heads
+            ) * d
         if self.o_bias:
             p += self.hidden
         if self.qk_norm == "head":  # one head_dim-sized weight shared by all heads, for q and for k
@@ -585,7 +589,7 @@ class ModelSpec(BaseModel):
             + self.mamba_layers * mamba
             + self.dense_layers * self._mlp(self.ffn_hidden)
             + self.moe_layers * moe
-            + self.vocab * self.hidden
+            + (self.vocab * self.hidden if self.lm_head else 0)
         )
 
     def _context(self, seq_len: int, window: int, causal: bool) -> float:
@@ -635,6 +639,8 @@ class ModelSpec(BaseModel):
         """
         if seq_len <= 0:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
+        if self.arch != "decoder":
+            return self._encoder_flops_per_token(seq_len, attention=attention)
         flops = 6.0 * self._active_matmul_params()
         if attention:
             per_ctx = 6.0 * self.heads * (self.qk_head_dim + self.v_dim)
@@ -646,6 +652,38 @@ class ModelSpec(BaseModel):
             flops += 3.0 * self.linear_attn_layers * self.linear_attn_core_flops_per_token
             flops += 3.0 * self.mamba_layers * self.ssm_core_flops_per_token
         return flops
+
+    def _encoder_flops_per_token(self, seq_len: int, *, attention: bool) -> float:
+        """Training FLOPs (3x forward) per token of an encoder, or per decoder token of an
+        encoder-decoder model, by the block modules (:mod:`autopar.blocks.encoder`,
+        :mod:`autopar.blocks.cross_attention`).
+
+        Encoder: ``L`` encoder layers with the unmasked core against all ``seq_len`` keys (whatever
+        ``causal`` asks: an encoder has no mask) and the vocabulary GEMM where the model has an LM
+        head. Encoder-decoder: the decoder stack as a decoder (causal self-attention at the PaLM
+        convention, LM head), each decoder block's cross-attention per decoder token (Q, O, and the
+        core against ``s_enc`` positions), and per encoder position the encoder stack, the K/V
+        projections of every decoder block and the conv front-end, times ``s_enc / seq_len``
+        encoder positions per decoder token. Pooler, MLM transform and classifiers are not counted
+        (one ``h x h`` GEMM per sequence or token, under 1 %).
+        """
+        from autopar.blocks import cross_attention, embedding, encoder
+
+        s = float(seq_len)
+        if self.is_encoder:
+            per = encoder.flops_per_token(self, s if attention else 0.0)
+            head = embedding.head_flops_per_token(self) if self.lm_head else 0.0
+            return 3.0 * (self.layers * per + head)
+        enc = self.encoder_view()
+        s_enc = self.encoder_tokens(s)
+        dec = self.decoder_view().flops_per_token(seq_len, attention=attention)
+        cross = self.layers * cross_attention.flops_per_token(self, s_enc if attention else 0.0)
+        per_enc = (
+            enc.layers * encoder.flops_per_token(enc, s_enc if attention else 0.0)
+            + self.layers * cross_attention.kv_flops_per_token(self)
+            + encoder.frontend_flops_per_token(self)
+        )
+        return dec + 3.0 * (cross + per_enc * s_enc / s)
 
     # -------------------------------------------------------------------------------- KV cache
     @property

@@ -13,7 +13,10 @@ EP split it (in each module's docstring and its communication functions):
 - :mod:`~autopar.blocks.moe_ffn`: the MoE layer (router, routed and shared experts, EP/ETP);
 - :mod:`~autopar.blocks.mamba`: Mamba2 (SSD) and Mamba1 mixers;
 - :mod:`~autopar.blocks.gated_deltanet`: Gated DeltaNet linear attention;
-- :mod:`~autopar.blocks.embedding`: the embedding and the LM head with its loss.
+- :mod:`~autopar.blocks.embedding`: the embedding and the LM head with its loss;
+- :mod:`~autopar.blocks.encoder`: the bidirectional encoder layer (BERT, an encoder-decoder's encoder
+  stack) and Whisper's conv front-end;
+- :mod:`~autopar.blocks.cross_attention`: an encoder-decoder's decoder blocks' cross-attention.
 
 A pipeline stage is :class:`~autopar.blocks.stage.StageBlocks`: how many blocks of each kind it holds (per layout row).
 :func:`autopar.latency.stage_slot` and :func:`autopar.memory.stage_memory` cost a stage as the sum
@@ -27,12 +30,32 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from autopar.blocks import attention, embedding, gated_deltanet, mamba, mla, mlp, moe_ffn
+from autopar.blocks import (
+    attention,
+    cross_attention,
+    embedding,
+    encoder,
+    gated_deltanet,
+    mamba,
+    mla,
+    mlp,
+    moe_ffn,
+)
 from autopar.blocks.stage import StageBlocks, stage_blocks
 
 __all__ = ["KINDS", "StageBlocks", "mixer", "stage_blocks"]
 
-KINDS: tuple[ModuleType, ...] = (attention, mla, mlp, moe_ffn, mamba, gated_deltanet, embedding)
+KINDS: tuple[ModuleType, ...] = (
+    attention,
+    mla,
+    mlp,
+    moe_ffn,
+    mamba,
+    gated_deltanet,
+    embedding,
+    encoder,
+    cross_attention,
+)
 
 
 def mixer(model) -> ModuleType:
