@@ -2288,8 +2288,8 @@ def check_costed(spec: ModelSpec, what: str) -> None:
         )
     if spec.is_encoder and "training" not in what:
         raise UnsupportedArchitecture(
-            f"{spec.name}: an encoder-only model ({spec.arch}, bidirectional) is not served autoregressively: "
-            f"no KV cache, no decode; {what} is for decoders",
+            f"{spec.name}: an encoder-only model (bidirectional, no KV cache) is not served autoregressively; "
+            f"{what} is for decoders",
             "`autopar predict` costs its training; `autopar model` reports its parameters",
         )
     if not spec.is_hybrid:
