@@ -185,8 +185,9 @@ def meta_count(raw: dict, *, trust_remote_code: bool = False) -> tuple[MetaCount
 
 
 def _build(cfg: Any, trust_remote_code: bool) -> tuple[Any, str]:
-    """(model on the meta device, its class name), or (None, why): a causal LM, else an
-    image-text-to-text model, else the base model."""
+    """(model on the meta device, its class name), or (None, why): for an encoder or an
+    encoder-decoder the class its ``architectures`` names (:func:`_named_class`); otherwise a
+    causal LM, else an image-text-to-text model, else the base model."""
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 

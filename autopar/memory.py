@@ -316,10 +316,15 @@ def _encdec_activation_bytes(model, *, seq_len, **common) -> np.ndarray:
     lp = common.get("low_precision")
     gi = np.where(lp, 0.5, 1.0) if lp is not None else np.ones_like(t)
     h = float(model.hidden)
-    cross = blocks.cross_attention.activation_elems(model, sb_dec, sb_enc, t, gi) + 4.0 * sb_dec * h / sp_div
-    enc_out = 2.0 * sb_enc * h / model.layers
-    cross = np.where(np.asarray(common["recompute"]) == REC_FULL, 0.0, cross)
-    return per_dec + per_enc * enc.layers / model.layers + cross + enc_out
+    rec = np.asarray(common["recompute"])
+    _, drop_norm, _ = recompute_drops(rec)
+    # the sublayer's norm input (kept) and output (the Q GEMM's input: dropped by norm_act)
+    norm = 2.0 * sb_dec * h / sp_div * np.where(drop_norm, 1.0, 2.0)
+    cross = blocks.cross_attention.activation_elems(model, sb_dec, sb_enc, t, gi) + norm
+    cross = np.where(rec == REC_FULL, 0.0, cross)
+    # the encoder output every cross-attention reads, and the conv front-end's (Whisper) activations
+    shared = 2.0 * sb_enc * h + blocks.encoder.frontend_activation_bytes(model, sb_enc)
+    return per_dec + per_enc * enc.layers / model.layers + cross + shared / model.layers
 
 
 def _inflight(lay: LayoutTable, stage: np.ndarray, m_: np.ndarray, schedule: str = "1f1b") -> np.ndarray:

@@ -689,6 +689,8 @@ class ModelSpec(BaseModel):
     @property
     def kv_cache_elems_per_token_per_layer(self) -> int:
         # MLA caches the compressed latent plus the shared rope key (DeepSeek-V2 Sec. 2.1.3).
+        if self.is_encoder:
+            return 0  # an encoder is run once over its input: nothing is cached
         return self.kv_lora_rank + self.qk_rope_head_dim if self.is_mla else 2 * self.kv_heads * self.head_dim
 
     def kv_cache_bytes_per_token(self, bytes_per_elem: float = 2) -> float:

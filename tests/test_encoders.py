@@ -131,3 +131,36 @@ def test_encoder_activations_follow_its_positions() -> None:
     assert act(SEAMLESS, 1024) / act(SEAMLESS, 512) == pytest.approx(2.0, rel=1e-9)
     assert 1.05 < act(WHISPER, 448) / act(WHISPER, 224) < 1.5
     assert np.isfinite(act(WHISPER, 448))
+
+
+def test_encoder_decoder_activations_by_hand() -> None:
+    """One decoder block's share of Whisper's activations (tp 1, no SP, one sample, no recompute):
+    the decoder block at 448 tokens, 12/12 of an encoder layer at 1500 positions, the cross-attention
+    (Q and output over the decoder tokens, K and V over the 1500 positions, the fp32 log-sum-exp, the
+    norm's input and output) and a 12th of the encoder output and of the conv front-end's three
+    saved tensors, 2 bytes each."""
+    from autopar.layout import RECOMPUTE_CODES
+    from autopar.memory import _encdec_activation_bytes, activation_bytes_per_layer
+
+    m = load_model(WHISPER)
+    one = np.ones(1, dtype=np.int64)
+    common = dict(
+        micro_batch=one, tp=one, cp=one, sp=0 * one, recompute=0 * one, low_precision=np.zeros(1, bool)
+    )
+    dec = activation_bytes_per_layer(m.decoder_view(), moe=False, seq_len=448, **common)
+    enc = activation_bytes_per_layer(m.encoder_view(), moe=False, seq_len=1500, **common)
+    h = 768
+    cross = 2 * 448 * h + 2 * 2 * 1500 * h + 2 * 448 * h + 4 * 448 * 12 + 2 * 2 * 448 * h
+    shared = 2 * 1500 * h + 2 * (2 * 2 * 1500 * h + 1500 * h)
+    got = _encdec_activation_bytes(m, seq_len=448, **common)
+    assert got == pytest.approx(dec + enc + cross + shared / 12, rel=1e-12)
+    # full recompute keeps each block's input, the encoder output and the front-end's tensors
+    full = _encdec_activation_bytes(
+        m, seq_len=448, **{**common, "recompute": one * RECOMPUTE_CODES.index("full")}
+    )
+    assert full < got / 10
+
+
+def test_an_encoder_caches_nothing() -> None:
+    assert load_model(BERT).kv_cache_bytes_per_token() == 0
+    assert load_model(WHISPER).decoder_view().kv_cache_bytes_per_token() > 0

@@ -22,7 +22,9 @@ A pipeline stage is :class:`~autopar.blocks.stage.StageBlocks`: how many blocks 
 :func:`autopar.latency.stage_slot` and :func:`autopar.memory.stage_memory` cost a stage as the sum
 over its blocks of each block's cost. Placement: dense and MoE layers sit where the model puts them
 (``autopar.memory.stage_shape``; interleaved MoE layers spread evenly over the stages); a hybrid
-model's mixers are its mix in proportion on every stage (:mod:`autopar.hybrid`). Adding a layer kind
+model's mixers are its mix in proportion on every stage (:mod:`autopar.hybrid`); an encoder-decoder
+model's stage is its decoder blocks, its share of the encoder blocks on the encoder positions and the
+cross-attentions (``autopar.latency._encdec_slot``; pp = 1 only). Adding a layer kind
 is one module here (and its golden test in ``tests/test_blocks.py``).
 """
 

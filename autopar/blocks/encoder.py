@@ -79,3 +79,12 @@ def frontend_time(model, ctx, T_enc) -> Any:
     """Forward seconds of the front-end per rank for ``T_enc`` encoder positions (not split by TP:
     each rank runs the convolutions of its sequence)."""
     return sum((ctx.gt(r * T_enc, N, K) for r, N, K in frontend_gemm_shapes(model)), np.zeros(ctx.n))
+
+
+def frontend_activation_bytes(model, sb_enc) -> Any:
+    """16-bit bytes the front-end keeps for backward per micro-batch for ``sb_enc`` encoder
+    positions (not split by TP): conv1's output and its GELU on the two frames per position
+    (``2 x 2 sb h``) and conv2's output before its GELU (``sb h``), 2 bytes each."""
+    if not model.frontend_mels:
+        return 0.0 * sb_enc
+    return 2.0 * 5.0 * sb_enc * model.hidden
