@@ -164,3 +164,12 @@ def test_encoder_decoder_activations_by_hand() -> None:
 def test_an_encoder_caches_nothing() -> None:
     assert load_model(BERT).kv_cache_bytes_per_token() == 0
     assert load_model(WHISPER).decoder_view().kv_cache_bytes_per_token() > 0
+
+
+def test_the_reference_runner_refuses_encoders() -> None:
+    from autopar.runner.config import RunError, RunnerModelConfig
+
+    for cfg in (BERT, WHISPER):
+        with pytest.raises(RunError, match="trains causal decoders only"):
+            RunnerModelConfig.from_model_spec(load_model(cfg))
+    assert RunnerModelConfig.from_model_spec(load_model(WHISPER).decoder_view()).layers == 12
