@@ -46,6 +46,41 @@ _BERT_HEADS: dict[str, tuple[bool, Any, bool]] = {
 }
 
 
+# The head classes transformers has per family (RobertaForPreTraining or LayoutLMForCausalLM do not exist).
+_ROBERTA_HEADS = (
+    "Model",
+    "ForMaskedLM",
+    "ForCausalLM",
+    "ForSequenceClassification",
+    "ForMultipleChoice",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+)
+_FAMILY_HEADS: dict[str, tuple[str, ...]] = {
+    "bert": (
+        "Model",
+        "ForMaskedLM",
+        "LMHeadModel",
+        "ForPreTraining",
+        "ForNextSentencePrediction",
+        "ForSequenceClassification",
+        "ForMultipleChoice",
+        "ForTokenClassification",
+        "ForQuestionAnswering",
+    ),
+    "roberta": _ROBERTA_HEADS,
+    "xlm-roberta": _ROBERTA_HEADS,
+    "camembert": _ROBERTA_HEADS,
+    "layoutlm": (
+        "Model",
+        "ForMaskedLM",
+        "ForSequenceClassification",
+        "ForTokenClassification",
+        "ForQuestionAnswering",
+    ),
+}
+
+
 def handles(mt: str) -> bool:
     return mt in BERT_TYPES or mt in ENCDEC_TYPES
 
@@ -101,10 +136,10 @@ def _bert(cfg: dict, mt: str, ctx: str, _int: Any, _bool: Any) -> dict[str, Any]
         "layoutlm": ("LayoutLM",),
     }[mt]
     suffix = _head_class(cfg, mt, prefixes, ctx)
-    if suffix not in _BERT_HEADS:
+    if suffix not in _FAMILY_HEADS[mt]:
         raise UnsupportedArchitecture(
             f"{ctx}the {prefixes[0]}{suffix} head is not modeled",
-            f"heads read: {', '.join(prefixes[0] + s for s in _BERT_HEADS)}",
+            f"heads read: {', '.join(prefixes[0] + s for s in _FAMILY_HEADS[mt])}",
         )
     pooler, head_extra, vocab_head = _BERT_HEADS[suffix]
     if mt == "layoutlm":

@@ -173,3 +173,29 @@ def test_the_reference_runner_refuses_encoders() -> None:
         with pytest.raises(RunError, match="trains causal decoders only"):
             RunnerModelConfig.from_model_spec(load_model(cfg))
     assert RunnerModelConfig.from_model_spec(load_model(WHISPER).decoder_view()).layers == 12
+
+
+@pytest.mark.slow
+def test_every_bert_head_class_matches_transformers() -> None:
+    """Each (family, head class) the reader accepts counts what transformers builds for that class,
+    with one, two and three labels; a class the family does not have is refused by name."""
+    pytest.importorskip("transformers")
+    from autopar.encoders import _BERT_HEADS, _FAMILY_HEADS
+    from autopar.hf_meta import meta_count
+
+    prefix = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta", "camembert": "Camembert"}
+    prefix["layoutlm"] = "LayoutLM"
+    for mt, p in prefix.items():
+        for suffix in _BERT_HEADS:
+            cfg = dict(
+                model_type=mt, architectures=[p + suffix], vocab_size=1000, hidden_size=64, num_hidden_layers=2,
+                num_attention_heads=4, intermediate_size=256, max_position_embeddings=40, type_vocab_size=2,
+                id2label={"0": "a", "1": "b", "2": "c"},
+            )  # fmt: skip
+            if suffix not in _FAMILY_HEADS[mt]:
+                with pytest.raises(UnsupportedArchitecture, match="head is not modeled"):
+                    load_model(cfg)
+                continue
+            mc, how = meta_count(cfg)
+            assert mc is not None and p + suffix in how, how
+            assert load_model(cfg).total_params == mc.total, (mt, suffix)
