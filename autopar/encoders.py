@@ -102,6 +102,19 @@ def _head_class(cfg: dict, mt: str, prefixes: tuple[str, ...], ctx: str) -> str:
     )
 
 
+def _aliases_agree(cfg: dict, pairs: tuple[tuple[str, str], ...], ctx: str) -> None:
+    """transformers maps an alias onto a field (WhisperConfig: num_hidden_layers is encoder_layers;
+    SeamlessM4Tv2Config: it is decoder_layers); a config giving both with different values is
+    read differently depending on their order, so it is refused."""
+    for alias, key in pairs:
+        a, k = cfg.get(alias), cfg.get(key)
+        if a is not None and k is not None and a != k:
+            raise UnsupportedArchitecture(
+                f"{ctx}{alias} ({a!r}) and {key} ({k!r}) disagree; transformers reads {alias} as {key}",
+                f"make them equal or drop {alias}",
+            )
+
+
 def _labels(cfg: dict, ctx: str, _int: Any) -> int:
     id2label = cfg.get("id2label")
     if isinstance(id2label, dict) and id2label:
@@ -191,6 +204,16 @@ def _whisper(cfg: dict, ctx: str, _int: Any, _bool: Any) -> dict[str, Any]:
             f"{ctx}Whisper{suffix} is not modeled",
             "WhisperForConditionalGeneration (encoder-decoder) is read",
         )
+    _aliases_agree(
+        cfg,
+        (
+            ("num_hidden_layers", "encoder_layers"),
+            ("num_attention_heads", "encoder_attention_heads"),
+            ("num_key_value_heads", "encoder_attention_heads"),
+            ("hidden_size", "d_model"),
+        ),
+        ctx,
+    )
     h = _int(cfg, "d_model", ctx=ctx)
     ea = _int(cfg, "encoder_attention_heads", ctx=ctx)
     da = _int(cfg, "decoder_attention_heads", ctx=ctx)
@@ -216,7 +239,7 @@ def _whisper(cfg: dict, ctx: str, _int: Any, _bool: Any) -> dict[str, Any]:
         ffn_hidden=_int(cfg, "decoder_ffn_dim", ctx=ctx),
         gated_mlp=False,
         vocab=_int(cfg, "vocab_size", ctx=ctx),
-        tie_embeddings=True,  # proj_out shares embed_tokens
+        tie_embeddings=_bool(cfg, "tie_word_embeddings", True, ctx=ctx),  # proj_out shares embed_tokens
         qkv_bias=True,
         k_bias=False,  # WhisperAttention: k_proj has no bias
         o_bias=True,
@@ -245,6 +268,11 @@ def _seamless(cfg: dict, ctx: str, _int: Any, _bool: Any) -> dict[str, Any]:
             f"{ctx}SeamlessM4Tv2{suffix} runs the speech encoder or the text-to-unit towers, which are not modeled",
             "SeamlessM4Tv2Model and SeamlessM4Tv2ForTextToText are read as their text encoder-decoder",
         )
+    _aliases_agree(
+        cfg,
+        (("num_hidden_layers", "decoder_layers"), ("num_attention_heads", "decoder_attention_heads")),
+        ctx,
+    )
     h = _int(cfg, "hidden_size", ctx=ctx)
     ea = _int(cfg, "encoder_attention_heads", ctx=ctx)
     da = _int(cfg, "decoder_attention_heads", ctx=ctx)
@@ -266,7 +294,7 @@ def _seamless(cfg: dict, ctx: str, _int: Any, _bool: Any) -> dict[str, Any]:
         ffn_hidden=_int(cfg, "decoder_ffn_dim", ctx=ctx),
         gated_mlp=False,
         vocab=_int(cfg, "vocab_size", ctx=ctx),
-        tie_embeddings=True,  # lm_head, text encoder and decoder embed_tokens share `shared`
+        tie_embeddings=_bool(cfg, "tie_word_embeddings", True, ctx=ctx),  # lm_head shares `shared`
         qkv_bias=True,
         o_bias=True,
         mlp_bias=True,

@@ -199,3 +199,53 @@ def test_every_bert_head_class_matches_transformers() -> None:
             mc, how = meta_count(cfg)
             assert mc is not None and p + suffix in how, how
             assert load_model(cfg).total_params == mc.total, (mt, suffix)
+
+
+def _whisper_like(**kw: object) -> dict:
+    return dict(json.loads(WHISPER.read_text()), **kw)
+
+
+LARGE_V3 = dict(
+    d_model=1280, encoder_layers=32, num_hidden_layers=32, encoder_attention_heads=20, decoder_attention_heads=20,
+    encoder_ffn_dim=5120, decoder_ffn_dim=5120, num_mel_bins=128, vocab_size=51866,
+)  # fmt: skip
+
+
+def test_whisper_sizes_and_conflicting_aliases() -> None:
+    # Whisper large-v3's dimensions (32 + 32 layers, 128 mel bins): OpenAI's 1550 M; large-v3-turbo
+    # (4 decoder layers): 809 M
+    assert load_model(_whisper_like(**LARGE_V3, decoder_layers=32)).total_params == 1_543_490_560
+    assert load_model(_whisper_like(**LARGE_V3, decoder_layers=4)).total_params == 808_878_080
+    untied = load_model(_whisper_like(tie_word_embeddings=False))
+    assert untied.total_params == load_model(WHISPER).total_params + 51865 * 768
+    # WhisperConfig reads num_hidden_layers as encoder_layers: a config where they differ is refused
+    with pytest.raises(UnsupportedArchitecture, match="num_hidden_layers .* and encoder_layers .* disagree"):
+        load_model(_whisper_like(encoder_layers=24))
+    raw = json.loads(SEAMLESS.read_text())
+    with pytest.raises(UnsupportedArchitecture, match="num_hidden_layers .* and decoder_layers .* disagree"):
+        load_model(dict(raw, decoder_layers=12))
+
+
+@pytest.mark.slow
+def test_whisper_and_seamless_variants_match_transformers() -> None:
+    pytest.importorskip("transformers")
+    from autopar.hf_meta import meta_count
+
+    raw = json.loads(SEAMLESS.read_text())
+    small = dict(
+        hidden_size=512, encoder_layers=6, decoder_layers=4, num_hidden_layers=4, encoder_ffn_dim=2048
+    )
+    small.update(
+        decoder_ffn_dim=1024, encoder_attention_heads=8, decoder_attention_heads=8, num_attention_heads=8
+    )
+    for cfg in (
+        _whisper_like(**LARGE_V3, decoder_layers=32),
+        _whisper_like(**LARGE_V3, decoder_layers=4),
+        _whisper_like(tie_word_embeddings=False),
+        _whisper_like(architectures=["WhisperModel"]),
+        dict(raw, **small),
+        dict(raw, architectures=["SeamlessM4Tv2ForTextToText"]),
+    ):
+        mc, how = meta_count(cfg)
+        assert mc is not None, how
+        assert load_model(cfg).total_params == mc.text_total, how
