@@ -37,7 +37,7 @@ KINDS = (
 _PATTERNS: dict[str, re.Pattern[str]] = {
     "towers": re.compile(
         r"(^|\.)(vision\w*|visual|audio\w*|speech\w*|image_newline|multi_modal_projector|mm_projector|"
-        r"vision_tower|patch_embed\w*|mlp1|connector|embed_vision|embed_audio)(\.|$)"
+        r"vision_tower|patch_embed\w*|mlp1|connector|embed_vision|embed_audio|t2u_model|vocoder)(\.|$)"
     ),
     "mtp": re.compile(r"(^|\.)(mtp\w*|nextn\w*)(\.|$)"),
     "head": re.compile(r"(^|\.)(lm_head|embed_out|output_layer)(\.|$)|^output\.weight$"),
@@ -185,11 +185,23 @@ def meta_count(raw: dict, *, trust_remote_code: bool = False) -> tuple[MetaCount
 
 
 def _build(cfg: Any, trust_remote_code: bool) -> tuple[Any, str]:
-    """(model on the meta device, its class name), or (None, why): a causal LM, else an
-    image-text-to-text model, else the base model."""
+    """(model on the meta device, its class name), or (None, why): for an encoder or an
+    encoder-decoder the class its ``architectures`` names (:func:`_named_class`); otherwise a
+    causal LM, else an image-text-to-text model, else the base model."""
     import torch
     from transformers import AutoModel, AutoModelForCausalLM
 
+    named = _named_class(cfg)
+    if named is not None:
+        try:
+            with torch.device("meta"):
+                m = named(cfg)
+        except Exception as e:  # noqa: BLE001 - the class refused the config's shapes
+            return (
+                None,
+                f"{type(cfg).__name__} could not be built: {type(e).__name__}: {str(e).splitlines()[0][:160]}",
+            )
+        return m, type(m).__name__
     autos: list[Any] = [AutoModelForCausalLM]
     try:
         from transformers import AutoModelForImageTextToText
@@ -213,6 +225,22 @@ def _build(cfg: Any, trust_remote_code: bool) -> tuple[Any, str]:
             )
         return m, type(m).__name__
     return None, f"no model class for {type(cfg).__name__} ({last})"
+
+
+def _named_class(cfg: Any) -> Any:
+    """For an encoder (a model type with a masked-LM class) or an encoder-decoder config, the
+    transformers class its ``architectures`` names: what the model is (BertModel, WhisperFor-
+    ConditionalGeneration), not the causal-LM wrapper AutoModelForCausalLM would pick (BertLMHeadModel,
+    WhisperForCausalLM: Whisper's decoder alone). None otherwise, or when the class is not there."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    encoder = getattr(cfg, "model_type", None) in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    if not (encoder or getattr(cfg, "is_encoder_decoder", False)):
+        return None
+    archs = getattr(cfg, "architectures", None) or []
+    cls = getattr(transformers, archs[0], None) if archs and isinstance(archs[0], str) else None
+    return cls if isinstance(cls, type) and hasattr(cls, "config_class") else None
 
 
 def dit_meta_count(raw: dict) -> tuple[int | None, str]:

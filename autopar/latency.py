@@ -124,6 +124,20 @@ def stage_slot(
     ``profile``: the training stack's attention kernel, host floor and TP overlap
     (:class:`autopar.frameworks.FrameworkProfile`).
     """
+    if model.is_encoder_decoder:
+        return _encdec_slot(
+            model,
+            lay,
+            seq_len=seq_len,
+            links=links,
+            co=co,
+            n_dense=n_dense,
+            n_moe=n_moe,
+            head=head,
+            frozen_weights=frozen_weights,
+            moe_options=moe_options,
+            profile=profile,
+        )
     ctx = slot_context(lay, seq_len=seq_len, co=co, links=links, profile=profile)
     sb = blocks.stage_blocks(model, n_dense, n_moe, head)
     wgrad = 0.0 if frozen_weights else 1.0  # weight-gradient GEMMs, as many FLOPs as the forward
@@ -178,6 +192,64 @@ def stage_slot(
         ep_exposed=ep_raw - ep_hidden,
     )
     return parts
+
+
+def _encdec_slot(
+    model, lay: LayoutTable, *, seq_len: int, n_dense, n_moe, head, **kw
+) -> dict[str, np.ndarray]:
+    """:func:`stage_slot` of an encoder-decoder model: the stage's decoder blocks (``n_dense``, with
+    the LM head where ``head``) on ``seq_len`` decoder tokens, as many encoder blocks in proportion
+    (``n_dense / layers`` of the encoder stack, all of it at pp = 1, the only split legality allows)
+    on the model's ``encoder_tokens`` positions with the conv front-end, and each decoder block's
+    cross-attention (:mod:`autopar.blocks.cross_attention`). Every part is a sum of its blocks."""
+    enc, dec = model.encoder_view(), model.decoder_view()
+    share = np.asarray(n_dense, dtype=np.float64) / model.layers
+    s_enc = model.encoder_tokens(seq_len)
+    none = np.zeros(np.shape(share), dtype=bool)
+    e = stage_slot(enc, lay, seq_len=s_enc, n_dense=share * enc.layers, n_moe=0.0 * share, head=none, **kw)
+    d = stage_slot(dec, lay, seq_len=seq_len, n_dense=n_dense, n_moe=n_moe, head=head, **kw)
+    x = _cross_slot(model, lay, seq_len, s_enc, np.asarray(n_dense, dtype=np.float64), share, **kw)
+    return {k: e[k] + d[k] + x.get(k, 0.0) for k in d}
+
+
+def _cross_slot(model, lay, seq_len, s_enc, n_cross, share, *, links, co, frozen_weights, profile, **_):
+    """Seconds per micro-batch of ``n_cross`` cross-attention sublayers and of the conv front-end of
+    the stage's ``share`` of the encoder, by the parts :func:`stage_slot` returns."""
+    from autopar.blocks import cross_attention as xa
+    from autopar.blocks import encoder as enc_block
+
+    ctx = slot_context(lay, seq_len=seq_len, co=co, links=links, profile=profile)
+    h, tp = float(model.hidden), ctx.tp
+    wgrad = 0.0 if frozen_weights else 1.0
+    T_enc = ctx.mb * s_enc / ctx.cp
+    gemm = n_cross * xa.gemms(model, ctx.gt, ctx.T, T_enc, tp) + share * enc_block.frontend_time(
+        model, ctx, T_enc
+    )
+    core_f, core_b = xa.core_time(model, ctx, s_enc)
+    attn_f, attn_b = n_cross * core_f, n_cross * core_b
+    elem = n_cross * ctx.traffic_s(5.0 * h / ctx.sp_div)  # the sublayer's norm and residual add
+    fwd, bwd = gemm + attn_f + elem, (1.0 + wgrad) * gemm + attn_b + 2.0 * elem
+    recompute = np.where(ctx.full, fwd, np.where(ctx.drop_core, attn_f, 0.0))
+    # Megatron: the row-parallel output's all-reduce forward and backward (+1 in a recomputed forward)
+    one = C.all_reduce(links, ctx.T * h * ctx.elem, tp, np.ones(ctx.n)) + np.where(
+        tp > 1, co.tp_collective_overhead_s, 0.0
+    )
+    tp_raw = n_cross * (2.0 + np.where(ctx.full, 1.0, 0.0)) * one
+    tp_ov = co.tp_overlap if profile.tp_comm_overlap and links.peer_memory else 0.0
+    tp_comm = tp_raw * (1.0 - tp_ov) + co.overlap_contention * tp_ov * tp_raw
+    return {
+        "gemm": (2.0 + wgrad) * gemm,
+        "attention": attn_f + attn_b,
+        "elementwise": 3.0 * elem,
+        "recompute": recompute,
+        "tp_comm": tp_comm,
+        "slot": fwd + bwd + recompute + tp_comm,
+        "fwd": fwd,
+        "bwd": bwd,
+        "wgrad": wgrad * gemm,
+        "tp_raw": tp_raw,
+        "tp_exposed": tp_raw * (1.0 - tp_ov),
+    }
 
 
 def _moe_act_width(model) -> float:
@@ -258,7 +330,7 @@ def _stage_compute(model, ctx: SlotContext, sb: blocks.StageBlocks) -> dict[str,
         elem = elem + count * el
         if kind.scan_flops_per_token(model):
             scan = scan + count * kind.scan_time(model, ctx.gt16, T, tp)
-    head = np.where(sb.head, blocks.embedding.head_time(model, ctx), 0.0)
+    head = np.where(sb.head & model.lm_head, blocks.embedding.head_time(model, ctx), 0.0)
     return {
         "gemm": gemm + mixer_gemm + head,
         "head": head,

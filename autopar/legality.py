@@ -173,6 +173,20 @@ def _rules() -> list[Rule]:
             ("cp",),
         ),
         Rule(
+            "encdec_split",
+            "pipeline and context parallelism are not modeled for an encoder-decoder model: a stage "
+            "or sequence split would carry the encoder output to every decoder stage or CP rank for "
+            "its cross-attention, which autopar does not cost; use pp = 1 and cp = 1",
+            lambda m, L, c: ((L["pp"] > 1) | (L["cp"] > 1)) & (m.arch == "encoder_decoder"),
+            ("pp", "cp"),
+        ),
+        Rule(
+            "tp_encoder_heads",
+            "tp must divide the encoder stack's attention heads and FFN size",
+            lambda m, L, c: (m.encoder_heads % L["tp"] != 0) | (m.encoder_ffn_hidden % L["tp"] != 0),
+            ("tp",),
+        ),
+        Rule(
             "pp_layers",
             "pp*vpp must not exceed the number of layers (plus the declared end stages, whose "
             "first/last model chunk may hold only the embedding/loss)",
@@ -312,6 +326,10 @@ def _allowed(code: str, model, lay: LayoutTable, ctx: Context, i: int):
         return divisors(_mixer_units(model))
     if code == "cp_recurrent":
         return [1]
+    if code == "encdec_split":
+        return {"pp": [1], "cp": [1]}
+    if code == "tp_encoder_heads":
+        return [d for d in divisors(int(model.encoder_heads)) if model.encoder_ffn_hidden % d == 0]
     if code in ("tp_heads", "tp_kv_heads", "tp_hidden"):
         kv = model.heads if model.is_mla else model.kv_heads
         return [

@@ -118,6 +118,8 @@ def layer_params_per_rank(model, lay: LayoutTable) -> tuple[np.ndarray, np.ndarr
     so ``n_dense * dense + n_moe * moe`` is the stage's whole.
     """
     tp = lay["tp"].astype(np.float64)
+    if model.is_encoder_decoder:
+        return _encdec_layer_params(model, lay, tp)
     # The mixers' parameters (split over tp) with the block's norms; a hybrid model's blocks carry
     # their mix's mixers.
     if model.is_hybrid:
@@ -138,6 +140,17 @@ def layer_params_per_rank(model, lay: LayoutTable) -> tuple[np.ndarray, np.ndarr
     return dense, attn + nonexp, np.broadcast_to(experts, tp.shape).astype(np.float64)
 
 
+def _encdec_layer_params(model, lay: LayoutTable, tp) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An encoder-decoder model's parameters per decoder block per rank: the decoder block with its
+    cross-attention (projections split over tp, norms not) and its share of the encoder stack."""
+    enc = model.encoder_view()
+    dec_p = layer_params_per_rank(model.decoder_view(), lay)[0]
+    enc_p = layer_params_per_rank(enc, lay)[0]
+    cross = model.attn_params_per_layer / tp + model._norm(model.hidden)
+    per = dec_p + cross + enc_p * enc.layers / model.layers
+    return per, per, 0.0 * tp
+
+
 def head_stage(lay: LayoutTable, schedule: str = "1f1b") -> np.ndarray:
     """The pipeline rank that holds the LM head: the last, or rank 0 under a V-shaped schedule."""
     return lay["pp"] * 0 if schedule in V_SHAPED else lay["pp"] - 1
@@ -155,7 +168,9 @@ def stage_params_at(
 
     The stage holds ``n_dense`` dense and ``n_moe`` MoE layers; stage 0 adds the input embedding,
     stage pp-1 the final norm and the LM head (its own copy of a tied matrix when pp > 1; rank 0
-    under a V-shaped ``schedule``); with pp = 1 both are the same stage and hold both.
+    under a V-shaped ``schedule``); with pp = 1 both are the same stage and hold both. The
+    model's ``extra_params`` (learned position tables, pooler, MLM transform, conv front-end:
+    under 2 % of the encoders read) sit on stage 0, not split by tp.
     """
     dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
     tp = lay["tp"].astype(np.float64)
@@ -169,6 +184,7 @@ def stage_params_at(
         + n_moe * moe_p
         + np.where(stage == 0, embed, 0.0)
         + np.where(stage == head_stage(lay, schedule), head, 0.0)
+        + np.where(stage == 0, float(model.extra_params), 0.0)
     )
     return nonexp, n_moe * expert_p
 
@@ -281,6 +297,37 @@ def activation_bytes_per_layer(
     return np.where(rec == REC_FULL, checkpoint_only, full)
 
 
+def _encdec_activation_bytes(model, *, seq_len, **common) -> np.ndarray:
+    """Activation bytes per decoder block of an encoder-decoder model, per rank and micro-batch: the
+    decoder block on ``seq_len`` tokens, its share of the encoder stack's layers on the encoder
+    positions, and its cross-attention (:func:`autopar.blocks.cross_attention.activation_elems`:
+    Q and output over the decoder tokens, K and V over the encoder positions; the sublayer's norm
+    input and output), plus this block's share of the encoder output every cross-attention reads.
+    Full recompute keeps each block's input (the encoder output stays: the decoder's checkpoints
+    read it)."""
+    enc, dec = model.encoder_view(), model.decoder_view()
+    s_enc = model.encoder_tokens(seq_len)
+    per_dec = activation_bytes_per_layer(dec, moe=False, seq_len=seq_len, **common)
+    per_enc = activation_bytes_per_layer(enc, moe=False, seq_len=s_enc, **common)
+    cp = np.asarray(common["cp"], dtype=np.float64)
+    t = np.asarray(common["tp"], dtype=np.float64)
+    b = np.asarray(common["micro_batch"], dtype=np.float64)
+    sb_dec, sb_enc = seq_len / cp * b, s_enc / cp * b
+    sp_div = np.where(np.asarray(common["sp"]) > 0, t, 1.0)
+    lp = common.get("low_precision")
+    gi = np.where(lp, 0.5, 1.0) if lp is not None else np.ones_like(t)
+    h = float(model.hidden)
+    rec = np.asarray(common["recompute"])
+    _, drop_norm, _ = recompute_drops(rec)
+    # the sublayer's norm input (kept) and output (the Q GEMM's input: dropped by norm_act)
+    norm = 2.0 * sb_dec * h / sp_div * np.where(drop_norm, 1.0, 2.0)
+    cross = blocks.cross_attention.activation_elems(model, sb_dec, sb_enc, t, gi) + norm
+    cross = np.where(rec == REC_FULL, 0.0, cross)
+    # the encoder output every cross-attention reads, and the conv front-end's (Whisper) activations
+    shared = 2.0 * sb_enc * h + blocks.encoder.frontend_activation_bytes(model, sb_enc)
+    return per_dec + per_enc * enc.layers / model.layers + cross + shared / model.layers
+
+
 def _inflight(lay: LayoutTable, stage: np.ndarray, m_: np.ndarray, schedule: str = "1f1b") -> np.ndarray:
     p = lay["pp"].astype(np.float64)
     v = lay["vpp"].astype(np.float64)
@@ -385,17 +432,25 @@ def stage_memory(
         etp=lay["etp"],
         low_precision=np.isin(lay["precision"], LOW_PRECISION_CODES),
     )
-    act_dense = activation_bytes_per_layer(model, moe=False, **common) * act_scale
+    if model.is_encoder_decoder:
+        act_dense = _encdec_activation_bytes(model, **common) * act_scale
+        full_layer = (
+            _encdec_activation_bytes(model, **{**common, "recompute": lay["recompute"] * 0}) * act_scale
+        )
+    else:
+        act_dense = activation_bytes_per_layer(model, moe=False, **common) * act_scale
+        full_layer = (
+            activation_bytes_per_layer(
+                model, moe=model.is_moe, **{**common, "recompute": lay["recompute"] * 0}
+            )
+            * act_scale
+        )
     act_moe = (
         activation_bytes_per_layer(model, moe=True, **common) * act_scale if model.is_moe else act_dense * 0
     )
     per_mb = n_dense * act_dense + n_moe * act_moe
     inflight = stage_inflight(lay, stage, schedule)
     # Full recompute re-materializes one layer at a time during backward: add one layer's full set.
-    full_layer = (
-        activation_bytes_per_layer(model, moe=model.is_moe, **{**common, "recompute": lay["recompute"] * 0})
-        * act_scale
-    )
     working = np.where(lay["recompute"] == REC_FULL, full_layer, 0.0)
     act = per_mb * inflight + working
 
@@ -403,7 +458,13 @@ def stage_memory(
     sb = s_local * lay["micro_batch"]
     sp_div = dims.sp_divisor.astype(np.float64)
     embed_out = act_scale * blocks.embedding.embed_output_elems(model, sb, sp_div) * inflight
+    if model.is_encoder_decoder:  # the encoder's input embedding too
+        sb_enc = model.encoder_tokens(seq_len) / lay["cp"] * lay["micro_batch"]
+        embed_out = (
+            embed_out + act_scale * blocks.embedding.embed_output_elems(model, sb_enc, sp_div) * inflight
+        )
     logits = np.where(fp32, FP32_LOGIT_BYTES, LOGIT_BYTES) * blocks.embedding.logits_elems(model, sb, tp)
+    logits = logits if model.lm_head else 0.0 * logits
     emb = np.where(first, embed_out, 0.0) + np.where(last, logits, 0.0)
 
     max_layer = np.maximum(dense_p, moe_p + expert_p * (1 if model.is_moe else 0))

@@ -123,6 +123,24 @@ class ModelSpec(BaseModel):
     # ---- towers of a multimodal wrapper: counted and reported apart, not part of the totals
     vision_params: int = 0
     audio_params: int = 0
+    # ---- encoders and encoder-decoder models (read by autopar.encoders; costed by
+    # autopar.blocks.encoder and autopar.blocks.cross_attention). A "decoder" is causal; an
+    # "encoder" (BERT) attends bidirectionally; an "encoder_decoder" (Whisper, SeamlessM4T text) is
+    # an encoder stack of ``encoder_layers`` blocks and a decoder stack of ``layers`` blocks whose
+    # every block adds cross-attention to the encoder output.
+    arch: Literal["decoder", "encoder", "encoder_decoder"] = "decoder"
+    post_norm: bool = False  # BERT: the norm after each residual add (same parameters and FLOPs)
+    lm_head: bool = True  # a vocabulary projection and loss after the last block (BertModel: none)
+    final_norm: bool = True  # a norm after the last block (a post-norm encoder has none)
+    k_bias: bool = True  # with qkv_bias: the key projection has a bias too (Whisper's has none)
+    # counted once, outside blocks, embedding and head: learned position and token-type tables,
+    # embedding and encoder-final norms, pooler, MLM transform, classifier, conv front-end
+    extra_params: int = 0
+    encoder_layers: int = 0
+    encoder_heads: int = 0  # head_dim = hidden / encoder_heads
+    encoder_ffn_hidden: int = 0
+    encoder_seq: int = 0  # encoder positions per sample (Whisper: 1500 frames); 0: the job's seq_len
+    frontend_mels: int = 0  # Whisper's conv front-end input channels (mel bins); 0: none
     warnings: tuple[str, ...] = ()
 
     @model_validator(mode="after")
@@ -188,6 +206,7 @@ class ModelSpec(BaseModel):
             raise bad("linear_attn_layers > 0 needs linear_k/v_heads and linear_k/v_head_dim")
         if self.linear_attn_layers and self.linear_v_heads % self.linear_k_heads:
             raise bad(f"linear_v_heads ({self.linear_v_heads}) is not a multiple of linear_k_heads")
+        self._check_encoder(bad)
         if self.mamba_layers:
             if self.mamba_version not in (1, 2):
                 raise bad("mamba_layers > 0 needs mamba_version 1 or 2")
@@ -203,7 +222,96 @@ class ModelSpec(BaseModel):
                 raise bad("mamba_parallel needs a Mamba mixer in every block (mamba_layers = layers)")
         return self
 
+    def _check_encoder(self, bad: Any) -> None:
+        """Encoder and encoder-decoder fields: dense, non-hybrid stacks of standard attention."""
+        if self.arch == "decoder":
+            if self.encoder_layers or self.encoder_heads or self.encoder_ffn_hidden or self.encoder_seq:
+                raise bad("encoder_* fields are set but arch is 'decoder'")
+            return
+        if self.is_moe or self.is_mla or self.is_hybrid or self.mtp_layers or self.sliding_window_layers:
+            raise bad(f"an {self.arch} model is costed with dense attention + MLP blocks only")
+        if self.arch == "encoder_decoder":
+            if not (self.encoder_layers and self.encoder_heads and self.encoder_ffn_hidden):
+                raise bad(
+                    "an encoder_decoder model needs encoder_layers, encoder_heads and encoder_ffn_hidden"
+                )
+            if self.hidden % self.encoder_heads:
+                raise bad(f"hidden ({self.hidden}) is not a multiple of encoder_heads ({self.encoder_heads})")
+        elif self.encoder_layers or self.encoder_heads or self.encoder_ffn_hidden or self.encoder_seq:
+            raise bad("encoder_* fields describe the encoder stack of an encoder_decoder model")
+
     # ----------------------------------------------------------------------------------- shape
+    @property
+    def is_encoder(self) -> bool:
+        """A bidirectional encoder only (BERT): no causal mask, no KV cache, not served."""
+        return self.arch == "encoder"
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.arch == "encoder_decoder"
+
+    @property
+    def causal(self) -> bool:
+        """Self-attention under a causal mask (decoders and a decoder stack), else bidirectional."""
+        return self.arch != "encoder"
+
+    def encoder_view(self) -> ModelSpec:
+        """The encoder stack of an encoder-decoder model as an encoder-only spec (no embedding,
+        head or extras: those are the whole model's)."""
+        h, a = self.hidden, self.encoder_heads
+        return self.model_copy(
+            update=dict(
+                name=f"{self.name} encoder",
+                arch="encoder",
+                layers=self.encoder_layers,
+                heads=a,
+                kv_heads=a,
+                head_dim=h // a,
+                ffn_hidden=self.encoder_ffn_hidden,
+                lm_head=False,
+                final_norm=False,
+                extra_params=0,
+                encoder_layers=0,
+                encoder_heads=0,
+                encoder_ffn_hidden=0,
+                encoder_seq=0,
+                frontend_mels=0,
+            )
+        )
+
+    def decoder_view(self) -> ModelSpec:
+        """The decoder stack of an encoder-decoder model as a decoder spec (self-attention and MLP;
+        the cross-attention is :mod:`autopar.blocks.cross_attention`'s)."""
+        return self.model_copy(
+            update=dict(
+                arch="decoder",
+                extra_params=0,
+                encoder_layers=0,
+                encoder_heads=0,
+                encoder_ffn_hidden=0,
+                encoder_seq=0,
+                frontend_mels=0,
+            )
+        )
+
+    def encoder_tokens(self, seq_len: float) -> float:
+        """Encoder positions per sample for a job of ``seq_len`` decoder tokens."""
+        return float(self.encoder_seq or seq_len)
+
+    @property
+    def cross_attn_params_per_layer(self) -> int:
+        """One decoder block's cross-attention (Q, K, V, O as its self-attention) and its norm."""
+        if not self.is_encoder_decoder:
+            return 0
+        return self.attn_params_per_layer + self._norm(self.hidden)
+
+    def _encdec_params(self) -> int:
+        """The encoder stack and the decoder's cross-attention of an encoder-decoder model."""
+        if not self.is_encoder_decoder:
+            return 0
+        enc = self.encoder_view()
+        return enc._stack_params(active=False) + self.layers * self.cross_attn_params_per_layer
+
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
@@ -274,7 +382,9 @@ class ModelSpec(BaseModel):
             return p
         d = self.head_dim
         if self.qkv_bias:
-            p += (self.heads * (2 if self.attn_output_gate else 1) + 2 * self.kv_heads) * d
+            p += (
+                self.heads * (2 if self.attn_output_gate else 1) + (2 if self.k_bias else 1) * self.kv_heads
+            ) * d
         if self.o_bias:
             p += self.hidden
         if self.qk_norm == "head":  # one head_dim-sized weight shared by all heads, for q and for k
@@ -386,13 +496,15 @@ class ModelSpec(BaseModel):
 
     @property
     def head_params(self) -> int:
+        if not self.lm_head:
+            return 0
         return (0 if self.tie_embeddings else self.vocab * self.hidden) + (
             self.vocab if self.head_bias else 0
         )
 
     @property
     def final_norm_params(self) -> int:
-        return self._norm(self.hidden)
+        return self._norm(self.hidden) if self.final_norm else 0
 
     @property
     def dense_layer_params(self) -> int:
@@ -447,6 +559,8 @@ class ModelSpec(BaseModel):
             + self.embedding_params
             + self.head_params
             + self.final_norm_params
+            + self._encdec_params()
+            + self.extra_params
         )
 
     @property
@@ -457,6 +571,8 @@ class ModelSpec(BaseModel):
             + self.embedding_params
             + self.head_params
             + self.final_norm_params
+            + self._encdec_params()
+            + self.extra_params
         )
 
     @property
@@ -508,7 +624,7 @@ class ModelSpec(BaseModel):
             + self.mamba_layers * mamba
             + self.dense_layers * self._mlp(self.ffn_hidden)
             + self.moe_layers * moe
-            + self.vocab * self.hidden
+            + (self.vocab * self.hidden if self.lm_head else 0)
         )
 
     def _context(self, seq_len: int, window: int, causal: bool) -> float:
@@ -558,6 +674,8 @@ class ModelSpec(BaseModel):
         """
         if seq_len <= 0:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
+        if self.arch != "decoder":
+            return self._encoder_flops_per_token(seq_len, attention=attention)
         flops = 6.0 * self._active_matmul_params()
         if attention:
             per_ctx = 6.0 * self.heads * (self.qk_head_dim + self.v_dim)
@@ -570,10 +688,44 @@ class ModelSpec(BaseModel):
             flops += 3.0 * self.mamba_layers * self.ssm_core_flops_per_token
         return flops
 
+    def _encoder_flops_per_token(self, seq_len: int, *, attention: bool) -> float:
+        """Training FLOPs (3x forward) per token of an encoder, or per decoder token of an
+        encoder-decoder model, by the block modules (:mod:`autopar.blocks.encoder`,
+        :mod:`autopar.blocks.cross_attention`).
+
+        Encoder: ``L`` encoder layers with the unmasked core against all ``seq_len`` keys (whatever
+        ``causal`` asks: an encoder has no mask) and the vocabulary GEMM where the model has an LM
+        head. Encoder-decoder: the decoder stack as a decoder (causal self-attention at the PaLM
+        convention, LM head), each decoder block's cross-attention per decoder token (Q, O, and the
+        core against ``s_enc`` positions), and per encoder position the encoder stack, the K/V
+        projections of every decoder block and the conv front-end, times ``s_enc / seq_len``
+        encoder positions per decoder token. Pooler, MLM transform and classifiers are not counted
+        (one ``h x h`` GEMM per sequence or token, under 1 %).
+        """
+        from autopar.blocks import cross_attention, embedding, encoder
+
+        s = float(seq_len)
+        if self.is_encoder:
+            per = encoder.flops_per_token(self, s if attention else 0.0)
+            head = embedding.head_flops_per_token(self) if self.lm_head else 0.0
+            return 3.0 * (self.layers * per + head)
+        enc = self.encoder_view()
+        s_enc = self.encoder_tokens(s)
+        dec = self.decoder_view().flops_per_token(seq_len, attention=attention)
+        cross = self.layers * cross_attention.flops_per_token(self, s_enc if attention else 0.0)
+        per_enc = (
+            enc.layers * encoder.flops_per_token(enc, s_enc if attention else 0.0)
+            + self.layers * cross_attention.kv_flops_per_token(self)
+            + encoder.frontend_flops_per_token(self)
+        )
+        return dec + 3.0 * (cross + per_enc * s_enc / s)
+
     # -------------------------------------------------------------------------------- KV cache
     @property
     def kv_cache_elems_per_token_per_layer(self) -> int:
         # MLA caches the compressed latent plus the shared rope key (DeepSeek-V2 Sec. 2.1.3).
+        if self.is_encoder:
+            return 0  # an encoder is run once over its input: nothing is cached
         return self.kv_lora_rank + self.qk_rope_head_dim if self.is_mla else 2 * self.kv_heads * self.head_dim
 
     def kv_cache_bytes_per_token(self, bytes_per_elem: float = 2) -> float:
@@ -1742,6 +1894,9 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
     ctx0 = f"{name}: " if name else ""
     dec, towers, warnings = _split_wrapper(cfg, ctx0)
     mt = _resolve_model_type(dec)
+    enc = _read_encoder(dec, mt, name, source, warnings)
+    if enc is not None:
+        return enc
     _refuse_by_name(dec, mt)
     arch = _ARCH.get(mt)
     ctx = f"{name} ({mt}): " if name and name != mt else f"{mt}: "
@@ -1992,6 +2147,21 @@ _REFUSED_KINDS: dict[str, str] = {
 }
 
 
+def _read_encoder(cfg: dict, mt: str, name: str, source: str, warnings: list[str]) -> ModelSpec | None:
+    """An encoder or encoder-decoder config autopar costs as what it is (:mod:`autopar.encoders`);
+    None for every other model type."""
+    from autopar import encoders
+
+    if not encoders.handles(mt):
+        return None
+    ctx = f"{name} ({mt}): " if name and name != mt else f"{mt}: "
+    f = encoders.read(cfg, mt, ctx, _int, _bool)
+    f["warnings"] = tuple(warnings + f["warnings"])
+    f["name"] = name or str(cfg.get("_name_or_path") or mt)
+    f["source"] = source
+    return _build(f, ctx)
+
+
 def _refuse_by_name(cfg: dict, mt: str) -> None:
     if mt in _ENCODERS or (
         mt not in _ARCH and "type_vocab_size" in cfg and "attention_probs_dropout_prob" in cfg
@@ -2145,6 +2315,17 @@ def check_costed(spec: ModelSpec, what: str) -> None:
     MLA attention in a hybrid stack, and a stack with no feed-forward part at all (the engine
     counts a stage's blocks from its dense and MoE ones).
     """
+    if spec.is_encoder_decoder and "training" not in what:
+        raise UnsupportedArchitecture(
+            f"{spec.name}: {what} of an encoder-decoder model is not modeled",
+            "`autopar model` reports its parameters; `autopar predict` costs its training",
+        )
+    if spec.is_encoder and "training" not in what:
+        raise UnsupportedArchitecture(
+            f"{spec.name}: an encoder-only model (bidirectional, no KV cache) is not served autoregressively; "
+            f"{what} is for decoders",
+            "`autopar predict` costs its training; `autopar model` reports its parameters",
+        )
     if not spec.is_hybrid:
         return
     why = None

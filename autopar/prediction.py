@@ -66,7 +66,7 @@ class Prediction:
 
     @property
     def assumptions(self) -> list[str]:
-        out = Job.model_validate(self.job).assumptions
+        out = Job.model_validate(self.job).assumptions + list(self.extra.get("model_assumptions", []))
         hidden = self.comm_breakdown.get("tp", {}).get("hidden", 0.0)
         if hidden > 0:
             # what the priced overlap needs of the launch (autopar.export.megatron writes the flag)
@@ -169,6 +169,29 @@ def also_text(also: dict[str, list[Any]] | None) -> str:
     return "; ".join(f"{k}={','.join(str(x) for x in v)}" for k, v in also.items())
 
 
+def model_assumptions(model, seq_len: int) -> list[str]:
+    """What costing an encoder or an encoder-decoder model assumes (none for a decoder)."""
+    if model.is_encoder:
+        return [
+            f"{model.name}: a bidirectional encoder: every token attends to all {seq_len:,} positions "
+            "(unmasked attention, twice a decoder's core FLOPs); "
+            + (
+                "the MLM head's vocabulary GEMM and loss on the last stage"
+                if model.lm_head
+                else "no vocabulary head"
+            )
+        ]
+    if model.is_encoder_decoder:
+        s_enc = int(model.encoder_tokens(seq_len))
+        return [
+            f"{model.name}: encoder-decoder: seq_len {seq_len:,} is the decoder's tokens per sample; the "
+            f"encoder runs {s_enc:,} positions per sample ("
+            + ("the config's max_source_positions" if model.encoder_seq else "seq_len")
+            + "); each decoder block cross-attends to them; pp = 1 and cp = 1 only"
+        ]
+    return []
+
+
 def prediction_from_row(
     job: TrainingJob,
     lay: LayoutTable,
@@ -232,6 +255,9 @@ def prediction_from_row(
         memory_reserved_gib=resv_gib,
         memory_limit_gib=limit_gib,
         coefficients=coefficient_source(job.device.id, calibration),
+        extra={"model_assumptions": model_assumptions(job.model, job.seq_len)}
+        if job.model.arch != "decoder"
+        else {},
         expected_error=expected_error(
             job.device.id,
             calibration,

@@ -11,7 +11,17 @@ from pathlib import Path
 import pytest
 
 from autopar import blocks
-from autopar.blocks import attention, embedding, gated_deltanet, mamba, mla, mlp, moe_ffn
+from autopar.blocks import (
+    attention,
+    cross_attention,
+    embedding,
+    encoder,
+    gated_deltanet,
+    mamba,
+    mla,
+    mlp,
+    moe_ffn,
+)
 from autopar.model import load_model
 
 CONFIGS = Path(__file__).parent / "configs"
@@ -130,6 +140,51 @@ def test_blocks_sum_to_the_readers_matmul_flops(name):
     assert 3 * fl_model == pytest.approx(m.flops_per_token(4096, attention=False), rel=2e-3)
 
 
+def test_encoder_bert_large():
+    # BERT-large (tests/configs/real/bert: BAAI/bge-large-zh-v1.5, BertModel): h 1024, 16 heads of 64,
+    # F 4096. HF BertLayer: query / key / value / attention.output.dense 1024 -> 1024 with biases,
+    # intermediate.dense 1024 -> 4096 and output.dense 4096 -> 1024 with biases, two LayerNorms.
+    m = load_model(CONFIGS / "real" / "bert" / "config.json")
+    assert m.arch == "encoder" and not m.causal and not m.lm_head
+    proj = 2 * 4 * 1024 * 1024
+    core = 2 * 512 * 16 * 64 * 2  # QK^T and PV against all 512 keys: no causal half
+    ffn = 2 * (1024 * 4096 + 4096 * 1024)
+    assert encoder.flops_per_token(m, 512) == proj + core + ffn == 27_262_976
+    # the same layer under a causal mask does half the core
+    assert attention.core_flops_per_token(m, 512, causal=True) == core / 2
+    assert attention.flops_per_token(m, 512) == proj + core  # the spec is non-causal
+    weights = 4 * 1024 * 1024 + 4 * 1024 + 2 * 1024 * 4096 + 4096 + 1024
+    assert encoder.params(m) == weights + 2 * 2 * 1024 == 12_596_224  # + two LayerNorms (weight, bias)
+    # training FLOPs per token: 3x the 24 layers' forward (BertModel has no vocabulary head)
+    assert m.flops_per_token(512) == 3 * 24 * 27_262_976
+    assert encoder.frontend_params(m) == encoder.frontend_flops_per_token(m) == 0
+
+
+def test_cross_attention_whisper_small():
+    # Whisper-small (tests/configs/real/whisper): d_model 768, 12 heads of 64, 1500 encoder positions.
+    # HF WhisperDecoderLayer.encoder_attn: q_proj (bias), k_proj (no bias), v_proj (bias), out_proj
+    # (bias), 768 -> 768 each, and encoder_attn_layer_norm.
+    m = load_model(CONFIGS / "real" / "whisper" / "config.json")
+    assert m.arch == "encoder_decoder" and m.encoder_tokens(448) == 1500
+    q_o = 2 * 2 * 768 * 768
+    core = 2 * 1500 * 12 * 64 * 2  # QK^T and PV of each decoder token against all 1500 positions
+    assert cross_attention.flops_per_token(m, 1500) == q_o + core == 6_967_296
+    assert cross_attention.kv_flops_per_token(m) == 2 * 2 * 768 * 768  # per encoder position
+    assert cross_attention.params(m) == 4 * 768 * 768 + 3 * 768 + 2 * 768 == 2_363_136
+    # the conv front-end (WhisperEncoder conv1 80 -> 768 and conv2 768 -> 768, kernel 3, conv2
+    # stride 2): per encoder position conv1 runs on two log-mel frames
+    assert encoder.frontend_params(m) == (3 * 80 * 768 + 768) + (3 * 768 * 768 + 768) == 1_955_328
+    assert encoder.frontend_flops_per_token(m) == 2 * 2 * 3 * 80 * 768 + 2 * 3 * 768 * 768
+    # the whole model per decoder token: the decoder stack (causal, PaLM's full-context convention)
+    # with its head, 12 cross-attentions, and 1500/448 encoder positions' worth of encoder stack,
+    # K/V projections of the 12 decoder blocks and front-end
+    enc_layer = 2 * 4 * 768 * 768 + 2 * 1500 * 12 * 64 * 2 + 2 * 2 * 768 * 3072
+    dec = 6 * (12 * (4 * 768 * 768 + 2 * 768 * 3072) + 51865 * 768) + 6 * 12 * 12 * 128 * 448
+    per_enc = 12 * enc_layer + 12 * 2 * 2 * 768 * 768 + encoder.frontend_flops_per_token(m)
+    want = dec + 3 * (12 * 6_967_296 + per_enc * 1500 / 448)
+    assert m.flops_per_token(448) == pytest.approx(want, rel=1e-12)
+
+
 GOLDEN = {
     "attention": test_gqa_attention_llama31_8b,
     "mla": test_mla_deepseek_v3,
@@ -138,6 +193,8 @@ GOLDEN = {
     "mamba": test_mamba2_nemotron_h_8b,
     "gated_deltanet": test_gated_deltanet_qwen3_next,
     "embedding": test_lm_head_llama31_8b,
+    "encoder": test_encoder_bert_large,
+    "cross_attention": test_cross_attention_whisper_small,
 }
 
 

@@ -271,7 +271,7 @@ def test_unknown_and_refused_architectures():
         load_model(dict(nano, hybrid_override_pattern="M" * 51))
 
 
-def test_encoders_are_refused_by_name_not_read_as_decoders():
+def test_encoders_are_read_as_encoders_or_refused_by_name_never_as_decoders():
     # BERT-base's published config.json (google-bert/bert-base-uncased), unedited
     bert = {
         "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.1, "gradient_checkpointing": False,
@@ -281,10 +281,17 @@ def test_encoders_are_refused_by_name_not_read_as_decoders():
         "position_embedding_type": "absolute", "transformers_version": "4.6.0.dev0", "type_vocab_size": 2,
         "use_cache": True, "vocab_size": 30522,
     }  # fmt: skip
-    with pytest.raises(UnsupportedArchitecture, match="BERT-style encoder"):
-        load_model(bert)
+    # read as the bidirectional encoder it is: BertForMaskedLM as transformers builds it, 109,514,298
+    # (embeddings 23,837,184 + 12 layers of 7,087,872 + MLM transform 592,128 + vocabulary bias 30,522)
+    spec = load_model(bert)
+    assert spec.arch == "encoder" and not spec.causal and spec.lm_head
+    assert spec.total_params == 23_837_184 + 12 * 7_087_872 + 592_128 + 30_522 == 109_514_298
     with pytest.raises(UnsupportedArchitecture, match="BERT-style encoder"):
         load_model(dict(bert, model_type="my_bert"))  # unknown name, BERT fields
+    with pytest.raises(UnsupportedArchitecture, match="relative_key"):
+        load_model(dict(bert, position_embedding_type="relative_key"))  # per-layer distance tables
+    with pytest.raises(UnsupportedArchitecture, match="BertForSomethingElse head is not modeled"):
+        load_model(dict(bert, architectures=["BertForSomethingElse"]))
     with pytest.raises(UnsupportedArchitecture, match="encoder-decoder"):
         load_model({"model_type": "t5", "d_model": 512, "num_layers": 6, "num_heads": 8, "vocab_size": 32128})
 

@@ -212,15 +212,16 @@ def test_hunyuan_a13b_per_layer_lists() -> None:
 
 
 def test_cli_counts_what_it_refuses_to_cost_when_asked(tmp_path: Path) -> None:
-    # BERT-base (google-bert/bert-base-uncased config.json): refused as an encoder, still counted
+    # A BERT-base-shaped ELECTRA discriminator (an encoder autopar does not read): refused as an
+    # encoder, still counted
     bert = {
-        "architectures": ["BertForMaskedLM"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
+        "architectures": ["ElectraForPreTraining"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
         "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
-        "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert", "num_attention_heads": 12,
+        "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "electra", "num_attention_heads": 12,
         "num_hidden_layers": 12, "pad_token_id": 0, "position_embedding_type": "absolute", "type_vocab_size": 2,
-        "vocab_size": 30522,
+        "vocab_size": 30522, "embedding_size": 768,
     }  # fmt: skip
-    cfg = tmp_path / "bert-base-uncased.json"
+    cfg = tmp_path / "electra-base.json"
     cfg.write_text(json.dumps(bert))
     cmd = [sys.executable, "-m", "autopar", "model", "--config", str(cfg)]
     r = subprocess.run(

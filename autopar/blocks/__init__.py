@@ -13,13 +13,18 @@ EP split it (in each module's docstring and its communication functions):
 - :mod:`~autopar.blocks.moe_ffn`: the MoE layer (router, routed and shared experts, EP/ETP);
 - :mod:`~autopar.blocks.mamba`: Mamba2 (SSD) and Mamba1 mixers;
 - :mod:`~autopar.blocks.gated_deltanet`: Gated DeltaNet linear attention;
-- :mod:`~autopar.blocks.embedding`: the embedding and the LM head with its loss.
+- :mod:`~autopar.blocks.embedding`: the embedding and the LM head with its loss;
+- :mod:`~autopar.blocks.encoder`: the bidirectional encoder layer (BERT, an encoder-decoder's encoder
+  stack) and Whisper's conv front-end;
+- :mod:`~autopar.blocks.cross_attention`: an encoder-decoder's decoder blocks' cross-attention.
 
 A pipeline stage is :class:`~autopar.blocks.stage.StageBlocks`: how many blocks of each kind it holds (per layout row).
 :func:`autopar.latency.stage_slot` and :func:`autopar.memory.stage_memory` cost a stage as the sum
 over its blocks of each block's cost. Placement: dense and MoE layers sit where the model puts them
 (``autopar.memory.stage_shape``; interleaved MoE layers spread evenly over the stages); a hybrid
-model's mixers are its mix in proportion on every stage (:mod:`autopar.hybrid`). Adding a layer kind
+model's mixers are its mix in proportion on every stage (:mod:`autopar.hybrid`); an encoder-decoder
+model's stage is its decoder blocks, its share of the encoder blocks on the encoder positions and the
+cross-attentions (``autopar.latency._encdec_slot``; pp = 1 only). Adding a layer kind
 is one module here (and its golden test in ``tests/test_blocks.py``).
 """
 
@@ -27,12 +32,32 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from autopar.blocks import attention, embedding, gated_deltanet, mamba, mla, mlp, moe_ffn
+from autopar.blocks import (
+    attention,
+    cross_attention,
+    embedding,
+    encoder,
+    gated_deltanet,
+    mamba,
+    mla,
+    mlp,
+    moe_ffn,
+)
 from autopar.blocks.stage import StageBlocks, stage_blocks
 
 __all__ = ["KINDS", "StageBlocks", "mixer", "stage_blocks"]
 
-KINDS: tuple[ModuleType, ...] = (attention, mla, mlp, moe_ffn, mamba, gated_deltanet, embedding)
+KINDS: tuple[ModuleType, ...] = (
+    attention,
+    mla,
+    mlp,
+    moe_ffn,
+    mamba,
+    gated_deltanet,
+    embedding,
+    encoder,
+    cross_attention,
+)
 
 
 def mixer(model) -> ModuleType:

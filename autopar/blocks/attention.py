@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from autopar.blocks.context import SlotContext, gemm_time
+from autopar.blocks.context import NONCAUSAL_ATTENTION_SPEEDUP, SlotContext, gemm_time
 from autopar.hardware import attention_fraction
 
 KIND = "attention"
@@ -59,9 +59,10 @@ def core_flops_per_token(model, s_kv: float, causal: bool = True) -> float:
 
 
 def flops_per_token(model, s_kv: float = 0.0) -> float:
-    """Forward FLOPs per token of one block's mixer, unsharded: projections, and the causal core
-    against ``s_kv`` keys."""
-    return sum(2.0 * N * K for N, K in gemm_shapes(model, 1.0)) + core_flops_per_token(model, s_kv)
+    """Forward FLOPs per token of one block's mixer, unsharded: projections, and the core against
+    ``s_kv`` keys (causal in a decoder, unmasked in an encoder: ``model.causal``)."""
+    proj = sum(2.0 * N * K for N, K in gemm_shapes(model, 1.0))
+    return proj + core_flops_per_token(model, s_kv, causal=model.causal)
 
 
 def rope_elems(model, tp) -> Any:
@@ -79,8 +80,15 @@ def qkv_dgrad_k(model, tp) -> Any:
     return (model.heads * model.qk_head_dim + 2 * model.kv_heads * model.qk_head_dim) / tp
 
 
-def attn_fwd(model, ctx: SlotContext, s_kv, cp_ring: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def attn_fwd(
+    model, ctx: SlotContext, s_kv, cp_ring: bool = True, *, causal: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """(matmul seconds, softmax-exponential seconds) of one layer's forward attention core per rank.
+
+    ``causal=False`` (an encoder's self-attention, a decoder's cross-attention): every query
+    attends to all ``s_kv`` keys, twice the causal FLOPs, on an unmasked kernel
+    ``NONCAUSAL_ATTENTION_SPEEDUP`` faster per FLOP; under ring CP every step is unmasked (no
+    ring factor).
 
     FLOPs ``2 mb s_loc s_kv (a/tp) (d_qk + d_v) / 2`` at the attention efficiency (falling for short
     ``s_kv``), scaled by the ring-CP factor where ``cp_ring``. The softmax's exponentials run on the
@@ -96,11 +104,15 @@ def attn_fwd(model, ctx: SlotContext, s_kv, cp_ring: bool = True) -> tuple[np.nd
     fl = 2.0 * ctx.mb * ctx.s_loc * s_kv * (a / ctx.tp) * (model.qk_head_dim + model.v_dim) * 0.5
     eff = co.attention_eff * ctx.attn_speed * s_kv / (s_kv + co.gemm_half_dim)
     scale = ctx.ring if cp_ring else 1.0
+    if not causal:  # twice the FLOPs, at the unmasked kernel's rate, every ring step unmasked
+        fl = 2.0 * fl
+        scale = 1.0 / NONCAUSAL_ATTENTION_SPEEDUP
+    ex_scale = scale if causal else 1.0  # the exponentials run on the SFUs, mask or not
     mm = fl / (ctx.attn_peak * eff) * scale
     exps = fl / (2.0 * (model.qk_head_dim + model.v_dim))
     ex = np.where(ctx.is_fp32 | (co.exp_rate <= 0), 0.0, exps / max(co.exp_rate, 1.0)) * np.ones(ctx.n)
     if not co.attention_fwd:
-        return mm, ex * scale
+        return mm, ex * ex_scale
     # A measured kernel (Efficiency.attention_fwd: exponentials included, so no SFU term) at the
     # causal length a query tile sees: the full sequence, or the query chunk for a window shorter
     # than it; times the fitted attention_scale. A stack on FlashAttention-2 where the device has a
@@ -109,7 +121,7 @@ def attn_fwd(model, ctx: SlotContext, s_kv, cp_ring: bool = True) -> tuple[np.nd
         co.attention_fwd, 0.5 * (model.qk_head_dim + model.v_dim), np.maximum(s_kv, ctx.s_loc)
     )
     rate = ctx.bf16_peak * frac * co.attention_scale * ctx.attn_speed / co.fused_attention_speedup
-    return np.where(ctx.is_fp32, mm, fl / rate * scale), np.where(ctx.is_fp32, ex * scale, 0.0)
+    return np.where(ctx.is_fp32, mm, fl / rate * scale), np.where(ctx.is_fp32, ex * ex_scale, 0.0)
 
 
 def core_time(model, ctx: SlotContext) -> tuple[np.ndarray, np.ndarray]:
@@ -144,7 +156,7 @@ def core_time(model, ctx: SlotContext) -> tuple[np.ndarray, np.ndarray]:
         mm_f = (1 - frac_sw) * mm_full + frac_sw * mm_win
         ex_f = (1 - frac_sw) * ex_full + frac_sw * ex_win
     else:
-        mm_f, ex_f = attn_fwd(model, ctx, s_kv_full)
+        mm_f, ex_f = attn_fwd(model, ctx, s_kv_full, causal=model.causal)
     return mm_f + ex_f, FLASH_BWD_MULT * mm_f + ex_f
 
 

@@ -84,6 +84,13 @@ class RunnerModelConfig:
             v = spec.get(name, default) if isinstance(spec, Mapping) else getattr(spec, name, default)
             return default if v is None else v
 
+        arch = get("arch", "decoder")
+        if arch != "decoder":  # the reference model is a causal decoder (autopar.runner.model)
+            raise RunError(
+                f"model spec {get('name', '?')!r} is an {arch.replace('_', '-')} model; the reference runner "
+                "trains causal decoders only",
+                "validate a decoder, or check the encoder's prediction against your own measured runs",
+            )
         missing = [
             n for n in ("hidden", "layers", "heads", "kv_heads", "ffn_hidden", "vocab") if get(n) is None
         ]

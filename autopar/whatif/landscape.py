@@ -114,7 +114,7 @@ def landscape(
     from autopar.energy import NODE_OVERHEAD_LOAD, average_power, idle_share, tokens_per_kwh, usd_per_mtok
     from autopar.hardware import load_device
     from autopar.job import check_context
-    from autopar.model import load_model
+    from autopar.model import check_costed, load_model
     from autopar.serving.estimate import ServingTable, evaluate_serving
 
     per = list(per or ["chip", "system", "watt"])
@@ -131,6 +131,8 @@ def landscape(
     cal = load_calibration(calibration) if calibration else load_calibration()
     devs = [load_device(d) for d in devices]
     specs = [load_model(m) for m in models]
+    for spec in specs:  # encoders are not served; hybrid kinds the serving model does not price
+        check_costed(spec, "serving memory and latency")
     B = np.array(batches, dtype=np.float64)
     cells: list[dict[str, Any]] = []
     for spec in specs:
