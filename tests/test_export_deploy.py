@@ -41,6 +41,7 @@ def _serve(**kw: Any) -> dict[str, Any]:
     from autopar.cli.export import records_of
     from autopar.serving.search import serve
 
+    kw.setdefault("backend", "vllm")  # the workers run vLLM: a plan scored for TensorRT-LLM is refused
     res = serve(top=100, **kw).to_dict()
     return {"doc": res, "records": records_of(json.loads(json.dumps(res, default=float)), "serve")}
 
