@@ -559,6 +559,8 @@ def coefficients_for(
         gemm_half_dim=dc.gemm_half_dim if dc.gemm_half_dim is not None else eff.gemm_half_dim * hd_scale,
         gemm_half_dim_by={k: v * hd_scale for k, v in eff.gemm_half_dim_by_precision.items()},
         attention_eff=_attention_eff(dc, eff),
+        attention_eff_fwd=_attention_eff(dc, eff)
+        / (1.0 if eff.attention_fwd and dc.attention is None else cal.global_value("attention_scale")),
         hbm_bw=device.memory_bw_gbps * 1e9 * hbm,
         overlap_contention=cal.stack_value(stack, "overlap_contention"),
         tp_overlap=cal.global_value("tp_overlap"),

@@ -90,6 +90,15 @@ class Coefficients:
     # every device) is the training stack's forward + backward kernels' rate relative to that kernel.
     attention_fwd: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
     attention_scale: float = 1.0
+    # The forward kernel's scalar rate (a fraction of bf16 peak) for the models that run attention
+    # forward only or take one scalar (serving, DiT): the measured curve at head dim 128 and 8k keys
+    # where the profile has one, else the training figure (attention_eff) over attention_scale, the
+    # factor a training stack's forward+backward reaches of the forward kernel. None: attention_eff.
+    attention_eff_fwd: float | None = None
+
+    @property
+    def forward_attention_eff(self) -> float:
+        return self.attention_eff if self.attention_eff_fwd is None else self.attention_eff_fwd
 
     def peak(self, precision: str) -> float:
         v = self.peak_flops.get(precision)  # a float, or an array per layout row (hardware what-if)

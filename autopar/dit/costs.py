@@ -104,8 +104,8 @@ def dit_coefficients(device, path: str | None = None, co: Coefficients | None = 
         att, src = float(dev["attention_eff"]), f"device override ({data.get('fitted_on', 'dit.yaml')})"
     else:
         co = co or coefficients_for(device)[0]
-        att = co.attention_eff * ratio
-        src = f"LLM-path attention {co.attention_eff:.3f} x DiT ratio {ratio:.3f}"
+        att = co.forward_attention_eff * ratio
+        src = f"LLM-path forward attention {co.forward_attention_eff:.3f} x DiT ratio {ratio:.3f}"
     return DiTCoefficients(
         attention_eff=min(att, ATT_TENSOR_MAX),
         sfu_flops=sfu_rate(device),

@@ -746,7 +746,7 @@ def _iter_attention_core(
     else:
         dec_dims = m.qk_head_dim + m.v_dim
     dec_flops = 2.0 * it.dec_a * it.dec_tokens * dec_c * (a / it.ta) * dec_dims
-    dec_tc, dec_tm = dec_flops / (it.peak16 * co.attention_eff), dec_bytes / co.hbm_bw
+    dec_tc, dec_tm = dec_flops / (it.peak16 * co.forward_attention_eff), dec_bytes / co.hbm_bw
     dec_t = np.maximum(dec_tc, dec_tm)
     pre_flops = 2.0 * it.pre_a * mean_ctx(pre_ctx) * (a / it.ta) * (m.qk_head_dim + m.v_dim)
     s_kv = np.maximum(pre_len, 1.0)
@@ -755,7 +755,7 @@ def _iter_attention_core(
         # the measured forward kernel at this head dimension and prompt length
         pre_eff = attention_fraction(co.attention_fwd, 0.5 * (m.qk_head_dim + m.v_dim), s_kv)
     else:
-        pre_eff = (sc.prefill_attention_eff or co.attention_eff) * s_kv / (s_kv + co.gemm_half_dim)
+        pre_eff = (sc.prefill_attention_eff or co.forward_attention_eff) * s_kv / (s_kv + co.gemm_half_dim)
     pre_t = pre_flops / (it.peak16 * pre_eff)
     pre_b = it.pre_a * kv_tok_dev * 2.0
     it.add(
