@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MetaCount", "meta_count", "dit_meta_count", "KINDS"]
+__all__ = ["MetaCount", "meta_count", "build_on_meta", "count_model", "dit_meta_count", "KINDS"]
 
 # Module kinds, in the order a parameter name is tested against them (first match wins).
 KINDS = (
@@ -129,6 +129,20 @@ def meta_count(raw: dict, *, trust_remote_code: bool = False) -> tuple[MetaCount
     Returns ``(count, how)``: ``how`` names the class that read it, or why none could (library
     absent, no class for the model_type, remote code required, the class refused the config).
     """
+    built, how = build_on_meta(raw, trust_remote_code=trust_remote_code)
+    if built is None:
+        return None, how
+    model, cfg, cls, lib = built
+    count = count_model(model, cfg, cls, lib)
+    del model
+    return count, how
+
+
+def build_on_meta(
+    raw: dict, *, trust_remote_code: bool = False
+) -> tuple[tuple[Any, Any, str, str] | None, str]:
+    """``((model, config, class name, library), how)``: ``raw`` built by its own class on the meta
+    device; or ``(None, why)`` when the library is absent, has no class or refuses the config."""
     try:
         import transformers
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -164,6 +178,11 @@ def meta_count(raw: dict, *, trust_remote_code: bool = False) -> tuple[MetaCount
     finally:
         logging.disable(logging.NOTSET)
         transformers.logging.set_verbosity(prev)
+    return (model, cfg, cls, lib), f"{lib} {cls} on the meta device"
+
+
+def count_model(model: Any, cfg: Any, cls: str, lib: str) -> MetaCount:
+    """Parameters of a model built by :func:`build_on_meta`, by module kind (tied weights once)."""
     by_kind = dict.fromkeys(KINDS, 0)
     for name, p in model.named_parameters():  # tied weights once
         by_kind[kind_of(name)] += int(p.numel())
@@ -180,8 +199,7 @@ def meta_count(raw: dict, *, trust_remote_code: bool = False) -> tuple[MetaCount
         else:
             active = None
             notes.append("routed experts present but top-k / expert count not found in the config")
-    del model
-    return MetaCount(cls, lib, total, by_kind, active, tuple(notes)), f"{lib} {cls} on the meta device"
+    return MetaCount(cls, lib, total, by_kind, active, tuple(notes))
 
 
 def _build(cfg: Any, trust_remote_code: bool) -> tuple[Any, str]:

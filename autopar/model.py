@@ -1703,7 +1703,63 @@ def _max_position(cfg: dict, ctx: str) -> int:
     return base
 
 
-def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
+def _normalize_hf(cfg: dict, *, name: str = "", source: str = "", own_code: bool = True) -> ModelSpec:
+    """The field reader; where it refuses a decoder it does not know, the model's own code.
+
+    With ``own_code`` and ``transformers`` installed with a class for the config, a refusal for an
+    unknown model_type, fields not understood or a layer kind the field reader does not price is
+    retried by :func:`autopar.own_code.spec_from_own_code` (module shapes on the meta device), which
+    either reads a spec within 1 % of the class's own parameter count or refuses by name. Encoders
+    and encoder-decoder models are refused as before.
+    """
+    try:
+        return _normalize_fields(cfg, name=name, source=source)
+    except UnsupportedArchitecture as refusal:
+        if not own_code or _not_a_decoder(cfg):
+            raise
+        spec = _read_by_own_code(cfg, name, source, refusal)
+        if spec is None:
+            raise
+        return spec
+
+
+def _not_a_decoder(cfg: dict) -> bool:
+    """An encoder or encoder-decoder config (refused by name by the field reader, never retried)."""
+    try:
+        dec = _split_wrapper(cfg, "")[0]
+        mt = _resolve_model_type(dec)
+    except ModelConfigError:
+        return True
+    return (
+        mt in _ENCODERS
+        or mt in _ENCODER_DECODERS
+        or dec.get("is_encoder_decoder") is True
+        or ("type_vocab_size" in dec and "attention_probs_dropout_prob" in dec)
+    )
+
+
+def _read_by_own_code(
+    cfg: dict, name: str, source: str, refusal: UnsupportedArchitecture
+) -> ModelSpec | None:
+    """The spec the config's own transformers class gives (None without transformers or a class)."""
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:  # the optional extra autopar[models]
+        return None
+    from autopar.own_code import spec_from_own_code
+
+    mt = cfg.get("model_type")
+    label = name or str(cfg.get("_name_or_path") or mt or "model")
+    try:
+        spec, _how = spec_from_own_code(cfg, name=label, source=source)
+    except UnsupportedArchitecture as e:
+        raise UnsupportedArchitecture(
+            e.message, f"the field reader refused it too: {refusal.message}"
+        ) from None
+    return spec
+
+
+def _normalize_fields(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
     ctx0 = f"{name}: " if name else ""
     dec, towers, warnings = _split_wrapper(cfg, ctx0)
     mt = _resolve_model_type(dec)
@@ -2453,15 +2509,19 @@ def raw_config(name_or_path: str | os.PathLike) -> dict | None:
     return cfg if any(k in cfg for k in ("model_type", "architectures", *_TEXT_KEYS)) else None
 
 
-def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
-    """Load a :class:`ModelSpec` from a preset id, an HF ``config.json`` (file or directory) or a dict."""
+def load_model(name_or_path: str | os.PathLike | dict | ModelSpec, *, own_code: bool = True) -> ModelSpec:
+    """Load a :class:`ModelSpec` from a preset id, an HF ``config.json`` (file or directory) or a dict.
+
+    ``own_code``: where the field reader refuses a decoder and ``transformers`` has its class, read
+    it from the class's module shapes on the meta device (:mod:`autopar.own_code`).
+    """
     if isinstance(name_or_path, ModelSpec):
         return name_or_path
     if isinstance(name_or_path, dict):
         d = name_or_path
         check_sizes(d, "(dict)")
         if any(k in d for k in ("model_type", "architectures", *_TEXT_KEYS)):
-            return _normalize_hf(d, source=str(d.get("_name_or_path") or ""))
+            return _normalize_hf(d, source=str(d.get("_name_or_path") or ""), own_code=own_code)
         return _from_raw(d)
     if not isinstance(name_or_path, str | os.PathLike):
         raise ModelConfigError(
@@ -2487,6 +2547,6 @@ def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
         # the publisher's id; else the file's own name, or its folder's for a plain config.json
         stem = path.parent.name if path.name == "config.json" else path.stem
         name = str(cfg.get("_name_or_path") or stem or path.stem)
-        return _normalize_hf(cfg, name=name, source=str(path))
+        return _normalize_hf(cfg, name=name, source=str(path), own_code=own_code)
     except ModelConfigError as e:
         raise type(e)(f"{str(path)!r}: {e.message}", e.hint) from None
