@@ -47,6 +47,7 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "raw_config",
     "classic_decoder",
+    "read_by_own_code",
 ]
 
 
@@ -1741,7 +1742,24 @@ def _not_a_decoder(cfg: dict) -> bool:
 def _read_by_own_code(
     cfg: dict, name: str, source: str, refusal: UnsupportedArchitecture
 ) -> ModelSpec | None:
-    """The spec the config's own transformers class gives (None without transformers or a class)."""
+    """The spec the config's own transformers class gives (None without transformers or a class);
+    its refusal names the module, and the field reader's refusal follows in the hint."""
+    try:
+        return read_by_own_code(cfg, name=name, source=source)
+    except UnsupportedArchitecture as e:
+        raise UnsupportedArchitecture(
+            e.message, f"the field reader refused it too: {refusal.message}"
+        ) from None
+
+
+def read_by_own_code(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec | None:
+    """A HF config read by its own ``transformers`` class from module shapes on the meta device.
+
+    ``None`` when transformers (the optional extra ``autopar[models]``) is absent or has no class for
+    the config; :class:`UnsupportedArchitecture` naming the module when the class builds something
+    ModelSpec cannot cost. :func:`load_model` uses it where the field reader refuses a decoder;
+    called directly it reads any config, so the two readers can be compared.
+    """
     import importlib.util
 
     if importlib.util.find_spec("transformers") is None:  # the optional extra autopar[models]
@@ -1750,13 +1768,21 @@ def _read_by_own_code(
 
     mt = cfg.get("model_type")
     label = name or str(cfg.get("_name_or_path") or mt or "model")
-    try:
-        spec, _how = spec_from_own_code(cfg, name=label, source=source)
-    except UnsupportedArchitecture as e:
-        raise UnsupportedArchitecture(
-            e.message, f"the field reader refused it too: {refusal.message}"
-        ) from None
+    try:  # the position limit as the field reader reads it (rope-scaled where the config says so)
+        dec = dict(_split_wrapper(cfg, "")[0])
+        for alias in _ALIASES["max_position_embeddings"]:
+            if dec.get("max_position_embeddings") is None and dec.get(alias) is not None:
+                dec["max_position_embeddings"] = dec[alias]
+        max_pos = _max_position(dec, "")
+    except ModelConfigError:
+        max_pos = 0  # the class's own max_position_embeddings then
+    spec, _how = spec_from_own_code(cfg, name=label, source=source, build=_build_own, max_position=max_pos)
     return spec
+
+
+def _build_own(fields: dict) -> ModelSpec:
+    """A ModelSpec from the fields :mod:`autopar.own_code` read off the module shapes."""
+    return _build(fields, f"{fields.get('name')}: ")
 
 
 def _normalize_fields(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from autopar.errors import ModelConfigError, UnsupportedArchitecture
+from autopar.errors import UnsupportedArchitecture
 
 __all__ = ["OWN_CODE", "spec_from_own_code"]
 
@@ -543,6 +544,12 @@ def _windows(
 ) -> tuple[int, int]:
     """(window, sliding layers): from each attention module, else the config's layer_types."""
     types = getattr(tc, "layer_types", None)
+    if isinstance(types, list | tuple) and len(types) == len(model_layers):
+        for i in attn_idx:  # the config says what each attention layer is; a kind it names is not ignored
+            if types[i] not in ("full_attention", "sliding_attention", "chunked_attention", "attention"):
+                raise _refuse(
+                    f"{where}.{i}: layer_types names {types[i]!r} for a layer the class builds as attention"
+                )
     wins: list[int] = []
     for i in attn_idx:
         layer = model_layers[i]
@@ -575,41 +582,25 @@ def _windows(
     return (sliding[0], len(sliding)) if sliding else (0, 0)
 
 
-def _max_position(raw_text: dict, tc: Any) -> int:
-    from autopar.model import _max_position as field_max
+def spec_from_own_code(
+    raw: dict, *, name: str, source: str, build: Callable[[dict], Any], max_position: int = 0
+) -> tuple[Any, str]:
+    """``(spec, how)`` read from the modules the config's own class builds on the meta device, or
+    ``(None, why)`` when transformers is absent or has no class for it. Raises
+    :class:`UnsupportedArchitecture` naming the module ModelSpec cannot cost.
 
-    d = dict(raw_text)
-    for alias in ("n_positions", "max_seq_len", "seq_length", "max_sequence_length"):
-        if d.get("max_position_embeddings") is None and d.get(alias) is not None:
-            d["max_position_embeddings"] = d[alias]
-    if d.get("max_position_embeddings") is None:
-        d["max_position_embeddings"] = _cfg_int(tc, ("max_position_embeddings",))
-    try:
-        return field_max(d, "")
-    except ModelConfigError:
-        return _cfg_int(tc, ("max_position_embeddings",))
-
-
-def _text_part(raw: dict) -> dict:
-    from autopar.model import _TEXT_KEYS
-
-    for k in _TEXT_KEYS:
-        if isinstance(raw.get(k), dict):
-            return {**raw, **raw[k]}
-    return raw
-
-
-def spec_from_own_code(raw: dict, *, name: str, source: str) -> tuple[Any, str]:
-    """``(ModelSpec, how)`` read from the modules the config's own class builds on the meta device,
-    or ``(None, why)`` when transformers is absent or has no class for it. Raises
-    :class:`UnsupportedArchitecture` naming the module ModelSpec cannot cost."""
+    ``build`` makes the ModelSpec from its fields (:mod:`autopar.model`, which calls this: no import
+    back); ``max_position`` is the config's position limit as the field reader reads it (rope-scaled
+    where the config says so), else the class's ``max_position_embeddings``.
+    """
     key = json.dumps(raw, sort_keys=True, default=str)
-    spec, how = _cached(key, name, source)
-    return spec, how
+    return _cached(key, name, source, build, max_position)
 
 
 @lru_cache(maxsize=16)
-def _cached(key: str, name: str, source: str) -> tuple[Any, str]:
+def _cached(
+    key: str, name: str, source: str, build: Callable[[dict], Any], max_position: int
+) -> tuple[Any, str]:
     from autopar.hf_meta import build_on_meta, count_model
 
     raw = json.loads(key)
@@ -619,7 +610,9 @@ def _cached(key: str, name: str, source: str) -> tuple[Any, str]:
     model, cfg, cls, lib = built
     count = count_model(model, cfg, cls, lib)
     try:
-        spec = _read_model(model, cfg, raw, name=name, source=source, how=how)
+        spec = _read_model(
+            model, cfg, name=name, source=source, how=how, build=build, max_position=max_position
+        )
     except UnsupportedArchitecture as e:
         raise UnsupportedArchitecture(f"{name}: {how}: {e.message}", e.hint) from None
     _check_counts(spec, count, how)
@@ -640,9 +633,10 @@ def _check_counts(spec: Any, count: Any, how: str) -> None:
             )
 
 
-def _read_model(model: Any, cfg: Any, raw: dict, *, name: str, source: str, how: str) -> Any:
+def _read_model(
+    model: Any, cfg: Any, *, name: str, source: str, how: str, build: Callable[[dict], Any], max_position: int
+) -> Any:
     from autopar.hf_meta import _text_cfg, kind_of
-    from autopar.model import ModelSpec, _build
 
     tc = _text_cfg(cfg)
     path, layers = _decoder_layers(model)
@@ -777,7 +771,8 @@ def _read_model(model: Any, cfg: Any, raw: dict, *, name: str, source: str, how:
     for pname, v in outside.items():
         pat = re.sub(r"\d+", "N", pname)
         ign[pat] = ign.get(pat, 0) + v
-    window, n_sliding = _windows(list(layers), attn_idx, tc, _max_position(_text_part(raw), tc), path)
+    max_pos = max_position or _cfg_int(tc, ("max_position_embeddings", "n_positions", "max_seq_len"))
+    window, n_sliding = _windows(list(layers), attn_idx, tc, max_pos, path)
     f.update(
         name=name,
         source=f"{source} ({OWN_CODE}: {how})" if source else f"({OWN_CODE}: {how})",
@@ -799,7 +794,7 @@ def _read_model(model: Any, cfg: Any, raw: dict, *, name: str, source: str, how:
         no_ffn_layers=no_ffn,
         sliding_window=window,
         sliding_window_layers=n_sliding,
-        max_position=_max_position(_text_part(raw), tc),
+        max_position=max_pos,
         mtp_layers=_cfg_int(tc, ("num_nextn_predict_layers", "mtp_num_layers", "num_mtp_layers")),
         vision_params=vision,
         audio_params=audio,
@@ -830,7 +825,7 @@ def _read_model(model: Any, cfg: Any, raw: dict, *, name: str, source: str, how:
         )
     warnings += notes
     f["warnings"] = tuple(warnings)
-    spec: ModelSpec = _build(f, f"{name}: ")
+    spec = build(f)
     _check_layers(spec, reads, where)
     return spec
 
