@@ -539,6 +539,20 @@ def _cfg_int(cfg: Any, names: tuple[str, ...]) -> int:
     return 0
 
 
+def _slides_every_layer(layer: Any) -> bool:
+    """The class's own module masks every layer with ``config.sliding_window`` (Mistral, Starcoder2,
+    Phi-3: one sliding-window causal mask, no per-layer types)."""
+    import inspect
+    import sys
+
+    try:
+        src = inspect.getsource(sys.modules[type(layer).__module__])
+    except (KeyError, OSError, TypeError):
+        return False
+    mask = "create_causal_mask if self.config.sliding_window is None else create_sliding_window_causal_mask"
+    return mask in src and "layer_types" not in src
+
+
 def _windows(
     model_layers: list[Any], attn_idx: list[int], tc: Any, max_pos: int, where: str
 ) -> tuple[int, int]:
@@ -568,12 +582,14 @@ def _windows(
                 raise _refuse(f"{where}.{i}: attention layer of type {t!r} in layer_types")
         if w == "absent":
             sw = _cfg_int(tc, ("sliding_window",))
-            if sw and (not max_pos or sw < max_pos) and getattr(tc, "use_sliding_window", True) is not False:
-                raise _refuse(
-                    f"sliding_window={sw} but neither the attention modules nor layer_types say which "
-                    "layers use it"
-                )
             w = 0
+            if sw and (not max_pos or sw < max_pos) and getattr(tc, "use_sliding_window", True) is not False:
+                if not _slides_every_layer(layer):
+                    raise _refuse(
+                        f"sliding_window={sw} but neither the attention modules, layer_types nor the "
+                        "class's code say which layers use it"
+                    )
+                w = sw
         w = int(w or 0)
         wins.append(0 if max_pos and w >= max_pos else w)
     sliding = [w for w in wins if w]
@@ -755,6 +771,8 @@ def _read_model(
                 vision += int(p.numel())
         elif k == "mtp":
             continue
+        elif k == "embeddings":  # learned positions, token types: lookups, no FLOPs; named below
+            ign[re.sub(r"\d+", "N", n)] = ign.get(re.sub(r"\d+", "N", n), 0) + int(p.numel())
         elif k == "norms" and int(p.numel()) == h and not final_norm:
             final_norm = 1
         elif k == "norms" and int(p.numel()) == h and n.endswith(".bias") and final_norm == 1:
