@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from autopar.errors import UnsupportedArchitecture
+from autopar.errors import ModelConfigError, UnsupportedArchitecture
 
 __all__ = ["OWN_CODE", "spec_from_own_code"]
 
@@ -146,6 +146,8 @@ class _Layer:
     ffn_params: int = 0
     norms: list[_Leaf] = field(default_factory=list)
     ignored: list[tuple[str, int]] = field(default_factory=list)
+    recurrent: tuple[str, tuple] | None = None  # ("mamba" | "linear", ModelSpec fields as items)
+    recurrent_params: int = 0
 
 
 def _refuse(what: str, hint: str = "") -> UnsupportedArchitecture:
@@ -394,6 +396,75 @@ def _experts(leaves: list[_Leaf], h: int, where: str) -> tuple[int, int, bool, i
     return E, f, width == 2 * f, sum(int(p.numel()) for _, p in fused), ignored
 
 
+def _recurrent(params: dict[str, Any], h: int, tc: Any, where: str) -> tuple[str, tuple]:
+    """(kind, ModelSpec fields) of a Mamba1, Mamba2 or Gated DeltaNet mixer from its weight shapes.
+
+    The state size (Mamba) and the key heads (Gated DeltaNet) are not in the shapes alone: they
+    come from the config, and the shapes must fit them.
+    """
+
+    def shape(n: str) -> tuple[int, ...]:
+        t = params.get(n)
+        if t is None:
+            raise _refuse(f"{where}: a recurrent mixer without {n!r} (not a Mamba or Gated DeltaNet mixer)")
+        return tuple(int(x) for x in t.shape)
+
+    def bad(what: str) -> UnsupportedArchitecture:
+        return _refuse(f"{where}: {what}")
+
+    names = set(params)
+    if {n for n in names if n.endswith(".bias")} - {"conv1d.bias", "dt_proj.bias"}:
+        raise bad("biases on the mixer's projections (not modeled)")
+    conv = shape("conv1d.weight")
+    if len(conv) != 3 or conv[1] != 1:
+        raise bad(f"conv1d {conv} is not a depthwise convolution")
+    conv_dim, width = conv[0], conv[2]
+    out = shape("out_proj.weight")
+    if out[0] != h:
+        raise bad(f"out_proj {out} does not map back to the hidden size {h}")
+    inner = out[1]
+    if "x_proj.weight" in names:  # Mamba1 (selective scan): JambaMambaMixer
+        n_state = shape("A_log")[1] if len(shape("A_log")) == 2 else 0
+        r = shape("dt_proj.weight")[1]
+        if (
+            conv_dim != inner
+            or shape("in_proj.weight") != (2 * inner, h)
+            or shape("x_proj.weight") != (r + 2 * n_state, inner)
+        ):
+            raise bad("Mamba1 shapes do not fit one inner size, state size and dt rank")
+        fields = dict(mamba_version=1, mamba_inner=inner, mamba_state=n_state, mamba_dt_rank=r, mamba_conv=width,
+                      mamba_conv_bias="conv1d.bias" in names, mamba_heads=0, mamba_groups=0,
+                      mamba_gated_norm=False)  # fmt: skip
+        return "mamba", tuple(sorted(fields.items()))
+    if "in_proj.weight" in names:  # Mamba2 (SSD): in_proj -> z, x, B, C, dt
+        nh = shape("dt_bias")[0]
+        n_state = _cfg_int(tc, ("ssm_state_size", "mamba_d_state", "state_size", "d_state"))
+        if not n_state or (conv_dim - inner) % (2 * n_state) or conv_dim <= inner:
+            raise bad(f"conv width {conv_dim} - inner {inner} is not 2 x groups x the state size {n_state}")
+        groups = (conv_dim - inner) // (2 * n_state)
+        if shape("in_proj.weight") != (2 * inner + 2 * groups * n_state + nh, h):
+            raise bad(f"in_proj {shape('in_proj.weight')} is not z, x, B, C and dt of {nh} heads")
+        fields = dict(mamba_version=2, mamba_inner=inner, mamba_state=n_state, mamba_heads=nh, mamba_groups=groups,
+                      mamba_conv=width, mamba_conv_bias="conv1d.bias" in names, mamba_dt_rank=0,
+                      mamba_gated_norm="norm.weight" in names)  # fmt: skip
+        return "mamba", tuple(sorted(fields.items()))
+    if any(n.startswith("in_proj_") for n in names):  # Gated DeltaNet (Qwen3-Next, Qwen3.5)
+        vh = shape("dt_bias")[0]
+        vdim = shape("norm.weight")[0]
+        kd2 = conv_dim - inner
+        kh = _cfg_int(tc, ("linear_num_key_heads",))
+        if inner != vh * vdim or kd2 <= 0 or kd2 % 2 or not kh or (kd2 // 2) % kh:
+            raise bad(f"Gated DeltaNet shapes do not fit {vh} value heads x {vdim} and {kh} key heads")
+        kd = kd2 // 2
+        proj = sum(int(params[n].numel()) for n in names if n.startswith("in_proj_"))
+        if proj != h * (2 * kd + 2 * inner + 2 * vh):
+            raise bad("in_proj_* are not q, k, v, z, b and a")
+        fields = dict(linear_k_heads=kh, linear_v_heads=vh, linear_k_head_dim=kd // kh, linear_v_head_dim=vdim,
+                      linear_conv=width)  # fmt: skip
+        return "linear", tuple(sorted(fields.items()))
+    raise bad("a recurrent mixer of a kind the own-code reader does not map")
+
+
 def _segment_kind(lf: _Leaf) -> str:
     """refused:<segment>, experts, shared or router by the path; "" for the rest."""
     for s in lf.segs:
@@ -408,7 +479,7 @@ def _segment_kind(lf: _Leaf) -> str:
     return ""
 
 
-def _read_layer(index: int, layer: Any, h: int, heads: int, head_dim: int, where: str) -> _Layer:
+def _read_layer(index: int, layer: Any, h: int, heads: int, head_dim: int, tc: Any, where: str) -> _Layer:
     """One decoder layer, read from its modules' shapes."""
     rd = _Layer(index)
     leaves = _leaves(layer)
@@ -416,12 +487,14 @@ def _read_layer(index: int, layer: Any, h: int, heads: int, head_dim: int, where
     # recurrent mixers first: their in/out projections would read as an MLP
     for path, mod in layer.named_modules():
         if path and _RECURRENT_TYPES.search(type(mod).__name__) and any(True for _ in mod.parameters()):
-            raise _refuse(
-                f"{where}.{path} ({type(mod).__name__}): a recurrent (Mamba / linear-attention) mixer, "
-                "which the own-code reader does not map",
-                "the field reader reads the hybrids it knows (Nemotron-H, Jamba, Falcon-H1, Qwen3-Next, "
-                "Qwen3.5, Granite 4, Bamba); for others describe the model with raw dimensions",
-            )
+            if rd.recurrent is not None:
+                raise _refuse(f"{where}.{path} ({type(mod).__name__}): a second recurrent mixer in one layer")
+            mine = [lf for lf in leaves if lf.path == path or lf.path.startswith(path + ".")]
+            params = {lf.path[len(path) + 1 :] + "." + n if lf.path != path else n: t
+                      for lf in mine for n, t in lf.params.items()}  # fmt: skip
+            rd.recurrent = _recurrent(params, h, tc, f"{where}.{path} ({type(mod).__name__})")
+            rd.recurrent_params = sum(int(t.numel()) for t in params.values())
+            leaves = [lf for lf in leaves if lf not in mine]
     # Nemotron-H names every block's one part "mixer": attention when it holds q/qkv projections
     mixer_is_attn = any(lf.segs[0] == "mixer" and lf.name in _Q | _QKV | _MLA for lf in leaves)
     groups: dict[str, list[_Leaf]] = {
@@ -631,6 +704,10 @@ def _cached(
         )
     except UnsupportedArchitecture as e:
         raise UnsupportedArchitecture(f"{name}: {how}: {e.message}", e.hint) from None
+    except ModelConfigError as e:  # the shapes read do not form a spec ModelSpec accepts
+        raise UnsupportedArchitecture(
+            f"{name}: {how}: the module shapes give no valid ModelSpec: {e.message}"
+        ) from None
     _check_counts(spec, count, how)
     return spec, how
 
@@ -664,7 +741,7 @@ def _read_model(
     if not heads:
         raise _refuse("the config names no num_attention_heads")
     head_dim = _cfg_int(tc, ("head_dim",))
-    reads = [_read_layer(i, layer, h, heads, head_dim, f"{path}.{i}") for i, layer in enumerate(layers)]
+    reads = [_read_layer(i, layer, h, heads, head_dim, tc, f"{path}.{i}") for i, layer in enumerate(layers)]
     where = [f"{path}.{r.index}" for r in reads]
     notes: list[str] = []
     # ---- unmapped parameters: tolerated up to IGNORED_SHARE of their layer
@@ -685,6 +762,26 @@ def _read_model(
     for r in reads:
         for p, n in r.ignored:
             ign[re.sub(r"\d+", "N", p)] = ign.get(re.sub(r"\d+", "N", p), 0) + n
+    # ---- recurrent mixers (Mamba, Gated DeltaNet), beside attention in every block or instead of it
+    rec = [r for r in reads if r.recurrent]
+    parallel = bool(rec) and all(r.recurrent and r.attn for r in reads)
+    for r in reads:
+        if r.recurrent and r.attn and not parallel:
+            raise _refuse(f"{where[r.index]}: a recurrent mixer beside attention in some layers only")
+    rec_fields: dict[str, Any] = {}
+    for kind in ("mamba", "linear"):
+        mine = [r for r in rec if r.recurrent and r.recurrent[0] == kind]
+        if mine:
+            dims = _uniform([r.recurrent[1] for r in mine if r.recurrent], f"{kind} mixer shapes",
+                            [where[r.index] for r in mine])  # fmt: skip
+            rec_fields.update(dict(dims))
+            rec_fields[f"{kind}_attn_layers" if kind == "linear" else "mamba_layers"] = len(mine)
+    if parallel:
+        if rec_fields.get("linear_attn_layers"):
+            raise _refuse(
+                "linear attention beside attention in every block (ModelSpec holds Mamba there only)"
+            )
+        rec_fields["mamba_parallel"] = True
     # ---- attention
     attn_idx = [r.index for r in reads if r.attn is not None]
     if not attn_idx:
@@ -693,7 +790,7 @@ def _read_model(
                      [where[i] for i in attn_idx])  # fmt: skip
     a = next(r.attn for r in reads if r.attn)
     assert a is not None and shape is not None
-    no_mixer = len(reads) - len(attn_idx)
+    no_mixer = sum(1 for r in reads if r.attn is None and r.recurrent is None)
     # ---- feed-forward
     dense = [r for r in reads if r.ffn == "mlp"]
     moe = [r for r in reads if r.ffn == "moe"]
@@ -727,7 +824,7 @@ def _read_model(
             moe_ffn_hidden=fe,
             shared_expert_ffn=sum(fs for fs, _ in shared),
             moe_layers=len(moe),
-            first_dense_layers=next(i for i, r in enumerate(reads) if r.ffn == "moe"),
+            first_dense_layers=next(i for i, r in enumerate(reads) if r.ffn != "mlp"),  # leading dense layers
         )
         if len(shared) > 1 or any(r.mlp for r in moe):
             notes.append("an always-active MLP beside the routed experts is costed as a shared expert")
@@ -791,6 +888,7 @@ def _read_model(
         ign[pat] = ign.get(pat, 0) + v
     max_pos = max_position or _cfg_int(tc, ("max_position_embeddings", "n_positions", "max_seq_len"))
     window, n_sliding = _windows(list(layers), attn_idx, tc, max_pos, path)
+    f.update(rec_fields)
     f.update(
         name=name,
         source=f"{source} ({OWN_CODE}: {how})" if source else f"({OWN_CODE}: {how})",
@@ -851,6 +949,17 @@ def _read_model(
 def _check_layers(spec: Any, reads: list[_Layer], where: list[str]) -> None:
     """Each layer's mapped parameters are what ModelSpec's formulas give for its parts."""
     for r in reads:
+        if r.recurrent is not None:
+            want_rec = (
+                spec.mamba_params_per_layer
+                if r.recurrent[0] == "mamba"
+                else spec.linear_attn_params_per_layer
+            )
+            if r.recurrent_params != want_rec:
+                raise _refuse(
+                    f"{where[r.index]}: the {r.recurrent[0]} mixer holds {r.recurrent_params:,} parameters, "
+                    f"ModelSpec's formula {want_rec:,}"
+                )
         if r.attn is not None and r.attn_params != spec.attn_params_per_layer:
             raise _refuse(
                 f"{where[r.index]}: attention holds {r.attn_params:,} mapped parameters, ModelSpec's "

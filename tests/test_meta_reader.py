@@ -110,6 +110,8 @@ def test_the_agreement_covers_most_configs() -> None:
     assert any("deepseek" in k for k in both) and any("gpt-oss" in k for k in both)  # MLA, sinks
     assert any("llama-4" in k for k in both) and any("gemma-3" in k for k in both)  # chunked, sliding
     assert any("phi-3" in k for k in both) and any("gpt2" in k for k in both)  # fused qkv, Conv1D
+    assert any("nemotron-h" in k for k in both) and any("jamba" in k for k in both)  # Mamba2, Mamba1
+    assert any("qwen3-next" in k for k in both) and any("qwen3.5" in k for k in both)  # Gated DeltaNet
 
 
 @pytest.mark.parametrize("arch", OWN_CODE_ONLY)
@@ -158,7 +160,7 @@ def test_shapes_read_per_kind() -> None:
         ("laguna", "attention shapes differ between layers"),
         ("mimo-v2-flash", "a V head size other than the Q/K head size"),
         ("gemma-4-dense", "no v projection"),
-        ("nemotron-3-super", "model.layers.0.mixer (NemotronHMamba2Mixer)"),
+        ("nemotron-3-super", "model.layers.1.mixer.fc1_latent_proj (Linear): a latent-MoE projection"),
     ],
 )
 def test_what_modelspec_cannot_cost_is_refused_by_name(arch: str, module: str) -> None:

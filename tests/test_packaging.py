@@ -21,7 +21,15 @@ def test_wheel_ships_the_data_and_builds_without_warnings(tmp_path: Path) -> Non
         ROOT,
         src,
         ignore=shutil.ignore_patterns(
-            ".git", "build", "dist", "site", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", ".benchmarks"
+            ".git",
+            "build",
+            "dist",
+            "site",
+            "*.egg-info",
+            "__pycache__",
+            ".*_cache",
+            ".hypothesis",
+            ".benchmarks",
         ),
     )
     out = tmp_path / "wheel"
