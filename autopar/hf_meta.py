@@ -172,6 +172,9 @@ def build_on_meta(
                 cfg = CONFIG_MAPPING[mt].from_dict(d)
             except Exception as e:  # noqa: BLE001 - the library's own refusal, reported as such
                 return None, f"{lib} refused the config: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            too_big = _too_big(cfg)
+            if too_big:
+                return None, f"{lib}: {too_big}"
             model, cls = _build(cfg, trust_remote_code)
             if model is None:
                 return None, f"{lib}: {cls}"
@@ -200,6 +203,25 @@ def count_model(model: Any, cfg: Any, cls: str, lib: str) -> MetaCount:
             active = None
             notes.append("routed experts present but top-k / expert count not found in the config")
     return MetaCount(cls, lib, total, by_kind, active, tuple(notes))
+
+
+# Larger than any published decoder (the deepest has ~130 layers; 384 experts per layer): a config
+# past these is not built on the meta device, which takes time in proportion to its modules.
+MAX_META_LAYERS = 1024
+MAX_META_EXPERT_MODULES = 200_000  # layers x routed experts
+
+
+def _too_big(cfg: Any) -> str:
+    """Why ``cfg`` is not built on the meta device (too many modules), or ""."""
+    tc = _text_cfg(cfg)
+    layers = _cfg_int(tc, ("num_hidden_layers", "n_layers", "n_layer", "num_layers")) or 0
+    experts = _cfg_int(tc, _NEXPERTS) or 1
+    if layers > MAX_META_LAYERS or layers * experts > MAX_META_EXPERT_MODULES:
+        return (
+            f"{layers:,} layers x {experts:,} experts is more than is built on the meta device "
+            f"(at most {MAX_META_LAYERS:,} layers and {MAX_META_EXPERT_MODULES:,} layer-experts)"
+        )
+    return ""
 
 
 def _build(cfg: Any, trust_remote_code: bool) -> tuple[Any, str]:

@@ -1718,8 +1718,11 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "", own_code: bool
     except UnsupportedArchitecture as refusal:
         if not own_code or _not_a_decoder(cfg):
             raise
-        spec = _read_by_own_code(cfg, name, source, refusal)
+        spec, how = _read_by_own_code(cfg, name, source, refusal)
         if spec is None:
+            if how:  # the library is there but could not be used: say why, after the field reader's hint
+                hint = "; ".join(x for x in (refusal.hint, f"its own code: {how}") if x)
+                raise type(refusal)(refusal.message, hint) from None
             raise
         return spec
 
@@ -1741,11 +1744,11 @@ def _not_a_decoder(cfg: dict) -> bool:
 
 def _read_by_own_code(
     cfg: dict, name: str, source: str, refusal: UnsupportedArchitecture
-) -> ModelSpec | None:
-    """The spec the config's own transformers class gives (None without transformers or a class);
-    its refusal names the module, and the field reader's refusal follows in the hint."""
+) -> tuple[ModelSpec | None, str]:
+    """(the spec the config's own transformers class gives, "") or (None, why not; "" without
+    transformers); its refusal names the module, and the field reader's refusal follows in the hint."""
     try:
-        return read_by_own_code(cfg, name=name, source=source)
+        return _own_code_spec(cfg, name=name, source=source)
     except UnsupportedArchitecture as e:
         raise UnsupportedArchitecture(
             e.message, f"the field reader refused it too: {refusal.message}"
@@ -1760,10 +1763,14 @@ def read_by_own_code(cfg: dict, *, name: str = "", source: str = "") -> ModelSpe
     ModelSpec cannot cost. :func:`load_model` uses it where the field reader refuses a decoder;
     called directly it reads any config, so the two readers can be compared.
     """
+    return _own_code_spec(cfg, name=name, source=source)[0]
+
+
+def _own_code_spec(cfg: dict, *, name: str = "", source: str = "") -> tuple[ModelSpec | None, str]:
     import importlib.util
 
     if importlib.util.find_spec("transformers") is None:  # the optional extra autopar[models]
-        return None
+        return None, ""
     from autopar.own_code import spec_from_own_code
 
     mt = cfg.get("model_type")
@@ -1776,8 +1783,8 @@ def read_by_own_code(cfg: dict, *, name: str = "", source: str = "") -> ModelSpe
         max_pos = _max_position(dec, "")
     except ModelConfigError:
         max_pos = 0  # the class's own max_position_embeddings then
-    spec, _how = spec_from_own_code(cfg, name=label, source=source, build=_build_own, max_position=max_pos)
-    return spec
+    spec, how = spec_from_own_code(cfg, name=label, source=source, build=_build_own, max_position=max_pos)
+    return spec, "" if spec is not None else how
 
 
 def _build_own(fields: dict) -> ModelSpec:

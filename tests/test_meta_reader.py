@@ -244,3 +244,19 @@ def test_import_autopar_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_no_long_build_before_a_refusal(tmp_path: Path) -> None:
+    """A config deeper than any published one is not built on meta (time grows with the modules)."""
+    import time
+
+    raw = json.loads((REAL / "mpt" / "config.json").read_text())
+    raw["n_layers"] = 5000
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    t0 = time.perf_counter()
+    with pytest.raises(UnsupportedArchitecture) as e:
+        load_model(path)
+    assert time.perf_counter() - t0 < 30
+    assert "'mpt' is not one autopar knows" in e.value.message
+    assert "5,000 layers x 1 experts is more than is built on the meta device" in (e.value.hint or "")
