@@ -1719,12 +1719,24 @@ def _normalize_hf(cfg: dict, *, name: str = "", source: str = "", own_code: bool
         if not own_code or _not_a_decoder(cfg):
             raise
         spec, how = _read_by_own_code(cfg, name, source, refusal)
+        if spec is not None and _refused_kind(cfg):
+            # a block refused by name for what its shapes do not show (sparse key selection, weight
+            # sharing, lightning or delta-rule attention): the class's shapes never overrule that
+            raise
         if spec is None:
             if how:  # the library is there but could not be used: say why, after the field reader's hint
                 hint = "; ".join(x for x in (refusal.hint, f"its own code: {how}") if x)
                 raise type(refusal)(refusal.message, hint) from None
             raise
         return spec
+
+
+def _refused_kind(cfg: dict) -> bool:
+    """A model_type :data:`_REFUSED_KINDS` names (a block the field reader knows it does not price)."""
+    try:
+        return _resolve_model_type(_split_wrapper(cfg, "")[0]) in _REFUSED_KINDS
+    except ModelConfigError:
+        return True
 
 
 def _not_a_decoder(cfg: dict) -> bool:

@@ -485,16 +485,27 @@ def _read_layer(index: int, layer: Any, h: int, heads: int, head_dim: int, tc: A
     leaves = _leaves(layer)
     rd.total = sum(lf.numel for lf in leaves)
     # recurrent mixers first: their in/out projections would read as an MLP
+    rec_path = ""
     for path, mod in layer.named_modules():
-        if path and _RECURRENT_TYPES.search(type(mod).__name__) and any(True for _ in mod.parameters()):
-            if rd.recurrent is not None:
-                raise _refuse(f"{where}.{path} ({type(mod).__name__}): a second recurrent mixer in one layer")
-            mine = [lf for lf in leaves if lf.path == path or lf.path.startswith(path + ".")]
-            params = {lf.path[len(path) + 1 :] + "." + n if lf.path != path else n: t
-                      for lf in mine for n, t in lf.params.items()}  # fmt: skip
-            rd.recurrent = _recurrent(params, h, tc, f"{where}.{path} ({type(mod).__name__})")
-            rd.recurrent_params = sum(int(t.numel()) for t in params.values())
-            leaves = [lf for lf in leaves if lf not in mine]
+        cls = type(mod).__name__
+        if (
+            not path
+            or "Norm" in cls
+            or not _RECURRENT_TYPES.search(cls)
+            or not any(True for _ in mod.parameters())
+        ):
+            continue
+        if rd.recurrent is not None and path.startswith(rec_path + "."):
+            continue  # a part of the mixer already read
+        if rd.recurrent is not None:
+            raise _refuse(f"{where}.{path} ({type(mod).__name__}): a second recurrent mixer in one layer")
+        mine = [lf for lf in leaves if lf.path == path or lf.path.startswith(path + ".")]
+        params = {lf.path[len(path) + 1 :] + "." + n if lf.path != path else n: t
+                  for lf in mine for n, t in lf.params.items()}  # fmt: skip
+        rd.recurrent = _recurrent(params, h, tc, f"{where}.{path} ({type(mod).__name__})")
+        rec_path = path
+        rd.recurrent_params = sum(int(t.numel()) for t in params.values())
+        leaves = [lf for lf in leaves if lf not in mine]
     # Nemotron-H names every block's one part "mixer": attention when it holds q/qkv projections
     mixer_is_attn = any(lf.segs[0] == "mixer" and lf.name in _Q | _QKV | _MLA for lf in leaves)
     groups: dict[str, list[_Leaf]] = {

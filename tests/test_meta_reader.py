@@ -260,3 +260,26 @@ def test_no_long_build_before_a_refusal(tmp_path: Path) -> None:
     assert time.perf_counter() - t0 < 30
     assert "'mpt' is not one autopar knows" in e.value.message
     assert "5,000 layers x 1 experts is more than is built on the meta device" in (e.value.hint or "")
+
+
+def _refused_kind_defaults() -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from autopar.model import _REFUSED_KINDS
+
+    return sorted(mt for mt in _REFUSED_KINDS if mt in CONFIG_MAPPING)
+
+
+@pytest.mark.parametrize("mt", _refused_kind_defaults())
+def test_a_kind_refused_by_name_stays_refused(mt: str) -> None:
+    """A block the field reader refuses by name for what shapes do not show (sparse key selection,
+    lightning or delta-rule attention, weight sharing, short convolutions) is never read from shapes:
+    on the class's own default config (2 layers), whatever the own-code reader makes of it."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        raw = CONFIG_MAPPING[mt](num_hidden_layers=2).to_dict()
+    except Exception as e:  # noqa: BLE001 - a class whose defaults do not validate
+        pytest.skip(f"{mt}: the class's default config does not build ({type(e).__name__})")
+    with pytest.raises(UnsupportedArchitecture):
+        load_model(raw)
