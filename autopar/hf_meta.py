@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MetaCount", "meta_count", "dit_meta_count", "KINDS"]
+__all__ = ["MetaCount", "meta_count", "build_on_meta", "count_model", "dit_meta_count", "KINDS"]
 
 # Module kinds, in the order a parameter name is tested against them (first match wins).
 KINDS = (
@@ -129,6 +129,20 @@ def meta_count(raw: dict, *, trust_remote_code: bool = False) -> tuple[MetaCount
     Returns ``(count, how)``: ``how`` names the class that read it, or why none could (library
     absent, no class for the model_type, remote code required, the class refused the config).
     """
+    built, how = build_on_meta(raw, trust_remote_code=trust_remote_code)
+    if built is None:
+        return None, how
+    model, cfg, cls, lib = built
+    count = count_model(model, cfg, cls, lib)
+    del model
+    return count, how
+
+
+def build_on_meta(
+    raw: dict, *, trust_remote_code: bool = False
+) -> tuple[tuple[Any, Any, str, str] | None, str]:
+    """``((model, config, class name, library), how)``: ``raw`` built by its own class on the meta
+    device; or ``(None, why)`` when the library is absent, has no class or refuses the config."""
     try:
         import transformers
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -158,12 +172,20 @@ def meta_count(raw: dict, *, trust_remote_code: bool = False) -> tuple[MetaCount
                 cfg = CONFIG_MAPPING[mt].from_dict(d)
             except Exception as e:  # noqa: BLE001 - the library's own refusal, reported as such
                 return None, f"{lib} refused the config: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            too_big = _too_big(cfg)
+            if too_big:
+                return None, f"{lib}: {too_big}"
             model, cls = _build(cfg, trust_remote_code)
             if model is None:
                 return None, f"{lib}: {cls}"
     finally:
         logging.disable(logging.NOTSET)
         transformers.logging.set_verbosity(prev)
+    return (model, cfg, cls, lib), f"{lib} {cls} on the meta device"
+
+
+def count_model(model: Any, cfg: Any, cls: str, lib: str) -> MetaCount:
+    """Parameters of a model built by :func:`build_on_meta`, by module kind (tied weights once)."""
     by_kind = dict.fromkeys(KINDS, 0)
     for name, p in model.named_parameters():  # tied weights once
         by_kind[kind_of(name)] += int(p.numel())
@@ -180,8 +202,26 @@ def meta_count(raw: dict, *, trust_remote_code: bool = False) -> tuple[MetaCount
         else:
             active = None
             notes.append("routed experts present but top-k / expert count not found in the config")
-    del model
-    return MetaCount(cls, lib, total, by_kind, active, tuple(notes)), f"{lib} {cls} on the meta device"
+    return MetaCount(cls, lib, total, by_kind, active, tuple(notes))
+
+
+# Larger than any published decoder (the deepest has ~130 layers; 384 experts per layer): a config
+# past these is not built on the meta device, which takes time in proportion to its modules.
+MAX_META_LAYERS = 1024
+MAX_META_EXPERT_MODULES = 200_000  # layers x routed experts
+
+
+def _too_big(cfg: Any) -> str:
+    """Why ``cfg`` is not built on the meta device (too many modules), or ""."""
+    tc = _text_cfg(cfg)
+    layers = _cfg_int(tc, ("num_hidden_layers", "n_layers", "n_layer", "num_layers")) or 0
+    experts = _cfg_int(tc, _NEXPERTS) or 1
+    if layers > MAX_META_LAYERS or layers * experts > MAX_META_EXPERT_MODULES:
+        return (
+            f"{layers:,} layers x {experts:,} experts is more than is built on the meta device "
+            f"(at most {MAX_META_LAYERS:,} layers and {MAX_META_EXPERT_MODULES:,} layer-experts)"
+        )
+    return ""
 
 
 def _build(cfg: Any, trust_remote_code: bool) -> tuple[Any, str]:

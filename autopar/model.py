@@ -47,6 +47,7 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "raw_config",
     "classic_decoder",
+    "read_by_own_code",
 ]
 
 
@@ -1890,7 +1891,107 @@ def _max_position(cfg: dict, ctx: str) -> int:
     return base
 
 
-def _normalize_hf(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
+def _normalize_hf(cfg: dict, *, name: str = "", source: str = "", own_code: bool = True) -> ModelSpec:
+    """The field reader; where it refuses a decoder it does not know, the model's own code.
+
+    With ``own_code`` and ``transformers`` installed with a class for the config, a refusal for an
+    unknown model_type, fields not understood or a layer kind the field reader does not price is
+    retried by :func:`autopar.own_code.spec_from_own_code` (module shapes on the meta device), which
+    either reads a spec within 1 % of the class's own parameter count or refuses by name. Encoders
+    and encoder-decoder models are refused as before.
+    """
+    try:
+        return _normalize_fields(cfg, name=name, source=source)
+    except UnsupportedArchitecture as refusal:
+        if not own_code or _not_a_decoder(cfg):
+            raise
+        spec, how = _read_by_own_code(cfg, name, source, refusal)
+        if spec is not None and _refused_kind(cfg):
+            # a block refused by name for what its shapes do not show (sparse key selection, weight
+            # sharing, lightning or delta-rule attention): the class's shapes never overrule that
+            raise
+        if spec is None:
+            if how:  # the library is there but could not be used: say why, after the field reader's hint
+                hint = "; ".join(x for x in (refusal.hint, f"its own code: {how}") if x)
+                raise type(refusal)(refusal.message, hint) from None
+            raise
+        return spec
+
+
+def _refused_kind(cfg: dict) -> bool:
+    """A model_type :data:`_REFUSED_KINDS` names (a block the field reader knows it does not price)."""
+    try:
+        return _resolve_model_type(_split_wrapper(cfg, "")[0]) in _REFUSED_KINDS
+    except ModelConfigError:
+        return True
+
+
+def _not_a_decoder(cfg: dict) -> bool:
+    """An encoder or encoder-decoder config (refused by name by the field reader, never retried)."""
+    try:
+        dec = _split_wrapper(cfg, "")[0]
+        mt = _resolve_model_type(dec)
+    except ModelConfigError:
+        return True
+    return (
+        mt in _ENCODERS
+        or mt in _ENCODER_DECODERS
+        or dec.get("is_encoder_decoder") is True
+        or ("type_vocab_size" in dec and "attention_probs_dropout_prob" in dec)
+    )
+
+
+def _read_by_own_code(
+    cfg: dict, name: str, source: str, refusal: UnsupportedArchitecture
+) -> tuple[ModelSpec | None, str]:
+    """(the spec the config's own transformers class gives, "") or (None, why not; "" without
+    transformers); its refusal names the module, and the field reader's refusal follows in the hint."""
+    try:
+        return _own_code_spec(cfg, name=name, source=source)
+    except UnsupportedArchitecture as e:
+        raise UnsupportedArchitecture(
+            e.message, f"the field reader refused it too: {refusal.message}"
+        ) from None
+
+
+def read_by_own_code(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec | None:
+    """A HF config read by its own ``transformers`` class from module shapes on the meta device.
+
+    ``None`` when transformers (the optional extra ``autopar[models]``) is absent or has no class for
+    the config; :class:`UnsupportedArchitecture` naming the module when the class builds something
+    ModelSpec cannot cost. :func:`load_model` uses it where the field reader refuses a decoder;
+    called directly it reads any config, so the two readers can be compared.
+    """
+    return _own_code_spec(cfg, name=name, source=source)[0]
+
+
+def _own_code_spec(cfg: dict, *, name: str = "", source: str = "") -> tuple[ModelSpec | None, str]:
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:  # the optional extra autopar[models]
+        return None, ""
+    from autopar.own_code import spec_from_own_code
+
+    mt = cfg.get("model_type")
+    label = name or str(cfg.get("_name_or_path") or mt or "model")
+    try:  # the position limit as the field reader reads it (rope-scaled where the config says so)
+        dec = dict(_split_wrapper(cfg, "")[0])
+        for alias in _ALIASES["max_position_embeddings"]:
+            if dec.get("max_position_embeddings") is None and dec.get(alias) is not None:
+                dec["max_position_embeddings"] = dec[alias]
+        max_pos = _max_position(dec, "")
+    except ModelConfigError:
+        max_pos = 0  # the class's own max_position_embeddings then
+    spec, how = spec_from_own_code(cfg, name=label, source=source, build=_build_own, max_position=max_pos)
+    return spec, "" if spec is not None else how
+
+
+def _build_own(fields: dict) -> ModelSpec:
+    """A ModelSpec from the fields :mod:`autopar.own_code` read off the module shapes."""
+    return _build(fields, f"{fields.get('name')}: ")
+
+
+def _normalize_fields(cfg: dict, *, name: str = "", source: str = "") -> ModelSpec:
     ctx0 = f"{name}: " if name else ""
     dec, towers, warnings = _split_wrapper(cfg, ctx0)
     mt = _resolve_model_type(dec)
@@ -2666,15 +2767,19 @@ def raw_config(name_or_path: str | os.PathLike) -> dict | None:
     return cfg if any(k in cfg for k in ("model_type", "architectures", *_TEXT_KEYS)) else None
 
 
-def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
-    """Load a :class:`ModelSpec` from a preset id, an HF ``config.json`` (file or directory) or a dict."""
+def load_model(name_or_path: str | os.PathLike | dict | ModelSpec, *, own_code: bool = True) -> ModelSpec:
+    """Load a :class:`ModelSpec` from a preset id, an HF ``config.json`` (file or directory) or a dict.
+
+    ``own_code``: where the field reader refuses a decoder and ``transformers`` has its class, read
+    it from the class's module shapes on the meta device (:mod:`autopar.own_code`).
+    """
     if isinstance(name_or_path, ModelSpec):
         return name_or_path
     if isinstance(name_or_path, dict):
         d = name_or_path
         check_sizes(d, "(dict)")
         if any(k in d for k in ("model_type", "architectures", *_TEXT_KEYS)):
-            return _normalize_hf(d, source=str(d.get("_name_or_path") or ""))
+            return _normalize_hf(d, source=str(d.get("_name_or_path") or ""), own_code=own_code)
         return _from_raw(d)
     if not isinstance(name_or_path, str | os.PathLike):
         raise ModelConfigError(
@@ -2700,6 +2805,6 @@ def load_model(name_or_path: str | os.PathLike | dict | ModelSpec) -> ModelSpec:
         # the publisher's id; else the file's own name, or its folder's for a plain config.json
         stem = path.parent.name if path.name == "config.json" else path.stem
         name = str(cfg.get("_name_or_path") or stem or path.stem)
-        return _normalize_hf(cfg, name=name, source=str(path))
+        return _normalize_hf(cfg, name=name, source=str(path), own_code=own_code)
     except ModelConfigError as e:
         raise type(e)(f"{str(path)!r}: {e.message}", e.hint) from None

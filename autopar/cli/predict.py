@@ -45,7 +45,7 @@ def cmd_model(a: argparse.Namespace) -> int:
         if meta is None and a.reader == "transformers":
             raise AutoparError(f"{name}: no transformers count: {how}", "use --reader auto or fields")
     try:
-        spec = load_model(name)
+        spec = load_model(name, own_code=a.reader != "fields")
     except UnsupportedArchitecture as e:
         if meta is None or a.reader != "transformers":
             raise  # refused the same way with or without the optional extra
@@ -62,7 +62,10 @@ def cmd_model(a: argparse.Namespace) -> int:
         sys.stderr.write(f"warning: {w}\n")
     d = spec.to_dict()
     if a.json:
-        d["reader"] = "fields+transformers" if meta else "fields"
+        from autopar.own_code import OWN_CODE
+
+        own = OWN_CODE in spec.source  # the field reader refused it; read from its class's modules
+        d["reader"] = "own-code" if own else "fields+transformers" if meta else "fields"
         d["meta"] = meta.to_dict() if meta else None
         d["meta_note"] = how
         print_json(d)

@@ -46,7 +46,17 @@ def print_meta(name: str, meta, how: str, spec) -> None:
     if meta is None:
         _console.print(f"read by: autopar's field reader (autopar/model.py); transformers count: {how}")
         return
-    _console.print(f"read by: {how}" + (" and autopar's field reader" if spec is not None else ""))
+    own = spec is not None and "read by its own code" in spec.source  # autopar.own_code.OWN_CODE
+    _console.print(
+        f"read by: {how}"
+        + (
+            " (module shapes; the field reader refused it)"
+            if own
+            else " and autopar's field reader"
+            if spec
+            else ""
+        )
+    )
     t = Table(title=f"{name}: parameters by module ({meta.library} {meta.model_class})", show_header=False)
     t.add_column("kind")
     t.add_column("parameters", justify="right")
@@ -58,7 +68,8 @@ def print_meta(name: str, meta, how: str, spec) -> None:
         t.add_row("language model active", f"{meta.text_active / 1e9:.4f} B")
     if spec is not None:
         dev = (spec.total_params - meta.text_total) / meta.text_total
-        t.add_row("autopar field reader total", f"{spec.total_params / 1e9:.4f} B ({dev:+.2%})")
+        label = "autopar total (read from module shapes)" if own else "autopar field reader total"
+        t.add_row(label, f"{spec.total_params / 1e9:.4f} B ({dev:+.2%})")
     _console.print(t)
     for n in meta.notes:
         _console.print(f"[yellow]note:[/] {n}")
