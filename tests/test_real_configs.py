@@ -62,9 +62,7 @@ REFUSED = {
     "mpt": "'mpt' is not one autopar knows",
     "stablelm-epoch": "'stablelm_epoch' is not one autopar knows",
     "step-3.7": "'step3p7' is not one autopar knows",
-    "easyanimate-v5.1": "'EasyAnimateTransformer3DModel' is not modelled",
     "stable-audio": "'StableAudioDiTModel' is not modelled",
-    "z-image": "'ZImageTransformer2DModel' is not modelled",
 }
 
 

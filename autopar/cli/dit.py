@@ -64,7 +64,8 @@ def cmd_model(a: argparse.Namespace) -> int:
     out = [
         f"{d['name']} [{d['id']}]  arch {d['arch']}",
         f"  hidden {d['hidden']}, heads {d['heads']} x {d['head_dim']}, ffn {d['ffn']}, blocks {d['layers']}"
-        + (f" + {d['single_layers']} single-stream" if d["single_layers"] else ""),
+        + (f" + {d['single_layers']} single-stream" if d["single_layers"] else "")
+        + (f" + {d['refiner_blocks']} refiner" if d.get("refiner_blocks") else ""),
         f"  parameters {d['params'] / 1e9:.3f}B{pub}: "
         + ", ".join(f"{k} {v / 1e9:.3f}B" for k, v in d["params_breakdown"].items()),
         f"  VAE {d['vae']['name']}: {d['vae']['temporal']}x time, {d['vae']['spatial']}x space, {d['vae']['channels']} ch; patch {tuple(d['patch'])}",

@@ -5,7 +5,10 @@ and text weights, then single-stream blocks: FLUX, SD3, HunyuanVideo, Open-Sora 
 (self-attention over the video plus cross-attention to the text: Wan, PixArt, Step-Video, SANA's
 linear attention), ``stdit`` (factorized spatial/temporal attention: STDiT, Open-Sora 1.x),
 ``cogvideo`` (one joint stream whose weights text and video share, expert adaLN: CogVideoX) and
-``asym`` (Mochi's asymmetric streams: a narrow text stream attends jointly with a wide visual one).
+``asym`` (Mochi's asymmetric streams: a narrow text stream attends jointly with a wide visual one) and
+``single`` (Z-Image's single-stream DiT: one stream of shared weights over the image and caption
+tokens, a 4-way modulation, and refiner blocks that run on the image tokens and on the caption
+tokens alone before the main blocks).
 Each block is listed as its linear layers (which stream they read, in x out), its adaLN modulation
 (applied to the conditioning vector only: parameters, no token FLOPs) and its attention ops, so
 parameter counts, FLOPs and the layouts' splits all follow from one list.
@@ -25,10 +28,11 @@ from typing import Any, Literal
 from autopar.errors import ModelConfigError, UnsupportedArchitecture
 from autopar.limits import MAX_DIT_LAYERS, MAX_DIT_WIDTH, echo
 
-Arch = Literal["mmdit", "cross", "stdit", "cogvideo", "asym"]
+Arch = Literal["mmdit", "cross", "stdit", "cogvideo", "asym", "single"]
 Stream = Literal["img", "txt", "joint", "ictx"]  # ictx: image-condition tokens (Wan I2V CLIP)
-AttnKind = Literal["joint", "self", "cross", "cross_image", "spatial", "temporal", "linear"]
-ARCHES: tuple[str, ...] = ("mmdit", "cross", "stdit", "cogvideo", "asym")
+# txt_self: a refiner's self-attention over the caption tokens alone (Z-Image context refiner)
+AttnKind = Literal["joint", "self", "cross", "cross_image", "spatial", "temporal", "linear", "txt_self"]
+ARCHES: tuple[str, ...] = ("mmdit", "cross", "stdit", "cogvideo", "asym", "single")
 
 
 @dataclass(frozen=True)
@@ -39,10 +43,11 @@ class Linear:
     k_in: int
     n_out: int
     count: int
+    bias: bool = True
 
     @property
     def params(self) -> int:
-        return self.count * (self.k_in * self.n_out + self.n_out)
+        return self.count * (self.k_in * self.n_out + (self.n_out if self.bias else 0))
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,15 @@ class DiTSpec:
     image_dim: int = 0
     image_tokens: int = 0
     added_kv_dim: int = 0
+    # single (Z-Image): refiner blocks over the image tokens alone (with modulation) and over the
+    # caption tokens alone (without), run once per forward before the main blocks
+    img_refiner_layers: int = 0
+    txt_refiner_layers: int = 0
+    linear_bias: bool = True  # the blocks' linear layers carry a bias (Z-Image's do not)
+    # class-specific embedders and output layer, counted by the class reader from its config (0: the
+    # arch's formula in embedding_params)
+    embed_params: int = 0
+    norm_count: int = 0  # the same for the norms' weights (0: the arch's formula in norm_params)
     published_params: float = 0.0
     published_source: str = ""
     source: str = ""
@@ -193,10 +207,33 @@ class DiTSpec:
     def video(self) -> bool:
         return self.vae.temporal > 1 or self.arch == "stdit"
 
+    @property
+    def joint_stream(self) -> bool:
+        """The caption tokens run through the blocks beside the image tokens (joint attention)."""
+        return self.arch in ("mmdit", "asym", "cogvideo", "single")
+
+    @property
+    def refiner_blocks(self) -> int:
+        """Z-Image refiner blocks (image-only and caption-only), run on every forward."""
+        return self.img_refiner_layers + self.txt_refiner_layers
+
+    @property
+    def blocks(self) -> int:
+        """Transformer blocks one forward runs (pipeline stages and per-block costs split these)."""
+        return self.layers + self.single_layers + self.refiner_blocks
+
     def _ffn(self, stream: Stream, d: int, f: int, n: int) -> list[Linear]:
+        b = self.linear_bias
         if self.ffn_kind == "gelu":
-            return [Linear(stream, d, f, n), Linear(stream, f, d, n)]
-        return [Linear(stream, d, 2 * f, n), Linear(stream, f, d, n)]  # gated: up+gate fused
+            return [Linear(stream, d, f, n, b), Linear(stream, f, d, n, b)]
+        return [Linear(stream, d, 2 * f, n, b), Linear(stream, f, d, n, b)]  # gated: up+gate fused
+
+    def _single_block(self, stream: Stream, n: int) -> list[Linear]:
+        """Z-Image block: to_q/k/v, to_out and a SwiGLU FFN (w1, w3 fused; w2), on one stream."""
+        d, b = self.hidden, self.linear_bias
+        return [Linear(stream, d, 3 * self.inner, n, b), Linear(stream, self.inner, d, n, b)] + self._ffn(
+            stream, d, self.ffn, n
+        )
 
     def block_linears(self) -> list[Linear]:
         """Every linear layer of the transformer blocks (token FLOPs and TP splits follow these)."""
@@ -238,6 +275,13 @@ class DiTSpec:
             return [Linear("joint", d, 3 * self.inner, L), Linear("joint", self.inner, d, L)] + self._ffn(
                 "joint", d, f, L
             )
+        if a == "single":
+            out = self._single_block("joint", L)
+            if self.img_refiner_layers:
+                out += self._single_block("img", self.img_refiner_layers)
+            if self.txt_refiner_layers:
+                out += self._single_block("txt", self.txt_refiner_layers)
+            return out
         # asym (Mochi): visual stream d, text stream dy; attention runs at the visual width.
         dy, fy, last = self.text_hidden, self.text_ffn, 1 if self.context_pre_only_last else 0
         return [
@@ -259,6 +303,8 @@ class DiTSpec:
             return dbl + dual + self.single_layers * (c * 3 * d + 3 * d)
         if self.arch == "cogvideo":
             return L * 2 * (c * 6 * d + 6 * d)
+        if self.arch == "single":  # scale/gate of attention and FFN; the caption refiner has none
+            return (L + self.img_refiner_layers) * (c * 4 * d + 4 * d)
         if self.arch == "asym":
             dy = self.text_hidden
             return L * (c * 4 * d + 4 * d + c * 4 * dy + 4 * dy)
@@ -266,6 +312,13 @@ class DiTSpec:
 
     def attentions(self) -> list[Attention]:
         L, H, hd = self.layers, self.heads, self.head_dim
+        if self.arch == "single":
+            out = [Attention("joint", L, H, hd)]
+            if self.img_refiner_layers:
+                out.append(Attention("self", self.img_refiner_layers, H, hd))
+            if self.txt_refiner_layers:
+                out.append(Attention("txt_self", self.txt_refiner_layers, H, hd))
+            return out
         if self.arch in ("mmdit", "cogvideo", "asym"):
             out = [Attention("joint", L + self.single_layers, H, hd)]
             if self.dual_attention_layers:
@@ -279,6 +332,8 @@ class DiTSpec:
 
     def embedding_params(self) -> int:
         """Patch embedding, caption projection, timestep/pooled/guidance MLPs, final layer."""
+        if self.embed_params:
+            return self.embed_params
         d, c = self.hidden, self.cond
         pt, ph, pw = self.patch
         patch_in = pt * ph * pw * self.in_channels
@@ -306,6 +361,10 @@ class DiTSpec:
 
     def norm_params(self) -> int:
         """LayerNorm/RMSNorm weights (qk-norm, affine norms): small, counted for the 1% golden check."""
+        if self.norm_count:
+            return self.norm_count
+        if self.arch == "single":  # four RMSNorm(hidden) around attention and FFN + RMSNorm q/k per block
+            return self.blocks * (4 * self.hidden + 2 * self.head_dim)
         per = 4 * self.head_dim  # q/k norms of the image and text streams
         added = self.layers * self.inner if self.added_kv_dim else 0  # norm_added_k (Wan I2V)
         return (
@@ -386,6 +445,8 @@ def attention_flops(
         return 4.0 * (s_img + s_txt) ** 2 * width
     if a.kind == "self":
         return 4.0 * s_img**2 * width
+    if a.kind == "txt_self":
+        return 4.0 * s_txt**2 * width
     if a.kind == "cross":
         return 4.0 * s_img * s_txt * width
     if a.kind == "linear":  # ReLU linear attention: K^T V then Q (K^T V), head_dim^2 per token
@@ -479,6 +540,8 @@ DIFFUSERS_CLASSES: dict[str, str] = {
     "PixArtTransformer2DModel": "cross",
     "CogVideoXTransformer3DModel": "cogvideo",
     "MochiTransformer3DModel": "asym",
+    "EasyAnimateTransformer3DModel": "mmdit",
+    "ZImageTransformer2DModel": "single",
 }
 
 
@@ -565,6 +628,10 @@ def _from_diffusers(cfg: dict[str, Any], source: str) -> DiTSpec:
 
     name = str(cfg.get("_name_or_path") or Path(source).parent.name or cls)
     common: dict[str, Any] = {"published_params": 0.0, "published_source": "", "defaults": {}}
+    if cls == "EasyAnimateTransformer3DModel":
+        return _easyanimate(cfg, need, name, source, common)
+    if cls == "ZImageTransformer2DModel":
+        return _zimage(cfg, need, name, source, common)
     if cls == "FluxTransformer2DModel":
         hd, H = need("attention_head_dim"), need("num_attention_heads")
         d = hd * H
@@ -659,6 +726,122 @@ def _from_diffusers(cfg: dict[str, Any], source: str) -> DiTSpec:
     )  # fmt: skip
 
 
+def _flag(cfg: dict[str, Any], key: str, default: bool, cls: str, where: str) -> bool:
+    v = cfg.get(key, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ModelConfigError(
+            f"{where}: {cls} key {key!r} must be true or false, got {echo(v)}", f"fix {key}"
+        )
+    return v
+
+
+def _easyanimate(cfg: dict[str, Any], need: Any, name: str, source: str, common: dict[str, Any]) -> DiTSpec:
+    """diffusers EasyAnimateTransformer3DModel (EasyAnimate V5/V5.1): MMDiT blocks, each with image
+    and text weights of its own (attn1 to_q/k/v/out + add_q/k/v_proj/to_add_out, ff + txt_ff, GELU)
+    over one joint attention, two EasyAnimateLayerNormZero modulations (time_embed_dim -> 6 x inner)
+    per block; a Conv2d patch embedding of 1 x p x p, the timestep MLP from inner-wide sinusoids."""
+    cls = "EasyAnimateTransformer3DModel"
+    hd, H = need("attention_head_dim"), need("num_attention_heads")
+    d, L, p = hd * H, need("num_layers"), need("patch_size")
+    mm = need("mmdit_layers")
+    if mm < L:
+        raise UnsupportedArchitecture(
+            f"{source}: {cls} with mmdit_layers {mm} < num_layers {L} (blocks whose text shares the image "
+            "weights after the MMDiT ones) is not modelled",
+            "only configs whose every block is an MMDiT block (mmdit_layers >= num_layers) are read",
+        )
+    if cfg.get("text_embed_dim_t5") is not None:
+        raise UnsupportedArchitecture(
+            f"{source}: {cls} with text_embed_dim_t5 (a second, T5 caption stream) is not modelled",
+            "only the single-encoder (Qwen2-VL) configs of EasyAnimate V5.1 are read",
+        )
+    act = cfg.get("activation_fn", "gelu-approximate")
+    if act not in ("gelu", "gelu-approximate"):
+        raise UnsupportedArchitecture(
+            f"{source}: {cls} activation_fn {echo(act)} is not modelled", "the GELU FeedForward is read"
+        )
+    c, C_in, C_out, tdim = (
+        need("time_embed_dim"),
+        need("in_channels"),
+        need("out_channels"),
+        need("text_embed_dim"),
+    )
+    affine = _flag(cfg, "norm_elementwise_affine", True, cls, source)
+    add_norm = _flag(cfg, "add_norm_text_encoder", False, cls, source)
+    after = _flag(cfg, "after_norm", False, cls, source)
+    a2 = 2 if affine else 0  # LayerNorm weight + bias
+    embed = (
+        d * c + c + c * c + c  # time_embedding: TimestepEmbedding(inner -> time_embed_dim)
+        + C_in * p * p * d + d  # proj: Conv2d(in_channels, inner, p x p)
+        + (tdim if add_norm else 0) + tdim * d + d  # text_proj: (RMSNorm) + Linear
+        + a2 * d  # norm_final
+        + c * 2 * d + 2 * d + a2 * d  # norm_out: AdaLayerNorm linear (time_embed_dim -> 2 x inner) + LayerNorm
+        + d * p * p * C_out + p * p * C_out  # proj_out
+    )  # fmt: skip
+    # per block: norm1/norm2 LayerNorms (affine), q/k and added q/k LayerNorms (head_dim, affine)
+    norms = L * (2 * a2 * d + 4 * a2 * hd) + (a2 * d if after else 0)
+    return DiTSpec(
+        id=name, name=name, arch="mmdit", hidden=d, heads=H, head_dim=hd, ffn=4 * d, layers=L,
+        single_layers=0, patch=(1, p, p), in_channels=C_in, text_dim=tdim, text_tokens=256,
+        vae=_vae("magvit-vae"), text_encoders=(_encoder("qwen2-vl-7b-text", 256),), cfg=True,
+        cond_dim=c, embed_params=embed, norm_count=norms,
+        source=f"{source} (EasyAnimate's Magvit VAE and Qwen2-VL text encoder, 256 caption tokens: "
+        "diffusers EasyAnimatePipeline max_sequence_length; CFG: its guidance_scale 5.0)",
+        **common,
+    )  # fmt: skip
+
+
+def _zimage(cfg: dict[str, Any], need: Any, name: str, source: str, common: dict[str, Any]) -> DiTSpec:
+    """diffusers ZImageTransformer2DModel (Z-Image, S3-DiT): ``n_layers`` single-stream blocks over the
+    image and caption tokens with shared weights (to_q/k/v/out without bias, RMSNorm q/k, a SwiGLU
+    FFN of int(dim / 3 x 8), four RMSNorms, a 4-way adaLN from a min(dim, 256)-wide conditioning
+    vector), after ``n_refiner_layers`` noise-refiner blocks on the image tokens (modulated) and as
+    many context-refiner blocks on the caption tokens (not modulated). ``n_kv_heads`` is not used
+    by the class (every attention has ``n_heads`` key/value heads)."""
+    cls = "ZImageTransformer2DModel"
+    if cfg.get("siglip_feat_dim") is not None:
+        raise UnsupportedArchitecture(
+            f"{source}: {cls} with siglip_feat_dim (Z-Image Omni's SigLIP image branch) is not modelled",
+            "only the text-to-image configs (no siglip_feat_dim) are read",
+        )
+    ps, fs = need("all_patch_size"), need("all_f_patch_size")
+    ps, fs = (ps if isinstance(ps, list) else [ps]), (fs if isinstance(fs, list) else [fs])
+    if len(ps) != 1 or len(fs) != 1:
+        raise UnsupportedArchitecture(
+            f"{source}: {cls} with several patch sizes (all_patch_size {echo(ps)}) is not modelled",
+            "only configs with one patch size are read",
+        )
+    d, H, L, R = need("dim"), need("n_heads"), need("n_layers"), need("n_refiner_layers")
+    if d % H:
+        raise ModelConfigError(
+            f"{source}: {cls} dim {d} is not a multiple of n_heads {H}", "fix dim or n_heads"
+        )
+    p, pf, C, cap = ps[0], fs[0], need("in_channels"), need("cap_feat_dim")
+    qk = _flag(cfg, "qk_norm", True, cls, source)
+    c = min(d, 256)  # ADALN_EMBED_DIM
+    patch = pf * p * p * C
+    embed = (
+        patch * d + d  # x_embedder
+        + c * d + d + d * patch + patch  # final layer: adaLN Linear(256 -> dim), Linear(dim -> patch)
+        + 256 * 1024 + 1024 + 1024 * c + c  # t_embedder: 256 sinusoids -> 1024 -> min(dim, 256)
+        + cap + cap * d + d  # cap_embedder: RMSNorm + Linear
+        + 2 * d  # x_pad_token, cap_pad_token
+    )  # fmt: skip
+    hd = d // H
+    return DiTSpec(
+        id=name, name=name, arch="single", hidden=d, heads=H, head_dim=hd, ffn=int(d / 3 * 8), layers=L,
+        single_layers=0, patch=(pf, p, p), in_channels=C, text_dim=cap, text_tokens=512,
+        vae=_vae("flux-ae"), text_encoders=(_encoder("qwen3-4b", 512),), cfg=True, ffn_kind="swiglu",
+        cond_dim=c, img_refiner_layers=R, txt_refiner_layers=R, linear_bias=False, embed_params=embed,
+        norm_count=(L + 2 * R) * (4 * d + (2 * hd if qk else 0)),
+        source=f"{source} (the FLUX VAE and Qwen3-4B text encoder of Z-Image, 512 caption tokens: diffusers "
+        "ZImagePipeline max_sequence_length; CFG: its guidance_scale 5.0, pass --no-cfg for Z-Image-Turbo)",
+        **common,
+    )  # fmt: skip
+
+
 def _replace(spec: DiTSpec, **kw: Any) -> DiTSpec:
     from dataclasses import replace
 
@@ -685,6 +868,7 @@ def describe(
         "ffn": spec.ffn,
         "layers": spec.layers,
         "single_layers": spec.single_layers,
+        "refiner_blocks": spec.refiner_blocks,
         "patch": list(spec.patch),
         "params": spec.params,
         "params_breakdown": spec.params_breakdown(),

@@ -1,0 +1,139 @@
+"""diffusers transformer classes read from their real config.json (issue 22 item 5).
+
+Each class autopar reads is checked on the real, unedited config under tests/configs/real/ (its
+source in SOURCES.yaml): the parameter count against the stored figure of diffusers' meta-device
+build (and against the build itself where diffusers is installed), and the FLOPs of one forward,
+block by block, against a hand computation written here from the class's module list (diffusers
+``models/transformers/<file>.py``), not from autopar's spec. Then ``autopar dit generate`` and
+``autopar dit train`` run on each config.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from autopar.dit.spec import from_diffusers_config, load_dit
+from autopar.errors import ModelConfigError, UnsupportedArchitecture
+from autopar.model import read_config_file
+
+ROOT = Path(__file__).resolve().parent.parent
+REAL = ROOT / "tests" / "configs" / "real"
+SOURCES = yaml.safe_load((REAL / "SOURCES.yaml").read_text(encoding="utf-8"))
+READ = ("easyanimate-v5.1", "z-image")
+
+
+def _cfg(name: str) -> dict:
+    return read_config_file(REAL / name / "config.json")
+
+
+@pytest.mark.parametrize("name", READ)
+def test_params_match_the_stored_meta_device_count(name: str) -> None:
+    spec = load_dit(REAL / name / "config.json")
+    truth = int(SOURCES[name]["truth"]["total"])
+    assert "meta device" in SOURCES[name]["truth"]["by"]
+    assert abs(spec.params / truth - 1) < 1e-4, (spec.params, truth)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", READ)
+def test_params_match_diffusers_on_meta(name: str) -> None:
+    pytest.importorskip("diffusers")
+    from autopar.hf_meta import dit_meta_count
+
+    n, how = dit_meta_count(_cfg(name))
+    assert n is not None, how
+    assert abs(load_dit(REAL / name / "config.json").params / n - 1) < 1e-4
+
+
+def test_easyanimate_flops_by_hand() -> None:
+    """EasyAnimateTransformerBlock (all 48 are MMDiT blocks): per stream to_q/k/v + to_out (or the
+    add_* twins for the text) and a GELU FeedForward of 4 x inner; one joint attention over text +
+    video. 512x512, 49 frames: Magvit VAE 8x space, 4x time -> 13 x 64 x 64 latents, patch 2 ->
+    13 x 32 x 32 = 13,312 tokens; 256 caption tokens."""
+    cfg = _cfg("easyanimate-v5.1")
+    d = cfg["num_attention_heads"] * cfg["attention_head_dim"]  # 3072
+    L = cfg["num_layers"]
+    s_img, s_txt = 13 * 32 * 32, 256
+    per_token = 2 * (3 * d * d + d * d + 2 * 4 * d * d)  # qkv, out, FFN up + down (biases: no FLOPs)
+    gemm = (s_img + s_txt) * per_token * L
+    attn = 4 * (s_img + s_txt) ** 2 * d * L  # QK^T and PV over the joint sequence
+    spec = load_dit(REAL / "easyanimate-v5.1" / "config.json")
+    assert spec.tokens(512, 512, 49) == s_img and spec.text_tokens == s_txt
+    fl = spec.forward_flops(512, 512, 49)
+    assert fl["gemm"] == pytest.approx(gemm, rel=1e-12)
+    assert fl["attention"] == pytest.approx(attn, rel=1e-12)
+    # modulation: two EasyAnimateLayerNormZero linears (time_embed_dim -> 6 x inner) per block, on
+    # the conditioning vector only (no token FLOPs), counted in the parameters
+    c = cfg["time_embed_dim"]
+    assert spec.modulation_params() == L * 2 * (c * 6 * d + 6 * d)
+
+
+def test_zimage_flops_by_hand() -> None:
+    """ZImageTransformerBlock: to_q/k/v/out (dim x dim, no bias) and a SwiGLU FFN w1/w3 (dim ->
+    int(dim/3*8)) + w2; 30 main blocks over image + caption tokens, 2 noise-refiner blocks over the
+    image tokens, 2 context-refiner blocks over the caption tokens. 1024x1024: FLUX VAE 8x -> 128 x
+    128 latents, patch 2 -> 4,096 tokens; 512 caption tokens."""
+    cfg = _cfg("z-image")
+    d, L, R = cfg["dim"], cfg["n_layers"], cfg["n_refiner_layers"]
+    f = int(d / 3 * 8)
+    assert f == 10240
+    s_img, s_txt = 64 * 64, 512
+    per_token = 2 * (4 * d * d + 3 * d * f)  # q, k, v, out; w1, w3, w2
+    gemm = per_token * ((s_img + s_txt) * L + s_img * R + s_txt * R)
+    attn = 4 * d * ((s_img + s_txt) ** 2 * L + s_img**2 * R + s_txt**2 * R)
+    spec = load_dit(REAL / "z-image" / "config.json")
+    assert spec.tokens(1024, 1024, 1) == s_img and spec.text_tokens == s_txt
+    fl = spec.forward_flops(1024, 1024, 1)
+    assert fl["gemm"] == pytest.approx(gemm, rel=1e-12)
+    assert fl["attention"] == pytest.approx(attn, rel=1e-12)
+    # adaLN: Linear(256 -> 4 x dim) in every main and noise-refiner block, none in the context refiner
+    assert spec.modulation_params() == (L + R) * (256 * 4 * d + 4 * d)
+    assert spec.blocks == L + 2 * R
+
+
+def test_refusals_name_what_is_not_modelled() -> None:
+    ea = _cfg("easyanimate-v5.1")
+    for bad, words in (
+        (ea | {"mmdit_layers": 40}, "mmdit_layers 40 < num_layers 48"),
+        (ea | {"text_embed_dim_t5": 4096}, "text_embed_dim_t5"),
+        (_cfg("z-image") | {"siglip_feat_dim": 1152}, "SigLIP"),
+        (_cfg("z-image") | {"all_patch_size": [2, 4], "all_f_patch_size": [1, 1]}, "several patch sizes"),
+    ):
+        with pytest.raises(UnsupportedArchitecture, match=words):
+            from_diffusers_config(bad)
+    with pytest.raises(ModelConfigError, match="'dim'"):
+        from_diffusers_config({k: v for k, v in _cfg("z-image").items() if k != "dim"})
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "autopar", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "request_", "bucket", "batch"),
+    [
+        ("easyanimate-v5.1", ("--height", "512", "--width", "512", "--frames", "49"), "512x512x49", "8"),
+        ("z-image", ("--height", "1024", "--width", "1024", "--steps", "8", "--no-cfg"), "1024x1024x1", "64"),
+    ],
+)
+def test_generate_and_train_run_on_the_config(
+    name: str, request_: tuple[str, ...], bucket: str, batch: str
+) -> None:
+    path = str(REAL / name / "config.json")
+    r = _cli("dit", "generate", "--model", path, "--device", "h100-sxm-80gb", "--num-devices", "4", *request_,
+             "--top", "2", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert len(out["results"]) == 2 and all(x["latency_s"] > 0 for x in out["results"])
+    r = _cli("dit", "train", "--model", path, "--device", "h100-sxm-80gb", "--num-devices", "8",
+             "--buckets", bucket, "--global-batch", batch, "--top", "1", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["results"][0]["tokens_per_s_per_device"] > 0
