@@ -25,7 +25,7 @@ from autopar.model import read_config_file
 ROOT = Path(__file__).resolve().parent.parent
 REAL = ROOT / "tests" / "configs" / "real"
 SOURCES = yaml.safe_load((REAL / "SOURCES.yaml").read_text(encoding="utf-8"))
-READ = ("easyanimate-v5.1", "z-image")
+READ = ("easyanimate-v5.1", "z-image", "stable-audio")
 
 
 def _cfg(name: str) -> dict:
@@ -97,6 +97,44 @@ def test_zimage_flops_by_hand() -> None:
     assert spec.blocks == L + 2 * R
 
 
+def test_stable_audio_flops_by_hand() -> None:
+    """StableAudioDiTBlock: self-attention to_q/k/v/out (inner x inner), cross-attention to_q/out
+    (inner x inner) with to_k/to_v from 768-wide caption features into 12 of 24 heads x 64, a
+    SwiGLU FeedForward (inner -> 2 x 4 inner, 4 inner -> inner). The sequence is the config's
+    sample_size (1024) latents + 1 global token; 130 caption keys (128 T5 tokens + 2 seconds)."""
+    cfg = _cfg("stable-audio")
+    d, L = cfg["num_attention_heads"] * cfg["attention_head_dim"], cfg["num_layers"]
+    kv = cfg["num_key_value_attention_heads"] * cfg["attention_head_dim"]
+    s, t, f = int(cfg["sample_size"]) + 1, 130, 4 * d
+    gemm = L * (s * 2 * (4 * d * d + 2 * d * d + 3 * d * f) + t * 2 * 2 * cfg["cross_attention_dim"] * kv)
+    attn = L * 4 * d * (s * s + s * t)  # self over the sequence, cross: every query head over the caption
+    spec = load_dit(REAL / "stable-audio" / "config.json")
+    fl = spec.forward_flops(0, 0, 0)  # the request does not apply: one fixed window
+    assert fl["gemm"] == pytest.approx(gemm, rel=1e-12)
+    assert fl["attention"] == pytest.approx(attn, rel=1e-12)
+    assert spec.modulation_params() == 0  # no adaLN: the conditioning is the prepended token
+
+
+def test_stable_audio_generate_and_train_refuse_by_name() -> None:
+    """An audio DiT denoises a fixed window (diffusers StableAudioPipeline: sample_size latents,
+    whatever length is asked): an image/video request does not apply, said in one line."""
+    path = str(REAL / "stable-audio" / "config.json")
+    for args in (
+        ("dit", "generate", "--model", path, "--device", "h100-sxm-80gb", "--num-devices", "1",
+         "--height", "512", "--width", "512"),
+        ("dit", "train", "--model", path, "--device", "h100-sxm-80gb", "--num-devices", "8",
+         "--buckets", "512x512x1", "--global-batch", "8"),
+        ("dit", "model", path, "--height", "512"),
+    ):  # fmt: skip
+        r = _cli(*args)
+        assert r.returncode == 2 and r.stdout == "", (args, r.stdout)
+        assert len(r.stderr.strip().splitlines()) == 1 and "is an audio DiT" in r.stderr, r.stderr
+    r = _cli("dit", "model", path, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["tokens_per_sample"] == 1025 and out["request"] is None and out["params"] == 1056939136
+
+
 def test_refusals_name_what_is_not_modelled() -> None:
     ea = _cfg("easyanimate-v5.1")
     for bad, words in (
@@ -104,6 +142,7 @@ def test_refusals_name_what_is_not_modelled() -> None:
         (ea | {"text_embed_dim_t5": 4096}, "text_embed_dim_t5"),
         (_cfg("z-image") | {"siglip_feat_dim": 1152}, "SigLIP"),
         (_cfg("z-image") | {"all_patch_size": [2, 4], "all_f_patch_size": [1, 1]}, "several patch sizes"),
+        ({"_class_name": "UNet3DConditionModel"}, "a UNet"),
     ):
         with pytest.raises(UnsupportedArchitecture, match=words):
             from_diffusers_config(bad)

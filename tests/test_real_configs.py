@@ -62,7 +62,6 @@ REFUSED = {
     "mpt": "'mpt' is not one autopar knows",
     "stablelm-epoch": "'stablelm_epoch' is not one autopar knows",
     "step-3.7": "'step3p7' is not one autopar knows",
-    "stable-audio": "'StableAudioDiTModel' is not modelled",
 }
 
 

@@ -184,7 +184,18 @@ class DiTSpec:
     # caption tokens alone (without), run once per forward before the main blocks
     img_refiner_layers: int = 0
     txt_refiner_layers: int = 0
-    linear_bias: bool = True  # the blocks' linear layers carry a bias (Z-Image's do not)
+    linear_bias: bool = True  # the attention projections carry a bias (Z-Image's, Stable Audio's do not)
+    ffn_bias: bool = True  # the FFN's linear layers carry a bias (Z-Image's do not)
+    # cross: the caption's key/value projections read cross_kv_dim-wide features (0: hidden) into
+    # cross_kv_heads heads (0: heads; Stable Audio's cross-attention is grouped-query)
+    cross_kv_dim: int = 0
+    cross_kv_heads: int = 0
+    adaln: bool = True  # False: no modulation in the blocks (Stable Audio: a prepended global token)
+    # audio DiT (Stable Audio): every forward denoises this fixed window of latents, whatever length
+    # is asked for (diffusers StableAudioPipeline runs the config's sample_size and trims the
+    # waveform), after prefix_tokens conditioning tokens; image/video requests do not apply
+    audio_latents: int = 0
+    prefix_tokens: int = 0
     # class-specific embedders and output layer, counted by the class reader from its config (0: the
     # arch's formula in embedding_params)
     embed_params: int = 0
@@ -223,7 +234,7 @@ class DiTSpec:
         return self.layers + self.single_layers + self.refiner_blocks
 
     def _ffn(self, stream: Stream, d: int, f: int, n: int) -> list[Linear]:
-        b = self.linear_bias
+        b = self.ffn_bias
         if self.ffn_kind == "gelu":
             return [Linear(stream, d, f, n, b), Linear(stream, f, d, n, b)]
         return [Linear(stream, d, 2 * f, n, b), Linear(stream, f, d, n, b)]  # gated: up+gate fused
@@ -253,13 +264,16 @@ class DiTSpec:
             return out
         if a == "cross":
             image = [Linear("ictx", self.added_kv_dim, 2 * self.inner, L)] if self.added_kv_dim else []
+            b, kv = self.linear_bias, (self.cross_kv_heads or self.heads) * self.head_dim
             return [
-                Linear("img", d, 3 * self.inner, L),
-                Linear("img", self.inner, d, L),
-                Linear("img", d, self.inner, L),  # cross-attention query
-                Linear("txt", d, 2 * self.inner, L),  # cross-attention key/value of the caption
+                Linear("img", d, 3 * self.inner, L, b),
+                Linear("img", self.inner, d, L, b),
+                Linear("img", d, self.inner, L, b),  # cross-attention query
+                Linear(
+                    "txt", self.cross_kv_dim or d, 2 * kv, L, b
+                ),  # cross-attention key/value of the caption
                 *image,  # diffusers WanAttention add_k_proj / add_v_proj (I2V)
-                Linear("img", self.inner, d, L),
+                Linear("img", self.inner, d, L, b),
                 *self._ffn("img", d, f, L),
             ]
         if a == "stdit":
@@ -308,6 +322,8 @@ class DiTSpec:
         if self.arch == "asym":
             dy = self.text_hidden
             return L * (c * 4 * d + 4 * d + c * 4 * dy + 4 * dy)
+        if not self.adaln:
+            return 0
         return L * 6 * d  # adaLN-single: one shared projection (counted in embeddings) + a table per block
 
     def attentions(self) -> list[Attention]:
@@ -406,6 +422,12 @@ class DiTSpec:
 
     def token_grid(self, height: int, width: int, frames: int) -> tuple[int, int, int]:
         """(frames, rows, columns) of transformer tokens after patchify (p_t, p_h, p_w)."""
+        if self.audio_latents:
+            raise ModelConfigError(
+                f"{self.id} is an audio DiT: every forward denoises its window of {self.audio_latents} latents, "
+                "so a height x width x frames request does not apply and autopar dit generate/train do not cost it",
+                "autopar dit model CONFIG prints its parameters and the FLOPs of one forward",
+            )
         t, h, w = self.latent_shape(height, width, frames)
         pt, ph, pw = self.patch
         if h % ph or w % pw:
@@ -422,8 +444,12 @@ class DiTSpec:
 
     # ---------------------------------------------------------------- FLOPs
     def forward_flops(self, height: int, width: int, frames: int) -> dict[str, float]:
-        """FLOPs of one transformer forward on one sample: linear layers and attention."""
-        t, h, w = self.token_grid(height, width, frames)
+        """FLOPs of one transformer forward on one sample: linear layers and attention (an audio DiT:
+        its fixed window of latents plus its prefix tokens, whatever the request)."""
+        if self.audio_latents:
+            t, h, w = 1, 1, self.audio_latents + self.prefix_tokens
+        else:
+            t, h, w = self.token_grid(height, width, frames)
         s_img = float(t * h * w)
         s_txt = float(self.text_tokens)
         n = {"img": s_img, "txt": s_txt, "joint": s_img + s_txt, "ictx": float(self.image_tokens)}
@@ -542,6 +568,7 @@ DIFFUSERS_CLASSES: dict[str, str] = {
     "MochiTransformer3DModel": "asym",
     "EasyAnimateTransformer3DModel": "mmdit",
     "ZImageTransformer2DModel": "single",
+    "StableAudioDiTModel": "cross",
 }
 
 
@@ -617,6 +644,12 @@ def _from_diffusers(cfg: dict[str, Any], source: str) -> DiTSpec:
             f"{source}: no '_class_name' (not a diffusers transformer config)",
             f"pass a transformer config.json of one of: {', '.join(DIFFUSERS_CLASSES)}",
         )
+    if cls not in DIFFUSERS_CLASSES and cls.startswith("UNet"):
+        raise UnsupportedArchitecture(
+            f"{source}: diffusers class {cls!r} is not modelled: it is a UNet (convolutional down/up "
+            "blocks with attention inside), not a diffusion transformer, and autopar dit costs transformer blocks",
+            f"pass a transformer config of one of: {', '.join(DIFFUSERS_CLASSES)}",
+        )
     if cls not in DIFFUSERS_CLASSES:
         raise UnsupportedArchitecture(
             f"{source}: diffusers class {cls!r} is not modelled",
@@ -632,6 +665,8 @@ def _from_diffusers(cfg: dict[str, Any], source: str) -> DiTSpec:
         return _easyanimate(cfg, need, name, source, common)
     if cls == "ZImageTransformer2DModel":
         return _zimage(cfg, need, name, source, common)
+    if cls == "StableAudioDiTModel":
+        return _stable_audio(cfg, need, name, source, common)
     if cls == "FluxTransformer2DModel":
         hd, H = need("attention_head_dim"), need("num_attention_heads")
         d = hd * H
@@ -834,10 +869,67 @@ def _zimage(cfg: dict[str, Any], need: Any, name: str, source: str, common: dict
         id=name, name=name, arch="single", hidden=d, heads=H, head_dim=hd, ffn=int(d / 3 * 8), layers=L,
         single_layers=0, patch=(pf, p, p), in_channels=C, text_dim=cap, text_tokens=512,
         vae=_vae("flux-ae"), text_encoders=(_encoder("qwen3-4b", 512),), cfg=True, ffn_kind="swiglu",
-        cond_dim=c, img_refiner_layers=R, txt_refiner_layers=R, linear_bias=False, embed_params=embed,
+        cond_dim=c, img_refiner_layers=R, txt_refiner_layers=R, linear_bias=False, ffn_bias=False,
+        embed_params=embed,
         norm_count=(L + 2 * R) * (4 * d + (2 * hd if qk else 0)),
         source=f"{source} (the FLUX VAE and Qwen3-4B text encoder of Z-Image, 512 caption tokens: diffusers "
         "ZImagePipeline max_sequence_length; CFG: its guidance_scale 5.0, pass --no-cfg for Z-Image-Turbo)",
+        **common,
+    )  # fmt: skip
+
+
+def _stable_audio(cfg: dict[str, Any], need: Any, name: str, source: str, common: dict[str, Any]) -> DiTSpec:
+    """diffusers StableAudioDiTModel (Stable Audio Open): ``num_layers`` StableAudioDiTBlocks, each
+    LayerNorm -> self-attention (to_q/k/v/out, no bias) -> LayerNorm -> cross-attention to the
+    caption (query from the audio, key/value from cross_attention_dim features into
+    num_key_value_attention_heads heads, no bias) -> LayerNorm -> SwiGLU FeedForward of 4 x inner
+    (with bias); no adaLN: the timestep and the seconds conditioning enter as one global token
+    prepended to the sequence. Every forward denoises the config's sample_size latents."""
+    hd, H, kvH = (
+        need("attention_head_dim"),
+        need("num_attention_heads"),
+        need("num_key_value_attention_heads"),
+    )
+    d, L = hd * H, need("num_layers")
+    if H % kvH:
+        raise ModelConfigError(
+            f"{source}: StableAudioDiTModel num_attention_heads {H} is not a multiple of "
+            f"num_key_value_attention_heads {kvH}",
+            "fix the head counts",
+        )
+    C_in, C_out = need("in_channels"), need("out_channels")
+    xdim, xin, gin, tproj = (
+        need("cross_attention_dim"),
+        need("cross_attention_input_dim"),
+        need("global_states_input_dim"),
+        need("time_proj_dim"),
+    )
+    window = cfg.get("sample_size", 1024)
+    if isinstance(window, float) and window.is_integer():
+        window = int(window)  # published configs write 1024.0
+    if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_DIT_WIDTH:
+        raise ModelConfigError(
+            f"{source}: StableAudioDiTModel key 'sample_size' must be a whole number from 1 to "
+            f"{MAX_DIT_WIDTH:,}, got {echo(window)}",
+            "fix sample_size in the config",
+        )
+    embed = (
+        tproj // 2  # time_proj: the Gaussian Fourier weight (a parameter, not trained)
+        + tproj * d + d + d * d + d  # timestep_proj
+        + gin * d + d * d  # global_proj (no bias)
+        + xin * xdim + xdim * xdim  # cross_attention_proj (no bias)
+        + C_in * C_in + C_in * d  # preprocess_conv (1x1), proj_in
+        + d * C_out + C_out * C_out  # proj_out, postprocess_conv (1x1)
+    )  # fmt: skip
+    return DiTSpec(
+        id=name, name=name, arch="cross", hidden=d, heads=H, head_dim=hd, ffn=4 * d, layers=L,
+        single_layers=0, patch=(1, 1, 1), in_channels=C_in, text_dim=xin, text_tokens=130,
+        vae=_vae("oobleck-vae"), text_encoders=(_encoder("t5-base-encoder", 128),), cfg=True,
+        ffn_kind="swiglu", linear_bias=False, cross_kv_dim=xdim, cross_kv_heads=kvH, adaln=False,
+        audio_latents=window, prefix_tokens=1, embed_params=embed, norm_count=L * 3 * 2 * d,
+        source=f"{source} (Stable Audio Open's Oobleck VAE and T5-base encoder; 130 caption tokens: the "
+        "tokenizer's model_max_length 128 + the seconds_start / seconds_end tokens of StableAudioPipeline; "
+        "CFG: its guidance_scale 7.0)",
         **common,
     )  # fmt: skip
 
@@ -856,7 +948,15 @@ def describe(
     h = height or d.get("height", 1024)
     w = width or d.get("width", 1024)
     f = frames or d.get("frames", 1)
-    grid = spec.token_grid(h, w, f)
+    if spec.audio_latents:  # one fixed window: no request, no image VAE
+        if height or width or frames:
+            spec.token_grid(h, w, f)  # the one-line refusal: the request does not apply
+        grid, latent = (1, 1, spec.audio_latents + spec.prefix_tokens), (1, 1, spec.audio_latents)
+        request: dict[str, Any] | None = None
+        vae_tflops: float | None = None
+    else:
+        grid, latent = spec.token_grid(h, w, f), spec.latent_shape(h, w, f)
+        request, vae_tflops = {"height": h, "width": w, "frames": f}, spec.vae.decode_flops(f, h, w) / 1e12
     fl = spec.forward_flops(h, w, f)
     return {
         "id": spec.id,
@@ -878,12 +978,12 @@ def describe(
         "vae": {"name": spec.vae.name, "spatial": spec.vae.spatial, "temporal": spec.vae.temporal,
                 "channels": spec.vae.channels, "source": spec.vae.source},
         "text_encoders": [{"name": e.name, "params": e.params, "tokens": e.tokens} for e in spec.text_encoders],
-        "request": {"height": h, "width": w, "frames": f},
-        "latent_shape": list(spec.latent_shape(h, w, f)),
+        "request": request,
+        "latent_shape": list(latent),
         "token_grid": list(grid),
         "tokens_per_sample": grid[0] * grid[1] * grid[2],
         "text_tokens": spec.text_tokens,
         "forward_tflops": {k: v / 1e12 for k, v in fl.items()},
-        "vae_decode_tflops": spec.vae.decode_flops(f, h, w) / 1e12,
+        "vae_decode_tflops": vae_tflops,
         "source": spec.source,
     }  # fmt: skip
