@@ -176,3 +176,48 @@ def test_generate_and_train_run_on_the_config(
              "--buckets", bucket, "--global-batch", batch, "--top", "1", "--json")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["results"][0]["tokens_per_s_per_device"] > 0
+
+
+# Wan 2.1's blocks under other class names: the class's own __init__ defaults (diffusers 0.42.1
+# models/transformers/transformer_skyreels_v2.py, transformer_chronoedit.py: the source) with the
+# count diffusers builds from them on the meta device (checked against the build where installed).
+_WAN_DEFAULTS = {
+    "patch_size": [1, 2, 2], "in_channels": 16, "out_channels": 16, "text_dim": 4096, "freq_dim": 256,
+    "cross_attn_norm": True, "qk_norm": "rms_norm_across_heads", "eps": 1e-06, "image_dim": None,
+    "added_kv_proj_dim": None, "rope_max_seq_len": 1024, "pos_embed_seq_len": None,
+}  # fmt: skip
+SKYREELS = _WAN_DEFAULTS | {"_class_name": "SkyReelsV2Transformer3DModel", "num_attention_heads": 16,
+                            "attention_head_dim": 128, "ffn_dim": 8192, "num_layers": 32,
+                            "inject_sample_info": False, "num_frame_per_block": 1}  # fmt: skip
+CHRONOEDIT = _WAN_DEFAULTS | {"_class_name": "ChronoEditTransformer3DModel", "num_attention_heads": 40,
+                              "attention_head_dim": 128, "ffn_dim": 13824, "num_layers": 40,
+                              "rope_temporal_skip_len": 8}  # fmt: skip
+WAN_LIKE = [
+    ("skyreels-v2 defaults", SKYREELS, 2191878208),
+    ("skyreels-v2 fps embedding", SKYREELS | {"inject_sample_info": True}, 2221256768),
+    ("chronoedit defaults", CHRONOEDIT, 14288491584),
+    (
+        "chronoedit i2v",
+        CHRONOEDIT | {"image_dim": 1280, "added_kv_proj_dim": 5120, "in_channels": 36},
+        16394878784,
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "cfg", "truth"), WAN_LIKE, ids=[w[0] for w in WAN_LIKE])
+def test_wan_like_classes_within_a_tenth_of_a_percent(what: str, cfg: dict, truth: int) -> None:
+    spec = from_diffusers_config(cfg)
+    assert spec.arch == "cross" and spec.layers == cfg["num_layers"]
+    assert abs(spec.params / truth - 1) < 1e-3, (what, spec.params, truth)
+    # the same blocks as Wan: the FLOPs of one forward equal WanTransformer3DModel's on that config
+    wan = from_diffusers_config(cfg | {"_class_name": "WanTransformer3DModel"})
+    assert spec.forward_flops(480, 832, 81) == wan.forward_flops(480, 832, 81)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("what", "cfg", "truth"), WAN_LIKE, ids=[w[0] for w in WAN_LIKE])
+def test_wan_like_stored_counts_are_diffusers(what: str, cfg: dict, truth: int) -> None:
+    pytest.importorskip("diffusers")
+    from autopar.hf_meta import dit_meta_count
+
+    assert dit_meta_count(cfg)[0] == truth, what

@@ -367,7 +367,10 @@ class DiTSpec:
             p += 256 * c + c + c * c + c
         if self.arch in ("cross", "stdit"):
             p += c * 6 * d + 6 * d  # adaLN-single shared projection
-        p += c * 2 * d + 2 * d + d * patch_out + patch_out  # final adaLN + projection
+        if self.arch == "cross":  # Wan, PixArt, SANA: the final shift/scale is a table (scale_shift_table)
+            p += 2 * d + d * patch_out + patch_out
+        else:  # final adaLN (conditioning -> shift, scale) + projection
+            p += c * 2 * d + 2 * d + d * patch_out + patch_out
         if self.image_dim:  # diffusers WanImageEmbedding: LayerNorm, Linear+GELU, Linear, LayerNorm
             e = self.image_dim
             p += 2 * e + e * e + e + e * d + d + 2 * d
@@ -569,7 +572,12 @@ DIFFUSERS_CLASSES: dict[str, str] = {
     "EasyAnimateTransformer3DModel": "mmdit",
     "ZImageTransformer2DModel": "single",
     "StableAudioDiTModel": "cross",
+    # Wan 2.1's blocks and embedders under other names: SkyReels-V2 (+ an optional fps embedding)
+    # and ChronoEdit (Wan 2.1 I2V with a temporal-skip RoPE, no parameters of its own)
+    "SkyReelsV2Transformer3DModel": "cross",
+    "ChronoEditTransformer3DModel": "cross",
 }
+_WAN_LIKE = ("WanTransformer3DModel", "SkyReelsV2Transformer3DModel", "ChronoEditTransformer3DModel")
 
 
 def _need(cfg: dict[str, Any], key: str, cls: str, where: str) -> Any:
@@ -703,7 +711,7 @@ def _from_diffusers(cfg: dict[str, Any], source: str) -> DiTSpec:
             pooled_dim=need("pooled_projection_dim"), refiner_layers=need("num_refiner_layers"),
             source=f"{source} (VAE and text encoders of the HunyuanVideo preset)", **common,
         )  # fmt: skip
-    if cls == "WanTransformer3DModel":
+    if cls in _WAN_LIKE:
         hd, H = need("attention_head_dim"), need("num_attention_heads")
         base = _build("wan2.1-t2v-14b", _data()["models"]["wan2.1-t2v-14b"])
         pt, ph, pw = need("patch_size")
@@ -713,7 +721,7 @@ def _from_diffusers(cfg: dict[str, Any], source: str) -> DiTSpec:
         added = int(cfg.get("added_kv_proj_dim") or 0)
         if bool(image_dim) != bool(added):
             raise ModelConfigError(
-                f"{source}: WanTransformer3DModel needs image_dim and added_kv_proj_dim together",
+                f"{source}: {cls} needs image_dim and added_kv_proj_dim together",
                 "set both (image-to-video) or neither (text-to-video)",
             )
         if cfg.get("pos_embed_seq_len") is not None:
@@ -722,13 +730,21 @@ def _from_diffusers(cfg: dict[str, Any], source: str) -> DiTSpec:
                 f"{source}: pos_embed_seq_len {image_tokens} (FLF2V learned image-token positions) is not modelled",
                 "remove it only if the model has no first-last-frame position embedding",
             )
-        return _replace(
+        spec = _replace(
             base, id=name, name=name, hidden=hd * H, heads=H, head_dim=hd, ffn=need("ffn_dim"),
             layers=need("num_layers"), patch=(pt, ph, pw), in_channels=need("in_channels"),
             text_dim=need("text_dim"), image_dim=image_dim, added_kv_dim=added,
             image_tokens=257 if image_dim else 0,
             source=f"{source} (VAE and umT5 of the Wan 2.1 preset)", **common,
         )  # fmt: skip
+        if cls == "SkyReelsV2Transformer3DModel" and _flag(cfg, "inject_sample_info", False, cls, source):
+            d = (
+                spec.hidden
+            )  # fps_embedding (2 x dim) + fps_projection: Linear(dim, dim) + SiLU + Linear(dim, 6 dim)
+            spec = _replace(
+                spec, embed_params=spec.embedding_params() + 2 * d + d * d + d + d * 6 * d + 6 * d
+            )
+        return spec
     if cls == "PixArtTransformer2DModel":
         hd, H = need("attention_head_dim"), need("num_attention_heads")
         base = _build("pixart-alpha", _data()["models"]["pixart-alpha"])
