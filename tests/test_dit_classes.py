@@ -221,3 +221,78 @@ def test_wan_like_stored_counts_are_diffusers(what: str, cfg: dict, truth: int) 
     from autopar.hf_meta import dit_meta_count
 
     assert dit_meta_count(cfg)[0] == truth, what
+
+
+# Qwen-Image's published transformer/config.json (Qwen/Qwen-Image; its values are the class's own
+# __init__ defaults in diffusers 0.42.1 transformer_qwenimage.py) and SANA's (the class defaults
+# are SANA 1600M's; SANA-Sprint adds guidance_embeds), with diffusers' meta-device counts.
+QWEN_IMAGE = {
+    "_class_name": "QwenImageTransformer2DModel", "attention_head_dim": 128, "axes_dims_rope": [16, 56, 56],
+    "guidance_embeds": False, "in_channels": 64, "joint_attention_dim": 3584, "num_attention_heads": 24,
+    "num_layers": 60, "out_channels": 16, "patch_size": 2,
+}  # fmt: skip
+SANA = {
+    "_class_name": "SanaTransformer2DModel", "in_channels": 32, "out_channels": 32, "num_attention_heads": 70,
+    "attention_head_dim": 32, "num_layers": 20, "num_cross_attention_heads": 20, "cross_attention_head_dim": 112,
+    "cross_attention_dim": 2240, "caption_channels": 2304, "mlp_ratio": 2.5, "attention_bias": False,
+    "sample_size": 32, "patch_size": 1, "guidance_embeds": False,
+}  # fmt: skip
+OTHER = [
+    ("qwen-image", QWEN_IMAGE, 20430401088, 1e-6),
+    ("sana-1600m", SANA, 1604462752, 0.003),  # GLUMBConv's depthwise 3x3 and absent q/k/v biases: -0.13%
+    ("sana-sprint", SANA | {"guidance_embeds": True}, 1610058272, 0.003),
+]
+
+
+@pytest.mark.parametrize(("what", "cfg", "truth", "tol"), OTHER, ids=[w[0] for w in OTHER])
+def test_other_classes_params(what: str, cfg: dict, truth: int, tol: float) -> None:
+    assert abs(from_diffusers_config(cfg).params / truth - 1) <= tol, what
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("what", "cfg", "truth", "tol"), OTHER, ids=[w[0] for w in OTHER])
+def test_other_classes_stored_counts_are_diffusers(what: str, cfg: dict, truth: int, tol: float) -> None:
+    pytest.importorskip("diffusers")
+    from autopar.hf_meta import dit_meta_count
+
+    assert dit_meta_count(cfg)[0] == truth, what
+
+
+def test_qwen_image_flops_by_hand() -> None:
+    """QwenImageTransformerBlock: per stream to_q/k/v + to_out (add_* for the text) and a GELU
+    FeedForward of 4 x inner, one joint attention; img_mod / txt_mod on the timestep vector only.
+    1328x1328 (its README's 1:1 size): 8x VAE -> 166 x 166 latents, 2x2 patches -> 83 x 83 = 6,889
+    tokens; 512 caption tokens."""
+    d, L = 24 * 128, 60
+    s_img, s_txt = 83 * 83, 512
+    spec = from_diffusers_config(QWEN_IMAGE)
+    assert spec.tokens(1328, 1328, 1) == s_img and spec.text_tokens == s_txt
+    fl = spec.forward_flops(1328, 1328, 1)
+    assert fl["gemm"] == pytest.approx((s_img + s_txt) * 2 * 12 * d * d * L, rel=1e-12)
+    assert fl["attention"] == pytest.approx(4 * (s_img + s_txt) ** 2 * d * L, rel=1e-12)
+    assert spec.modulation_params() == L * 2 * (d * 6 * d + 6 * d)
+
+
+def test_sana_reads_as_the_preset() -> None:
+    spec, preset = from_diffusers_config(SANA), load_dit("sana-1600m")
+    assert spec.params == preset.params and spec.forward_flops(4096, 4096, 1) == preset.forward_flops(
+        4096, 4096, 1
+    )
+    with pytest.raises(UnsupportedArchitecture, match="cross-attention width 2304"):
+        from_diffusers_config(SANA | {"cross_attention_head_dim": 144, "num_cross_attention_heads": 16})
+
+
+@pytest.mark.parametrize(("what", "cfg"), [("qwen-image", QWEN_IMAGE), ("skyreels-v2", SKYREELS)])
+def test_generate_and_train_run_on_other_classes(what: str, cfg: dict, tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg), encoding="utf-8")
+    size = ("--height", "1328", "--width", "1328") if what == "qwen-image" else ("--height", "544", "--width", "960", "--frames", "97")  # fmt: skip
+    r = _cli("dit", "generate", "--model", str(path), "--device", "h100-sxm-80gb", "--num-devices", "8", *size,
+             "--top", "1", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["results"][0]["latency_s"] > 0
+    bucket = "1328x1328x1" if what == "qwen-image" else "544x960x97"
+    r = _cli("dit", "train", "--model", str(path), "--device", "h100-sxm-80gb", "--num-devices", "16",
+             "--buckets", bucket, "--global-batch", "16", "--top", "1", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["results"][0]["tokens_per_s_per_device"] > 0

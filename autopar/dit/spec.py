@@ -572,6 +572,8 @@ DIFFUSERS_CLASSES: dict[str, str] = {
     "EasyAnimateTransformer3DModel": "mmdit",
     "ZImageTransformer2DModel": "single",
     "StableAudioDiTModel": "cross",
+    "QwenImageTransformer2DModel": "mmdit",
+    "SanaTransformer2DModel": "cross",
     # Wan 2.1's blocks and embedders under other names: SkyReels-V2 (+ an optional fps embedding)
     # and ChronoEdit (Wan 2.1 I2V with a temporal-skip RoPE, no parameters of its own)
     "SkyReelsV2Transformer3DModel": "cross",
@@ -675,6 +677,10 @@ def _from_diffusers(cfg: dict[str, Any], source: str) -> DiTSpec:
         return _zimage(cfg, need, name, source, common)
     if cls == "StableAudioDiTModel":
         return _stable_audio(cfg, need, name, source, common)
+    if cls == "QwenImageTransformer2DModel":
+        return _qwen_image(cfg, need, name, source, common)
+    if cls == "SanaTransformer2DModel":
+        return _sana(cfg, need, name, source, common)
     if cls == "FluxTransformer2DModel":
         hd, H = need("attention_head_dim"), need("num_attention_heads")
         d = hd * H
@@ -947,6 +953,80 @@ def _stable_audio(cfg: dict[str, Any], need: Any, name: str, source: str, common
         "tokenizer's model_max_length 128 + the seconds_start / seconds_end tokens of StableAudioPipeline; "
         "CFG: its guidance_scale 7.0)",
         **common,
+    )  # fmt: skip
+
+
+def _qwen_image(cfg: dict[str, Any], need: Any, name: str, source: str, common: dict[str, Any]) -> DiTSpec:
+    """diffusers QwenImageTransformer2DModel (Qwen-Image, MMDiT): ``num_layers`` double-stream blocks,
+    each with image and text weights of its own (attn to_q/k/v/out + add_q/k/v_proj/to_add_out,
+    img_mlp + txt_mlp GELU FeedForwards of 4 x inner, RMSNorm q/k and added q/k) over one joint
+    attention, and img_mod / txt_mod (inner -> 6 x inner) modulations; no single-stream blocks.
+    ``in_channels`` is the packed 2x2 patch (64 = 16 latent channels x 4)."""
+    cls = "QwenImageTransformer2DModel"
+    if _flag(cfg, "use_additional_t_cond", False, cls, source):
+        raise UnsupportedArchitecture(
+            f"{source}: {cls} with use_additional_t_cond (an extra timestep condition) is not modelled",
+            "only configs without use_additional_t_cond are read",
+        )
+    hd, H, L, p = (
+        need("attention_head_dim"),
+        need("num_attention_heads"),
+        need("num_layers"),
+        need("patch_size"),
+    )
+    d, C_in, jad = hd * H, need("in_channels"), need("joint_attention_dim")
+    C_out = cfg.get("out_channels") or 16
+    if C_in % (p * p):
+        raise ModelConfigError(
+            f"{source}: {cls} in_channels {C_in} is not a multiple of patch_size^2 = {p * p}",
+            "fix in_channels (the packed latent channels) or patch_size",
+        )
+    embed = (
+        256 * d + d + d * d + d  # time_text_embed: TimestepEmbedding(256 -> inner)
+        + jad + jad * d + d  # txt_norm (RMSNorm) + txt_in
+        + C_in * d + d  # img_in (the packed patch)
+        + d * 2 * d + 2 * d  # norm_out: AdaLayerNormContinuous linear (inner -> 2 x inner)
+        + d * p * p * C_out + p * p * C_out  # proj_out
+    )  # fmt: skip
+    return DiTSpec(
+        id=name, name=name, arch="mmdit", hidden=d, heads=H, head_dim=hd, ffn=4 * d, layers=L,
+        single_layers=0, patch=(1, p, p), in_channels=C_in // (p * p), text_dim=jad, text_tokens=512,
+        vae=_vae("qwen-image-vae"), text_encoders=(_encoder("qwen2.5-vl-7b-text", 512),), cfg=True,
+        cond_dim=d, embed_params=embed,
+        source=f"{source} (Qwen-Image's VAE and Qwen2.5-VL text encoder, 512 caption tokens: diffusers "
+        "QwenImagePipeline max_sequence_length; CFG: its true_cfg_scale 4.0 with a negative prompt)",
+        **common,
+    )  # fmt: skip
+
+
+def _sana(cfg: dict[str, Any], need: Any, name: str, source: str, common: dict[str, Any]) -> DiTSpec:
+    """diffusers SanaTransformer2DModel (SANA, SANA-Sprint with guidance_embeds): the SANA preset's
+    blocks (ReLU linear self-attention, cross-attention to the Gemma caption, GLUMBConv FFN of
+    int(mlp_ratio x inner), adaLN-single tables) at the config's sizes. The cross-attention's
+    num_cross_attention_heads x cross_attention_head_dim must be the hidden width (as in every
+    published SANA): the blocks are costed at one attention width."""
+    cls = "SanaTransformer2DModel"
+    hd, H, p = need("attention_head_dim"), need("num_attention_heads"), need("patch_size")
+    d = hd * H
+    cross = cfg.get("cross_attention_dim")
+    if cross is None:
+        raise UnsupportedArchitecture(
+            f"{source}: {cls} without cross_attention_dim (no caption cross-attention) is not modelled",
+            "only text-conditioned SANA configs are read",
+        )
+    xw = need("num_cross_attention_heads") * need("cross_attention_head_dim")
+    if xw != d or need("cross_attention_dim") != d:
+        raise UnsupportedArchitecture(
+            f"{source}: {cls} cross-attention width {xw} (keys from {cross}) differs from the hidden width {d}: "
+            "not modelled",
+            "only configs whose cross-attention is as wide as the blocks are read",
+        )
+    base = _build("sana-1600m", _data()["models"]["sana-1600m"])
+    return _replace(
+        base, id=name, name=name, hidden=d, heads=H, head_dim=hd, ffn=int(need("mlp_ratio") * d),
+        layers=need("num_layers"), patch=(1, p, p), in_channels=need("in_channels"),
+        text_dim=need("caption_channels"), guidance_embed=_flag(cfg, "guidance_embeds", False, cls, source),
+        source=f"{source} (DC-AE and Gemma-2 of the SANA preset)", **common,
     )  # fmt: skip
 
 
