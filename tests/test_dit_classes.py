@@ -237,8 +237,23 @@ SANA = {
     "cross_attention_dim": 2240, "caption_channels": 2304, "mlp_ratio": 2.5, "attention_bias": False,
     "sample_size": 32, "patch_size": 1, "guidance_embeds": False,
 }  # fmt: skip
+# Lumina-Image 2.0's checkpoint config (Alpha-VLLM/Lumina-Image-2.0 transformer/config.json, as
+# sglang's tests quote it): grouped-query attention, 24 heads over 8 key/value heads
+LUMINA2 = {
+    "_class_name": "Lumina2Transformer2DModel", "axes_dim_rope": [32, 32, 32], "axes_lens": [300, 512, 512],
+    "cap_feat_dim": 2304, "ffn_dim_multiplier": None, "hidden_size": 2304, "in_channels": 16, "multiple_of": 256,
+    "norm_eps": 1e-05, "num_attention_heads": 24, "num_kv_heads": 8, "num_layers": 26, "num_refiner_layers": 2,
+    "out_channels": None, "patch_size": 2, "sample_size": 128, "scaling_factor": 1.0,
+}  # fmt: skip
 OTHER = [
     ("qwen-image", QWEN_IMAGE, 20430401088, 1e-6),
+    ("lumina-image-2.0", LUMINA2, 2609769152, 1e-6),
+    (
+        "lumina2 ffn multiplier",
+        LUMINA2 | {"ffn_dim_multiplier": 0.6667, "num_kv_heads": 24},
+        2185095872,
+        1e-6,
+    ),
     ("sana-1600m", SANA, 1604462752, 0.003),  # GLUMBConv's depthwise 3x3 and absent q/k/v biases: -0.13%
     ("sana-sprint", SANA | {"guidance_embeds": True}, 1610058272, 0.003),
 ]
@@ -296,3 +311,19 @@ def test_generate_and_train_run_on_other_classes(what: str, cfg: dict, tmp_path:
              "--buckets", bucket, "--global-batch", "16", "--top", "1", "--json")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["results"][0]["tokens_per_s_per_device"] > 0
+
+
+def test_lumina2_flops_by_hand() -> None:
+    """Lumina2TransformerBlock: to_q (2304 -> 24 x 96), to_k / to_v (2304 -> 8 x 96 each), to_out,
+    LuminaFeedForward SwiGLU of 4 x 2304 = 9216 (a multiple of 256); 26 blocks over image + caption,
+    2 noise-refiner blocks on the image, 2 context-refiner blocks on the caption. 1024x1024: 4,096
+    image tokens; 256 caption tokens. Grouped-query K/V narrow the projections, not the scores."""
+    d, kv, f, L, R = 2304, 8 * 96, 9216, 26, 2  # head dim 2304 / 24 = 96
+    s_img, s_txt = 64 * 64, 256
+    per_token = 2 * (d * d + 2 * d * kv + d * d + 3 * d * f)
+    spec = from_diffusers_config(LUMINA2)
+    fl = spec.forward_flops(1024, 1024, 1)
+    assert fl["gemm"] == pytest.approx(per_token * ((s_img + s_txt) * L + s_img * R + s_txt * R), rel=1e-12)
+    attn = 4 * d * ((s_img + s_txt) ** 2 * L + s_img**2 * R + s_txt**2 * R)
+    assert fl["attention"] == pytest.approx(attn, rel=1e-12)
+    assert spec.modulation_params() == (L + R) * (1024 * 4 * d + 4 * d)

@@ -184,6 +184,9 @@ class DiTSpec:
     # caption tokens alone (without), run once per forward before the main blocks
     img_refiner_layers: int = 0
     txt_refiner_layers: int = 0
+    kv_heads: int = (
+        0  # single: key/value heads of the blocks' attention (0: heads; Lumina 2 is grouped-query)
+    )
     linear_bias: bool = True  # the attention projections carry a bias (Z-Image's, Stable Audio's do not)
     ffn_bias: bool = True  # the FFN's linear layers carry a bias (Z-Image's do not)
     # cross: the caption's key/value projections read cross_kv_dim-wide features (0: hidden) into
@@ -240,9 +243,10 @@ class DiTSpec:
         return [Linear(stream, d, 2 * f, n, b), Linear(stream, f, d, n, b)]  # gated: up+gate fused
 
     def _single_block(self, stream: Stream, n: int) -> list[Linear]:
-        """Z-Image block: to_q/k/v, to_out and a SwiGLU FFN (w1, w3 fused; w2), on one stream."""
+        """Z-Image / Lumina 2 block: to_q/k/v, to_out and a SwiGLU FFN (w1, w3 fused; w2), on one stream."""
         d, b = self.hidden, self.linear_bias
-        return [Linear(stream, d, 3 * self.inner, n, b), Linear(stream, self.inner, d, n, b)] + self._ffn(
+        qkv = self.inner + 2 * (self.kv_heads or self.heads) * self.head_dim
+        return [Linear(stream, d, qkv, n, b), Linear(stream, self.inner, d, n, b)] + self._ffn(
             stream, d, self.ffn, n
         )
 
@@ -574,6 +578,7 @@ DIFFUSERS_CLASSES: dict[str, str] = {
     "StableAudioDiTModel": "cross",
     "QwenImageTransformer2DModel": "mmdit",
     "SanaTransformer2DModel": "cross",
+    "Lumina2Transformer2DModel": "single",
     # Wan 2.1's blocks and embedders under other names: SkyReels-V2 (+ an optional fps embedding)
     # and ChronoEdit (Wan 2.1 I2V with a temporal-skip RoPE, no parameters of its own)
     "SkyReelsV2Transformer3DModel": "cross",
@@ -681,6 +686,8 @@ def _from_diffusers(cfg: dict[str, Any], source: str) -> DiTSpec:
         return _qwen_image(cfg, need, name, source, common)
     if cls == "SanaTransformer2DModel":
         return _sana(cfg, need, name, source, common)
+    if cls == "Lumina2Transformer2DModel":
+        return _lumina2(cfg, need, name, source, common)
     if cls == "FluxTransformer2DModel":
         hd, H = need("attention_head_dim"), need("num_attention_heads")
         d = hd * H
@@ -1027,6 +1034,55 @@ def _sana(cfg: dict[str, Any], need: Any, name: str, source: str, common: dict[s
         layers=need("num_layers"), patch=(1, p, p), in_channels=need("in_channels"),
         text_dim=need("caption_channels"), guidance_embed=_flag(cfg, "guidance_embeds", False, cls, source),
         source=f"{source} (DC-AE and Gemma-2 of the SANA preset)", **common,
+    )  # fmt: skip
+
+
+def _lumina2(cfg: dict[str, Any], need: Any, name: str, source: str, common: dict[str, Any]) -> DiTSpec:
+    """diffusers Lumina2Transformer2DModel (Lumina-Image 2.0): Z-Image's layout (``single``) with
+    grouped-query attention (num_kv_heads), a LuminaFeedForward SwiGLU of 4 x hidden (x
+    ffn_dim_multiplier, rounded up to multiple_of) and a min(hidden, 1024)-wide conditioning
+    vector; num_refiner_layers noise-refiner (modulated) and context-refiner blocks."""
+    cls = "Lumina2Transformer2DModel"
+    d, H, kvH = need("hidden_size"), need("num_attention_heads"), need("num_kv_heads")
+    L, R, p, C, cap = (
+        need("num_layers"),
+        need("num_refiner_layers"),
+        need("patch_size"),
+        need("in_channels"),
+        need("cap_feat_dim"),
+    )
+    if d % H or H % kvH:
+        raise ModelConfigError(
+            f"{source}: {cls} hidden_size {d}, num_attention_heads {H} and num_kv_heads {kvH} do not divide",
+            "fix the head counts",
+        )
+    mult, m = cfg.get("ffn_dim_multiplier"), need("multiple_of")
+    f = 4 * d
+    if mult is not None:
+        if isinstance(mult, bool) or not isinstance(mult, int | float) or not 0 < mult <= 64:
+            raise ModelConfigError(
+                f"{source}: {cls} key 'ffn_dim_multiplier' must be a number in (0, 64], got {echo(mult)}",
+                "fix ffn_dim_multiplier in the config",
+            )
+        f = int(mult * f)
+    f = m * ((f + m - 1) // m)
+    C_out = cfg.get("out_channels") or C
+    c, hd = min(d, 1024), d // H
+    embed = (
+        p * p * C * d + d  # x_embedder
+        + 256 * c + c + c * c + c  # timestep_embedder: 256 sinusoids -> min(hidden, 1024)
+        + cap + cap * d + d  # caption_embedder: RMSNorm + Linear
+        + c * d + d + d * p * p * C_out + p * p * C_out  # norm_out: linear_1 (cond -> hidden), linear_2
+    )  # fmt: skip
+    return DiTSpec(
+        id=name, name=name, arch="single", hidden=d, heads=H, head_dim=hd, ffn=f, layers=L,
+        single_layers=0, patch=(1, p, p), in_channels=C, text_dim=cap, text_tokens=256,
+        vae=_vae("flux-ae"), text_encoders=(_encoder("gemma-2-2b", 256),), cfg=True, ffn_kind="swiglu",
+        cond_dim=c, img_refiner_layers=R, txt_refiner_layers=R, kv_heads=kvH, linear_bias=False,
+        ffn_bias=False, embed_params=embed, norm_count=(L + 2 * R) * (4 * d + 2 * hd),
+        source=f"{source} (Lumina-Image 2.0's FLUX VAE and Gemma-2-2B, 256 caption tokens: diffusers "
+        "Lumina2Pipeline max_sequence_length; CFG: its guidance_scale 4.0)",
+        **common,
     )  # fmt: skip
 
 
