@@ -245,8 +245,34 @@ LUMINA2 = {
     "norm_eps": 1e-05, "num_attention_heads": 24, "num_kv_heads": 8, "num_layers": 26, "num_refiner_layers": 2,
     "out_channels": None, "patch_size": 2, "sample_size": 128, "scaling_factor": 1.0,
 }  # fmt: skip
+# FLUX.2 [dev]: the class's __init__ defaults (diffusers 0.42.1 transformer_flux2.py; 32.2B, FLUX.2
+# [dev]'s size); [klein] 4B: its published transformer/config.json (as quoted by OpenFlowLM's
+# tools); [klein] 9B: the same with its published sizes (8 + 24 blocks, 32 heads, Qwen3-8B)
+FLUX2 = {
+    "_class_name": "Flux2Transformer2DModel", "attention_head_dim": 128, "axes_dims_rope": [32, 32, 32, 32],
+    "eps": 1e-06, "guidance_embeds": True, "in_channels": 128, "joint_attention_dim": 15360, "mlp_ratio": 3.0,
+    "num_attention_heads": 48, "num_layers": 8, "num_single_layers": 48, "out_channels": None, "patch_size": 1,
+    "rope_theta": 2000, "timestep_guidance_channels": 256,
+}  # fmt: skip
+KLEIN4 = FLUX2 | {"guidance_embeds": False, "joint_attention_dim": 7680, "num_attention_heads": 24,
+                  "num_layers": 5, "num_single_layers": 20}  # fmt: skip
 OTHER = [
     ("qwen-image", QWEN_IMAGE, 20430401088, 1e-6),
+    ("flux.2-dev", FLUX2, 32223281152, 1e-6),
+    ("flux.2-klein-4b", KLEIN4, 3875544576, 1e-6),
+    (
+        "flux.2-klein-9b",
+        FLUX2
+        | {
+            "guidance_embeds": False,
+            "joint_attention_dim": 12288,
+            "num_attention_heads": 32,
+            "num_layers": 8,
+            "num_single_layers": 24,
+        },
+        9078581248,
+        1e-6,
+    ),  # fmt: skip
     ("lumina-image-2.0", LUMINA2, 2609769152, 1e-6),
     (
         "lumina2 ffn multiplier",
@@ -297,22 +323,6 @@ def test_sana_reads_as_the_preset() -> None:
         from_diffusers_config(SANA | {"cross_attention_head_dim": 144, "num_cross_attention_heads": 16})
 
 
-@pytest.mark.parametrize(("what", "cfg"), [("qwen-image", QWEN_IMAGE), ("skyreels-v2", SKYREELS)])
-def test_generate_and_train_run_on_other_classes(what: str, cfg: dict, tmp_path: Path) -> None:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(cfg), encoding="utf-8")
-    size = ("--height", "1328", "--width", "1328") if what == "qwen-image" else ("--height", "544", "--width", "960", "--frames", "97")  # fmt: skip
-    r = _cli("dit", "generate", "--model", str(path), "--device", "h100-sxm-80gb", "--num-devices", "8", *size,
-             "--top", "1", "--json")  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["results"][0]["latency_s"] > 0
-    bucket = "1328x1328x1" if what == "qwen-image" else "544x960x97"
-    r = _cli("dit", "train", "--model", str(path), "--device", "h100-sxm-80gb", "--num-devices", "16",
-             "--buckets", bucket, "--global-batch", "16", "--top", "1", "--json")  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["results"][0]["tokens_per_s_per_device"] > 0
-
-
 def test_lumina2_flops_by_hand() -> None:
     """Lumina2TransformerBlock: to_q (2304 -> 24 x 96), to_k / to_v (2304 -> 8 x 96 each), to_out,
     LuminaFeedForward SwiGLU of 4 x 2304 = 9216 (a multiple of 256); 26 blocks over image + caption,
@@ -327,3 +337,42 @@ def test_lumina2_flops_by_hand() -> None:
     attn = 4 * d * ((s_img + s_txt) ** 2 * L + s_img**2 * R + s_txt**2 * R)
     assert fl["attention"] == pytest.approx(attn, rel=1e-12)
     assert spec.modulation_params() == (L + R) * (1024 * 4 * d + 4 * d)
+
+
+def test_flux2_flops_by_hand() -> None:
+    """Flux2TransformerBlock: per stream to_q/k/v + to_out (add_* for the text), linear_in (inner ->
+    2 x 3 inner, SwiGLU) + linear_out; Flux2SingleTransformerBlock: to_qkv_mlp_proj (inner -> 3 inner
+    + 2 x 3 inner) and to_out (inner + 3 inner -> inner) over image + caption. 1024x1024: 8x VAE, 2x2
+    packed -> 64 x 64 = 4,096 tokens; 512 caption tokens. Guidance-distilled [dev]: no CFG; the three
+    shared modulations (6 + 6 + 3 x inner from inner) have no token FLOPs."""
+    d, L, S = 48 * 128, 8, 48
+    f = 3 * d
+    n = 64 * 64 + 512
+    double = 2 * (3 * d * d + d * d + d * 2 * f + f * d)  # per token, either stream
+    single = 2 * (d * (3 * d + 2 * f) + (d + f) * d)
+    spec = from_diffusers_config(FLUX2)
+    fl = spec.forward_flops(1024, 1024, 1)
+    assert spec.tokens(1024, 1024, 1) == 4096 and not spec.cfg
+    assert fl["gemm"] == pytest.approx(n * (L * double + S * single), rel=1e-12)
+    assert fl["attention"] == pytest.approx(4 * n * n * d * (L + S), rel=1e-12)
+    assert spec.modulation_params() == d * 6 * d * 2 + d * 3 * d
+    with pytest.raises(UnsupportedArchitecture, match="joint_attention_dim 4096 names no text encoder"):
+        from_diffusers_config(FLUX2 | {"joint_attention_dim": 4096})
+
+
+@pytest.mark.parametrize(
+    ("what", "cfg"), [("qwen-image", QWEN_IMAGE), ("skyreels-v2", SKYREELS), ("flux.2-klein", KLEIN4)]
+)
+def test_generate_and_train_run_on_other_classes(what: str, cfg: dict, tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg), encoding="utf-8")
+    size = ("--height", "1328", "--width", "1328") if what != "skyreels-v2" else ("--height", "544", "--width", "960", "--frames", "97")  # fmt: skip
+    r = _cli("dit", "generate", "--model", str(path), "--device", "h100-sxm-80gb", "--num-devices", "8", *size,
+             "--top", "1", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["results"][0]["latency_s"] > 0
+    bucket = "1328x1328x1" if what != "skyreels-v2" else "544x960x97"
+    r = _cli("dit", "train", "--model", str(path), "--device", "h100-sxm-80gb", "--num-devices", "16",
+             "--buckets", bucket, "--global-batch", "16", "--top", "1", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["results"][0]["tokens_per_s_per_device"] > 0

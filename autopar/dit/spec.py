@@ -184,9 +184,11 @@ class DiTSpec:
     # caption tokens alone (without), run once per forward before the main blocks
     img_refiner_layers: int = 0
     txt_refiner_layers: int = 0
-    kv_heads: int = (
-        0  # single: key/value heads of the blocks' attention (0: heads; Lumina 2 is grouped-query)
-    )
+    # single: key/value heads of the blocks' attention (0: heads; Lumina 2 is grouped-query)
+    kv_heads: int = 0
+    # mmdit: one modulation per stream shared by every block (FLUX.2: double_stream_modulation_img /
+    # _txt, single_stream_modulation, from the hidden-wide time embedding, no bias), not one per block
+    shared_modulation: bool = False
     linear_bias: bool = True  # the attention projections carry a bias (Z-Image's, Stable Audio's do not)
     ffn_bias: bool = True  # the FFN's linear layers carry a bias (Z-Image's do not)
     # cross: the caption's key/value projections read cross_kv_dim-wide features (0: hidden) into
@@ -254,17 +256,20 @@ class DiTSpec:
         """Every linear layer of the transformer blocks (token FLOPs and TP splits follow these)."""
         d, f, L, a = self.hidden, self.ffn, self.layers, self.arch
         if a == "mmdit":
-            last = 1 if self.context_pre_only_last else 0
-            out = [Linear("img", d, 3 * self.inner, L), Linear("img", self.inner, d, L)]
+            last, b = (1 if self.context_pre_only_last else 0), self.linear_bias
+            out = [Linear("img", d, 3 * self.inner, L, b), Linear("img", self.inner, d, L, b)]
             out += self._ffn("img", d, f, L)
-            out += [Linear("txt", d, 3 * self.inner, L), Linear("txt", self.inner, d, L - last)]
+            out += [Linear("txt", d, 3 * self.inner, L, b), Linear("txt", self.inner, d, L - last, b)]
             out += self._ffn("txt", d, f, L - last)
             if self.dual_attention_layers:  # attn2: to_q/k/v and to_out on the image stream
                 n2 = self.dual_attention_layers
-                out += [Linear("img", d, 3 * self.inner, n2), Linear("img", self.inner, d, n2)]
-            if self.single_layers:
-                S = self.single_layers
-                out += [Linear("joint", d, 3 * self.inner + f, S), Linear("joint", self.inner + f, d, S)]
+                out += [Linear("img", d, 3 * self.inner, n2, b), Linear("img", self.inner, d, n2, b)]
+            if self.single_layers:  # parallel blocks: qkv + FFN in (x 2 gated), attention + FFN out
+                S, g = self.single_layers, (f if self.ffn_kind == "gelu" else 2 * f)
+                out += [
+                    Linear("joint", d, 3 * self.inner + g, S, b),
+                    Linear("joint", self.inner + f, d, S, b),
+                ]
             return out
         if a == "cross":
             image = [Linear("ictx", self.added_kv_dim, 2 * self.inner, L)] if self.added_kv_dim else []
@@ -314,6 +319,8 @@ class DiTSpec:
     def modulation_params(self) -> int:
         """adaLN modulation (linear on the conditioning vector) or adaLN-single tables."""
         d, c, L = self.hidden, self.cond, self.layers
+        if self.arch == "mmdit" and self.shared_modulation:
+            return 2 * c * 6 * d + (c * 3 * d if self.single_layers else 0)
         if self.arch == "mmdit":
             last = 1 if self.context_pre_only_last else 0
             dbl = L * 2 * (c * 6 * d + 6 * d) - last * (c * 4 * d + 4 * d)
@@ -579,6 +586,7 @@ DIFFUSERS_CLASSES: dict[str, str] = {
     "QwenImageTransformer2DModel": "mmdit",
     "SanaTransformer2DModel": "cross",
     "Lumina2Transformer2DModel": "single",
+    "Flux2Transformer2DModel": "mmdit",
     # Wan 2.1's blocks and embedders under other names: SkyReels-V2 (+ an optional fps embedding)
     # and ChronoEdit (Wan 2.1 I2V with a temporal-skip RoPE, no parameters of its own)
     "SkyReelsV2Transformer3DModel": "cross",
@@ -688,6 +696,8 @@ def _from_diffusers(cfg: dict[str, Any], source: str) -> DiTSpec:
         return _sana(cfg, need, name, source, common)
     if cls == "Lumina2Transformer2DModel":
         return _lumina2(cfg, need, name, source, common)
+    if cls == "Flux2Transformer2DModel":
+        return _flux2(cfg, need, name, source, common)
     if cls == "FluxTransformer2DModel":
         hd, H = need("attention_head_dim"), need("num_attention_heads")
         d = hd * H
@@ -1082,6 +1092,56 @@ def _lumina2(cfg: dict[str, Any], need: Any, name: str, source: str, common: dic
         ffn_bias=False, embed_params=embed, norm_count=(L + 2 * R) * (4 * d + 2 * hd),
         source=f"{source} (Lumina-Image 2.0's FLUX VAE and Gemma-2-2B, 256 caption tokens: diffusers "
         "Lumina2Pipeline max_sequence_length; CFG: its guidance_scale 4.0)",
+        **common,
+    )  # fmt: skip
+
+
+# FLUX.2's text encoder, known by the width of its stacked hidden states (3 layers): [dev] Mistral
+# Small 3.x 24B, [klein] 4B Qwen3-4B and 9B Qwen3-8B
+_FLUX2_TEXT = {15360: "mistral-small-3.1-24b-text", 7680: "qwen3-4b", 12288: "qwen3-8b"}
+
+
+def _flux2(cfg: dict[str, Any], need: Any, name: str, source: str, common: dict[str, Any]) -> DiTSpec:
+    """diffusers Flux2Transformer2DModel (FLUX.2 [dev] / [klein]): ``num_layers`` double-stream blocks
+    (image and text weights, SwiGLU FFN of mlp_ratio x inner fused in linear_in) and
+    ``num_single_layers`` parallel single-stream blocks (to_qkv_mlp_proj: 3 x inner + 2 x FFN, to_out:
+    inner + FFN), no biases anywhere, RMSNorm q/k; three modulations shared by all blocks (image and
+    text streams 6-way, single stream 3-way) from the hidden-wide time (+ guidance) embedding. The
+    pipeline packs 2x2 latents of its 32-channel VAE into the 128 in_channels (patch_size 1)."""
+    cls = "Flux2Transformer2DModel"
+    hd, H = need("attention_head_dim"), need("num_attention_heads")
+    L, S = need("num_layers"), need("num_single_layers")
+    d, C_in, jad, p = hd * H, need("in_channels"), need("joint_attention_dim"), need("patch_size")
+    if p != 1 or C_in % 4:
+        raise UnsupportedArchitecture(
+            f"{source}: {cls} with patch_size {p} and in_channels {C_in} is not modelled",
+            "FLUX.2's configs have patch_size 1 over 2x2-packed latents (in_channels a multiple of 4)",
+        )
+    if jad not in _FLUX2_TEXT:
+        raise UnsupportedArchitecture(
+            f"{source}: {cls} joint_attention_dim {jad} names no text encoder autopar knows",
+            f"known: {', '.join(f'{k} ({v})' for k, v in _FLUX2_TEXT.items())}",
+        )
+    f, tg = int(d * need("mlp_ratio")), need("timestep_guidance_channels")
+    guidance = _flag(cfg, "guidance_embeds", True, cls, source)
+    C_out = cfg.get("out_channels") or C_in
+    embed = (
+        (2 if guidance else 1) * (tg * d + d * d)  # timestep (+ guidance) TimestepEmbedding, no bias
+        + C_in * d
+        + jad * d  # x_embedder, context_embedder
+        + d * 2 * d
+        + d * C_out  # norm_out linear (inner -> 2 x inner), proj_out
+    )
+    te = _FLUX2_TEXT[jad]
+    return DiTSpec(
+        id=name, name=name, arch="mmdit", hidden=d, heads=H, head_dim=hd, ffn=f, layers=L, single_layers=S,
+        patch=(1, 2, 2), in_channels=C_in // 4, text_dim=jad, text_tokens=512, vae=_vae("flux2-vae"),
+        text_encoders=(_encoder(te, 512),), cfg=not guidance, ffn_kind="swiglu", cond_dim=d,
+        guidance_embed=guidance, linear_bias=False, ffn_bias=False, shared_modulation=True,
+        embed_params=embed, norm_count=L * 4 * hd + S * 2 * hd,
+        source=f"{source} (FLUX.2's 32-channel VAE and the {te} text encoder its joint_attention_dim implies, "
+        "512 caption tokens: diffusers Flux2Pipeline max_sequence_length; "
+        + ("guidance-distilled: no CFG pass)" if guidance else "CFG on: pass --no-cfg for a step-distilled klein)"),
         **common,
     )  # fmt: skip
 
