@@ -256,8 +256,24 @@ FLUX2 = {
 }  # fmt: skip
 KLEIN4 = FLUX2 | {"guidance_embeds": False, "joint_attention_dim": 7680, "num_attention_heads": 24,
                   "num_layers": 5, "num_single_layers": 20}  # fmt: skip
+# LTX-Video 2B: the class's __init__ defaults (diffusers 0.42.1 transformer_ltx.py, Lightricks/LTX-Video's
+# 0.9 transformer); 13B: its published sizes (48 blocks of 32 heads x 128, 4096-wide cross-attention)
+LTX = {
+    "_class_name": "LTXVideoTransformer3DModel", "in_channels": 128, "out_channels": 128, "patch_size": 1,
+    "patch_size_t": 1, "num_attention_heads": 32, "attention_head_dim": 64, "cross_attention_dim": 2048,
+    "num_layers": 28, "activation_fn": "gelu-approximate", "qk_norm": "rms_norm_across_heads",
+    "norm_elementwise_affine": False, "norm_eps": 1e-06, "caption_channels": 4096, "attention_bias": True,
+    "attention_out_bias": True,
+}  # fmt: skip
 OTHER = [
     ("qwen-image", QWEN_IMAGE, 20430401088, 1e-6),
+    ("ltx-video-2b", LTX, 1923385472, 1e-6),
+    (
+        "ltx-video-13b",
+        LTX | {"attention_head_dim": 128, "cross_attention_dim": 4096, "num_layers": 48},
+        13042569344,
+        1e-6,
+    ),
     ("flux.2-dev", FLUX2, 32223281152, 1e-6),
     ("flux.2-klein-4b", KLEIN4, 3875544576, 1e-6),
     (
@@ -360,18 +376,36 @@ def test_flux2_flops_by_hand() -> None:
         from_diffusers_config(FLUX2 | {"joint_attention_dim": 4096})
 
 
+def test_ltx_video_flops_by_hand() -> None:
+    """LTXVideoTransformerBlock: attn1 to_q/k/v/out, attn2 to_q/out on the video and to_k/to_v on the
+    128 caption tokens, GELU FeedForward of 4 x inner. 512x704, 161 frames (its pipeline's default):
+    VAE 32x space, 8x time (causal) -> 21 x 16 x 22 = 7,392 tokens, patch 1."""
+    d, L = 32 * 64, 28
+    s, t = 21 * 16 * 22, 128
+    spec = from_diffusers_config(LTX)
+    assert spec.tokens(512, 704, 161) == s
+    fl = spec.forward_flops(512, 704, 161)
+    gemm = L * (s * 2 * (4 * d * d + 2 * d * d + 8 * d * d) + t * 2 * 2 * d * d)
+    assert fl["gemm"] == pytest.approx(gemm, rel=1e-12)
+    assert fl["attention"] == pytest.approx(L * 4 * d * (s * s + s * t), rel=1e-12)
+    assert spec.modulation_params() == L * 6 * d  # the per-block scale_shift_table
+
+
 @pytest.mark.parametrize(
-    ("what", "cfg"), [("qwen-image", QWEN_IMAGE), ("skyreels-v2", SKYREELS), ("flux.2-klein", KLEIN4)]
+    ("what", "cfg"),
+    [("qwen-image", QWEN_IMAGE), ("skyreels-v2", SKYREELS), ("flux.2-klein", KLEIN4), ("ltx-video", LTX)],
 )
 def test_generate_and_train_run_on_other_classes(what: str, cfg: dict, tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg), encoding="utf-8")
-    size = ("--height", "1328", "--width", "1328") if what != "skyreels-v2" else ("--height", "544", "--width", "960", "--frames", "97")  # fmt: skip
+    video = {"skyreels-v2": ("544", "960", "97"), "ltx-video": ("512", "704", "161")}.get(what)
+    h, w, f = video or ("1328", "1328", "1")
+    size = ("--height", h, "--width", w, "--frames", f)
     r = _cli("dit", "generate", "--model", str(path), "--device", "h100-sxm-80gb", "--num-devices", "8", *size,
              "--top", "1", "--json")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["results"][0]["latency_s"] > 0
-    bucket = "1328x1328x1" if what != "skyreels-v2" else "544x960x97"
+    bucket = f"{h}x{w}x{f}"
     r = _cli("dit", "train", "--model", str(path), "--device", "h100-sxm-80gb", "--num-devices", "16",
              "--buckets", bucket, "--global-batch", "16", "--top", "1", "--json")  # fmt: skip
     assert r.returncode == 0, r.stderr

@@ -73,6 +73,9 @@ class VAESpec:
     conv3d: bool  # 3x3x3 kernels (video) or 3x3 (image, or a video VAE decoding frame by frame)
     source: str
     causal: bool = True  # a causal video VAE: the first frame alone, then ``temporal`` frames per latent
+    # the convolutions run on pixel_patch x pixel_patch blocks of pixels (LTX-Video's VAE: 4), so its
+    # finest level is at 1/pixel_patch of the output resolution
+    pixel_patch: int = 1
 
     def latent_frames(self, frames: int) -> int:
         """Causal video VAEs keep the first frame: (frames - 1) / temporal + 1; they take
@@ -95,7 +98,7 @@ class VAESpec:
         chs = list(reversed(self.block_out_channels))
         n = len(chs)
         t_ups = int(round(math.log2(self.temporal))) if self.temporal > 1 else 0
-        out_vox = float(frames) * height * width
+        out_vox = float(frames) * height * width / self.pixel_patch**2
 
         def vox(level: int) -> float:  # output voxels processed at decoder level (0 = lowest res)
             spatial = 4.0 ** -(n - 1 - level)
@@ -124,7 +127,7 @@ class VAESpec:
         ``tile``: spatial tile edge in pixels (0: untiled); tiles decode one after another."""
         h, w = (min(height, tile), min(width, tile)) if tile else (height, width)
         f = min(frames, 4 * self.temporal + 1) if tile and self.temporal > 1 else frames
-        return 3.0 * 2.0 * self.block_out_channels[0] * f * h * w
+        return 3.0 * 2.0 * self.block_out_channels[0] * f * h * w / self.pixel_patch**2
 
 
 @dataclass(frozen=True)
@@ -524,6 +527,7 @@ def _vae(name: str) -> VAESpec:
         conv3d=v["conv3d"],
         source=v["source"],
         causal=v.get("causal", True),
+        pixel_patch=v.get("pixel_patch", 1),
     )
 
 
@@ -587,6 +591,7 @@ DIFFUSERS_CLASSES: dict[str, str] = {
     "SanaTransformer2DModel": "cross",
     "Lumina2Transformer2DModel": "single",
     "Flux2Transformer2DModel": "mmdit",
+    "LTXVideoTransformer3DModel": "cross",
     # Wan 2.1's blocks and embedders under other names: SkyReels-V2 (+ an optional fps embedding)
     # and ChronoEdit (Wan 2.1 I2V with a temporal-skip RoPE, no parameters of its own)
     "SkyReelsV2Transformer3DModel": "cross",
@@ -698,6 +703,8 @@ def _from_diffusers(cfg: dict[str, Any], source: str) -> DiTSpec:
         return _lumina2(cfg, need, name, source, common)
     if cls == "Flux2Transformer2DModel":
         return _flux2(cfg, need, name, source, common)
+    if cls == "LTXVideoTransformer3DModel":
+        return _ltx_video(cfg, need, name, source, common)
     if cls == "FluxTransformer2DModel":
         hd, H = need("attention_head_dim"), need("num_attention_heads")
         d = hd * H
@@ -1142,6 +1149,46 @@ def _flux2(cfg: dict[str, Any], need: Any, name: str, source: str, common: dict[
         source=f"{source} (FLUX.2's 32-channel VAE and the {te} text encoder its joint_attention_dim implies, "
         "512 caption tokens: diffusers Flux2Pipeline max_sequence_length; "
         + ("guidance-distilled: no CFG pass)" if guidance else "CFG on: pass --no-cfg for a step-distilled klein)"),
+        **common,
+    )  # fmt: skip
+
+
+def _ltx_video(cfg: dict[str, Any], need: Any, name: str, source: str, common: dict[str, Any]) -> DiTSpec:
+    """diffusers LTXVideoTransformer3DModel (LTX-Video): PixArt's ``cross`` blocks over the video
+    latents (self-attention, cross-attention to the T5 caption, GELU FeedForward of 4 x inner,
+    RMSNorm q/k across heads, a 6 x inner scale_shift_table per block, AdaLayerNormSingle); the
+    latents enter through a Linear (patch 1 x 1 x 1: the VAE compresses 32x space, 8x time)."""
+    cls = "LTXVideoTransformer3DModel"
+    hd, H, L = need("attention_head_dim"), need("num_attention_heads"), need("num_layers")
+    d, C_in, cap, xdim = hd * H, need("in_channels"), need("caption_channels"), need("cross_attention_dim")
+    if (cfg.get("patch_size", 1), cfg.get("patch_size_t", 1)) != (1, 1):
+        raise UnsupportedArchitecture(
+            f"{source}: {cls} with patch_size {echo(cfg.get('patch_size'))} / patch_size_t "
+            f"{echo(cfg.get('patch_size_t'))} is not modelled",
+            "LTX-Video's configs have patch_size 1 and patch_size_t 1",
+        )
+    act = cfg.get("activation_fn", "gelu-approximate")
+    qk = cfg.get("qk_norm", "rms_norm_across_heads")
+    if act not in ("gelu", "gelu-approximate") or qk not in (None, "rms_norm_across_heads"):
+        raise UnsupportedArchitecture(
+            f"{source}: {cls} activation_fn {echo(act)} / qk_norm {echo(qk)} is not modelled",
+            "the GELU FeedForward and rms_norm_across_heads (or no) q/k norm are read",
+        )
+    b = _flag(cfg, "attention_bias", True, cls, source)
+    C_out = cfg.get("out_channels") or C_in
+    embed = (
+        C_in * d + d  # proj_in
+        + 256 * d + d + d * d + d + d * 6 * d + 6 * d  # time_embed: AdaLayerNormSingle (timestep MLP + 6-way linear)
+        + cap * d + d + d * d + d  # caption_projection: PixArtAlphaTextProjection
+        + 2 * d + d * C_out + C_out  # scale_shift_table, proj_out
+    )  # fmt: skip
+    return DiTSpec(
+        id=name, name=name, arch="cross", hidden=d, heads=H, head_dim=hd, ffn=4 * d, layers=L, single_layers=0,
+        patch=(1, 1, 1), in_channels=C_in, text_dim=cap, text_tokens=128, vae=_vae("ltx-vae"),
+        text_encoders=(_encoder("t5-v1.1-xxl-encoder", 128),), cfg=True, cross_kv_dim=xdim, linear_bias=b,
+        embed_params=embed, norm_count=L * 4 * d if qk else 0,
+        source=f"{source} (LTX-Video's VAE and T5-XXL, 128 caption tokens: diffusers LTXPipeline "
+        "max_sequence_length; CFG: its guidance_scale 3)",
         **common,
     )  # fmt: skip
 
