@@ -54,9 +54,6 @@ REFUSED = {
     "phi-2-mixformer": "'mixformer-sequential' is not one autopar knows",
     "unet3d-text-to-video": "'UNet3DConditionModel' is not modelled",
     "stablelm-epoch": "'stablelm_epoch' is not one autopar knows",
-    "easyanimate-v5.1": "'EasyAnimateTransformer3DModel' is not modelled",
-    "stable-audio": "'StableAudioDiTModel' is not modelled",
-    "z-image": "'ZImageTransformer2DModel' is not modelled",
 }
 
 # Refused by the field reader for an unknown model_type, read by their own transformers class from

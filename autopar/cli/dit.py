@@ -37,6 +37,23 @@ def _gb(x: float) -> str:
     return f"{x / 2**30:.1f} GiB"  # GiB, as every other memory figure autopar prints
 
 
+def _shape_lines(d: dict[str, Any]) -> list[str]:
+    """The VAE and request lines of ``autopar dit model`` (an audio DiT: its fixed window)."""
+    v, grid = d["vae"], tuple(d["token_grid"])
+    if d["request"] is None:
+        return [
+            f"  VAE {v['name']}: {v['channels']} ch (audio); patch {tuple(d['patch'])}",
+            f"  every forward: a window of {d['latent_shape'][2]} latents + {grid[2] - d['latent_shape'][2]} "
+            f"prefix token(s) = {d['tokens_per_sample']} tokens (+ {d['text_tokens']} text)",
+        ]
+    r = d["request"]
+    return [
+        f"  VAE {v['name']}: {v['temporal']}x time, {v['spatial']}x space, {v['channels']} ch; patch {tuple(d['patch'])}",
+        f"  request {r['width']}x{r['height']}, {r['frames']} frames -> latent {tuple(d['latent_shape'])} "
+        f"-> tokens {grid} = {d['tokens_per_sample']} (+ {d['text_tokens']} text)",
+    ]
+
+
 def cmd_model(a: argparse.Namespace) -> int:
     from autopar.dit.spec import describe, is_dit_preset, list_dit_presets, load_dit
 
@@ -64,14 +81,14 @@ def cmd_model(a: argparse.Namespace) -> int:
     out = [
         f"{d['name']} [{d['id']}]  arch {d['arch']}",
         f"  hidden {d['hidden']}, heads {d['heads']} x {d['head_dim']}, ffn {d['ffn']}, blocks {d['layers']}"
-        + (f" + {d['single_layers']} single-stream" if d["single_layers"] else ""),
+        + (f" + {d['single_layers']} single-stream" if d["single_layers"] else "")
+        + (f" + {d['refiner_blocks']} refiner" if d.get("refiner_blocks") else ""),
         f"  parameters {d['params'] / 1e9:.3f}B{pub}: "
         + ", ".join(f"{k} {v / 1e9:.3f}B" for k, v in d["params_breakdown"].items()),
-        f"  VAE {d['vae']['name']}: {d['vae']['temporal']}x time, {d['vae']['spatial']}x space, {d['vae']['channels']} ch; patch {tuple(d['patch'])}",
-        f"  request {d['request']['width']}x{d['request']['height']}, {d['request']['frames']} frames -> latent {tuple(d['latent_shape'])} "
-        f"-> tokens {tuple(d['token_grid'])} = {d['tokens_per_sample']} (+ {d['text_tokens']} text)",
+        *_shape_lines(d),
         f"  one forward: {d['forward_tflops']['gemm']:.1f} TFLOP linear + {d['forward_tflops']['attention']:.1f} TFLOP attention; "
-        f"VAE decode {d['vae_decode_tflops']:.1f} TFLOP; CFG {'yes' if d['cfg'] else 'no (guidance-distilled)'}",
+        + (f"VAE decode {d['vae_decode_tflops']:.1f} TFLOP; " if d["vae_decode_tflops"] is not None else "")
+        + f"CFG {'yes' if d['cfg'] else 'no (guidance-distilled)'}",
         f"  source: {d['source']}",
         (
             f"  read by autopar's spec; {how}: {meta / 1e9:.3f}B (autopar {d['params'] / meta - 1:+.2%})"

@@ -171,10 +171,18 @@ def forward_time(
     attn = np.zeros_like(gemm)
     for a in spec.attentions():
         flops = b * a.count * share * attention_flops(a, s_img, s_txt, t, h * w, s_ictx) / (sp * tp)
-        q_by = {"joint": s_img + s_txt, "self": s_img, "cross": s_img, "cross_image": s_img, "linear": s_img}
+        q_by = {
+            "joint": s_img + s_txt,
+            "self": s_img,
+            "txt_self": s_txt,
+            "cross": s_img,
+            "cross_image": s_img,
+            "linear": s_img,
+        }
         kv_by = {
             "joint": s_img + s_txt,
             "self": s_img,
+            "txt_self": s_txt,
             "cross": s_txt,
             "cross_image": s_ictx,
             "linear": s_img,
@@ -186,7 +194,7 @@ def forward_time(
             q_len = kv_len = float(t)
         # Ring splits both q and kv into r chunks; Ulysses keeps full length per head group;
         # PipeFusion queries one patch against the full (stale) key/value buffer.
-        spread = a.kind in ("joint", "self", "linear")
+        spread = a.kind in ("joint", "self", "txt_self", "linear")
         q = q_len / (r * M) if spread else q_len / M
         kv = kv_len / r if spread else kv_len
         if a.kind == "linear":  # ReLU linear attention: plain matmuls, no softmax
@@ -199,16 +207,23 @@ def forward_time(
 
     # elementwise (norms, modulation, gates, RoPE, activations): replicated across TP ranks
     passes = dc.elementwise_passes_compiled if compiled else dc.elementwise_passes_eager
-    blocks = (spec.layers + spec.single_layers) * share
-    tok_all = b * (n_tok["img"] + (n_tok["txt"] if spec.arch in ("mmdit", "asym", "cogvideo") else 0.0))
-    elem = blocks * passes * tok_all * spec.hidden * BF16 / co.hbm_bw
+    blocks = spec.blocks * share
+    tok_all = b * (n_tok["img"] + (n_tok["txt"] if spec.joint_stream else 0.0))
+    # Z-Image's refiners run on the image tokens or on the caption tokens alone
+    tok_blocks = (spec.layers + spec.single_layers) * tok_all
+    tok_blocks = tok_blocks + b * (
+        spec.img_refiner_layers * n_tok["img"] + spec.txt_refiner_layers * n_tok["txt"]
+    )
+    elem = share * passes * tok_blocks * spec.hidden * BF16 / co.hbm_bw
 
     # communication, exposed (xDiT runs it on the compute stream)
     width_ = float(spec.inner)
     attn_ops = sum(
-        a.count for a in spec.attentions() if a.kind in ("joint", "self", "linear", "spatial", "temporal")
+        a.count
+        for a in spec.attentions()
+        if a.kind in ("joint", "self", "txt_self", "linear", "spatial", "temporal")
     )
-    tok_att = b * n_tok["joint" if spec.arch in ("mmdit", "asym", "cogvideo") else "img"]
+    tok_att = b * n_tok["joint" if spec.joint_stream else "img"]
     stride_u = _arr(stride_base) * tp
     a2a_bytes = tok_att * width_ / tp * BF16
     copies = np.where(u > 1, ULYSSES_COPY_PASSES * a2a_bytes / co.hbm_bw, 0.0)
@@ -225,7 +240,7 @@ def forward_time(
     # TP: an all-reduce after attention and after the MLP of every stream (Megatron).
     streams = {"mmdit": 2.0, "asym": 2.0}.get(spec.arch, 1.0)
     ar_bytes = b * n_tok["img"] * spec.hidden * BF16
-    n_ar = 2.0 * (spec.layers * streams + spec.single_layers) * share
+    n_ar = 2.0 * (spec.layers * streams + spec.single_layers + spec.refiner_blocks) * share
     tp_t = C.all_reduce(links, ar_bytes, tp, _arr(stride_base)) * n_ar
 
     # The host issues every kernel; the GPU never runs ahead of it: a forward takes at least the

@@ -62,9 +62,9 @@ def enumerate_layouts(
     """Every legal xDiT layout of exactly ``n`` devices, columnar."""
     tokens = spec.tokens(req.height, req.width, req.frames)
     _, rows, _ = spec.token_grid(req.height, req.width, req.frames)
-    joint = tokens + (spec.text_tokens if spec.arch in ("mmdit", "asym", "cogvideo") else 0)
+    joint = tokens + (spec.text_tokens if spec.joint_stream else 0)
     cfgs = (1, 2) if req.guidance(spec) else (1,)
-    blocks = spec.layers + spec.single_layers
+    blocks = spec.blocks
     out: list[tuple[int, ...]] = []
     for dp in _divisors(n):
         if max_dp is not None and dp > max_dp:
@@ -122,7 +122,7 @@ def check_layout(spec: DiTSpec, n: int, req: Generation, lay: dict[str, int]) ->
             f"{tokens} tokens do not split over ulysses x ring = {full['ulysses'] * full['ring']}",
             "pick degrees dividing the token count",
         )
-    blocks = spec.layers + spec.single_layers
+    blocks = spec.blocks
     if full["pipefusion"] > blocks:
         raise AutoparError(
             f"pipefusion degree {full['pipefusion']} exceeds the {blocks} transformer blocks of {spec.id}",
@@ -210,7 +210,7 @@ def predict(
     tok = t * h * w / (u * r)
     joint_tok = tok + spec.text_tokens / (u * r)
     act = b * joint_tok / pf * (3 * spec.inner / tp + spec.ffn / tp + 4 * spec.hidden) * BF16 * 2.0
-    blocks = (spec.layers + spec.single_layers) / pf
+    blocks = spec.blocks / pf
     kv_buf = np.where(pf > 1, 2.0 * b * joint_tok * spec.inner / tp * blocks * BF16, 0.0)
     vae_untiled = req.batch * spec.vae.decode_activation_bytes(req.frames, req.height, req.width)
     cap = device.memory_bytes

@@ -148,7 +148,7 @@ def predict(
         model_flops += w * 3.0 * (fl["gemm"] + fl["attention"])
         for k, v in f.items():
             parts[k] = parts.get(k, 0.0) + w * v
-        blocks = spec.layers + spec.single_layers
+        blocks = spec.blocks
         local = n_tok / (u * r)
         full = ACT_BYTES_PER_HIDDEN * spec.hidden / tp * local
         act = np.where(rec > 0, blocks * 2.0 * spec.hidden * local * BF16 + full, blocks * full)
@@ -172,9 +172,7 @@ def predict(
 
     tokens_step = work.global_batch * tokens
     state = spec.trainable_params * BYTES_PER_PARAM_STATE / (tp * shard) + spec.buffer_params * BF16
-    gathered = (
-        2.0 * spec.trainable_params * BF16 / tp / np.maximum(spec.layers + spec.single_layers, 1)
-    )  # two blocks in flight
+    gathered = 2.0 * spec.trainable_params * BF16 / tp / np.maximum(spec.blocks, 1)  # two blocks in flight
     memory = state + gathered + act_peak + 1.0e9
     return {
         "step_time_s": step,
