@@ -40,7 +40,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autopar.export import sglang as _sglang
@@ -102,6 +102,7 @@ VLLM_VALUE_FLAGS = (
     "--max-num-batched-tokens",
     "--kv-cache-dtype",
     "--kv-transfer-config",
+    "--gpu-memory-utilization",
 )
 VLLM_BOOL_FLAGS = (
     *_vllm.BOOL_FLAGS,
@@ -119,6 +120,7 @@ SGLANG_VALUE_FLAGS = (
     "--chunked-prefill-size",
     "--max-prefill-tokens",
     "--kv-cache-dtype",
+    "--mem-fraction-static",
     "--disaggregation-mode",
     "--disaggregation-transfer-backend",
     "--disaggregation-bootstrap-port",
@@ -176,6 +178,7 @@ class Pool:
     ep: int = 1  # expert-parallel width of the instance (SGLang's --ep-size)
     batch: float = 1.0  # scored concurrency of the instance (prompts per iteration for prefill)
     budget: int = 1  # scored token budget per iteration of the instance
+    memory_fraction: float = 0.9  # vLLM gpu_memory_utilization / SGLang mem_fraction_static scored
 
     @property
     def devices(self) -> int:
@@ -300,24 +303,25 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
             "a training record cannot be deployed as a serving graph",
             "pass the --json output of `autopar serve`",
         )
-    backend = wd.pop("backend", job.get("backend"))
-    scored_for = backend.lower().split("-")[0].split(":")[0] if isinstance(backend, str) else None
-    if scored_for is not None and scored_for not in ENGINES:
-        raise unsupported(
-            f"a plan scored for the {backend} runtime",
-            "a deployment manifest of vLLM or SGLang workers",
-            "serve with the vllm or sglang backend, or deploy the plan's own runtime by hand",
-        )
-    if opts.engine is not None and scored_for is not None and opts.engine != scored_for:
-        raise ExportError(
-            f"--engine {opts.engine} for a plan scored for the {backend} runtime",
-            f"drop --engine, or serve with the {opts.engine} backend",
-        )
-    engine = opts.engine or scored_for or "vllm"
     try:
         w = ServingWorkload(**wd)
     except (ValidationError, TypeError) as e:
         raise ExportError(f"{where}: its workload does not validate ({str(e).splitlines()[0]})") from None
+    # The workers run the runtime the plan was scored for (a record without a backend was scored
+    # before backends existed: TensorRT-LLM's rules, the workload's default); --engine may only restate it.
+    scored_for = w.backend
+    if scored_for not in ENGINES:
+        raise unsupported(
+            f"a plan scored for the {scored_for} runtime",
+            "a deployment manifest of vLLM or SGLang workers",
+            "serve with --backend vllm or --backend sglang, or deploy the plan's own runtime by hand",
+        )
+    if opts.engine is not None and opts.engine != scored_for:
+        raise ExportError(
+            f"--engine {opts.engine} for a plan scored for the {scored_for} runtime",
+            f"drop --engine, or serve with --backend {opts.engine}",
+        )
+    engine = scored_for
     if w.speculative_tokens:
         raise unsupported(
             f"speculative decoding ({w.speculative_tokens} draft tokens)",
@@ -339,6 +343,19 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
     except (TypeError, ValueError):
         raise ExportError(f"{where}: job.cluster does not describe a cluster") from None
     dpn = opts.gpus_per_node or cl.devices_per_node
+    # The runtime limits the plan left at None are the backend profile's defaults for this device
+    # (vLLM's max_num_batched_tokens by device memory, chunked prefill, the KV memory share): the
+    # workers get the values the plan was scored with, not whatever their version defaults to.
+    from autopar.serving.backends import load_backend
+    from autopar.serving.estimate import resolve_workload
+
+    if cl.device.serving is not None:  # serve refuses --backend vllm/sglang there: an edited record
+        raise ExportError(
+            f"{where}: {device} runs its vendor's own serving stack, not the {engine} the plan was scored for",
+            "pass the --json output of `autopar serve` as written",
+        )
+    profile = load_backend(w.backend, w.backend_version)
+    w = resolve_workload(w, profile, cl.device)
     model = job.get("model")
     if not isinstance(model, str) or not model:
         raise ExportError(f"{where}: job.model is missing", "pass the --json output of `autopar serve`")
@@ -411,9 +428,32 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
                 "a deployment manifest",
                 "this export writes one device type for every pool; deploy each pool's component by hand",
             )
+    # Every pool was scored with the backend's token budget (a fixed one for vLLM and SGLang) and its
+    # KV memory share: vLLM's gpu_memory_utilization, or SGLang's mem_fraction_static as the profile
+    # derives it per instance (memory, TP x PP, the chunked-prefill size, the CUDA-graph batch).
+    import numpy as np
+
+    from autopar.serving.backends import kv_fraction
+
+    chunked = bool(w.chunked_prefill)
+    fixed = []
+    for p in pools:
+        if w.max_num_tokens is not None and p.budget != w.max_num_tokens:
+            raise ExportError(
+                f"{where}: the {p.role} pool's token budget {p.budget} is not the {w.max_num_tokens} "
+                f"{profile.name} {profile.version} scores with on {device}",
+                "pass the --json output of `autopar serve` as written",
+            )
+        if w.kv_cache_fraction is not None:
+            frac = float(w.kv_cache_fraction)
+        else:
+            tp_i, pp_i, bud = (np.array([float(v)]) for v in (p.tp * p.dp, p.pp, p.budget))
+            frac = float(kv_fraction(profile, cl.device, tp_i, pp_i, bud)[0])
+        fixed.append(replace(p, memory_fraction=frac))
+    pools = tuple(fixed)
     max_model_len = w.isl + w.osl
     for p in pools:
-        _check_engine(p, engine, w.chunked_prefill, max_model_len)
+        _check_engine(p, engine, chunked, max_model_len)
         if p.devices > dpn and p.devices % dpn:
             raise unsupported(
                 f"a {p.role} instance of {p.devices} devices on nodes of {dpn}",
@@ -436,7 +476,7 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
         dtype=dtype,
         quantization=quant,
         kv_cache_dtype=kv_cache_dtype,
-        chunked_prefill=w.chunked_prefill,
+        chunked_prefill=chunked,
         prefix_caching=w.prefix_cache_hit_rate > 0,
         pools=pools,
         short=str(record.get("short", "")),
@@ -467,7 +507,7 @@ def vllm_args(plan: Plan, pool: Pool, *, parallel: bool = True) -> list[str]:
     ]
     if plan.quantization:
         a += ["--quantization", plan.quantization]
-    a += ["--kv-cache-dtype", plan.kv_cache_dtype]
+    a += ["--kv-cache-dtype", plan.kv_cache_dtype, "--gpu-memory-utilization", f"{pool.memory_fraction:g}"]
     a.append("--enable-chunked-prefill" if plan.chunked_prefill else "--no-enable-chunked-prefill")
     if plan.prefix_caching:
         a.append("--enable-prefix-caching")
@@ -502,6 +542,7 @@ def sglang_args(plan: Plan, pool: Pool) -> list[str]:
     if plan.quantization:
         a += ["--quantization", plan.quantization]
     a += ["--kv-cache-dtype", {"fp8": "fp8_e4m3"}.get(plan.kv_cache_dtype, plan.kv_cache_dtype)]
+    a += ["--mem-fraction-static", f"{pool.memory_fraction:g}"]
     return a
 
 
@@ -721,6 +762,9 @@ def _pool_view(role: str, replicas: int, flags: Mapping[str, Any], fmt: str, **e
         "dtype": flags.get("--dtype"),
         "quantization": flags.get("--quantization"),
         "kv_cache_dtype": flags.get("--kv-cache-dtype", "auto"),
+        "memory_fraction": (
+            float(flags["--gpu-memory-utilization"]) if "--gpu-memory-utilization" in flags else None
+        ),
         "chunked_prefill": not flags.get("--no-enable-chunked-prefill"),
         "prefix_caching": bool(flags.get("--enable-prefix-caching")),
         "kv_transfer_config": flags.get("--kv-transfer-config"),
@@ -765,6 +809,9 @@ def _sglang_view(
         "dtype": flags.get("--dtype"),
         "quantization": flags.get("--quantization"),
         "kv_cache_dtype": flags.get("--kv-cache-dtype", "auto"),
+        "memory_fraction": float(flags["--mem-fraction-static"])
+        if "--mem-fraction-static" in flags
+        else None,
         "transfer_backend": flags.get("--disaggregation-transfer-backend"),
         "devices_per_pod": per_pod,
         "nodes": nodes,
