@@ -600,3 +600,85 @@ def test_sglang_workers_on_dynamo() -> None:
     pool = read_deploy(render_deploy(off, "dynamo", opts), "dynamo")[0]
     assert pool["chunked_prefill_size"] == -1 and pool["kv_cache_dtype"] == "fp8_e4m3"
     assert pool["max_prefill_tokens"] == off["max_num_tokens"]
+
+
+def _pools(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [rec] if rec["mode"] == "aggregated" else [rec["prefill"], rec["decode"]]
+
+
+@pytest.mark.parametrize(
+    ("model", "device", "devices", "budget", "seqs_cap"),
+    [
+        # vLLM's get_batch_defaults (OPENAI_API_SERVER): 8192 tokens / 1024 sequences from 70 GiB
+        # up (not A100), else 2048 / 256
+        ("llama-3.1-70b", "h200-sxm-141gb", 8, 8192, 1024),
+        ("llama-3.1-8b", "l40s", 8, 2048, 256),
+        ("llama-3.1-8b", "a100-80gb", 8, 2048, 256),
+    ],
+)
+def test_vllm_workers_get_the_values_the_profile_scored(
+    model: str, device: str, devices: int, budget: int, seqs_cap: int
+) -> None:
+    """A plan that left vLLM's limits at their defaults deploys them as the profile resolved them for
+    the device (not the defaults of whatever vLLM the image holds): the token budget per iteration,
+    chunked prefill on, gpu_memory_utilization 0.9, and the CUDA-graph capture bound the profile's
+    rule min(2 x max_num_seqs, 512, max_num_batched_tokens) gave (vLLM would derive it from the
+    --max-num-seqs written, the scored concurrency)."""
+    recs = _serve(
+        model=model, device=device, num_devices=devices, isl=2000, osl=500, ttft_ms=3000.0, tpot_ms=60.0
+    )["records"]
+    assert recs
+    for rec in recs:
+        for fmt in ("dynamo", "llm-d"):
+            try:
+                text = render_deploy(rec, fmt)
+            except ExportError as e:  # only what the format cannot say (multi-node llm-d pods)
+                assert fmt == "llm-d" and "instance of" in str(e), str(e)
+                continue
+            for g, d in zip(read_deploy(text, fmt), _pools(rec), strict=True):
+                assert d["max_num_tokens"] == budget
+                assert g["max_num_batched_tokens"] * g["dp"] == budget  # per engine, as scored
+                assert g["chunked_prefill"] and g["memory_fraction"] == 0.9
+                assert g["graph_limit"] == min(2 * seqs_cap, 512, budget, g["max_num_batched_tokens"])
+    # a memory share the plan set is the one written
+    rec = first(llama70b(kv_cache_fraction=0.8), "aggregated")
+    assert read_deploy(render_deploy(rec, "llm-d"), "llm-d")[0]["memory_fraction"] == 0.8
+
+
+def _sglang_mem_fraction_static(gpu_mib: float, chunk: int, graph_bs: int, tp: int, pp: int) -> float:
+    """sglang server_args.py ServerArgs._handle_gpu_memory_settings (commit 469c63e5), written out."""
+    reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + tp * pp / 8 * 1024
+    if gpu_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu_mib - reserved) / gpu_mib, 3)
+
+
+def test_sglang_workers_get_the_values_the_profile_scored() -> None:
+    """SGLang on H200 (131 GiB: chunked_prefill_size 8192, cuda_graph_max_bs 256 below TP 4 and
+    512 from it): the manifest pins the chunked-prefill size, the CUDA-graph batch and
+    mem_fraction_static the plan was scored with (with chunked prefill off SGLang would derive
+    another fraction from --chunked-prefill-size -1)."""
+    from autopar.hardware import load_cluster
+
+    gpu_mib = load_cluster("h200-sxm-141gb", 8, None).device.memory_bytes / 2**20
+    for recs in (llama70b("sglang"), dsv3("sglang"), llama70b("sglang", chunked_prefill=False)):
+        chunked = recs[0]["job"]["workload"]["chunked_prefill"] is not False
+        for rec in recs:
+            for g, d in zip(read_deploy(render_deploy(rec, "dynamo"), "dynamo"), _pools(rec), strict=True):
+                tp = g["tp"] * g["dp"]
+                graph_bs = 512 if tp >= 4 else 256
+                assert d["max_num_tokens"] == g["max_prefill_tokens"] == 8192
+                assert g["chunked_prefill_size"] == (8192 if chunked else -1)
+                assert g["graph_limit"] == graph_bs
+                assert g["memory_fraction"] == _sglang_mem_fraction_static(
+                    gpu_mib, 8192, graph_bs, tp, g["pp"]
+                )
+    rec = first(llama70b("sglang", kv_cache_fraction=0.85), "disaggregated")
+    assert {p["memory_fraction"] for p in read_deploy(render_deploy(rec, "dynamo"), "dynamo")} == {0.85}
+
+
+def test_a_record_whose_budget_is_not_its_backends_is_refused() -> None:
+    rec = copy.deepcopy(first(llama70b(), "aggregated"))
+    rec["max_num_tokens"] = 4096  # vLLM 0.11 on H200 scores 8192
+    with pytest.raises(ExportError, match="token budget 4096 is not the 8192 vllm 0.11 scores with"):
+        render_deploy(rec, "dynamo")

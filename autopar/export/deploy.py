@@ -103,6 +103,7 @@ VLLM_VALUE_FLAGS = (
     "--kv-cache-dtype",
     "--kv-transfer-config",
     "--gpu-memory-utilization",
+    "--compilation-config",
 )
 VLLM_BOOL_FLAGS = (
     *_vllm.BOOL_FLAGS,
@@ -121,6 +122,7 @@ SGLANG_VALUE_FLAGS = (
     "--max-prefill-tokens",
     "--kv-cache-dtype",
     "--mem-fraction-static",
+    "--cuda-graph-max-bs",
     "--disaggregation-mode",
     "--disaggregation-transfer-backend",
     "--disaggregation-bootstrap-port",
@@ -179,6 +181,8 @@ class Pool:
     batch: float = 1.0  # scored concurrency of the instance (prompts per iteration for prefill)
     budget: int = 1  # scored token budget per iteration of the instance
     memory_fraction: float = 0.9  # vLLM gpu_memory_utilization / SGLang mem_fraction_static scored
+    graph_limit: int | None = None  # the CUDA-graph bound scored (vLLM: tokens per step, per engine;
+    # SGLang: cuda_graph_max_bs); None where the profile models no graphs on this device
 
     @property
     def devices(self) -> int:
@@ -430,10 +434,12 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
             )
     # Every pool was scored with the backend's token budget (a fixed one for vLLM and SGLang) and its
     # KV memory share: vLLM's gpu_memory_utilization, or SGLang's mem_fraction_static as the profile
-    # derives it per instance (memory, TP x PP, the chunked-prefill size, the CUDA-graph batch).
+    # derives it per instance (memory, TP x PP, the chunked-prefill size, the CUDA-graph batch); and
+    # the CUDA-graph bound it scored (vLLM derives its own from --max-num-seqs, which is the scored
+    # concurrency here, not the max_num_seqs the profile's rule takes).
     import numpy as np
 
-    from autopar.serving.backends import kv_fraction
+    from autopar.serving.backends import gpu_rules, graph_limit, kv_fraction
 
     chunked = bool(w.chunked_prefill)
     fixed = []
@@ -449,7 +455,13 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
         else:
             tp_i, pp_i, bud = (np.array([float(v)]) for v in (p.tp * p.dp, p.pp, p.budget))
             frac = float(kv_fraction(profile, cl.device, tp_i, pp_i, bud)[0])
-        fixed.append(replace(p, memory_fraction=frac))
+        graphs = None
+        if profile.cuda_graphs.modelled and gpu_rules(profile, cl.device):
+            tp_i, bud = np.array([float(p.tp * p.dp)]), np.array([float(p.budget)])
+            graphs = int(graph_limit(profile, cl.device, tp_i, bud, float(w.max_batch or 1))[0])
+            if profile.cuda_graphs.scope == "tokens":  # vLLM captures at most an engine's budget
+                graphs = min(graphs, p.max_num_batched_tokens)
+        fixed.append(replace(p, memory_fraction=frac, graph_limit=graphs))
     pools = tuple(fixed)
     max_model_len = w.isl + w.osl
     for p in pools:
@@ -508,6 +520,9 @@ def vllm_args(plan: Plan, pool: Pool, *, parallel: bool = True) -> list[str]:
     if plan.quantization:
         a += ["--quantization", plan.quantization]
     a += ["--kv-cache-dtype", plan.kv_cache_dtype, "--gpu-memory-utilization", f"{pool.memory_fraction:g}"]
+    if pool.graph_limit is not None:
+        cc = {"max_cudagraph_capture_size": pool.graph_limit}
+        a += ["--compilation-config", json.dumps(cc, separators=(",", ":"))]
     a.append("--enable-chunked-prefill" if plan.chunked_prefill else "--no-enable-chunked-prefill")
     if plan.prefix_caching:
         a.append("--enable-prefix-caching")
@@ -543,6 +558,8 @@ def sglang_args(plan: Plan, pool: Pool) -> list[str]:
         a += ["--quantization", plan.quantization]
     a += ["--kv-cache-dtype", {"fp8": "fp8_e4m3"}.get(plan.kv_cache_dtype, plan.kv_cache_dtype)]
     a += ["--mem-fraction-static", f"{pool.memory_fraction:g}"]
+    if pool.graph_limit is not None:
+        a += ["--cuda-graph-max-bs", str(pool.graph_limit)]
     return a
 
 
@@ -765,6 +782,11 @@ def _pool_view(role: str, replicas: int, flags: Mapping[str, Any], fmt: str, **e
         "memory_fraction": (
             float(flags["--gpu-memory-utilization"]) if "--gpu-memory-utilization" in flags else None
         ),
+        "graph_limit": (
+            json.loads(flags["--compilation-config"])["max_cudagraph_capture_size"]
+            if "--compilation-config" in flags
+            else None
+        ),
         "chunked_prefill": not flags.get("--no-enable-chunked-prefill"),
         "prefix_caching": bool(flags.get("--enable-prefix-caching")),
         "kv_transfer_config": flags.get("--kv-transfer-config"),
@@ -812,6 +834,7 @@ def _sglang_view(
         "memory_fraction": float(flags["--mem-fraction-static"])
         if "--mem-fraction-static" in flags
         else None,
+        "graph_limit": num("--cuda-graph-max-bs") if "--cuda-graph-max-bs" in flags else None,
         "transfer_backend": flags.get("--disaggregation-transfer-backend"),
         "devices_per_pod": per_pod,
         "nodes": nodes,
