@@ -7,9 +7,9 @@ A ``serve --json`` record (one of its ``results``) becomes the file a cluster de
   ``prefill`` and ``decode`` for a disaggregated one; ``replicas`` = the pool's instances;
   ``multinode.nodeCount`` where an instance spans nodes), each worker ``python3 -m dynamo.vllm``
   with vLLM engine arguments and ``--disaggregation-mode prefill|decode`` plus the NIXL KV connector
-  (``examples/backends/vllm/deploy/disagg.yaml`` of ai-dynamo/dynamo), or, with ``engine``
-  ``sglang`` (or a plan scored for SGLang), ``python3 -m dynamo.sglang`` with SGLang server
-  arguments (:func:`sglang_args`; ``examples/backends/sglang/deploy/disagg.yaml``).
+  (``examples/backends/vllm/deploy/disagg.yaml`` of ai-dynamo/dynamo), or, for a plan scored for
+  SGLang, ``python3 -m dynamo.sglang`` with SGLang server arguments (:func:`sglang_args`;
+  ``examples/backends/sglang/deploy/disagg.yaml``).
 * ``llm-d``: values for the ``llm-d-modelservice`` Helm chart (v0.4.x: ``decode`` and ``prefill``
   pools with ``replicas``, ``parallelism.tensor/data/dataLocal/workers`` and a ``vllm`` container
   whose ``modelCommand: vllmServe`` makes the chart run ``vllm serve MODEL --tensor-parallel-size
@@ -22,14 +22,20 @@ PP, attention-DP engines (``--data-parallel-size``), expert parallelism (vLLM's 
 experts sharded over every rank of the instance), ``--max-num-seqs`` (the scored concurrency per
 engine, rounded up: prompts per prefill iteration for a prefill pool), ``--max-num-batched-tokens``
 (the scored token budget per iteration, per engine), ``--max-model-len`` (isl + osl), the weight
-format (``--dtype``/``--quantization``), ``--kv-cache-dtype``, chunked prefill and prefix caching.
+format (``--dtype``/``--quantization``), ``--kv-cache-dtype``, chunked prefill and prefix caching,
+the KV memory share (``--gpu-memory-utilization``; SGLang ``--mem-fraction-static``) and the
+CUDA-graph bound (``max_cudagraph_capture_size``; SGLang ``--cuda-graph-max-bs``). The plan's
+backend decides the workers (``--engine`` may only restate it), and a limit the plan left at None
+is written as that backend's profile resolved it for the device (:mod:`autopar.serving.backends`).
 What the plan does not decide (name, namespace, image, the secret holding the Hugging Face token,
 GPUs per node, a pre-quantized checkpoint) is a :class:`DeployOptions` field with a stated default.
 
 Refused (:class:`~autopar.export.base.ExportError`, one line): for vLLM, expert parallelism
 narrower than the instance (vLLM's EP is all ranks or none; SGLang's ``--ep-size`` divides TP);
-SGLang workers for llm-d; a plan scored for another runtime (TensorRT-LLM); speculative decoding (the plan does not name the
-draft), a KV-cache dtype vLLM has no name for, a checkpoint-quantized weight format
+SGLang workers for llm-d; a plan scored for another runtime (TensorRT-LLM, or a record without a
+backend) and an ``--engine`` other than the plan's backend; a record whose token budget is not the
+one its backend scores with, or on a device that runs its vendor's own stack; speculative decoding
+(the plan does not name the draft), a KV-cache dtype vLLM has no name for, a checkpoint-quantized weight format
 (fp8-block, int8, int4, nvfp4, mxfp4) without ``checkpoint``, an instance that does not fill whole
 nodes, a device the target has no resource for, and a token budget vLLM would reject.
 """
@@ -141,7 +147,7 @@ class DeployOptions:
     checkpoint: str | None = None  # what the workers load (None: the model's Hugging Face id)
     hf_token_secret: str = "hf-token-secret"  # Kubernetes Secret with HF_TOKEN ("" for none)
     gpus_per_node: int | None = None  # devices per Kubernetes node (None: the cluster's devices_per_node)
-    engine: str | None = None  # vllm or sglang workers (None: the plan's backend, else vllm)
+    engine: str | None = None  # vllm or sglang: must restate the plan's backend (None: the plan's)
 
     def check(self) -> None:
         for what, v in (("--name", self.name), ("--namespace", self.namespace)):
@@ -270,7 +276,7 @@ def _check_engine(pool: Pool, engine: str, chunked_prefill: bool, max_model_len:
             f"expert parallel ep={pool.ep} within tp={tp} ({pool.role} pool)",
             "vLLM",
             "vLLM's --enable-expert-parallel shards the experts over every rank of the instance "
-            "(ep = tp); search with --ep 1 or --ep equal to tp, or export --engine sglang",
+            "(ep = tp); search with --ep 1 or --ep equal to tp, or serve with --backend sglang",
         )
     if pool.max_num_batched_tokens < pool.max_num_seqs:
         raise unsupported(
