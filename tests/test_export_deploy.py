@@ -46,21 +46,25 @@ def _serve(**kw: Any) -> dict[str, Any]:
     return {"doc": res, "records": records_of(json.loads(json.dumps(res, default=float)), "serve")}
 
 
-def llama70b() -> list[dict[str, Any]]:
-    """The issue-23 case: Llama-3.1-70B FP8 on 8 H200, aggregated and disaggregated results."""
-    return _serve(
-        model="llama-3.1-70b",
-        device="h200-sxm-141gb",
-        num_devices=8,
-        isl=4000,
-        osl=1000,
-        weight_precision="fp8",
-        ttft_ms=1000.0,
-        tpot_ms=50.0,
-    )["records"]
+LLAMA70B = dict(
+    model="llama-3.1-70b",
+    device="h200-sxm-141gb",
+    num_devices=8,
+    isl=4000,
+    osl=1000,
+    weight_precision="fp8",
+    ttft_ms=1000.0,
+    tpot_ms=50.0,
+)
 
 
-def dsv3() -> list[dict[str, Any]]:
+def llama70b(backend: str = "vllm", **kw: Any) -> list[dict[str, Any]]:
+    """The issue-23 case: Llama-3.1-70B FP8 on 8 H200, aggregated and disaggregated results, scored
+    for the runtime the workers run (``backend``); ``kw``: other serve settings."""
+    return _serve(**{**LLAMA70B, **kw}, backend=backend)["records"]
+
+
+def dsv3(backend: str = "vllm") -> list[dict[str, Any]]:
     """DeepSeek-V3 on 32 H200: attention DP + expert parallel pools, aggregated and disaggregated."""
     return _serve(
         model="deepseek-v3",
@@ -71,6 +75,7 @@ def dsv3() -> list[dict[str, Any]]:
         weight_precision="fp8",
         ttft_ms=2000.0,
         tpot_ms=80.0,
+        backend=backend,
     )["records"]
 
 
@@ -347,26 +352,42 @@ def test_workload_knobs_reach_the_workers() -> None:
     text = render_deploy(_with_workload(rec, prefix_cache_hit_rate=0.5), "dynamo")
     assert read_deploy(text, "dynamo")[0]["prefix_caching"]
     assert not read_deploy(render_deploy(rec, "dynamo"), "dynamo")[0]["prefix_caching"]
-    off = _with_workload(rec, chunked_prefill=False)
-    with pytest.raises(ExportError, match="without chunked prefill"):
-        render_deploy(off, "dynamo")  # a 2048-token budget cannot hold a 5000-token sequence whole
-    off["max_num_tokens"] = 8192
-    assert not read_deploy(render_deploy(off, "dynamo"), "dynamo")[0]["chunked_prefill"]
+    # Plans scored without chunked prefill: a 4096-token budget holds a 4000-token prompt (serve
+    # scores it) but not a 5000-token sequence, which vLLM requires of max-num-batched-tokens then.
+    short = first(llama70b(chunked_prefill=False, max_num_tokens=4096), "aggregated")
+    assert short["max_num_tokens"] == 4096
+    with pytest.raises(ExportError, match="budget of 4096 below max-model-len 5000 without chunked prefill"):
+        render_deploy(short, "dynamo")
+    off = first(llama70b(chunked_prefill=False), "aggregated")  # vLLM's default budget on H200: 8192
+    pool = read_deploy(render_deploy(off, "dynamo"), "dynamo")[0]
+    assert not pool["chunked_prefill"] and pool["max_num_batched_tokens"] == off["max_num_tokens"] == 8192
     with pytest.raises(ExportError, match="speculative decoding"):
         render_deploy(_with_workload(rec, speculative_tokens=2, acceptance_rate=0.7), "llm-d")
 
 
 def test_devices_the_targets_cannot_schedule() -> None:
-    rec = copy.deepcopy(first(llama70b(), "aggregated"))
-    rec["job"]["cluster"] = {"device": "mi300x", "num_devices": 8, "devices_per_node": 8}
+    recs = _serve(
+        model="llama-3.1-8b", device="mi300x", num_devices=8, isl=2000, osl=500, ttft_ms=1500.0, tpot_ms=40.0
+    )["records"]
+    rec = first(recs, "aggregated", lambda r: r["tp"] == 1)
     with pytest.raises(ExportError, match="amd device .* cannot be expressed in dynamo"):
         render_deploy(rec, "dynamo")
     values = check_llmd(render_deploy(rec, "llm-d"))
     assert values["accelerator"]["type"] == "amd"
     assert values["decode"]["containers"][0]["resources"]["limits"] == {"amd.com/gpu": "1"}
-    rec["job"]["cluster"] = {"device": "groq-lpu", "num_devices": 8}
-    with pytest.raises(ExportError, match="groq device"):
-        render_deploy(rec, "llm-d")
+    check_scored(
+        render_deploy(rec, "llm-d"),
+        "llm-d",
+        rec,
+        model="meta-llama/Llama-3.1-8B",
+        quantization=None,
+        kv="auto",
+    )
+    # serve refuses --backend vllm on a device with its vendor's own stack: an edited record is refused
+    bad = copy.deepcopy(first(llama70b(), "aggregated"))
+    bad["job"]["cluster"] = {"device": "groq-lpu", "num_devices": 8}
+    with pytest.raises(ExportError, match="groq-lpu runs its vendor's own serving stack, not the vllm"):
+        render_deploy(bad, "llm-d")
 
 
 def test_reader_refuses_unknown_worker_flags() -> None:
@@ -376,25 +397,21 @@ def test_reader_refuses_unknown_worker_flags() -> None:
 
 
 # ---------------------------------------------------------------------------------------- CLI
+def _serve_json(path: Path, backend: str) -> Path:
+    path.write_text(json.dumps(_serve(**LLAMA70B, backend=backend)["doc"], default=float))
+    return path
+
+
 @pytest.fixture
 def serve_json(tmp_path: Path) -> Path:
-    src = tmp_path / "serve.json"
-    src.write_text(
-        json.dumps(
-            _serve(
-                model="llama-3.1-70b",
-                device="h200-sxm-141gb",
-                num_devices=8,
-                isl=4000,
-                osl=1000,
-                weight_precision="fp8",
-                ttft_ms=1000.0,
-                tpot_ms=50.0,
-            )["doc"],
-            default=float,
-        )
-    )
-    return src
+    """The issue-23 plan scored for vLLM (the docs' command)."""
+    return _serve_json(tmp_path / "serve.json", "vllm")
+
+
+@pytest.fixture
+def serve_json_sglang(tmp_path: Path) -> Path:
+    """The same plan scored for SGLang (serve --backend sglang)."""
+    return _serve_json(tmp_path / "serve-sglang.json", "sglang")
 
 
 def _dis_index(src: Path) -> int:
@@ -404,7 +421,7 @@ def _dis_index(src: Path) -> int:
 
 
 def test_cli_writes_whole_files_and_overwrites_only_with_force(
-    tmp_path: Path, serve_json: Path, capsys
+    tmp_path: Path, serve_json: Path, serve_json_sglang: Path, capsys
 ) -> None:
     out = tmp_path / "dgd.yaml"
     i = str(_dis_index(serve_json))
@@ -422,23 +439,12 @@ def test_cli_writes_whole_files_and_overwrites_only_with_force(
     assert len(err.strip().splitlines()) == 1 and "--force" in err and out.read_text() == before
     assert main([*argv, "--name", "other", "--force"]) == 0
     assert yaml.safe_load(out.read_text())["metadata"]["name"] == "other"
+    # a plan scored for SGLang gets SGLang workers; --engine sglang only restates it
     sg = tmp_path / "sglang.yaml"
-    assert (
-        main(
-            [
-                "export",
-                "--format",
-                "dynamo",
-                "--engine",
-                "sglang",
-                "--from-json",
-                str(serve_json),
-                "--out",
-                str(sg),
-            ]
-        )
-        == 0
-    )
+    sg_argv = ["export", "--format", "dynamo", "--from-json", str(serve_json_sglang), "--out", str(sg)]
+    assert main(sg_argv) == 0
+    assert check_dynamo(sg.read_text())["spec"]["backendFramework"] == "sglang"
+    assert main([*sg_argv, "--engine", "sglang", "--force"]) == 0
     assert check_dynamo(sg.read_text())["spec"]["backendFramework"] == "sglang"
     values = tmp_path / "values.yaml"
     assert main(["export", "--format", "llm-d", "--from-json", str(serve_json), "--out", str(values)]) == 0
@@ -454,7 +460,10 @@ def test_cli_writes_whole_files_and_overwrites_only_with_force(
         (["--format", "dynamo", "--record", "999"], "--record 999 is out of range"),
         (["--format", "dynamo", "--launcher-version", "1.4"], "--launcher-version does not apply"),
         (["--format", "llm-d", "--checkpoint", "/models/llama"], "pods download a Hugging Face checkpoint"),
-        (["--format", "llm-d", "--engine", "sglang"], "sglang workers cannot be expressed in llm-d"),
+        (
+            ["--format", "dynamo", "--engine", "sglang"],
+            "--engine sglang for a plan scored for the vllm runtime",
+        ),
     ],
 )
 def test_cli_refusals_are_one_line_and_write_nothing(
@@ -465,6 +474,17 @@ def test_cli_refusals_are_one_line_and_write_nothing(
     cap = capsys.readouterr()
     assert cap.out == "" and len(cap.err.strip().splitlines()) == 1 and message in cap.err, cap.err
     assert not out.exists()
+
+
+def test_cli_refuses_sglang_workers_for_llmd(tmp_path: Path, serve_json_sglang: Path, capsys) -> None:
+    """llm-d's chart runs vLLM: a plan scored for SGLang has no llm-d form (with or without --engine)."""
+    out = tmp_path / "values.yaml"
+    for extra in ([], ["--engine", "sglang"]):
+        argv = ["export", "--format", "llm-d", "--from-json", str(serve_json_sglang), "--out", str(out)]
+        assert main([*argv, *extra]) == 2
+        cap = capsys.readouterr()
+        assert cap.out == "" and len(cap.err.strip().splitlines()) == 1, cap.err
+        assert "sglang workers cannot be expressed in llm-d" in cap.err and not out.exists()
 
 
 def test_cli_refuses_training_records_and_missing_plans(tmp_path: Path, capsys) -> None:
@@ -488,16 +508,30 @@ def test_cli_and_module_name_the_same_formats() -> None:
 
 
 def test_the_plan_backend_picks_the_workers() -> None:
-    rec = copy.deepcopy(first(llama70b(), "aggregated"))
-    rec["job"]["backend"] = "trtllm"
+    """The plan's backend (job.workload.backend, as serve writes it) decides the workers."""
+    trt = first(llama70b("trtllm"), "aggregated")
+    assert trt["job"]["workload"]["backend"] == "trtllm"
+    for fmt in ("dynamo", "llm-d"):
+        for engine in (None, "vllm", "sglang"):
+            with pytest.raises(ExportError, match="a plan scored for the trtllm runtime cannot be expressed"):
+                render_deploy(trt, fmt, DeployOptions(engine=engine))
+    # a record written before backends existed was scored with TensorRT-LLM's rules
+    old = copy.deepcopy(first(llama70b(), "aggregated"))
+    del old["job"]["workload"]["backend"]
     with pytest.raises(ExportError, match="scored for the trtllm runtime"):
-        render_deploy(rec, "dynamo")
-    rec["job"]["backend"] = "sglang"
-    assert read_deploy(render_deploy(rec, "dynamo"), "dynamo")[0]["engine"] == "sglang"
+        render_deploy(old, "dynamo")
+    vl = first(llama70b(), "aggregated")
+    assert read_deploy(render_deploy(vl, "dynamo"), "dynamo")[0]["engine"] == "vllm"
+    assert render_deploy(vl, "dynamo", DeployOptions(engine="vllm")) == render_deploy(vl, "dynamo")
+    with pytest.raises(ExportError, match="--engine sglang for a plan scored for the vllm runtime"):
+        render_deploy(vl, "dynamo", DeployOptions(engine="sglang"))
+    sg = first(llama70b("sglang"), "aggregated")
+    assert read_deploy(render_deploy(sg, "dynamo"), "dynamo")[0]["engine"] == "sglang"
+    assert render_deploy(sg, "dynamo", DeployOptions(engine="sglang")) == render_deploy(sg, "dynamo")
     with pytest.raises(ExportError, match="sglang workers cannot be expressed in llm-d"):
-        render_deploy(rec, "llm-d")
+        render_deploy(sg, "llm-d")
     with pytest.raises(ExportError, match="--engine vllm for a plan scored for the sglang runtime"):
-        render_deploy(rec, "dynamo", DeployOptions(engine="vllm"))
+        render_deploy(sg, "dynamo", DeployOptions(engine="vllm"))
 
 
 @pytest.mark.parametrize(
@@ -547,7 +581,7 @@ def check_scored_sglang(
 
 
 def test_sglang_workers_on_dynamo() -> None:
-    recs = dsv3()
+    recs = dsv3("sglang")
     dis = first(recs, "disaggregated", lambda r: r["decode"]["adp"] > 1)
     agg = first(recs, "aggregated", lambda r: r["adp"] > 1 and r["ep"] == r["tp"])
     narrow = first(recs, "aggregated", lambda r: 1 < r["ep"] < r["tp"])  # SGLang's EP divides TP
@@ -562,6 +596,89 @@ def test_sglang_workers_on_dynamo() -> None:
             for c in doc["spec"]["components"]
         )
         check_scored_sglang(text, rec, model="deepseek-ai/DeepSeek-V3", quantization="fp8", kv="fp8_e4m3")
-    off = _with_workload(first(llama70b(), "aggregated"), chunked_prefill=False)
+    off = first(llama70b("sglang", chunked_prefill=False), "aggregated")
     pool = read_deploy(render_deploy(off, "dynamo", opts), "dynamo")[0]
     assert pool["chunked_prefill_size"] == -1 and pool["kv_cache_dtype"] == "fp8_e4m3"
+    assert pool["max_prefill_tokens"] == off["max_num_tokens"]
+
+
+def _pools(rec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [rec] if rec["mode"] == "aggregated" else [rec["prefill"], rec["decode"]]
+
+
+@pytest.mark.parametrize(
+    ("model", "device", "devices", "budget", "seqs_cap"),
+    [
+        # vLLM's get_batch_defaults (OPENAI_API_SERVER): 8192 tokens / 1024 sequences from 70 GiB
+        # up (not A100), else 2048 / 256
+        ("llama-3.1-70b", "h200-sxm-141gb", 8, 8192, 1024),
+        ("llama-3.1-8b", "l40s", 8, 2048, 256),
+        ("llama-3.1-8b", "a100-80gb", 8, 2048, 256),
+    ],
+)
+def test_vllm_workers_get_the_values_the_profile_scored(
+    model: str, device: str, devices: int, budget: int, seqs_cap: int
+) -> None:
+    """A plan that left vLLM's limits at their defaults deploys them as the profile resolved them for
+    the device (not the defaults of whatever vLLM the image holds): the token budget per iteration,
+    chunked prefill on, gpu_memory_utilization 0.9, and the CUDA-graph capture bound the profile's
+    rule min(2 x max_num_seqs, 512, max_num_batched_tokens) gave (vLLM would derive it from the
+    --max-num-seqs written, the scored concurrency)."""
+    recs = _serve(
+        model=model, device=device, num_devices=devices, isl=2000, osl=500, ttft_ms=3000.0, tpot_ms=60.0
+    )["records"]
+    assert recs
+    for rec in recs:
+        for fmt in ("dynamo", "llm-d"):
+            try:
+                text = render_deploy(rec, fmt)
+            except ExportError as e:  # only what the format cannot say (multi-node llm-d pods)
+                assert fmt == "llm-d" and "instance of" in str(e), str(e)
+                continue
+            for g, d in zip(read_deploy(text, fmt), _pools(rec), strict=True):
+                assert d["max_num_tokens"] == budget
+                assert g["max_num_batched_tokens"] * g["dp"] == budget  # per engine, as scored
+                assert g["chunked_prefill"] and g["memory_fraction"] == 0.9
+                assert g["graph_limit"] == min(2 * seqs_cap, 512, budget, g["max_num_batched_tokens"])
+    # a memory share the plan set is the one written
+    rec = first(llama70b(kv_cache_fraction=0.8), "aggregated")
+    assert read_deploy(render_deploy(rec, "llm-d"), "llm-d")[0]["memory_fraction"] == 0.8
+
+
+def _sglang_mem_fraction_static(gpu_mib: float, chunk: int, graph_bs: int, tp: int, pp: int) -> float:
+    """sglang server_args.py ServerArgs._handle_gpu_memory_settings (commit 469c63e5), written out."""
+    reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + tp * pp / 8 * 1024
+    if gpu_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu_mib - reserved) / gpu_mib, 3)
+
+
+def test_sglang_workers_get_the_values_the_profile_scored() -> None:
+    """SGLang on H200 (131 GiB: chunked_prefill_size 8192, cuda_graph_max_bs 256 below TP 4 and
+    512 from it): the manifest pins the chunked-prefill size, the CUDA-graph batch and
+    mem_fraction_static the plan was scored with (with chunked prefill off SGLang would derive
+    another fraction from --chunked-prefill-size -1)."""
+    from autopar.hardware import load_cluster
+
+    gpu_mib = load_cluster("h200-sxm-141gb", 8, None).device.memory_bytes / 2**20
+    for recs in (llama70b("sglang"), dsv3("sglang"), llama70b("sglang", chunked_prefill=False)):
+        chunked = recs[0]["job"]["workload"]["chunked_prefill"] is not False
+        for rec in recs:
+            for g, d in zip(read_deploy(render_deploy(rec, "dynamo"), "dynamo"), _pools(rec), strict=True):
+                tp = g["tp"] * g["dp"]
+                graph_bs = 512 if tp >= 4 else 256
+                assert d["max_num_tokens"] == g["max_prefill_tokens"] == 8192
+                assert g["chunked_prefill_size"] == (8192 if chunked else -1)
+                assert g["graph_limit"] == graph_bs
+                assert g["memory_fraction"] == _sglang_mem_fraction_static(
+                    gpu_mib, 8192, graph_bs, tp, g["pp"]
+                )
+    rec = first(llama70b("sglang", kv_cache_fraction=0.85), "disaggregated")
+    assert {p["memory_fraction"] for p in read_deploy(render_deploy(rec, "dynamo"), "dynamo")} == {0.85}
+
+
+def test_a_record_whose_budget_is_not_its_backends_is_refused() -> None:
+    rec = copy.deepcopy(first(llama70b(), "aggregated"))
+    rec["max_num_tokens"] = 4096  # vLLM 0.11 on H200 scores 8192
+    with pytest.raises(ExportError, match="token budget 4096 is not the 8192 vllm 0.11 scores with"):
+        render_deploy(rec, "dynamo")

@@ -378,8 +378,8 @@ def register(sub) -> dict:
         "--engine",
         choices=("vllm", "sglang"),  # autopar.export.deploy.ENGINES (not imported: startup)
         default=None,
-        help="the workers' inference engine; sglang for --format dynamo only (default: the plan's "
-        "backend where it names one, else vllm)",
+        help="the workers' inference engine: the plan's serving backend, which this may only restate "
+        "(serve --backend vllm or sglang); sglang for --format dynamo only",
     )
     g.add_argument(
         "--name",

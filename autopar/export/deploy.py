@@ -7,9 +7,9 @@ A ``serve --json`` record (one of its ``results``) becomes the file a cluster de
   ``prefill`` and ``decode`` for a disaggregated one; ``replicas`` = the pool's instances;
   ``multinode.nodeCount`` where an instance spans nodes), each worker ``python3 -m dynamo.vllm``
   with vLLM engine arguments and ``--disaggregation-mode prefill|decode`` plus the NIXL KV connector
-  (``examples/backends/vllm/deploy/disagg.yaml`` of ai-dynamo/dynamo), or, with ``engine``
-  ``sglang`` (or a plan scored for SGLang), ``python3 -m dynamo.sglang`` with SGLang server
-  arguments (:func:`sglang_args`; ``examples/backends/sglang/deploy/disagg.yaml``).
+  (``examples/backends/vllm/deploy/disagg.yaml`` of ai-dynamo/dynamo), or, for a plan scored for
+  SGLang, ``python3 -m dynamo.sglang`` with SGLang server arguments (:func:`sglang_args`;
+  ``examples/backends/sglang/deploy/disagg.yaml``).
 * ``llm-d``: values for the ``llm-d-modelservice`` Helm chart (v0.4.x: ``decode`` and ``prefill``
   pools with ``replicas``, ``parallelism.tensor/data/dataLocal/workers`` and a ``vllm`` container
   whose ``modelCommand: vllmServe`` makes the chart run ``vllm serve MODEL --tensor-parallel-size
@@ -22,14 +22,20 @@ PP, attention-DP engines (``--data-parallel-size``), expert parallelism (vLLM's 
 experts sharded over every rank of the instance), ``--max-num-seqs`` (the scored concurrency per
 engine, rounded up: prompts per prefill iteration for a prefill pool), ``--max-num-batched-tokens``
 (the scored token budget per iteration, per engine), ``--max-model-len`` (isl + osl), the weight
-format (``--dtype``/``--quantization``), ``--kv-cache-dtype``, chunked prefill and prefix caching.
+format (``--dtype``/``--quantization``), ``--kv-cache-dtype``, chunked prefill and prefix caching,
+the KV memory share (``--gpu-memory-utilization``; SGLang ``--mem-fraction-static``) and the
+CUDA-graph bound (``max_cudagraph_capture_size``; SGLang ``--cuda-graph-max-bs``). The plan's
+backend decides the workers (``--engine`` may only restate it), and a limit the plan left at None
+is written as that backend's profile resolved it for the device (:mod:`autopar.serving.backends`).
 What the plan does not decide (name, namespace, image, the secret holding the Hugging Face token,
 GPUs per node, a pre-quantized checkpoint) is a :class:`DeployOptions` field with a stated default.
 
 Refused (:class:`~autopar.export.base.ExportError`, one line): for vLLM, expert parallelism
 narrower than the instance (vLLM's EP is all ranks or none; SGLang's ``--ep-size`` divides TP);
-SGLang workers for llm-d; a plan scored for another runtime (TensorRT-LLM); speculative decoding (the plan does not name the
-draft), a KV-cache dtype vLLM has no name for, a checkpoint-quantized weight format
+SGLang workers for llm-d; a plan scored for another runtime (TensorRT-LLM, or a record without a
+backend) and an ``--engine`` other than the plan's backend; a record whose token budget is not the
+one its backend scores with, or on a device that runs its vendor's own stack; speculative decoding
+(the plan does not name the draft), a KV-cache dtype vLLM has no name for, a checkpoint-quantized weight format
 (fp8-block, int8, int4, nvfp4, mxfp4) without ``checkpoint``, an instance that does not fill whole
 nodes, a device the target has no resource for, and a token budget vLLM would reject.
 """
@@ -40,7 +46,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autopar.export import sglang as _sglang
@@ -102,6 +108,8 @@ VLLM_VALUE_FLAGS = (
     "--max-num-batched-tokens",
     "--kv-cache-dtype",
     "--kv-transfer-config",
+    "--gpu-memory-utilization",
+    "--compilation-config",
 )
 VLLM_BOOL_FLAGS = (
     *_vllm.BOOL_FLAGS,
@@ -119,6 +127,8 @@ SGLANG_VALUE_FLAGS = (
     "--chunked-prefill-size",
     "--max-prefill-tokens",
     "--kv-cache-dtype",
+    "--mem-fraction-static",
+    "--cuda-graph-max-bs",
     "--disaggregation-mode",
     "--disaggregation-transfer-backend",
     "--disaggregation-bootstrap-port",
@@ -137,7 +147,7 @@ class DeployOptions:
     checkpoint: str | None = None  # what the workers load (None: the model's Hugging Face id)
     hf_token_secret: str = "hf-token-secret"  # Kubernetes Secret with HF_TOKEN ("" for none)
     gpus_per_node: int | None = None  # devices per Kubernetes node (None: the cluster's devices_per_node)
-    engine: str | None = None  # vllm or sglang workers (None: the plan's backend, else vllm)
+    engine: str | None = None  # vllm or sglang: must restate the plan's backend (None: the plan's)
 
     def check(self) -> None:
         for what, v in (("--name", self.name), ("--namespace", self.namespace)):
@@ -176,6 +186,9 @@ class Pool:
     ep: int = 1  # expert-parallel width of the instance (SGLang's --ep-size)
     batch: float = 1.0  # scored concurrency of the instance (prompts per iteration for prefill)
     budget: int = 1  # scored token budget per iteration of the instance
+    memory_fraction: float = 0.9  # vLLM gpu_memory_utilization / SGLang mem_fraction_static scored
+    graph_limit: int | None = None  # the CUDA-graph bound scored (vLLM: tokens per step, per engine;
+    # SGLang: cuda_graph_max_bs); None where the profile models no graphs on this device
 
     @property
     def devices(self) -> int:
@@ -263,7 +276,7 @@ def _check_engine(pool: Pool, engine: str, chunked_prefill: bool, max_model_len:
             f"expert parallel ep={pool.ep} within tp={tp} ({pool.role} pool)",
             "vLLM",
             "vLLM's --enable-expert-parallel shards the experts over every rank of the instance "
-            "(ep = tp); search with --ep 1 or --ep equal to tp, or export --engine sglang",
+            "(ep = tp); search with --ep 1 or --ep equal to tp, or serve with --backend sglang",
         )
     if pool.max_num_batched_tokens < pool.max_num_seqs:
         raise unsupported(
@@ -300,24 +313,25 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
             "a training record cannot be deployed as a serving graph",
             "pass the --json output of `autopar serve`",
         )
-    backend = wd.pop("backend", job.get("backend"))
-    scored_for = backend.lower().split("-")[0].split(":")[0] if isinstance(backend, str) else None
-    if scored_for is not None and scored_for not in ENGINES:
-        raise unsupported(
-            f"a plan scored for the {backend} runtime",
-            "a deployment manifest of vLLM or SGLang workers",
-            "serve with the vllm or sglang backend, or deploy the plan's own runtime by hand",
-        )
-    if opts.engine is not None and scored_for is not None and opts.engine != scored_for:
-        raise ExportError(
-            f"--engine {opts.engine} for a plan scored for the {backend} runtime",
-            f"drop --engine, or serve with the {opts.engine} backend",
-        )
-    engine = opts.engine or scored_for or "vllm"
     try:
         w = ServingWorkload(**wd)
     except (ValidationError, TypeError) as e:
         raise ExportError(f"{where}: its workload does not validate ({str(e).splitlines()[0]})") from None
+    # The workers run the runtime the plan was scored for (a record without a backend was scored
+    # before backends existed: TensorRT-LLM's rules, the workload's default); --engine may only restate it.
+    scored_for = w.backend
+    if scored_for not in ENGINES:
+        raise unsupported(
+            f"a plan scored for the {scored_for} runtime",
+            "a deployment manifest of vLLM or SGLang workers",
+            "serve with --backend vllm or --backend sglang, or deploy the plan's own runtime by hand",
+        )
+    if opts.engine is not None and opts.engine != scored_for:
+        raise ExportError(
+            f"--engine {opts.engine} for a plan scored for the {scored_for} runtime",
+            f"drop --engine, or serve with --backend {opts.engine}",
+        )
+    engine = scored_for
     if w.speculative_tokens:
         raise unsupported(
             f"speculative decoding ({w.speculative_tokens} draft tokens)",
@@ -339,6 +353,19 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
     except (TypeError, ValueError):
         raise ExportError(f"{where}: job.cluster does not describe a cluster") from None
     dpn = opts.gpus_per_node or cl.devices_per_node
+    # The runtime limits the plan left at None are the backend profile's defaults for this device
+    # (vLLM's max_num_batched_tokens by device memory, chunked prefill, the KV memory share): the
+    # workers get the values the plan was scored with, not whatever their version defaults to.
+    from autopar.serving.backends import load_backend
+    from autopar.serving.estimate import resolve_workload
+
+    if cl.device.serving is not None:  # serve refuses --backend vllm/sglang there: an edited record
+        raise ExportError(
+            f"{where}: {device} runs its vendor's own serving stack, not the {engine} the plan was scored for",
+            "pass the --json output of `autopar serve` as written",
+        )
+    profile = load_backend(w.backend, w.backend_version)
+    w = resolve_workload(w, profile, cl.device)
     model = job.get("model")
     if not isinstance(model, str) or not model:
         raise ExportError(f"{where}: job.model is missing", "pass the --json output of `autopar serve`")
@@ -411,9 +438,40 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
                 "a deployment manifest",
                 "this export writes one device type for every pool; deploy each pool's component by hand",
             )
+    # Every pool was scored with the backend's token budget (a fixed one for vLLM and SGLang) and its
+    # KV memory share: vLLM's gpu_memory_utilization, or SGLang's mem_fraction_static as the profile
+    # derives it per instance (memory, TP x PP, the chunked-prefill size, the CUDA-graph batch); and
+    # the CUDA-graph bound it scored (vLLM derives its own from --max-num-seqs, which is the scored
+    # concurrency here, not the max_num_seqs the profile's rule takes).
+    import numpy as np
+
+    from autopar.serving.backends import gpu_rules, graph_limit, kv_fraction
+
+    chunked = bool(w.chunked_prefill)
+    fixed = []
+    for p in pools:
+        if w.max_num_tokens is not None and p.budget != w.max_num_tokens:
+            raise ExportError(
+                f"{where}: the {p.role} pool's token budget {p.budget} is not the {w.max_num_tokens} "
+                f"{profile.name} {profile.version} scores with on {device}",
+                "pass the --json output of `autopar serve` as written",
+            )
+        if w.kv_cache_fraction is not None:
+            frac = float(w.kv_cache_fraction)
+        else:
+            tp_i, pp_i, bud = (np.array([float(v)]) for v in (p.tp * p.dp, p.pp, p.budget))
+            frac = float(kv_fraction(profile, cl.device, tp_i, pp_i, bud)[0])
+        graphs = None
+        if profile.cuda_graphs.modelled and gpu_rules(profile, cl.device):
+            tp_i, bud = np.array([float(p.tp * p.dp)]), np.array([float(p.budget)])
+            graphs = int(graph_limit(profile, cl.device, tp_i, bud, float(w.max_batch or 1))[0])
+            if profile.cuda_graphs.scope == "tokens":  # vLLM captures at most an engine's budget
+                graphs = min(graphs, p.max_num_batched_tokens)
+        fixed.append(replace(p, memory_fraction=frac, graph_limit=graphs))
+    pools = tuple(fixed)
     max_model_len = w.isl + w.osl
     for p in pools:
-        _check_engine(p, engine, w.chunked_prefill, max_model_len)
+        _check_engine(p, engine, chunked, max_model_len)
         if p.devices > dpn and p.devices % dpn:
             raise unsupported(
                 f"a {p.role} instance of {p.devices} devices on nodes of {dpn}",
@@ -436,7 +494,7 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
         dtype=dtype,
         quantization=quant,
         kv_cache_dtype=kv_cache_dtype,
-        chunked_prefill=w.chunked_prefill,
+        chunked_prefill=chunked,
         prefix_caching=w.prefix_cache_hit_rate > 0,
         pools=pools,
         short=str(record.get("short", "")),
@@ -467,7 +525,10 @@ def vllm_args(plan: Plan, pool: Pool, *, parallel: bool = True) -> list[str]:
     ]
     if plan.quantization:
         a += ["--quantization", plan.quantization]
-    a += ["--kv-cache-dtype", plan.kv_cache_dtype]
+    a += ["--kv-cache-dtype", plan.kv_cache_dtype, "--gpu-memory-utilization", f"{pool.memory_fraction:g}"]
+    if pool.graph_limit is not None:
+        cc = {"max_cudagraph_capture_size": pool.graph_limit}
+        a += ["--compilation-config", json.dumps(cc, separators=(",", ":"))]
     a.append("--enable-chunked-prefill" if plan.chunked_prefill else "--no-enable-chunked-prefill")
     if plan.prefix_caching:
         a.append("--enable-prefix-caching")
@@ -502,6 +563,9 @@ def sglang_args(plan: Plan, pool: Pool) -> list[str]:
     if plan.quantization:
         a += ["--quantization", plan.quantization]
     a += ["--kv-cache-dtype", {"fp8": "fp8_e4m3"}.get(plan.kv_cache_dtype, plan.kv_cache_dtype)]
+    a += ["--mem-fraction-static", f"{pool.memory_fraction:g}"]
+    if pool.graph_limit is not None:
+        a += ["--cuda-graph-max-bs", str(pool.graph_limit)]
     return a
 
 
@@ -721,6 +785,14 @@ def _pool_view(role: str, replicas: int, flags: Mapping[str, Any], fmt: str, **e
         "dtype": flags.get("--dtype"),
         "quantization": flags.get("--quantization"),
         "kv_cache_dtype": flags.get("--kv-cache-dtype", "auto"),
+        "memory_fraction": (
+            float(flags["--gpu-memory-utilization"]) if "--gpu-memory-utilization" in flags else None
+        ),
+        "graph_limit": (
+            json.loads(flags["--compilation-config"])["max_cudagraph_capture_size"]
+            if "--compilation-config" in flags
+            else None
+        ),
         "chunked_prefill": not flags.get("--no-enable-chunked-prefill"),
         "prefix_caching": bool(flags.get("--enable-prefix-caching")),
         "kv_transfer_config": flags.get("--kv-transfer-config"),
@@ -765,6 +837,10 @@ def _sglang_view(
         "dtype": flags.get("--dtype"),
         "quantization": flags.get("--quantization"),
         "kv_cache_dtype": flags.get("--kv-cache-dtype", "auto"),
+        "memory_fraction": float(flags["--mem-fraction-static"])
+        if "--mem-fraction-static" in flags
+        else None,
+        "graph_limit": num("--cuda-graph-max-bs") if "--cuda-graph-max-bs" in flags else None,
         "transfer_backend": flags.get("--disaggregation-transfer-backend"),
         "devices_per_pod": per_pod,
         "nodes": nodes,
