@@ -94,6 +94,12 @@ class ModelSpec(BaseModel):
     first_dense_layers: int = 0  # leading dense layers (DeepSeek first_k_dense_replace)
     q_lora_rank: int = 0
     kv_lora_rank: int = 0  # MLA when > 0
+    # DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): a lightning indexer (index_heads x index_head_dim
+    # queries from the q latent, one shared key from h) scores every earlier key; the MLA core attends
+    # to the index_topk best. 0: dense attention.
+    index_heads: int = 0
+    index_head_dim: int = 0
+    index_topk: int = 0
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
@@ -199,6 +205,13 @@ class ModelSpec(BaseModel):
             raise bad("sliding_window_layers > 0 but sliding_window is 0")
         if self.kv_lora_rank and not (self.qk_rope_head_dim and self.qk_nope_head_dim and self.v_head_dim):
             raise bad("MLA (kv_lora_rank > 0) needs qk_nope_head_dim, qk_rope_head_dim and v_head_dim")
+        if self.index_topk or self.index_heads or self.index_head_dim:
+            if not (self.kv_lora_rank and self.q_lora_rank):
+                raise bad(
+                    "a sparse-attention indexer (index_*) reads the MLA q latent: set kv_lora_rank and q_lora_rank"
+                )
+            if min(self.index_topk, self.index_heads, self.index_head_dim) <= 0:
+                raise bad("index_topk, index_heads and index_head_dim must all be positive together")
         if self.kv_lora_rank and (self.qkv_bias or self.o_bias or self.qk_norm != "none"):
             raise bad("attention biases and QK-norm are not modeled for MLA attention")
         if self.linear_attn_layers and not (
@@ -366,10 +379,19 @@ class ModelSpec(BaseModel):
             kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank * a * (
                 self.qk_nope_head_dim + self.v_head_dim
             )
-            return q + kv + a * self.v_head_dim * h
+            return q + kv + a * self.v_head_dim * h + self.indexer_matmul_params
         d = self.head_dim
         q = h * a * d * (2 if self.attn_output_gate else 1)  # Qwen3NextAttention: q_proj -> 2 * a * d
         return q + 2 * h * self.kv_heads * d + a * d * h  # Q(+gate), K, V, O
+
+    @property
+    def indexer_matmul_params(self) -> int:
+        """A DSA lightning indexer's projections (HF ``DeepseekV32Indexer``): ``wq_b`` q_lora_rank ->
+        index_heads x index_head_dim, ``wk`` h -> index_head_dim, ``weights_proj`` h -> index_heads."""
+        if not self.index_topk:
+            return 0
+        ih, idim = self.index_heads, self.index_head_dim
+        return self.q_lora_rank * ih * idim + self.hidden * idim + self.hidden * ih
 
     @property
     def attn_params_per_layer(self) -> int:
@@ -380,7 +402,7 @@ class ModelSpec(BaseModel):
         p = self.attn_matmul_params_per_layer
         if self.is_mla:
             p += self._norm(self.q_lora_rank) + self._norm(self.kv_lora_rank)  # q_a / kv_a layernorms
-            return p
+            return p + (2 * self.index_head_dim if self.index_topk else 0)  # the indexer's k_norm (LayerNorm)
         d = self.head_dim
         if self.qkv_bias:
             p += (
@@ -681,6 +703,12 @@ class ModelSpec(BaseModel):
         if attention:
             per_ctx = 6.0 * self.heads * (self.qk_head_dim + self.v_dim)
             full = self.attn_layers - self.sliding_window_layers
+            if self.index_topk:  # DSA: the core attends to the top-k keys; the indexer scores them all
+                flops += per_ctx * full * self._context(seq_len, self.index_topk, causal)
+                flops += (
+                    6.0 * self.index_heads * self.index_head_dim * full * self._context(seq_len, 0, causal)
+                )
+                full = 0
             flops += per_ctx * full * self._context(seq_len, 0, causal)
             flops += (
                 per_ctx * self.sliding_window_layers * self._context(seq_len, self.sliding_window, causal)
@@ -727,7 +755,9 @@ class ModelSpec(BaseModel):
         # MLA caches the compressed latent plus the shared rope key (DeepSeek-V2 Sec. 2.1.3).
         if self.is_encoder:
             return 0  # an encoder is run once over its input: nothing is cached
-        return self.kv_lora_rank + self.qk_rope_head_dim if self.is_mla else 2 * self.kv_heads * self.head_dim
+        if self.is_mla:  # a DSA indexer also caches its key (index_head_dim) for every token
+            return self.kv_lora_rank + self.qk_rope_head_dim + (self.index_head_dim if self.index_topk else 0)
+        return 2 * self.kv_heads * self.head_dim
 
     def kv_cache_bytes_per_token(self, bytes_per_elem: float = 2) -> float:
         """KV-cache bytes per cached token summed over the attention layers (MTP layers excluded).
@@ -941,6 +971,25 @@ _ARCH: dict[str, _Arch] = {
     "nemotron": _Arch("NemotronConfig", norm="layernorm", gated=False, **_LLAMA),
     "deepseek_v2": _Arch("DeepseekV2Config", qkv_bias=False, o_bias=False, mlp_bias=False, moe="deepseek"),
     "deepseek_v3": _Arch("DeepseekV3Config", qkv_bias=False, o_bias=False, mlp_bias=False, moe="deepseek"),
+    # DeepSeek Sparse Attention: DeepSeek-V3's blocks with a lightning indexer (DeepseekV32Indexer)
+    "deepseek_v32": _Arch(
+        "DeepseekV32Config",
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        moe="deepseek",
+        extra=("index_n_heads", "index_head_dim", "index_topk"),
+    ),
+    # GLM-5 (GlmMoeDsaForCausalLM): MLA + DeepSeek-style MoE + the same indexer (GlmMoeDsaIndexer);
+    # qk_head_dim / head_dim restate qk_nope + qk_rope, the rope layouts cost nothing
+    "glm_moe_dsa": _Arch(
+        "GlmMoeDsaConfig",
+        qkv_bias=False,
+        o_bias=False,
+        mlp_bias=False,
+        moe="deepseek",
+        extra=("index_n_heads", "index_head_dim", "index_topk", "indexer_rope_interleave", "qk_head_dim"),
+    ),
     "kimi_k2": _Arch(
         "DeepseekV3Config (Kimi K2)", qkv_bias=False, o_bias=False, mlp_bias=False, moe="deepseek"
     ),
@@ -2186,6 +2235,18 @@ def _normalize_fields(cfg: dict, *, name: str = "", source: str = "") -> ModelSp
         f["q_lora_rank"] = _int(c, "q_lora_rank", 0, ctx=ctx)  # null in DeepSeek-V2-Lite
         for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             f[k] = _int(c, k, ctx=ctx)
+        if c.get("index_topk") is not None:  # DeepSeek Sparse Attention's lightning indexer
+            f["index_heads"] = _int(c, "index_n_heads", ctx=ctx)
+            f["index_head_dim"] = _int(c, "index_head_dim", ctx=ctx)
+            f["index_topk"] = _int(c, "index_topk", ctx=ctx)
+            if (
+                c.get("qk_head_dim") is not None
+                and c["qk_head_dim"] != f["qk_nope_head_dim"] + f["qk_rope_head_dim"]
+            ):
+                raise ModelConfigError(
+                    f"{ctx}qk_head_dim {c['qk_head_dim']} is not qk_nope_head_dim + qk_rope_head_dim",
+                    "fix the config: the MLA query head is its no-rope and rope parts",
+                )
         f["head_dim"] = f["qk_nope_head_dim"] + f["qk_rope_head_dim"]
     f["mtp_layers"] = _int(c, "num_nextn_predict_layers", 0, ctx=ctx)
     f["sliding_window"], f["sliding_window_layers"] = _sliding_layers(c, arch, mt, mix, max_pos, ctx)
@@ -2223,8 +2284,6 @@ _ENCODER_DECODERS = frozenset(
 )
 # Decoders with a block autopar does not price, refused by name with the reason (issue 22).
 _REFUSED_KINDS: dict[str, str] = {
-    "deepseek_v32": "DeepSeek-V3.2 sparse attention (DSA lightning indexer + top-k key selection)",
-    "glm_moe_dsa": "GLM-5 sparse attention (DSA indexer, as DeepSeek-V3.2)",
     "minimax": "MiniMax lightning (linear) attention blocks",
     "minimax_m3_vl_text": "MiniMax lightning attention and mixed dense/MoE widths",
     "gemma4_text": "Gemma 4 blocks (shared K=V attention, per-layer input embeddings)",
@@ -2426,6 +2485,12 @@ def check_costed(spec: ModelSpec, what: str) -> None:
             f"{spec.name}: an encoder-only model (bidirectional, no KV cache) is not served autoregressively; "
             f"{what} is for decoders",
             "`autopar predict` costs its training; `autopar model` reports its parameters",
+        )
+    if spec.index_topk and "training" not in what:
+        raise UnsupportedArchitecture(
+            f"{spec.name}: {what} of DeepSeek Sparse Attention (the decode step reads the indexer's keys "
+            "of every cached token and the latents of its top-k only) is not modeled",
+            "`autopar predict` costs its training; `autopar model` reports its parameters and KV cache",
         )
     if not spec.is_hybrid:
         return

@@ -44,7 +44,9 @@ OWN_CODE = "read by its own code"
 IGNORED_SHARE = 0.005  # unmapped parameters tolerated per layer
 COUNT_TOLERANCE = 0.01  # total and active parameters against the class's own count
 
-# Modules ModelSpec has no cost for, refused by name wherever they appear in a layer.
+# Modules this reader does not map from shapes, refused by name wherever they appear in a layer (the
+# field reader costs a DSA indexer and a latent MoE for the model types it knows: DeepSeek-V3.2,
+# GLM-5, Nemotron 3 Super).
 _REFUSED_SEGMENTS = {
     "indexer": "a sparse-attention indexer (DSA: a lightning indexer selecting the top-k keys)",
     "compressor": "a KV compressor (compressed sparse attention)",
@@ -522,7 +524,9 @@ def _read_layer(index: int, layer: Any, h: int, heads: int, head_dim: int, tc: A
             seg = k.split(":", 1)[1]
             sub = ".".join(lf.segs[: lf.segs.index(seg) + 1])
             cls = type(layer.get_submodule(sub)).__name__
-            raise _refuse(f"{where}.{sub} ({cls}): {_REFUSED_SEGMENTS[seg]}, which ModelSpec does not cost")
+            raise _refuse(
+                f"{where}.{sub} ({cls}): {_REFUSED_SEGMENTS[seg]}, which the own-code reader does not map"
+            )
         if k:
             groups[k].append(lf)
             continue

@@ -260,8 +260,8 @@ def test_unknown_and_refused_architectures():
         index_n_heads=64,
         index_topk=2048,
     )
-    with pytest.raises(UnsupportedArchitecture, match="DeepSeek-V3.2 sparse attention"):
-        load_model(v32)  # DeepSeek Sparse Attention is refused by name, not costed as dense MLA
+    with pytest.raises(ModelConfigError, match="must all be positive together"):
+        load_model(dict(v32, index_topk=0))  # an indexer that selects nothing is not dense MLA either
     nano = cfg("nemotron-3-nano-30b-a3b")
     with pytest.raises(ModelConfigError, match="moe_latent_size must be in 0..hidden-1"):
         load_model(dict(nano, moe_latent_size=nano["hidden_size"]))  # a latent space is narrower
@@ -511,3 +511,32 @@ def test_latent_moe_by_hand():
     # the dispatcher moves projected (l-wide) tokens
     assert float(moe.dispatch_bytes(lat, 4096.0, 1, 2.0)) == 4096 * k * l * 2
     assert float(moe.dispatch_bytes(plain, 4096.0, 1, 2.0)) == 4096 * k * h * 2
+
+
+def test_deepseek_sparse_attention_by_hand():
+    """DeepSeek-V3.2's lightning indexer (HF DeepseekV32Indexer): wq_b q_lora_rank -> 64 x 128, wk
+    h -> 128 with a LayerNorm, weights_proj h -> 64 per layer; the MLA core attends to the 2,048 keys it
+    picks (a causal window's count), the indexer scores every earlier key; its key is cached."""
+    from autopar.blocks import mla
+
+    v3 = json.loads((Path(__file__).parents[1] / "autopar/presets/deepseek-v3.json").read_text())["hf"]
+    dense = load_model(v3)
+    dsa = load_model(
+        dict(v3, model_type="deepseek_v32", index_head_dim=128, index_n_heads=64, index_topk=2048)
+    )
+    h, ql, L = 7168, 1536, 61
+    per_layer = ql * 64 * 128 + h * 128 + 2 * 128 + h * 64
+    assert dsa.total_params - dense.total_params == L * per_layer
+    assert dsa.active_params - dense.active_params == L * per_layer
+    assert dsa.kv_cache_elems_per_token_per_layer == dense.kv_cache_elems_per_token_per_layer + 128
+    a, dqk, dv = 128, 192, 128
+    for s in (1024, 32768):  # below the top-k every earlier key is picked; above it 2,048 of them
+        keys = s / 2 if s <= 2048 else 2048 - 2048**2 / (2 * s)
+        want = 2 * keys * a * (dqk + dv) + 2 * 64 * 128 * s / 2 + 2 * (per_layer - 2 * 128)
+        got = mla.flops_per_token(dsa, float(s)) - mla.flops_per_token(dense, 0.0)
+        assert got == pytest.approx(want, rel=1e-12), s
+    # training FLOPs (PaLM convention: every key, non-causal) at 32k: the core sees 2,048 keys
+    s = 32768
+    extra = dsa.flops_per_token(s) - dense.flops_per_token(s)
+    want = L * (6 * (ql * 64 * 128 + h * 128 + h * 64) + 6 * a * (dqk + dv) * (2048 - s) + 6 * 64 * 128 * s)
+    assert extra == pytest.approx(want, rel=1e-12)

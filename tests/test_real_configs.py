@@ -41,8 +41,6 @@ GOLDEN_TOLERANCE = 0.01
 
 # Configs autopar refuses, with words its one-line refusal must contain. Everything else must load.
 REFUSED = {
-    "deepseek-v3.2": "sparse attention",  # DSA lightning indexer
-    "glm-5": "sparse attention",
     "deepseek-v4-flash": "'deepseek_v4' is not one autopar knows",
     "gemma-4-dense": "Gemma 4 blocks",
     "gemma-4-moe": "Gemma 4 blocks",

@@ -124,6 +124,23 @@ def attn_fwd(
     return np.where(ctx.is_fp32, mm, fl / rate * scale), np.where(ctx.is_fp32, ex * ex_scale, 0.0)
 
 
+def _sparse_core_time(model, ctx: SlotContext, s_kv_full: float) -> tuple[np.ndarray, np.ndarray]:
+    """DeepSeek Sparse Attention: the core attends to the index_topk keys the indexer picks, as many
+    keys per query as a causal window of that width (priced at the dense kernel's rate for that
+    count: sparse MLA kernels are not measured), plus the indexer's scores of every earlier key per
+    index head, an MQA-shaped GEMM (M = tokens x index heads per rank, N = keys, K = index_dim; half
+    of it under the causal mask) at the bf16 GEMM rate; the indexer trains on its own loss, so its
+    backward is a GEMM's 2x."""
+    w = min(float(model.index_topk), s_kv_full)
+    mm, ex = attn_fwd(model, ctx, 2.0 * w - w * w / s_kv_full, False)
+    co = ctx.co
+    rows = ctx.mb * ctx.s_loc * model.index_heads / ctx.tp
+    score = 0.5 * gemm_time(
+        co, ctx.bf16_peak, co.gemm_eff["bf16"], rows, s_kv_full, model.index_head_dim, ctx.elem
+    )
+    return mm + ex + score, FLASH_BWD_MULT * mm + ex + 2.0 * score
+
+
 def core_time(model, ctx: SlotContext) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of one layer's attention core per rank (the model's sliding-window
     share averaged over its attention layers)."""
@@ -145,6 +162,8 @@ def core_time(model, ctx: SlotContext) -> tuple[np.ndarray, np.ndarray]:
         passes = bh * ctx.s_loc * s_kv_full * (6.0 * ctx.elem + 1.0) / co.hbm_bw
         attn_f = bh * (scores + context) + passes
         return attn_f, 2.0 * attn_f
+    if getattr(model, "index_topk", 0):
+        return _sparse_core_time(model, ctx, s_kv_full)
     if window and model.sliding_window_layers:
         # FlashAttention: fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd. A window of w keys: query i
         # attends to min(i, w) keys, s·w − w²/2 in all, which attn_fwd's causal half of s·s_kv is for

@@ -8,7 +8,12 @@ q_lora_rank is 0) and ``kv_a_proj_with_mqa`` h -> kv_lora_rank + d_rope, the up-
 (:func:`autopar.blocks.attention.core_time`). TP splits the heads (up-projections and o_proj; the
 down-projections and latents are replicated), CP passes the compressed latent and rope key
 (:func:`cp_chunk_elems`), unsharded by TP. Serving state: the latent cache, kv_lora_rank + d_rope
-elements per token and layer.
+elements per token and layer. DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5; HF
+``DeepseekV32Indexer``) adds a lightning indexer: ``wq_b`` q_lora_rank -> index_heads x index_dim,
+``wk`` h -> index_dim and ``weights_proj`` h -> index_heads (replicated, as the down-projections), a
+score of every earlier key per query and index head (an MQA-shaped GEMM, :func:`indexer_time`), and
+the core attends to the ``index_topk`` best keys only (``core_time`` prices it as a window of that
+many keys); its key is cached beside the latent.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ def gemm_shapes(model, tp) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]
     down = [(model.kv_lora_rank + model.qk_rope_head_dim, h), (h, a * model.v_dim / tp)]
     if model.q_lora_rank:
         down.append((model.q_lora_rank, h))
+    if model.index_topk:  # the DSA indexer's wq_b, wk and weights_proj
+        ih, idim = model.index_heads, model.index_head_dim
+        down += [(ih * idim, model.q_lora_rank), (idim, h), (ih, h)]
     return up, down
 
 
@@ -50,15 +58,26 @@ def gemms(model, f, T, tp) -> tuple[Any, Any]:
     up_s, down_s = gemm_shapes(model, tp)
     up = f(T, *up_s[0]) + f(T, *up_s[1])
     down = f(T, *down_s[0]) + f(T, *down_s[1])
-    if len(down_s) > 2:
-        down = down + f(T, *down_s[2])
+    for shape in down_s[2:]:
+        down = down + f(T, *shape)
     return up + down, up
+
+
+def indexer_flops_per_token(model, s_kv: float) -> float:
+    """Forward FLOPs per token of a DSA indexer's causal scores over a ``s_kv``-token sequence: q_h . k
+    for every index head and earlier key (2 index_heads index_dim per key, s_kv / 2 keys on average;
+    the per-head weighting is not counted)."""
+    return 2.0 * model.index_heads * model.index_head_dim * s_kv * 0.5 if model.index_topk else 0.0
 
 
 def flops_per_token(model, s_kv: float = 0.0) -> float:
     """Forward FLOPs per token of one block's mixer, unsharded: projections and the causal core."""
     up, down = gemm_shapes(model, 1.0)
-    return sum(2.0 * N * K for N, K in up + down) + attention.core_flops_per_token(model, s_kv)
+    if model.index_topk and s_kv > 0:  # each query attends min(i, top-k) keys: a causal window's count
+        core = attention.core_flops_per_token(model, model._context(int(s_kv), model.index_topk, True), False)
+    else:
+        core = attention.core_flops_per_token(model, s_kv)
+    return sum(2.0 * N * K for N, K in up + down) + core + indexer_flops_per_token(model, s_kv)
 
 
 def cp_chunk_elems(model, tp) -> Any:
@@ -79,9 +98,12 @@ def activation_elems(model, sb, t, gi, drop_norm, sp_div) -> tuple[Any, Any]:
     latent = model.kv_lora_rank + model.qk_rope_head_dim + model.q_lora_rank  # compressed inputs
     up = 2.0 * sb * (q_elems + kv_elems) / t
     qkv = np.where(drop_norm, 0.0, up) + 2.0 * sb * latent / sp_div * gi
+    if model.index_topk:  # the indexer's queries, key and head weights, and the top-k indices (int32)
+        ih, idim = model.index_heads, model.index_head_dim
+        qkv = qkv + 2.0 * sb * (ih * idim + idim + ih + 2.0 * model.index_topk) / sp_div
     return qkv, attention._attn_out(model, sb, t, gi)
 
 
 def kv_cache_elems(model) -> float:
-    """Serving state: latent-cache elements per token of one layer."""
-    return float(model.kv_lora_rank + model.qk_rope_head_dim)
+    """Serving state: latent-cache elements per token of one layer (and a DSA indexer's key)."""
+    return float(model.kv_cache_elems_per_token_per_layer)
