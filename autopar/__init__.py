@@ -59,7 +59,7 @@ def _export(what: Any, fmt: str, job: Any = None, *, record: int = 0) -> str:
     ``job``. ``job`` (optional with a result, required with a bare layout): the result's
     ``.job``, a :class:`autopar.job.Job` or an exporter job (:class:`autopar.export.Job`).
     ``fmt`` ``dynamo`` or ``llm-d``: a :func:`serve` result's deployment manifest
-    (:func:`autopar.export.deploy.render_deploy` takes the options).
+    (:func:`autopar.serving.deploy.render_deploy` takes the options).
     Lives in the facade because it reads results the way the CLI does (``autopar.cli.export``).
     """
     from autopar.cli.export import _is_serving, records_of, render_record, serving_export_record
@@ -89,12 +89,12 @@ def _export(what: Any, fmt: str, job: Any = None, *, record: int = 0) -> str:
     if not 0 <= record < len(records):
         raise AutoparError(f"autopar.export: record {record} is out of range (0..{len(records) - 1})")
     chosen = records[record]
-    from autopar.export.deploy import FORMATS as DEPLOY_FORMATS
+    from autopar.serving.deploy import FORMATS as DEPLOY_FORMATS
 
     if fmt in DEPLOY_FORMATS:  # a serve plan's Dynamo / llm-d manifest (default DeployOptions)
         import json
 
-        from autopar.export.deploy import render_deploy
+        from autopar.serving.deploy import render_deploy
 
         return render_deploy(json.loads(json.dumps(chosen, default=float)), fmt)
     if _is_serving(chosen):

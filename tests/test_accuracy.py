@@ -131,8 +131,10 @@ def test_blank_etp_is_megatron_default_and_block_scaled_rows_are_predicted():
     assert 0.85 < fp4.prediction[key] / c.prediction[key] < 1.15
     dense_fp4, dense_mx = _run(DEV3["450"]), _run({**DEV3["450"], "precision": "mxfp8"})
     assert 1.15 < dense_fp4.prediction[key] / dense_mx.prediction[key] < 1.6
-    n = _run(DEV2["386"])  # Nemotron 3 Super, nvfp4: a hybrid model without a preset
-    assert n.prediction is None and "preset" in (n.skipped or "")
+    n = _run(DEV2["386"])  # Nemotron 3 Super, nvfp4: the latent-MoE hybrid's preset by its name
+    assert n.prediction and n.job.model.moe_latent_size == 1024 and n.job.model.mamba_layers == 40
+    u = _run(DEV2["389"])  # Nemotron 3 Ultra: no public config, no preset
+    assert u.prediction is None and "preset" in (u.skipped or "")
 
 
 def test_power_cap_changes_energy_not_throughput():
@@ -149,7 +151,7 @@ def test_power_cap_changes_energy_not_throughput():
 
 
 def test_accuracy_smoke(tmp_path: Path):
-    keep = ["sm-45", "sm-46", "sm-47", "sm-57", "148", "373", "386"]
+    keep = ["sm-45", "sm-46", "sm-47", "sm-57", "148", "373", "389"]
     small = tmp_path / "small.csv"
     fields = list(next(iter(DEV2.values())))
     with small.open("w", newline="") as f:
@@ -183,7 +185,7 @@ def test_accuracy_smoke(tmp_path: Path):
     assert d["tables"]["memory"]["summary"]["n"] == 4
     (rank,) = d["tables"]["ranking"]  # the three Llama-3-70B proxy layouts
     assert rank["rows"] == 3 and -1 <= rank["spearman"] <= 1
-    assert "preset" in next(x["skipped"] for x in d["records"] if x["run_id"] == "386")  # nvfp4 is modeled
+    assert "preset" in next(x["skipped"] for x in d["records"] if x["run_id"] == "389")  # no public config
 
 
 def test_dims_only_classic_rows_build_a_stated_decoder() -> None:

@@ -28,7 +28,7 @@ import yaml
 
 from autopar.cli.main import main
 from autopar.export.base import ExportError
-from autopar.export.deploy import DeployOptions, read_deploy, render_deploy
+from autopar.serving.deploy import DeployOptions, read_deploy, render_deploy
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -500,7 +500,7 @@ def test_cli_refuses_training_records_and_missing_plans(tmp_path: Path, capsys) 
 
 def test_cli_and_module_name_the_same_formats() -> None:
     from autopar.cli.export import DEPLOY_FORMATS
-    from autopar.export.deploy import FORMATS
+    from autopar.serving.deploy import FORMATS
 
     assert set(DEPLOY_FORMATS) == set(FORMATS)
     for k, v in FORMATS.items():

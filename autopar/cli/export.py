@@ -209,7 +209,7 @@ def _job_and_layout_dests() -> frozenset[str]:
     )
 
 
-# autopar.export.deploy.FORMATS, spelled here so that --help and --list-formats import nothing
+# autopar.serving.deploy.FORMATS, spelled here so that --help and --list-formats import nothing
 DEPLOY_FORMATS = {
     "dynamo": "NVIDIA Dynamo DynamoGraphDeployment (nvidia.com/v1beta1, Dynamo 1.5.0; vLLM or SGLang "
     "workers), from serve --json",
@@ -230,7 +230,7 @@ DEPLOY_OPTIONS = (
 def _cmd_deploy(a: argparse.Namespace) -> int:
     """``--format dynamo|llm-d``: the manifest of one ``serve --json`` result, written whole or
     not at all; an existing ``--out`` is replaced only with ``--force``."""
-    from autopar.export.deploy import DeployOptions, render_deploy
+    from autopar.serving.deploy import DeployOptions, render_deploy
 
     fmt = a.format
     if a.launcher_version is not None:
@@ -376,7 +376,7 @@ def register(sub) -> dict:
     g = p.add_argument_group("deployment manifests (--format dynamo or llm-d, from serve --json)")
     g.add_argument(
         "--engine",
-        choices=("vllm", "sglang"),  # autopar.export.deploy.ENGINES (not imported: startup)
+        choices=("vllm", "sglang"),  # autopar.serving.deploy.ENGINES (not imported: startup)
         default=None,
         help="the workers' inference engine: the plan's serving backend, which this may only restate "
         "(serve --backend vllm or sglang); sglang for --format dynamo only",
