@@ -930,6 +930,8 @@ class _Arch:
 
 
 _LLAMA = dict(defaults={"attention_bias": False, "mlp_bias": False})
+_DSA: dict[str, Any] = dict(qkv_bias=False, o_bias=False, mlp_bias=False, moe="deepseek")
+_INDEXER = ("index_n_heads", "index_head_dim", "index_topk")  # DeepSeek Sparse Attention's indexer
 _ARCH: dict[str, _Arch] = {
     "llama": _Arch("LlamaConfig", **_LLAMA),
     "mistral": _Arch("MistralConfig", qkv_bias=False, o_bias=False, mlp_bias=False, sliding="all"),
@@ -971,24 +973,12 @@ _ARCH: dict[str, _Arch] = {
     "nemotron": _Arch("NemotronConfig", norm="layernorm", gated=False, **_LLAMA),
     "deepseek_v2": _Arch("DeepseekV2Config", qkv_bias=False, o_bias=False, mlp_bias=False, moe="deepseek"),
     "deepseek_v3": _Arch("DeepseekV3Config", qkv_bias=False, o_bias=False, mlp_bias=False, moe="deepseek"),
-    # DeepSeek Sparse Attention: DeepSeek-V3's blocks with a lightning indexer (DeepseekV32Indexer)
-    "deepseek_v32": _Arch(
-        "DeepseekV32Config",
-        qkv_bias=False,
-        o_bias=False,
-        mlp_bias=False,
-        moe="deepseek",
-        extra=("index_n_heads", "index_head_dim", "index_topk"),
-    ),
-    # GLM-5 (GlmMoeDsaForCausalLM): MLA + DeepSeek-style MoE + the same indexer (GlmMoeDsaIndexer);
-    # qk_head_dim / head_dim restate qk_nope + qk_rope, the rope layouts cost nothing
+    # DeepSeek Sparse Attention: DeepSeek-V3's blocks with a lightning indexer (DeepseekV32Indexer);
+    # GLM-5 (GlmMoeDsaForCausalLM) the same (GlmMoeDsaIndexer), its qk_head_dim restating
+    # qk_nope + qk_rope and its rope layout costing nothing
+    "deepseek_v32": _Arch("DeepseekV32Config", **_DSA, extra=_INDEXER),
     "glm_moe_dsa": _Arch(
-        "GlmMoeDsaConfig",
-        qkv_bias=False,
-        o_bias=False,
-        mlp_bias=False,
-        moe="deepseek",
-        extra=("index_n_heads", "index_head_dim", "index_topk", "indexer_rope_interleave", "qk_head_dim"),
+        "GlmMoeDsaConfig", **_DSA, extra=(*_INDEXER, "indexer_rope_interleave", "qk_head_dim")
     ),
     "kimi_k2": _Arch(
         "DeepseekV3Config (Kimi K2)", qkv_bias=False, o_bias=False, mlp_bias=False, moe="deepseek"
