@@ -416,7 +416,9 @@ def test_dit_attention_scales_the_llm_path_efficiency(device_id: str) -> None:
     dev = load_device(device_id)
     dc = dit_coefficients(dev)
     ratio = float(_dit_yaml(None)["global"]["attention_llm_ratio"])
-    assert dc.attention_eff == pytest.approx(min(coefficients_for(dev)[0].forward_attention_eff * ratio, 0.95))
+    assert dc.attention_eff == pytest.approx(
+        min(coefficients_for(dev)[0].forward_attention_eff * ratio, 0.95)
+    )
     assert dc.sfu_flops == pytest.approx(sfu_rate(dev)) and dc.sfu_flops > 0
 
 
