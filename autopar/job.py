@@ -198,6 +198,14 @@ class ServingWorkload(_Frozen):
         description="share of each prompt's tokens found in the prefix cache: not prefilled again, "
         "still attended to and held in the KV cache",
     )
+    expert_imbalance: float = Field(
+        1.0,
+        ge=1.0,
+        le=64.0,
+        description="routed tokens of the busiest expert-parallel rank over the mean (1: balanced; what "
+        "expert load balancing such as EPLB brings down); an MoE layer waits for that rank's expert GEMMs "
+        "and receives its share of the all-to-all",
+    )
     speculative_tokens: int = Field(
         0,
         ge=0,

@@ -133,3 +133,43 @@ def test_fp4_gemms_beat_dequantized_ones_at_a_compute_bound_batch() -> None:
     nv = serve(**kw, weight_precision="nvfp4").best
     w4 = serve(**kw, weight_precision="int4").best  # about the same 4-bit weights, 16-bit GEMMs
     assert nv["output_tokens_per_s"] > 1.3 * w4["output_tokens_per_s"]
+
+
+def _moe_state(imbalance: float, ep: float, model: str = "qwen3-30b-a3b") -> dict:
+    w = make_workload(isl=1024, osl=256, expert_imbalance=imbalance)
+    ctx = make_context(load_model(model), load_device("h100-sxm-80gb"), w, devices_per_node=8)
+    tab = ServingTable({"tp": 8.0, "pp": 1.0, "ep": ep, "adp": 8.0, "conc": 256.0, "cap_w": 0.0})
+    return steady_state(ctx, tab, np.array([256.0]), budget=np.array([8192.0]))
+
+
+def test_expert_imbalance_slows_the_busiest_expert_parallel_rank() -> None:
+    """With EP the MoE layer waits for the rank that routed tokens load most: its expert GEMMs run
+    imbalance x the balanced rows and it receives imbalance x the balanced all-to-all share."""
+    even, skewed = _moe_state(1.0, 8.0), _moe_state(1.5, 8.0)
+    assert skewed["tpot"][0] > even["tpot"][0] and skewed["ttft"][0] > even["ttft"][0]
+    assert make_workload(isl=10, osl=10).expert_imbalance == 1.0  # balanced unless stated
+    # every rank holding every expert (ep = 1): no rank is busier than another
+    assert _moe_state(1.5, 1.0)["tpot"][0] == pytest.approx(_moe_state(1.0, 1.0)["tpot"][0], rel=1e-12)
+    # a dense model has no experts to imbalance
+    w1, w2 = make_workload(isl=1024, osl=256), make_workload(isl=1024, osl=256, expert_imbalance=2.0)
+    dense = [
+        steady_state(
+            make_context(load_model("llama-3.1-8b"), load_device("h100-sxm-80gb"), w, devices_per_node=8),
+            ServingTable({"tp": 8.0, "pp": 1.0, "ep": 1.0, "conc": 64.0, "cap_w": 0.0}),
+            np.array([64.0]),
+            budget=np.array([8192.0]),
+        )["tpot"][0]
+        for w in (w1, w2)
+    ]
+    assert dense[0] == pytest.approx(dense[1], rel=1e-12)
+
+
+@pytest.mark.parametrize("value", ["0.9", "nan"])
+def test_bad_expert_imbalance_exits_2(value: str) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "autopar.cli", "serve", "--model", "qwen3-30b-a3b", "--device", "h100-sxm-80gb",
+         "--num-devices", "8", "--isl", "100", "--osl", "10", "--expert-imbalance", value],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert p.returncode == 2 and p.stdout == ""
+    assert len(p.stderr.strip().splitlines()) == 1 and "imbalance" in p.stderr

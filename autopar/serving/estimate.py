@@ -765,9 +765,17 @@ def _iter_attention_core(
     return it.attn_l * dec_t, it.attn_l * pre_t
 
 
+def _expert_imbalance(it: _Iter) -> np.ndarray:
+    """The busiest expert-parallel rank's routed rows over the balanced count: the workload's
+    ``expert_imbalance`` where experts are split (ep > 1), 1 where every rank holds them all."""
+    return np.where(np.asarray(it.ep) > 1, float(it.ctx.workload.expert_imbalance), 1.0)
+
+
 def _iter_ffn(it: _Iter) -> None:
     """Dense MLPs and MoE layers (routed experts: balanced routing over the micro-batch, the weights of
-    the experts that get any token read; the 16-bit router; shared experts as a dense MLP)."""
+    the experts that get any token read; the 16-bit router; shared experts as a dense MLP). With expert
+    parallelism the layer waits for the busiest rank: its local experts' rows are the workload's
+    ``expert_imbalance`` times the balanced count."""
     m, ta, M = it.ctx.model, it.ta, it.M
     h = float(m.hidden)
     if m.dense_layers:
@@ -778,8 +786,9 @@ def _iter_ffn(it: _Iter) -> None:
         local = E / it.ep
         tpe = it.tok_mb * k / E  # tokens per expert (balanced routing), whole micro-batch
         activated = 1.0 - np.power(1.0 - k / E, it.tok_mb)  # share of experts that get any token
+        busiest = _expert_imbalance(it)
         parts = [
-            it.gemm(tpe, N, K, weight_frac=activated, count=local)
+            it.gemm(tpe * busiest, N, K, weight_frac=activated, count=local)
             for N, K in blocks.mlp.gemm_shapes(m, Fe, etp, m.moe_dim)
         ]
         parts.append(it.gemm(M, E, h, wbytes=2.0, p=it.peak16, e=it.eff16))
@@ -859,7 +868,10 @@ def _iter_comm(it: _Iter) -> dict[str, np.ndarray]:
     ar_tp = _all_reduce(ctx, ar_bytes, tp)
     if m.is_moe:
         ar_attn = _all_reduce(ctx, ar_bytes / adp, ta)
-        a2a = C.all_to_all(links, it.M * m.moe_topk * h * ACT_BYTES, tp, ones) + np.where(tp > 1, sync, 0.0)
+        # the busiest rank receives (and sends back) its imbalance times the balanced share; a latent
+        # MoE dispatches its projected tokens
+        a2a_bytes = it.M * m.moe_topk * float(m.moe_dim) * ACT_BYTES * _expert_imbalance(it)
+        a2a = C.all_to_all(links, a2a_bytes, tp, ones) + np.where(tp > 1, sync, 0.0)
         moe_comm = np.where(adp > 1, ar_attn + 2.0 * a2a, 2.0 * ar_tp)
         dense_comm = np.where(adp > 1, 2.0 * ar_attn, 2.0 * ar_tp)
         comm = it.n_moe * moe_comm + it.n_dense * dense_comm
