@@ -550,6 +550,11 @@ def coefficients_for(
             dc = dc.model_copy(update={"attention": eff.attention * cal.transfer.attention_ratio})
     else:
         gemm = {**eff.gemm, **dc.gemm}
+    attention = _attention_eff(dc, eff)
+    # a measured kernel's forward rate as is; a training figure (fitted, or transferred to a device
+    # without a curve) over the share of it a training stack's forward+backward reaches
+    measured_fwd = bool(eff.attention_fwd) and dc.attention is None
+    attention_fwd = attention if measured_fwd else attention / cal.global_value("attention_scale")
     peak = {k: v * 1e12 for k, v in device.peak_tflops.items()}
     hd_scale = cal.global_value("half_dim_scale")
     hbm = dc.hbm if dc.hbm is not None else eff.hbm
@@ -558,9 +563,8 @@ def coefficients_for(
         gemm_eff=gemm,
         gemm_half_dim=dc.gemm_half_dim if dc.gemm_half_dim is not None else eff.gemm_half_dim * hd_scale,
         gemm_half_dim_by={k: v * hd_scale for k, v in eff.gemm_half_dim_by_precision.items()},
-        attention_eff=_attention_eff(dc, eff),
-        attention_eff_fwd=_attention_eff(dc, eff)
-        / (1.0 if eff.attention_fwd and dc.attention is None else cal.global_value("attention_scale")),
+        attention_eff=attention,
+        attention_eff_fwd=attention_fwd,
         hbm_bw=device.memory_bw_gbps * 1e9 * hbm,
         overlap_contention=cal.stack_value(stack, "overlap_contention"),
         tp_overlap=cal.global_value("tp_overlap"),

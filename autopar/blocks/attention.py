@@ -124,6 +124,14 @@ def attn_fwd(
     return np.where(ctx.is_fp32, mm, fl / rate * scale), np.where(ctx.is_fp32, ex * ex_scale, 0.0)
 
 
+def window_fwd(model, ctx: SlotContext, window: float, s_kv_full: float) -> tuple[np.ndarray, np.ndarray]:
+    """attn_fwd of a causal window of ``window`` keys: query i attends to min(i, w) keys, s·w − w²/2
+    in all, which attn_fwd's causal half of s·s_kv is for s_kv = 2w − w²/s (the full causal s when
+    w >= s)."""
+    w = min(float(window), s_kv_full)
+    return attn_fwd(model, ctx, 2.0 * w - w * w / s_kv_full, False)
+
+
 def _sparse_core_time(model, ctx: SlotContext, s_kv_full: float) -> tuple[np.ndarray, np.ndarray]:
     """DeepSeek Sparse Attention: the core attends to the index_topk keys the indexer picks, as many
     keys per query as a causal window of that width (priced at the dense kernel's rate for that
@@ -131,8 +139,7 @@ def _sparse_core_time(model, ctx: SlotContext, s_kv_full: float) -> tuple[np.nda
     index head, an MQA-shaped GEMM (M = tokens x index heads per rank, N = keys, K = index_dim; half
     of it under the causal mask) at the bf16 GEMM rate; the indexer trains on its own loss, so its
     backward is a GEMM's 2x."""
-    w = min(float(model.index_topk), s_kv_full)
-    mm, ex = attn_fwd(model, ctx, 2.0 * w - w * w / s_kv_full, False)
+    mm, ex = window_fwd(model, ctx, model.index_topk, s_kv_full)
     co = ctx.co
     rows = ctx.mb * ctx.s_loc * model.index_heads / ctx.tp
     score = 0.5 * gemm_time(
@@ -162,16 +169,13 @@ def core_time(model, ctx: SlotContext) -> tuple[np.ndarray, np.ndarray]:
         passes = bh * ctx.s_loc * s_kv_full * (6.0 * ctx.elem + 1.0) / co.hbm_bw
         attn_f = bh * (scores + context) + passes
         return attn_f, 2.0 * attn_f
-    if getattr(model, "index_topk", 0):
+    if model.index_topk:
         return _sparse_core_time(model, ctx, s_kv_full)
     if window and model.sliding_window_layers:
-        # FlashAttention: fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd. A window of w keys: query i
-        # attends to min(i, w) keys, s·w − w²/2 in all, which attn_fwd's causal half of s·s_kv is for
-        # s_kv = 2w − w²/s (the full causal s when w >= s).
+        # FlashAttention: fwd 4·s·s_kv·a·d/2 (causal), bwd 2.5× fwd; window layers by window_fwd.
         frac_sw = model.sliding_window_layers / max(model.attn_layers, 1)
-        w = min(float(window), s_kv_full)
         mm_full, ex_full = attn_fwd(model, ctx, s_kv_full)
-        mm_win, ex_win = attn_fwd(model, ctx, 2.0 * w - w * w / s_kv_full, False)
+        mm_win, ex_win = window_fwd(model, ctx, window, s_kv_full)
         mm_f = (1 - frac_sw) * mm_full + frac_sw * mm_win
         ex_f = (1 - frac_sw) * ex_full + frac_sw * ex_win
     else:
