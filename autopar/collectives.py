@@ -39,6 +39,9 @@ class Links:
     island_bw: float = 0.0  # achieved bytes/s per direction between islands, shared
     island_a2a_bw: float = 0.0  # the same for all-to-all traffic (0: island_bw)
     peer_memory: bool = True  # devices map each other's memory (TE userbuffers comm overlap)
+    # measured all-reduce bus bandwidth inside one domain: (log bytes, bytes/s) points, or empty
+    busbw_log_bytes: tuple[float, ...] = ()
+    busbw: tuple[float, ...] = ()
 
     @classmethod
     def from_cluster(
@@ -63,6 +66,8 @@ class Links:
             island_bw=hi.link_gbps * 1e9 if hi is not None else 0.0,
             island_a2a_bw=(hi.all_to_all_link_gbps or 0.0) * 1e9 if hi is not None else 0.0,
             peer_memory=bool(su.peer_memory),
+            busbw_log_bytes=tuple(float(np.log(b)) for b, _ in su.allreduce_busbw),
+            busbw=tuple(g * 1e9 for _, g in su.allreduce_busbw),
         )
 
 
@@ -122,21 +127,50 @@ def _tree_alpha(links: Links, n: np.ndarray, inter: np.ndarray) -> np.ndarray:
     return 2.0 * np.log2(np.maximum(n, 1.0)) * lat
 
 
+def measured_busbw(links: Links, nbytes) -> np.ndarray:
+    """The device's measured in-domain all-reduce bus bandwidth (bytes/s) at ``nbytes``: log-linear
+    in the message size between the measured points; below the smallest the time of the smallest
+    (latency-bound), above the largest its rate. ``inf`` where the profile has no measurement."""
+    nb = np.maximum(np.asarray(nbytes, dtype=np.float64), 1.0)
+    if not links.busbw:
+        return np.full(np.shape(nb), np.inf)
+    xs, ys = np.asarray(links.busbw_log_bytes), np.log(np.asarray(links.busbw))
+    x = np.log(nb)
+    bw = np.exp(np.interp(x, xs, ys))
+    # below the first point the time stays the first point's: the rate falls with the size
+    return np.where(x < xs[0], bw * nb / np.exp(xs[0]), bw)
+
+
+def _floor_in_domain(links: Links, t, moved, nbytes, inter) -> np.ndarray:
+    """``t``, but a collective that stays inside one scale-up domain never beats the measured
+    all-reduce bus bandwidth at its message size (nccl-tests: NCCL's protocols and channels reach
+    the link rate only at hundreds of MB, which the alpha-beta model's few step latencies miss);
+    ``moved``: the bytes per rank the bus bandwidth is defined on."""
+    if not links.busbw:
+        return t
+    return np.where(inter, t, np.maximum(t, moved / measured_busbw(links, nbytes)))
+
+
 def all_reduce(links: Links, nbytes, n, stride) -> np.ndarray:
     n = np.asarray(n, dtype=np.float64)
     bw, inter = bus_bandwidth(links, n, stride)
     g = ranks_per_node(n, stride, links.devices_per_node)
     # NCCL picks ring (2 passes) or tree (log depth) by size; take the cheaper latency.
     alpha = np.minimum(2.0 * _ring_alpha(links, n, g), _tree_alpha(links, n, inter))
-    return np.where(n > 1, 2.0 * (n - 1.0) / n * nbytes / bw + alpha, 0.0)
+    moved = 2.0 * (n - 1.0) / n * nbytes
+    t = _floor_in_domain(links, moved / bw + alpha, moved, nbytes, inter)
+    return np.where(n > 1, t, 0.0)
 
 
 def all_gather(links: Links, nbytes, n, stride) -> np.ndarray:
-    """All-gather (or reduce-scatter) whose *full* (gathered) buffer is ``nbytes``."""
+    """All-gather (or reduce-scatter) whose *full* (gathered) buffer is ``nbytes``; inside a domain
+    never faster than the measured all-reduce bus bandwidth at that buffer size."""
     n = np.asarray(n, dtype=np.float64)
-    bw, _ = bus_bandwidth(links, n, stride)
+    bw, inter = bus_bandwidth(links, n, stride)
     g = ranks_per_node(n, stride, links.devices_per_node)
-    return np.where(n > 1, (n - 1.0) / n * nbytes / bw + _ring_alpha(links, n, g), 0.0)
+    moved = (n - 1.0) / n * nbytes
+    t = _floor_in_domain(links, moved / bw + _ring_alpha(links, n, g), moved, nbytes, inter)
+    return np.where(n > 1, t, 0.0)
 
 
 reduce_scatter = all_gather

@@ -118,6 +118,20 @@ class ScaleUp(_Frozen):
     host_islands: HostIslands | None = Field(
         None, description="PCIe node split over host bridges/sockets (None: one uniform domain)"
     )
+    allreduce_busbw: list[tuple[float, float]] = Field(
+        default_factory=list,
+        description="measured nccl-tests/rccl-tests all-reduce bus bandwidth over one node's devices: "
+        "[(message bytes, GB/s), ...]; a collective inside the domain is never faster than it at its "
+        "size (empty: the alpha-beta model alone)",
+    )
+
+    @field_validator("allreduce_busbw")
+    @classmethod
+    def _busbw_curve(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
+        sizes = [b for b, _ in v]
+        if v and (len(v) < 2 or sizes != sorted(set(sizes)) or sizes[0] <= 0 or any(g <= 0 for _, g in v)):
+            raise ValueError("needs two or more (bytes, GB/s) points with increasing sizes and positive rates")
+        return v
 
     @model_validator(mode="after")
     def _peer_le_agg(self) -> ScaleUp:
