@@ -265,8 +265,8 @@ def _expected_error_table(path: str) -> dict[str, Any]:
 EXTRAPOLATIONS: dict[str, str] = {
     "device": "device never measured",
     "precision": "precision never measured on this device",
-    "stack": "training stack never measured",
-    "model_class": "model class never measured on this stack",
+    "stack": "training stack with too few measured runs",
+    "model_class": "model class with too few measured runs on this stack",
     "scale": "more devices than measured on this stack",
 }
 EXPECTED_ERROR_SCHEMA = "autopar.expected_error/v2"

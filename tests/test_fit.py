@@ -129,7 +129,7 @@ def test_lookup_base_per_stack_then_all_times_the_factors():
     assert (e.p90, e.basis, e.group, e.rows, e.widened_by) == (0.2, "out_of_sample", "stack megatron", 25, ())
     e = lookup_expected_error(TABLE, "fsdp", ("device", "model_class"))
     assert (e.group, e.rows, e.factor) == ("all", 100, 3.0) and e.p90 == pytest.approx(0.75)
-    assert "widened x3.00 for: device never measured, model class never measured" in e.describe()
+    assert "widened x3.00 for: device never measured, model class with too few measured runs" in e.describe()
     assert (
         lookup_expected_error(TABLE, "megatron", (), "moe-fine").group == "stack megatron"
     )  # no class entry
