@@ -129,16 +129,16 @@ def _tree_alpha(links: Links, n: np.ndarray, inter: np.ndarray) -> np.ndarray:
 
 def measured_busbw(links: Links, nbytes) -> np.ndarray:
     """The device's measured in-domain all-reduce bus bandwidth (bytes/s) at ``nbytes``: log-linear
-    in the message size between the measured points; below the smallest the time of the smallest
-    (latency-bound), above the largest its rate. ``inf`` where the profile has no measurement."""
+    in the message size between the measured points, above the largest its rate; ``inf`` (no floor)
+    below the smallest point and where the profile has no measurement. The shipped curves start at
+    1 MiB: they were measured with one algorithm forced (NVLS or ring), which NCCL's own tuning beats
+    with its low-latency protocols on small messages (decode-sized all-reduces)."""
     nb = np.maximum(np.asarray(nbytes, dtype=np.float64), 1.0)
     if not links.busbw:
         return np.full(np.shape(nb), np.inf)
     xs, ys = np.asarray(links.busbw_log_bytes), np.log(np.asarray(links.busbw))
     x = np.log(nb)
-    bw = np.exp(np.interp(x, xs, ys))
-    # below the first point the time stays the first point's: the rate falls with the size
-    return np.where(x < xs[0], bw * nb / np.exp(xs[0]), bw)
+    return np.where(x < xs[0], np.inf, np.exp(np.interp(x, xs, ys)))
 
 
 def _floor_in_domain(links: Links, t, moved, nbytes, inter) -> np.ndarray:
