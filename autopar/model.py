@@ -252,7 +252,9 @@ class ModelSpec(BaseModel):
         """Per-layer attention shapes: sliding layers' own heads need sliding layers, GQA and no MLA."""
         swa = (self.swa_heads, self.swa_kv_heads, self.swa_head_dim, self.swa_v_head_dim)
         if any(swa) and not self.sliding_window_layers:
-            raise bad("swa_heads / swa_kv_heads / swa_head_dim / swa_v_head_dim shape sliding layers, but none")
+            raise bad(
+                "swa_heads / swa_kv_heads / swa_head_dim / swa_v_head_dim shape sliding layers, but none"
+            )
         if (any(swa) or self.full_k_eq_v) and (self.is_mla or self.arch != "decoder"):
             raise bad("per-layer attention shapes are modeled for decoder GQA/MHA attention only")
         if self.full_k_eq_v and self.v_head_dim not in (0, self.head_dim):
@@ -392,7 +394,11 @@ class ModelSpec(BaseModel):
         """Attention layers of more than one shape: sliding layers shaped apart from the full ones, or
         K=V full layers beside sliding layers with their own V (a view is never per-layer)."""
         return bool(self.sliding_window_layers) and bool(
-            self.swa_heads or self.swa_kv_heads or self.swa_head_dim or self.swa_v_head_dim or self.full_k_eq_v
+            self.swa_heads
+            or self.swa_kv_heads
+            or self.swa_head_dim
+            or self.swa_v_head_dim
+            or self.full_k_eq_v
         )
 
     def attn_views(self) -> tuple[tuple[int, ModelSpec], ...]:
@@ -483,7 +489,9 @@ class ModelSpec(BaseModel):
             return p + (2 * self.index_head_dim if self.index_topk else 0)  # the indexer's k_norm (LayerNorm)
         d = self.head_dim
         if self.qkv_bias:
-            p += (self.heads * (2 if self.attn_output_gate else 1) + (1 if self.k_bias else 0) * self.kv_heads) * d
+            p += (
+                self.heads * (2 if self.attn_output_gate else 1) + (1 if self.k_bias else 0) * self.kv_heads
+            ) * d
             p += self.kv_heads * self.v_dim
         if self.o_bias:
             p += self.hidden
@@ -784,7 +792,11 @@ class ModelSpec(BaseModel):
                 if self.index_topk:  # DSA: the core attends to the top-k keys; the indexer scores them all
                     flops += per_ctx * full * self._context(seq_len, self.index_topk, causal)
                     flops += (
-                        6.0 * self.index_heads * self.index_head_dim * full * self._context(seq_len, 0, causal)
+                        6.0
+                        * self.index_heads
+                        * self.index_head_dim
+                        * full
+                        * self._context(seq_len, 0, causal)
                     )
                     full = 0
                 flops += per_ctx * full * self._context(seq_len, 0, causal)
@@ -1088,7 +1100,12 @@ _ARCH: dict[str, _Arch] = {
         qk_norm="head",
         moe="mlp_layer_types",
         shapes="laguna",
-        extra=("num_attention_heads_per_layer", "gating", "mlp_layer_types", "shared_expert_intermediate_size"),
+        extra=(
+            "num_attention_heads_per_layer",
+            "gating",
+            "mlp_layer_types",
+            "shared_expert_intermediate_size",
+        ),
     ),
     # Gemma 4: full layers of global_head_dim with num_global_key_value_heads and (attention_k_eq_v)
     # no v_proj; sliding layers of head_dim with num_key_value_heads; q/k norms per layer's head_dim
@@ -2067,7 +2084,9 @@ def _layer_types(cfg: dict, arch: _Arch, L: int, ctx: str) -> list[str]:
         if pattern is None:  # MiMoV2FlashConfig: full on the first and every 6th layer
             pattern = [0 if i == 0 or not (i + 1) % 6 else 1 for i in range(L)]
         if not isinstance(pattern, list) or len(pattern) != L or any(x not in (0, 1) for x in pattern):
-            raise ModelConfigError(f"{ctx}hybrid_layer_pattern must list {L} entries of 0 (full) or 1 (sliding)")
+            raise ModelConfigError(
+                f"{ctx}hybrid_layer_pattern must list {L} entries of 0 (full) or 1 (sliding)"
+            )
         types = ["sliding_attention" if x else "full_attention" for x in pattern]
     if not isinstance(types, list) or len(types) != L:
         raise ModelConfigError(f"{ctx}layer_types must list {L} entries")
@@ -2106,7 +2125,10 @@ def _attention_shapes(c: dict, arch: _Arch, L: int, f: dict[str, Any], ctx: str)
                 f["swa_heads"] = by["sliding_attention"]
     elif arch.shapes == "gemma4":
         for k, why in (
-            ("num_kv_shared_layers", "layers reusing an earlier layer's K and V (no K/V projections or cache)"),
+            (
+                "num_kv_shared_layers",
+                "layers reusing an earlier layer's K and V (no K/V projections or cache)",
+            ),
             ("hidden_size_per_layer_input", "per-layer input embeddings (embed_tokens_per_layer)"),
         ):
             if _int(c, k, 256 if k == "hidden_size_per_layer_input" else 0, ctx=ctx):
@@ -2135,7 +2157,11 @@ def _attention_shapes(c: dict, arch: _Arch, L: int, f: dict[str, Any], ctx: str)
             ):
                 v = _int(c, key, full, ctx=ctx)
                 base = {"swa_heads": f["heads"], "swa_kv_heads": f["kv_heads"]}.get(field)
-                base = base if base is not None else (f["head_dim"] if field == "swa_head_dim" else f["v_head_dim"])
+                base = (
+                    base
+                    if base is not None
+                    else (f["head_dim"] if field == "swa_head_dim" else f["v_head_dim"])
+                )
                 if v != base:
                     f[field] = v
         if f["v_head_dim"] == f["head_dim"]:
