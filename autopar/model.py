@@ -2760,12 +2760,6 @@ def check_costed(spec: ModelSpec, what: str) -> None:
             "of every cached token and the latents of its top-k only) is not modeled",
             "`autopar predict` costs its training; `autopar model` reports its parameters and KV cache",
         )
-    if spec.per_layer_attention and "training" not in what:
-        raise UnsupportedArchitecture(
-            f"{spec.name}: {what} of attention layers of more than one shape (sliding layers with their "
-            "own heads or head sizes, K=V full layers) is not modeled",
-            "`autopar predict` costs its training; `autopar model` reports its parameters and KV cache",
-        )
     if not spec.is_hybrid:
         return
     why = None

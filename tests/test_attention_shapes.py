@@ -1,17 +1,29 @@
 """Per-layer attention shapes (issue 22): sliding layers with heads, KV heads or head sizes of their
 own (Gemma 4, MiMo-V2-Flash, Laguna), a V head size apart from Q/K (MiMo) and full layers whose V is
-K's projection (Gemma 4 attention_k_eq_v): the views each shape is costed by, the KV cache by hand,
-the TP rule over every layer's heads, and serving refused by name."""
+K's projection (Gemma 4 attention_k_eq_v): the views each shape is costed by, the KV cache by hand
+(whole model and per serving device), the TP rule over every layer's heads, training and serving."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
 from autopar import predict
-from autopar.errors import LayoutError, ModelConfigError, UnsupportedArchitecture
+from autopar.cli.main import main
+from autopar.errors import LayoutError, ModelConfigError
+from autopar.hardware import load_device
 from autopar.model import ModelSpec, check_costed, load_model
+from autopar.serving.estimate import (
+    KV_PAGE_TOKENS,
+    ServingTable,
+    _kv_seq_bytes_per_device,
+    kv_bytes_per_token_per_device,
+    legal,
+    make_context,
+    make_workload,
+)
 
 REAL = Path(__file__).with_name("configs") / "real"
 
@@ -96,10 +108,30 @@ def test_training_cost_follows_each_shape() -> None:
     assert m.total_params < uniform.total_params
 
 
-def test_serving_of_mixed_shapes_refused_by_name() -> None:
-    with pytest.raises(UnsupportedArchitecture, match="attention layers of more than one shape"):
-        check_costed(_m("gemma-4-dense"), "serving memory and latency")
-    check_costed(_m("gemma-4-dense"), "training step time and memory")
+def test_serving_kv_bytes_per_device_by_hand() -> None:
+    """Serving: each shape's KV heads split over the attention-TP ranks or replicate on their own."""
+    ctx = make_context(_m("gemma-4-dense"), load_device("h100-sxm-80gb"), make_workload(isl=1024, osl=256),
+                       devices_per_node=8)  # fmt: skip
+    # bf16: full layers 4 KV heads x (512 + 512), sliding layers 16 x (256 + 256). At tp 8 the full
+    # layers' 4 heads replicate (one per device), the sliding layers' 16 split (two per device).
+    per = kv_bytes_per_token_per_device(ctx, ServingTable({"tp": [1, 8]}))
+    assert list(per) == [2 * (10 * 4 * 1024 + 50 * 16 * 512), 2 * (10 * 1 * 1024 + 50 * 2 * 512)]
+    # a sequence of 4096 tokens in pages: the full layers hold all of it, the sliding layers their
+    # 1024-token window plus a page
+    page = KV_PAGE_TOKENS
+    paged, window = math.ceil(4096 / page) * page, (math.ceil(1024 / page) + 1) * page
+    seq = _kv_seq_bytes_per_device(ctx, ServingTable({"tp": [8]}), 4096.0)
+    assert seq[0] == 2 * (10 * 1 * 1024 * paged + 50 * 2 * 512 * min(paged, window))
+    # legal at tp 8 for serving (KV heads replicate beyond their count), not at tp 3
+    masks = legal(ctx, ServingTable({"tp": [8, 3], "pp": [1, 1], "ep": [1, 1], "adp": [1, 1]}))
+    assert not masks["tp_kv_heads"][0] and masks["tp_kv_heads"][1] and masks["tp_heads"][1]
+
+
+def test_serving_of_mixed_shapes_costed(capsys: pytest.CaptureFixture[str]) -> None:
+    check_costed(_m("gemma-4-dense"), "serving memory and latency")
+    args = ["serve", "--model", str(REAL / "mimo-v2-flash" / "config.json"), "--device", "h100-sxm-80gb"]
+    assert main([*args, "--num-devices", "16", "--isl", "1024", "--osl", "256", "--concurrency", "8"]) == 0
+    assert "mimo-v2-flash" in capsys.readouterr().out
 
 
 def test_shape_fields_checked() -> None:
