@@ -126,8 +126,8 @@ def _mixer_units(model) -> int:
 
 
 def _rules() -> list[Rule]:
-    def kv_heads(model) -> int:
-        return model.heads if model.is_mla else model.kv_heads
+    def kv_heads(model) -> int:  # every layer's KV heads (MLA: its heads)
+        return model.tp_head_units[1]
 
     return [
         Rule(
@@ -143,7 +143,10 @@ def _rules() -> list[Rule]:
             ("micro_batch", "grad_accum", "dp"),
         ),
         Rule(
-            "tp_heads", "tp must divide the attention heads", lambda m, L, c: m.heads % L["tp"] != 0, ("tp",)
+            "tp_heads",
+            "tp must divide the attention heads (of every layer)",
+            lambda m, L, c: m.tp_head_units[0] % L["tp"] != 0,
+            ("tp",),
         ),
         Rule(
             "tp_kv_heads",
@@ -331,10 +334,10 @@ def _allowed(code: str, model, lay: LayoutTable, ctx: Context, i: int):
     if code == "tp_encoder_heads":
         return [d for d in divisors(int(model.encoder_heads)) if model.encoder_ffn_hidden % d == 0]
     if code in ("tp_heads", "tp_kv_heads", "tp_hidden"):
-        kv = model.heads if model.is_mla else model.kv_heads
+        heads, kv = model.tp_head_units
         return [
             d
-            for d in divisors(np.gcd(model.heads, kv))
+            for d in divisors(np.gcd(heads, kv))
             if model.hidden % d == 0 and (model.ffn_hidden or 0) % d == 0
         ]
     if code == "ep_experts":

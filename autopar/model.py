@@ -83,6 +83,7 @@ class ModelSpec(BaseModel):
     qk_norm: Literal["none", "head", "full"] = "none"  # per-head-shared (Qwen3) or per-head weights (OLMo 2)
     parallel_block: bool = False  # attention and MLP read the same input (GPT-J, Falcon, Cohere)
     attn_output_gate: bool = False  # gated attention: q projection also emits a per-channel gate (Qwen3-Next)
+    attn_head_gate: bool = False  # a per-head output gate, its own projection h -> heads (Laguna g_proj)
     num_experts: int = 0
     moe_topk: int = 0
     moe_ffn_hidden: int = 0  # per routed expert
@@ -105,6 +106,16 @@ class ModelSpec(BaseModel):
     v_head_dim: int = 0
     sliding_window: int = 0
     sliding_window_layers: int = 0
+    # ---- per-layer attention shapes. heads, kv_heads, head_dim (Q and K) and v_head_dim (V; 0: as
+    # head_dim) are the full-attention layers'; sliding-window layers may have their own (Gemma 4,
+    # MiMo-V2-Flash, Laguna), 0 meaning "as the full-attention layers". Each layer is costed by its own
+    # shape (:meth:`attn_views`).
+    swa_heads: int = 0
+    swa_kv_heads: int = 0
+    swa_head_dim: int = 0
+    swa_v_head_dim: int = 0
+    # full-attention layers without a V projection: V is K's projection (Gemma 4 attention_k_eq_v)
+    full_k_eq_v: bool = False
     mtp_layers: int = 0
     max_position: int = 0  # longest sequence the config supports (rope-scaled limit where it says so)
     # ---- hybrid blocks
@@ -214,6 +225,7 @@ class ModelSpec(BaseModel):
                 raise bad("index_topk, index_heads and index_head_dim must all be positive together")
         if self.kv_lora_rank and (self.qkv_bias or self.o_bias or self.qk_norm != "none"):
             raise bad("attention biases and QK-norm are not modeled for MLA attention")
+        self._check_attention_shapes(bad)
         if self.linear_attn_layers and not (
             self.linear_k_heads and self.linear_v_heads and self.linear_k_head_dim and self.linear_v_head_dim
         ):
@@ -235,6 +247,23 @@ class ModelSpec(BaseModel):
             if self.mamba_parallel and self.mamba_layers != self.layers:
                 raise bad("mamba_parallel needs a Mamba mixer in every block (mamba_layers = layers)")
         return self
+
+    def _check_attention_shapes(self, bad: Any) -> None:
+        """Per-layer attention shapes: sliding layers' own heads need sliding layers, GQA and no MLA."""
+        swa = (self.swa_heads, self.swa_kv_heads, self.swa_head_dim, self.swa_v_head_dim)
+        if any(swa) and not self.sliding_window_layers:
+            raise bad(
+                "swa_heads / swa_kv_heads / swa_head_dim / swa_v_head_dim shape sliding layers, but none"
+            )
+        if (any(swa) or self.full_k_eq_v) and (self.is_mla or self.arch != "decoder"):
+            raise bad("per-layer attention shapes are modeled for decoder GQA/MHA attention only")
+        if self.full_k_eq_v and self.v_head_dim not in (0, self.head_dim):
+            raise bad(f"full_k_eq_v: V is K's projection, so v_head_dim must be head_dim ({self.head_dim})")
+        if self.full_k_eq_v and self.qkv_bias:
+            raise bad("full_k_eq_v with attention biases is not modeled")
+        a, g = self.swa_heads or self.heads, self.swa_kv_heads or self.kv_heads
+        if a % g:
+            raise bad(f"sliding layers' heads ({a}) are not a multiple of their KV heads ({g})")
 
     def _check_encoder(self, bad: Any) -> None:
         """Encoder and encoder-decoder fields: dense, non-hybrid stacks of standard attention."""
@@ -357,7 +386,60 @@ class ModelSpec(BaseModel):
 
     @property
     def v_dim(self) -> int:
-        return self.v_head_dim if self.is_mla else self.head_dim
+        """The V head dimension (MLA's v_head_dim; otherwise v_head_dim where given, else head_dim)."""
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def per_layer_attention(self) -> bool:
+        """Attention layers of more than one shape: sliding layers shaped apart from the full ones, or
+        K=V full layers beside sliding layers with their own V (a view is never per-layer)."""
+        return bool(self.sliding_window_layers) and bool(
+            self.swa_heads
+            or self.swa_kv_heads
+            or self.swa_head_dim
+            or self.swa_v_head_dim
+            or self.full_k_eq_v
+        )
+
+    def attn_views(self) -> tuple[tuple[int, ModelSpec], ...]:
+        """(attention layers, a spec of that one shape) per attention shape of the model.
+
+        One entry, the model itself, when every attention layer has the same shape. Otherwise the
+        full-attention layers (a view without sliding layers) and the sliding-window layers (a view
+        whose every attention layer is sliding, with the ``swa_*`` shape); a view's per-layer figures
+        (``attn_params_per_layer``, :mod:`autopar.blocks.attention`'s functions) are that shape's.
+        """
+        if not self.per_layer_attention:
+            return ((self.attn_layers, self),)
+        n_sw = self.sliding_window_layers
+        plain = dict(swa_heads=0, swa_kv_heads=0, swa_head_dim=0, swa_v_head_dim=0)
+        full = self.model_copy(update=dict(plain, sliding_window_layers=0))
+        d_sw = self.swa_head_dim or self.head_dim
+        v_sw = self.swa_v_head_dim or (0 if self.swa_head_dim else self.v_head_dim)
+        sliding = self.model_copy(
+            update=dict(
+                plain,
+                heads=self.swa_heads or self.heads,
+                kv_heads=self.swa_kv_heads or self.kv_heads,
+                head_dim=d_sw,
+                v_head_dim=0 if v_sw == d_sw else v_sw,
+                full_k_eq_v=False,
+                sliding_window_layers=self.attn_layers,
+            )
+        )
+        views = ((self.attn_layers - n_sw, full), (n_sw, sliding))
+        return tuple((n, v) for n, v in views if n > 0)
+
+    @property
+    def tp_head_units(self) -> tuple[int, int]:
+        """(query heads, KV heads) that tensor parallelism must divide: the gcd over every layer's
+        shape (MLA: the heads for both)."""
+        import math
+
+        views = [v for _, v in self.attn_views()] or [self]
+        heads = math.gcd(*(v.heads for v in views))
+        kv = heads if self.is_mla else math.gcd(*(v.kv_heads for v in views))
+        return heads, kv
 
     def _norm(self, n: int) -> int:
         return 2 * n if self.norm == "layernorm" else n
@@ -380,9 +462,11 @@ class ModelSpec(BaseModel):
                 self.qk_nope_head_dim + self.v_head_dim
             )
             return q + kv + a * self.v_head_dim * h + self.indexer_matmul_params
-        d = self.head_dim
+        d, dv, g = self.head_dim, self.v_dim, self.kv_heads
         q = h * a * d * (2 if self.attn_output_gate else 1)  # Qwen3NextAttention: q_proj -> 2 * a * d
-        return q + 2 * h * self.kv_heads * d + a * d * h  # Q(+gate), K, V, O
+        v = 0 if self.full_k_eq_v else h * g * dv  # Gemma 4 full layers: V is K's projection
+        gate = h * a if self.attn_head_gate else 0  # LagunaAttention.g_proj: one gate per head
+        return q + h * g * d + v + a * dv * h + gate  # Q(+gate), K, V, O
 
     @property
     def indexer_matmul_params(self) -> int:
@@ -406,8 +490,9 @@ class ModelSpec(BaseModel):
         d = self.head_dim
         if self.qkv_bias:
             p += (
-                self.heads * (2 if self.attn_output_gate else 1) + (2 if self.k_bias else 1) * self.kv_heads
+                self.heads * (2 if self.attn_output_gate else 1) + (1 if self.k_bias else 0) * self.kv_heads
             ) * d
+            p += self.kv_heads * self.v_dim
         if self.o_bias:
             p += self.hidden
         if self.qk_norm == "head":  # one head_dim-sized weight shared by all heads, for q and for k
@@ -560,7 +645,7 @@ class ModelSpec(BaseModel):
 
     def _stack_params(self, *, active: bool) -> int:
         mixers = (
-            self.attn_layers * self.attn_params_per_layer
+            sum(n * v.attn_params_per_layer for n, v in self.attn_views())
             + self.linear_attn_layers * self.linear_attn_params_per_layer
             + self.mamba_layers * self.mamba_params_per_layer
         )
@@ -614,7 +699,6 @@ class ModelSpec(BaseModel):
 
     # ----------------------------------------------------------------------------------- FLOPs
     def _active_matmul_params(self) -> int:
-        attn = self.attn_matmul_params_per_layer
         lin = self.linear_attn_layers and (
             self.linear_attn_params_per_layer
             - 2 * self.linear_v_heads
@@ -642,7 +726,7 @@ class ModelSpec(BaseModel):
         )
         # The logits GEMM runs whether or not the head is tied; the embedding lookup is not a GEMM.
         return (
-            self.attn_layers * attn
+            sum(n * v.attn_matmul_params_per_layer for n, v in self.attn_views())
             + self.linear_attn_layers * lin
             + self.mamba_layers * mamba
             + self.dense_layers * self._mlp(self.ffn_hidden)
@@ -701,18 +785,22 @@ class ModelSpec(BaseModel):
             return self._encoder_flops_per_token(seq_len, attention=attention)
         flops = 6.0 * self._active_matmul_params()
         if attention:
-            per_ctx = 6.0 * self.heads * (self.qk_head_dim + self.v_dim)
-            full = self.attn_layers - self.sliding_window_layers
-            if self.index_topk:  # DSA: the core attends to the top-k keys; the indexer scores them all
-                flops += per_ctx * full * self._context(seq_len, self.index_topk, causal)
-                flops += (
-                    6.0 * self.index_heads * self.index_head_dim * full * self._context(seq_len, 0, causal)
-                )
-                full = 0
-            flops += per_ctx * full * self._context(seq_len, 0, causal)
-            flops += (
-                per_ctx * self.sliding_window_layers * self._context(seq_len, self.sliding_window, causal)
-            )
+            for n, v in self.attn_views():  # each attention shape on its own layers
+                per_ctx = 6.0 * v.heads * (v.qk_head_dim + v.v_dim)
+                sw = min(n, v.sliding_window_layers)
+                full = n - sw
+                if self.index_topk:  # DSA: the core attends to the top-k keys; the indexer scores them all
+                    flops += per_ctx * full * self._context(seq_len, self.index_topk, causal)
+                    flops += (
+                        6.0
+                        * self.index_heads
+                        * self.index_head_dim
+                        * full
+                        * self._context(seq_len, 0, causal)
+                    )
+                    full = 0
+                flops += per_ctx * full * self._context(seq_len, 0, causal)
+                flops += per_ctx * sw * self._context(seq_len, self.sliding_window, causal)
             flops += 3.0 * self.linear_attn_layers * self.linear_attn_core_flops_per_token
             flops += 3.0 * self.mamba_layers * self.ssm_core_flops_per_token
         return flops
@@ -757,7 +845,9 @@ class ModelSpec(BaseModel):
             return 0  # an encoder is run once over its input: nothing is cached
         if self.is_mla:  # a DSA indexer also caches its key (index_head_dim) for every token
             return self.kv_lora_rank + self.qk_rope_head_dim + (self.index_head_dim if self.index_topk else 0)
-        return 2 * self.kv_heads * self.head_dim
+        # K and V of each KV head (V at its own head size; a K=V layer caches both too: K is normed
+        # and rotated, V normed apart, as transformers' Gemma4TextAttention does)
+        return self.kv_heads * (self.head_dim + self.v_dim)
 
     def kv_cache_bytes_per_token(self, bytes_per_elem: float = 2) -> float:
         """KV-cache bytes per cached token summed over the attention layers (MTP layers excluded).
@@ -766,13 +856,18 @@ class ModelSpec(BaseModel):
         a sequence holds, see :meth:`kv_cache_bytes`. Linear-attention and Mamba layers hold a
         fixed-size state instead (:meth:`recurrent_state_bytes`).
         """
-        return float(self.attn_layers * self.kv_cache_elems_per_token_per_layer * bytes_per_elem)
+        elems = sum(n * v.kv_cache_elems_per_token_per_layer for n, v in self.attn_views())
+        return float(elems * bytes_per_elem)
 
     def kv_cache_bytes(self, seq_len: int, bytes_per_elem: float = 2) -> float:
-        """KV-cache bytes of one sequence of ``seq_len`` tokens; sliding layers hold at most the window."""
-        full = self.attn_layers - self.sliding_window_layers
-        tokens = full * seq_len + self.sliding_window_layers * min(seq_len, self.sliding_window or seq_len)
-        return float(tokens * self.kv_cache_elems_per_token_per_layer * bytes_per_elem)
+        """KV-cache bytes of one sequence of ``seq_len`` tokens; sliding layers hold at most the window.
+        Each attention shape caches its own K and V heads (:meth:`attn_views`)."""
+        elems = 0
+        for n, v in self.attn_views():
+            sw = min(n, v.sliding_window_layers)
+            tokens = (n - sw) * seq_len + sw * min(seq_len, self.sliding_window or seq_len)
+            elems += tokens * v.kv_cache_elems_per_token_per_layer
+        return float(elems * bytes_per_elem)
 
     def recurrent_state_bytes(self, bytes_per_elem: float = 2) -> float:
         """Per-sequence state of the linear-attention and Mamba layers (does not grow with the context).
@@ -925,6 +1020,7 @@ class _Arch:
         self.sliding: str = traits.pop("sliding", "layer_types")
         self.mixer: str = traits.pop("mixer", "attention")
         self.tie: bool = traits.pop("tie", False)
+        self.shapes: str = traits.pop("shapes", "")  # per-layer attention shapes: _attention_shapes
         self.extra: frozenset = frozenset(traits.pop("extra", ()))  # further understood fields
         assert not traits, traits
 
@@ -993,6 +1089,57 @@ _ARCH: dict[str, _Arch] = {
     ),
     "glm4": _Arch("Glm4Config", defaults={"attention_bias": True}, o_bias=False, mlp_bias=False, norms=4),
     "gpt_oss": _Arch("GptOssConfig", mlp_bias=False, moe="all", sliding="gpt_oss", **_LLAMA),
+    # Attention layers of more than one shape (issue 22): sliding layers shaped apart from the full
+    # ones, read by _attention_shapes. Laguna: per-layer query heads (num_attention_heads_per_layer)
+    # and, with gating, a per-head output gate (g_proj, h -> heads).
+    "laguna": _Arch(
+        "LagunaConfig (poolside remote code; transformers LagunaForCausalLM)",
+        defaults={"attention_bias": False},
+        o_bias=False,
+        mlp_bias=False,
+        qk_norm="head",
+        moe="mlp_layer_types",
+        shapes="laguna",
+        extra=(
+            "num_attention_heads_per_layer",
+            "gating",
+            "mlp_layer_types",
+            "shared_expert_intermediate_size",
+        ),
+    ),
+    # Gemma 4: full layers of global_head_dim with num_global_key_value_heads and (attention_k_eq_v)
+    # no v_proj; sliding layers of head_dim with num_key_value_heads; q/k norms per layer's head_dim
+    # (v_norm has no weight); four sandwich norms, and with enable_moe_block a routed MoE (and three
+    # more norms) beside the dense MLP of every layer (Gemma4TextDecoderLayer).
+    "gemma4_text": _Arch(
+        "Gemma4TextConfig",
+        defaults={
+            "head_dim": 256,
+            "sliding_window": 512,
+            "attention_bias": False,
+            "max_position_embeddings": 131072,
+            "vocab_size": 262144,
+            "num_key_value_heads": 4,
+        },
+        mlp_bias=False,
+        norms=4,
+        qk_norm="head",
+        sliding="gemma4",
+        tie=True,
+        moe="gemma4",
+        shapes="gemma4",
+    ),
+    # MiMo-V2-Flash: hybrid_layer_pattern (1 = sliding) with swa_* shapes on the sliding layers,
+    # v_head_dim apart from head_dim, moe_layer_freq (1 = MoE); attention sinks not counted (as gpt-oss)
+    "mimo_v2_flash": _Arch(
+        "MiMoV2FlashConfig",
+        defaults={"attention_bias": False, "head_dim": 192, "v_head_dim": 128},
+        o_bias=False,
+        mlp_bias=False,
+        moe="mimo",
+        sliding="mimo",
+        shapes="mimo",
+    ),
     "llama4_text": _Arch(
         "Llama4TextConfig",
         qkv_bias=False,
@@ -1433,6 +1580,7 @@ _TEXT_ALIASES = {
     "qwen3_vl_text": "qwen3",
     "qwen3_vl_moe_text": "qwen3_moe",
     "gemma3": "gemma3_text",
+    "gemma4": "gemma4_text",
     "RefinedWeb": "falcon",
     "RefinedWebModel": "falcon",
     "internlm2_5": "internlm2",
@@ -1807,6 +1955,18 @@ def _moe_layers(cfg: dict, arch: _Arch, L: int, ffn: list[str], ctx: str) -> lis
         if not isinstance(types, list) or len(types) != L or any(t not in ("dense", "sparse") for t in types):
             raise ModelConfigError(f"{ctx}mlp_layer_types must list {L} entries of 'dense' or 'sparse'")
         return [t == "sparse" for t in types]
+    if rule == "gemma4":  # Gemma4TextDecoderLayer: the MoE block beside the MLP on every layer
+        return [_bool(cfg, "enable_moe_block", False, ctx=ctx)] * L
+    if rule == "mimo":  # MiMoV2FlashConfig.mlp_layer_types, or the published moe_layer_freq list (1 = MoE)
+        freq = cfg.get("moe_layer_freq")
+        if cfg.get("mlp_layer_types") is None and isinstance(freq, list):
+            if len(freq) != L or any(x not in (0, 1) for x in freq):
+                raise ModelConfigError(f"{ctx}moe_layer_freq must list {L} entries of 0 or 1")
+            return [x == 1 for x in freq]
+        types = cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (L - 1)
+        if not isinstance(types, list) or len(types) != L or any(t not in ("dense", "sparse") for t in types):
+            raise ModelConfigError(f"{ctx}mlp_layer_types must list {L} entries of 'dense' or 'sparse'")
+        return [t == "sparse" for t in types]
     if rule == "granite_hybrid":  # GraniteMoeHybridDecoderLayer: block_sparse_moe when experts > 0
         return [_int(cfg, "num_local_experts", 0, ctx=ctx) > 0] * L
     if rule == "qwen":  # Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer / Qwen3NextDecoderLayer
@@ -1865,6 +2025,11 @@ def _sliding_layers(
     if arch.sliding == "gemma3" and types is None:  # Gemma3TextConfig: 5 local : 1 global by default
         k = _int(cfg, "sliding_window_pattern", ctx=ctx)
         types = ["sliding_attention" if (i + 1) % k else "full_attention" for i in range(L)]
+    if arch.sliding in ("gemma4", "mimo"):
+        types = _layer_types(cfg, arch, L, ctx)
+        if arch.sliding == "mimo" and cfg.get("sliding_window_size") is not None:
+            # MiMoV2FlashConfig: the window is sliding_window_size previous tokens plus the query
+            window = _int(cfg, "sliding_window_size", ctx=ctx) + 1
     if arch.sliding == "llama4" and types is None and cfg.get("attention_chunk_size"):
         # Llama4TextConfig: chunked (local) attention on the RoPE layers, global on the NoPE layers.
         # Modeled as a sliding window of attention_chunk_size: exact for the KV-cache cap, an upper
@@ -1907,6 +2072,103 @@ def _sliding_layers(
         f"{ctx}sliding_window={window} without layer_types is not understood for {mt!r}",
         "give layer_types explicitly",
     )
+
+
+def _layer_types(cfg: dict, arch: _Arch, L: int, ctx: str) -> list[str]:
+    """Per layer 'full_attention' or 'sliding_attention' as the model's class sets them."""
+    types = cfg.get("layer_types")
+    if arch.sliding == "gemma4" and types is None:  # Gemma4TextConfig: 5 sliding : 1 full by default
+        types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(L)]
+    if arch.sliding == "mimo" and types is None:
+        pattern = cfg.get("hybrid_layer_pattern")  # the published config's spelling: 1 = sliding
+        if pattern is None:  # MiMoV2FlashConfig: full on the first and every 6th layer
+            pattern = [0 if i == 0 or not (i + 1) % 6 else 1 for i in range(L)]
+        if not isinstance(pattern, list) or len(pattern) != L or any(x not in (0, 1) for x in pattern):
+            raise ModelConfigError(
+                f"{ctx}hybrid_layer_pattern must list {L} entries of 0 (full) or 1 (sliding)"
+            )
+        types = ["sliding_attention" if x else "full_attention" for x in pattern]
+    if not isinstance(types, list) or len(types) != L:
+        raise ModelConfigError(f"{ctx}layer_types must list {L} entries")
+    types = list(types)
+    if arch.sliding == "gemma4" and types and types[-1] != "full_attention":
+        types[-1] = "full_attention"  # Gemma4TextConfig forces the last layer to full attention
+    return types
+
+
+def _one_per_kind(values: list[int], types: list[str], what: str, ctx: str) -> dict[str, int]:
+    """The one value ``values`` has on each layer kind (full / sliding); a refusal where it varies."""
+    out: dict[str, int] = {}
+    for v, t in zip(values, types, strict=True):
+        if out.setdefault(t, v) != v:
+            raise UnsupportedArchitecture(
+                f"{ctx}{what} differ between {t.replace('_', ' ')} layers ({out[t]} and {v})",
+                "autopar models one attention shape for full and one for sliding layers",
+            )
+    return out
+
+
+def _attention_shapes(c: dict, arch: _Arch, L: int, f: dict[str, Any], ctx: str) -> None:
+    """Per-layer attention shapes into ``f``: the full layers' heads / kv_heads / head_dim /
+    v_head_dim, the sliding layers' swa_* (where they differ) and full_k_eq_v."""
+    types = _layer_types(c, arch, L, ctx)
+    if arch.shapes == "laguna":  # LagunaAttention: num_attention_heads_per_layer[i] query heads
+        f["attn_head_gate"] = _bool(c, "gating", False, ctx=ctx)
+        per = c.get("num_attention_heads_per_layer")
+        if per is not None:
+            if not isinstance(per, list) or len(per) != L:
+                raise ModelConfigError(f"{ctx}num_attention_heads_per_layer must list {L} head counts")
+            heads = [_int({"heads": x}, "heads", ctx=ctx) for x in per]
+            by = _one_per_kind(heads, types, "query heads", ctx)
+            f["heads"] = by.get("full_attention", f["heads"])
+            if by.get("sliding_attention", f["heads"]) != f["heads"]:
+                f["swa_heads"] = by["sliding_attention"]
+    elif arch.shapes == "gemma4":
+        for k, why in (
+            (
+                "num_kv_shared_layers",
+                "layers reusing an earlier layer's K and V (no K/V projections or cache)",
+            ),
+            ("hidden_size_per_layer_input", "per-layer input embeddings (embed_tokens_per_layer)"),
+        ):
+            if _int(c, k, 256 if k == "hidden_size_per_layer_input" else 0, ctx=ctx):
+                raise UnsupportedArchitecture(f"{ctx}Gemma 4 {k} > 0: {why} not modeled yet")
+        if c.get("use_bidirectional_attention") == "all":
+            raise UnsupportedArchitecture(f"{ctx}Gemma 4 with bidirectional attention on text is not modeled")
+        d_sw, g_sw = f["head_dim"], f["kv_heads"]
+        k_eq_v = _bool(c, "attention_k_eq_v", False, ctx=ctx)
+        f["head_dim"] = _int(c, "global_head_dim", 512, ctx=ctx)
+        if k_eq_v and c.get("num_global_key_value_heads") is not None:
+            f["kv_heads"] = _int(c, "num_global_key_value_heads", ctx=ctx)
+        f["full_k_eq_v"] = k_eq_v
+        if "sliding_attention" in types:
+            if d_sw != f["head_dim"]:
+                f["swa_head_dim"] = d_sw
+            if g_sw != f["kv_heads"]:
+                f["swa_kv_heads"] = g_sw
+    elif arch.shapes == "mimo":
+        f["v_head_dim"] = _int(c, "v_head_dim", ctx=ctx)
+        if "sliding_attention" in types:
+            for field, key, full in (
+                ("swa_heads", "swa_num_attention_heads", f["heads"]),
+                ("swa_kv_heads", "swa_num_key_value_heads", 2 * f["kv_heads"]),  # the class's default: 2x
+                ("swa_head_dim", "swa_head_dim", f["head_dim"]),
+                ("swa_v_head_dim", "swa_v_head_dim", f["v_head_dim"]),
+            ):
+                v = _int(c, key, full, ctx=ctx)
+                base = {"swa_heads": f["heads"], "swa_kv_heads": f["kv_heads"]}.get(field)
+                base = (
+                    base
+                    if base is not None
+                    else (f["head_dim"] if field == "swa_head_dim" else f["v_head_dim"])
+                )
+                if v != base:
+                    f[field] = v
+        if f["v_head_dim"] == f["head_dim"]:
+            f["v_head_dim"] = 0
+    if not any(t == "sliding_attention" for t in types):
+        for k in ("swa_heads", "swa_kv_heads", "swa_head_dim", "swa_v_head_dim"):
+            f.pop(k, None)
 
 
 def _max_position(cfg: dict, ctx: str) -> int:
@@ -2162,6 +2424,8 @@ def _normalize_fields(cfg: dict, *, name: str = "", source: str = "") -> ModelSp
         f["shared_expert_ffn"] = f["moe_ffn_hidden"] * next(
             (_int(c, k, ctx=ctx) for k in n_shared if c.get(k) is not None), 0
         )
+        if arch.shapes == "laguna":  # LagunaSparseMoeBlock.shared_experts: its own width
+            f["shared_expert_ffn"] = _int(c, "shared_expert_intermediate_size", 0, ctx=ctx)
         if arch.moe == "ernie":
             c["num_experts_per_tok"] = _first_int(c, ("moe_k", "num_experts_per_tok"), ctx=ctx)
     elif arch.moe == "hunyuan":  # experts and shared MLP at moe_intermediate_size (= intermediate_size)
@@ -2180,6 +2444,20 @@ def _normalize_fields(cfg: dict, *, name: str = "", source: str = "") -> ModelSp
             f["shared_expert_ffn"] = shared
         else:
             f["ffn_hidden"] = shared
+    elif arch.moe == "gemma4" and n_moe:
+        # Gemma4TextDecoderLayer: the dense MLP (intermediate_size) runs beside the routed experts on
+        # every layer, an always-active shared expert; router proj h -> E (its h + E scales not counted)
+        f["ffn_hidden"] = 0
+        f["moe_ffn_hidden"] = _int(c, "moe_intermediate_size", ctx=ctx)
+        f["num_experts"] = _int(c, "num_experts", ctx=ctx)
+        f["shared_expert_ffn"] = _int(c, "intermediate_size", ctx=ctx)
+        c["num_experts_per_tok"] = _int(c, "top_k_experts", ctx=ctx)
+        f["norms_per_layer"] = 7  # + post_feedforward_layernorm_1/_2 and pre_feedforward_layernorm_2
+    elif arch.moe == "mimo" and n_moe:
+        f["ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx) if dense_needed else 0
+        f["moe_ffn_hidden"] = _int(c, "moe_intermediate_size", ctx=ctx)
+        f["num_experts"] = _first_int(c, ("n_routed_experts", "num_local_experts"), ctx=ctx)
+        f["shared_expert_ffn"] = _int(c, "n_shared_experts", 0, ctx=ctx) * f["moe_ffn_hidden"]
     elif arch.moe == "llama4":
         f["ffn_hidden"] = _int(c, "intermediate_size_mlp", ctx=ctx) if dense_needed else 0
         f["moe_ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx)
@@ -2240,6 +2518,8 @@ def _normalize_fields(cfg: dict, *, name: str = "", source: str = "") -> ModelSp
         f["head_dim"] = f["qk_nope_head_dim"] + f["qk_rope_head_dim"]
     f["mtp_layers"] = _int(c, "num_nextn_predict_layers", 0, ctx=ctx)
     f["sliding_window"], f["sliding_window_layers"] = _sliding_layers(c, arch, mt, mix, max_pos, ctx)
+    if arch.shapes:
+        _attention_shapes(c, arch, L, f, ctx)
     f["tie_embeddings"] = _bool(c, "tie_word_embeddings", arch.tie, ctx=ctx)
     if mt == "gpt_neox":  # GPTNeoXConfig.use_parallel_residual (default True), two LayerNorms
         f["parallel_block"] = _bool(c, "use_parallel_residual", True, ctx=ctx)
@@ -2276,8 +2556,6 @@ _ENCODER_DECODERS = frozenset(
 _REFUSED_KINDS: dict[str, str] = {
     "minimax": "MiniMax lightning (linear) attention blocks",
     "minimax_m3_vl_text": "MiniMax lightning attention and mixed dense/MoE widths",
-    "gemma4_text": "Gemma 4 blocks (shared K=V attention, per-layer input embeddings)",
-    "gemma4": "Gemma 4 blocks (shared K=V attention, per-layer input embeddings)",
     "gemma3n_text": "Gemma 3n (AltUp, Laurel blocks and per-layer input embeddings)",
     "gemma3n": "Gemma 3n (AltUp, Laurel blocks and per-layer input embeddings)",
     "falcon_mamba": "an attention-free, MLP-free Mamba1 stack (Falcon-Mamba)",

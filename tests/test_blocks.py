@@ -63,6 +63,36 @@ def test_gated_attention_qwen3_next():
     assert attention.flops_per_token(m) == 2 * (2048 * 2 * 16 * 256 + 2 * 2048 * 2 * 256 + 16 * 256 * 2048)
 
 
+def test_per_layer_attention_shapes_mimo_v2_flash():
+    # MiMo-V2-Flash (MiMoV2FlashAttention): h 4096, 64 heads with Q/K heads of 192 and V heads of 128;
+    # 9 full layers with 4 KV heads, 39 sliding layers (window 129) with 8. The block's per-layer
+    # figures are the mean over the attention layers of each shape's own.
+    m = load_model(str(CONFIGS / "real" / "mimo-v2-flash" / "config.json"))
+    h, a, n_full, n_slide = 4096, 64, 9, 39
+
+    def proj(g):  # q, k, v, o weights of one layer
+        return h * a * 192 + h * g * 192 + h * g * 128 + a * 128 * h
+
+    full, slide = n_full / 48, n_slide / 48
+    assert attention.params(m) == pytest.approx(full * proj(4) + slide * proj(8), rel=1e-12)
+    assert m.layers * attention.params(m) == n_full * proj(4) + n_slide * proj(8)
+    # causal core against s_kv keys: QK^T over the 192-wide heads, PV over the 128-wide V heads
+    s = 8192
+    core = 0.5 * 2 * s * a * (192 + 128)
+    expect = 2 * (full * proj(4) + slide * proj(8)) + core
+    assert attention.flops_per_token(m, s) == pytest.approx(expect, rel=1e-12)
+    (_, fv), (_, sv) = m.attn_views()
+    assert (fv.kv_heads, sv.kv_heads, fv.sliding_window_layers, sv.sliding_window_layers) == (4, 8, 0, 48)
+    assert attention.flops_per_token(fv, s) == 2 * proj(4) + core
+    assert attention.flops_per_token(sv, 129) == 2 * proj(8) + 0.5 * 2 * 129 * a * 320
+    # the KV cache: K (192) and V (128) of each KV head
+    assert attention.kv_cache_elems(m) == pytest.approx(full * 4 * 320 + slide * 8 * 320, rel=1e-12)
+    with pytest.raises(ValueError, match="per attention shape"):
+        attention.gemm_shapes(m, 1)
+    assert attention.gemm_shapes(fv, 2) == [((a * 192 + 4 * 320) / 2, h), (h, a * 128 / 2)]
+    assert attention.gemm_shapes(sv, 2) == [((a * 192 + 8 * 320) / 2, h), (h, a * 128 / 2)]
+
+
 def test_mla_deepseek_v3():
     # DeepSeek-V2 (arXiv 2405.04434) Sec. 2.1 with V3's sizes: q_a_proj 7168 -> 1536, q_b_proj
     # 1536 -> 128 x (128 + 64), kv_a_proj_with_mqa 7168 -> 512 + 64, kv_b_proj 512 -> 128 x (128 + 128),

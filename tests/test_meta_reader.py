@@ -155,9 +155,6 @@ def test_shapes_read_per_kind() -> None:
     "arch,module",
     [
         ("deepseek-v4-flash", "model.layers.0.attn_hc (DeepseekV4HyperConnection)"),
-        ("laguna", "attention shapes differ between layers"),
-        ("mimo-v2-flash", "a V head size other than the Q/K head size"),
-        ("gemma-4-dense", "no v projection"),
     ],
 )
 def test_what_modelspec_cannot_cost_is_refused_by_name(arch: str, module: str) -> None:
@@ -165,6 +162,27 @@ def test_what_modelspec_cannot_cost_is_refused_by_name(arch: str, module: str) -
         load_model(REAL / arch / "config.json")
     assert module in e.value.message and "\n" not in str(e.value)
     assert "the field reader refused it too" in (e.value.hint or "")
+
+
+@pytest.mark.parametrize(
+    "arch,module",
+    [
+        ("laguna", "attention shapes differ between layers"),
+        ("mimo-v2-flash", "a V head size other than the Q/K head size"),
+        ("gemma-4-dense", "no v projection"),
+    ],
+)
+def test_per_layer_attention_shapes_read_by_fields_not_by_module_shapes(arch: str, module: str) -> None:
+    """The module-shape reader maps one attention shape per model and still refuses these by name;
+    the field reader reads each layer's shape (ModelSpec.attn_views), so they load."""
+    from autopar.model import read_by_own_code
+
+    cfg = json.loads((REAL / arch / "config.json").read_text())
+    with pytest.raises(UnsupportedArchitecture) as e:
+        read_by_own_code(cfg)
+    assert module in e.value.message and "\n" not in str(e.value)
+    spec = load_model(REAL / arch / "config.json")
+    assert spec.per_layer_attention and not any(OWN_CODE in w for w in spec.warnings)
 
 
 def test_an_unknown_module_kind_is_refused_by_name() -> None:

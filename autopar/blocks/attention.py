@@ -8,12 +8,20 @@ Parameters: :attr:`ModelSpec.attn_params_per_layer` (the reader's count; the wei
 backward; an unfused core (Megatron-DeepSpeed CoreAttention) materializes the s x s_kv scores.
 Megatron splits heads over TP (column-parallel QKV, row-parallel output: 2 TP collectives per pass),
 the sequence over CP (ring attention passing each rank's K and V: :func:`cp_chunk_elems`); EP does
-not split it. Serving state: the KV cache, 2 g d elements per token and layer
+not split it. Serving state: the KV cache, g (d + d_v) elements per token and layer
 (:attr:`ModelSpec.kv_cache_elems_per_token_per_layer`).
+
+Per-layer shapes (:meth:`ModelSpec.attn_views`: sliding layers with their own heads and head sizes,
+full layers whose V is K's projection): every per-layer function below is the mean over the model's
+attention layers of each shape's own figure (:func:`per_shape`), so a stage of ``n`` attention layers
+costs ``n`` times it: each shape on its share of the stage's layers (exact at pp = 1, the model's mix
+on each stage otherwise, as for the sliding-window share).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,10 +34,36 @@ KIND = "attention"
 FLASH_BWD_MULT = 2.5
 
 
+def shares(model) -> list[tuple[float, Any]]:
+    """(share of the attention layers, a spec of one shape) per attention shape of ``model``."""
+    if not getattr(model, "per_layer_attention", False):
+        return [(1.0, model)]
+    views = model.attn_views()
+    n = float(sum(k for k, _ in views))
+    return [(k / n, v) for k, v in views]
+
+
+def per_shape(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn(model, ...)`` of a one-shape model; of a model with per-layer shapes, the share-weighted
+    sum of ``fn`` on each shape's view (element-wise for a tuple result)."""
+
+    @functools.wraps(fn)
+    def mixed(model, *args: Any, **kw: Any) -> Any:
+        if not getattr(model, "per_layer_attention", False):
+            return fn(model, *args, **kw)
+        parts = [(w, fn(v, *args, **kw)) for w, v in shares(model)]
+        if isinstance(parts[0][1], tuple):
+            return tuple(sum(w * p[i] for w, p in parts) for i in range(len(parts[0][1])))
+        return sum(w * p for w, p in parts)
+
+    return mixed
+
+
 def present(model) -> bool:
     return bool(model.attn_layers) and not model.is_mla
 
 
+@per_shape
 def params(model) -> float:
     """Parameters of one attention mixer (the model reader's count, with biases and q/k norms)."""
     return float(model.attn_params_per_layer)
@@ -37,13 +71,18 @@ def params(model) -> float:
 
 def gemm_shapes(model, tp) -> list[tuple[Any, Any]]:
     """(N, K) of each forward linear GEMM per rank, M = tokens: fused QKV (column-parallel) and the
-    output projection (row-parallel)."""
+    output projection (row-parallel), of a one-shape model (a view of :meth:`ModelSpec.attn_views`)."""
+    if getattr(model, "per_layer_attention", False):
+        raise ValueError("gemm_shapes is per attention shape: call it on each of model.attn_views()")
     h = float(model.hidden)
-    a, g, d = model.heads, model.kv_heads, model.head_dim
+    a, g, d, dv = model.heads, model.kv_heads, model.head_dim, model.v_dim
     q_mult = 2 if model.attn_output_gate else 1  # gated attention: q_proj also emits the gate
-    return [((q_mult * a * d + 2 * g * d) / tp, h), (h, a * d / tp)]
+    v = 0 if model.full_k_eq_v else g * dv  # K=V layers: no V projection
+    gate = a if model.attn_head_gate else 0  # a per-head gate (Laguna g_proj), fused beside Q
+    return [((q_mult * a * d + g * d + v + gate) / tp, h), (h, a * dv / tp)]
 
 
+@per_shape
 def gemms(model, f, T, tp) -> tuple[Any, Any]:
     """(all linear GEMMs, the up-projection share MLA's ``mla_up_proj`` recompute repeats: none here):
     ``f(M, N, K)`` summed over :func:`gemm_shapes`."""
@@ -51,6 +90,7 @@ def gemms(model, f, T, tp) -> tuple[Any, Any]:
     return f(T, n1, k1) + f(T, n2, k2), np.zeros(np.shape(tp))
 
 
+@per_shape
 def core_flops_per_token(model, s_kv: float, causal: bool = True) -> float:
     """Forward FLOPs per query token of the core against ``s_kv`` keys: QK^T and PV, 2 s_kv a (d_qk +
     d_v), halved under a causal mask."""
@@ -58,6 +98,7 @@ def core_flops_per_token(model, s_kv: float, causal: bool = True) -> float:
     return fl * 0.5 if causal else fl
 
 
+@per_shape
 def flops_per_token(model, s_kv: float = 0.0) -> float:
     """Forward FLOPs per token of one block's mixer, unsharded: projections, and the core against
     ``s_kv`` keys (causal in a decoder, unmasked in an encoder: ``model.causal``)."""
@@ -65,19 +106,24 @@ def flops_per_token(model, s_kv: float = 0.0) -> float:
     return proj + core_flops_per_token(model, s_kv, causal=model.causal)
 
 
+@per_shape
 def rope_elems(model, tp) -> Any:
     """Forward memory-bound traffic per token per rank of RoPE on q and k (read + write)."""
     return 2 * (model.heads + model.kv_heads) * model.qk_head_dim / tp
 
 
+@per_shape
 def cp_chunk_elems(model, tp) -> Any:
     """Elements per token one ring-CP step sends: K and V of the rank's heads."""
-    return 2 * model.kv_heads * model.head_dim / tp
+    return model.kv_heads * (model.head_dim + model.v_dim) / tp
 
 
+@per_shape
 def qkv_dgrad_k(model, tp) -> Any:
     """K of the QKV projection's data-gradient GEMM (what the SP re-gather of its input hides behind)."""
-    return (model.heads * model.qk_head_dim + 2 * model.kv_heads * model.qk_head_dim) / tp
+    # MLA (mla.qkv_dgrad_k) keeps the uniform q/k/v width; a K=V layer has no V projection
+    v = model.qk_head_dim if model.is_mla else (0 if model.full_k_eq_v else model.v_dim)
+    return (model.heads * model.qk_head_dim + model.kv_heads * (model.qk_head_dim + v)) / tp
 
 
 def attn_fwd(
@@ -148,6 +194,7 @@ def _sparse_core_time(model, ctx: SlotContext, s_kv_full: float) -> tuple[np.nda
     return mm + ex + score, FLASH_BWD_MULT * mm + ex + 2.0 * score
 
 
+@per_shape
 def core_time(model, ctx: SlotContext) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of one layer's attention core per rank (the model's sliding-window
     share averaged over its attention layers)."""
@@ -183,23 +230,27 @@ def core_time(model, ctx: SlotContext) -> tuple[np.ndarray, np.ndarray]:
     return mm_f + ex_f, FLASH_BWD_MULT * mm_f + ex_f
 
 
+@per_shape
 def activation_elems(model, ctx_sb, t, gi, drop_norm, sp_div) -> tuple[Any, Any]:
     """(Q, K, V elements kept for backward, attention output elements) per rank for ``ctx_sb`` tokens,
     16-bit (Korthikanti et al. 2022, Table 2 generalized to GQA): 2 sb (a d + 2 g d)/t and 2 sb a d_v/t,
     the output also as the out-projection's 8-bit copy under low-precision GEMMs (``gi`` < 1)."""
-    qkv = 2.0 * ctx_sb * (model.heads * model.head_dim + 2 * model.kv_heads * model.head_dim) / t
+    qkv = 2.0 * ctx_sb * (model.heads * model.head_dim + model.kv_heads * (model.head_dim + model.v_dim)) / t
     return qkv, _attn_out(model, ctx_sb, t, gi)
 
 
+@per_shape
 def _attn_out(model, sb, t, gi) -> Any:
     return 2.0 * sb * model.heads * model.v_dim / t * (1.0 + np.where(gi < 1.0, 0.5, 0.0))
 
 
+@per_shape
 def output_gate_elems(model, sb, t) -> Any:
     """The gated output's gate, kept for backward (Qwen3-Next: ``attn_output_gate``)."""
     return 2.0 * sb * model.heads * model.head_dim / t
 
 
+@per_shape
 def core_activation_elems(model, s, sb, t, flash_attention: bool) -> Any:
     """What the core keeps: FlashAttention's fp32 log-sum-exp per row, or the unfused 5 a s^2 b
     softmax/dropout term (Korthikanti et al. 2022)."""
@@ -208,6 +259,7 @@ def core_activation_elems(model, s, sb, t, flash_attention: bool) -> Any:
     return 5.0 * model.heads * s * sb / t
 
 
+@per_shape
 def kv_cache_elems(model) -> float:
     """Serving state: KV-cache elements per token of one layer (K and V of the g KV heads)."""
-    return float(2 * model.kv_heads * model.head_dim)
+    return float(model.kv_heads * (model.head_dim + model.v_dim))

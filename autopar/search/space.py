@@ -228,7 +228,7 @@ def int_candidates(axis: IntAxis, *, base: int, node: int) -> list[int]:
 
 def axis_bases(model, *, num_devices: int, seq_len: int, global_batch: int) -> dict[str, int]:
     return {
-        "tp": model.heads,
+        "tp": model.tp_head_units[0],
         "pp": model.layers,
         "vpp": model.layers,
         "cp": seq_len,

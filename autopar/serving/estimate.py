@@ -386,11 +386,14 @@ def legal(ctx: ServingContext, tab: ServingTable) -> dict[str, np.ndarray]:
     m = ctx.model
     tp, pp, ep, adp = (tab[k].astype(np.int64) for k in ("tp", "pp", "ep", "adp"))
     ta = np.maximum(tp // np.maximum(adp, 1), 1)
-    g = m.heads if m.is_mla else m.kv_heads
+    kv_bad = np.zeros(len(tab), dtype=bool)
+    for _, v in m.attn_views():  # every layer's shape (sliding layers may have KV heads of their own)
+        g = v.heads if m.is_mla else v.kv_heads
+        kv_bad = kv_bad | ((g % ta != 0) & (ta % g != 0))
     out = {
-        "tp_heads": (m.heads % ta != 0) | (tp % adp != 0),
+        "tp_heads": (m.tp_head_units[0] % ta != 0) | (tp % adp != 0),
         # KV heads are split when ta divides them and replicated when they divide ta (TRT-LLM, vLLM).
-        "tp_kv_heads": (g % ta != 0) & (ta % g != 0),
+        "tp_kv_heads": kv_bad,
         "pp_layers": pp > m.layers,
         "ep_experts": ((ep > 1) & (not m.is_moe))
         | (tp % ep != 0)
@@ -414,7 +417,15 @@ def kv_bytes_per_token_per_device(ctx: ServingContext, tab: ServingTable) -> np.
     else:
         share = np.ceil(m.kv_heads / ta) / m.kv_heads
     layers_dev = np.ceil(m.layers / tab["pp"]) / m.layers
+    if m.per_layer_attention:  # each attention shape with its own KV heads
+        return sum(n * _kv_layer_token_bytes(ctx, v, ta) for n, v in m.attn_views()) * layers_dev
     return m.kv_cache_bytes_per_token(ctx.kv_bytes) * share * layers_dev
+
+
+def _kv_layer_token_bytes(ctx: ServingContext, v, ta) -> np.ndarray:
+    """KV-cache bytes one cached token costs one attention layer of shape ``v`` (an attention view of
+    :meth:`ModelSpec.attn_views`) on one device: its ceil(kv_heads / attention-TP) heads."""
+    return v.kv_cache_elems_per_token_per_layer * ctx.kv_bytes * np.ceil(v.kv_heads / ta) / v.kv_heads
 
 
 def _kv_seq_bytes_per_device(ctx: ServingContext, tab: ServingTable, seq_len: float) -> np.ndarray:
@@ -431,6 +442,14 @@ def _kv_seq_bytes_per_device(ctx: ServingContext, tab: ServingTable, seq_len: fl
     sw = m.sliding_window_layers
     # Sliding-window layers keep at most window (+1 page) tokens.
     sw_tokens = min(paged, (math.ceil(m.sliding_window / page) + 1) * page) if sw else 0
+    if m.per_layer_attention:  # each shape's layers: full ones the whole sequence, sliding the window
+        ta = tab["tp"] / tab["adp"]
+        layers_dev = np.ceil(m.layers / tab["pp"]) / m.layers
+        kv = 0.0 * ta
+        for n, v in m.attn_views():
+            sw_n = min(n, v.sliding_window_layers)
+            kv = kv + _kv_layer_token_bytes(ctx, v, ta) * ((n - sw_n) * paged + sw_n * sw_tokens) * layers_dev
+        return kv + recurrent_state_bytes_per_device(ctx, tab)
     kv = per_full_token * (full * paged + sw * sw_tokens) / max(m.attn_layers, 1)
     return kv + recurrent_state_bytes_per_device(ctx, tab)
 
@@ -469,6 +488,15 @@ def weights_per_device(ctx: ServingContext, tab: ServingTable) -> np.ndarray:
         kvproj = 2 * m.hidden * g * m.head_dim
         attn = (m.attn_matmul_params_per_layer - kvproj) / ta + kvproj * np.ceil(g / ta) / g
     attn_16 = m.attn_params_per_layer - m.attn_matmul_params_per_layer + m.norm_params_per_layer
+    if m.per_layer_attention:  # the mean attention layer over the model's shapes
+        attn, attn_16 = 0.0 * ta, float(m.norm_params_per_layer)
+        for w_v, v in blocks.attention.shares(m):
+            g = v.kv_heads
+            kvproj = m.hidden * g * (v.head_dim + (0 if v.full_k_eq_v else v.v_dim))
+            attn = attn + w_v * (
+                (v.attn_matmul_params_per_layer - kvproj) / ta + kvproj * np.ceil(g / ta) / g
+            )
+            attn_16 += w_v * (v.attn_params_per_layer - v.attn_matmul_params_per_layer)
     dense_layer = wb * (attn + m.dense_mlp_params / ta) + 2.0 * attn_16
     if m.is_moe:
         moe_layer = wb * (attn + m.shared_expert_params / ta + m.num_experts * m.expert_params / tp) + 2.0 * (
@@ -536,6 +564,8 @@ def instance_memory(
         if not m.is_mla
         else (m.heads * (m.qk_head_dim + m.v_dim) + m.kv_lora_rank)
     )
+    if m.per_layer_attention:  # the widest attention shape
+        qkv = max(v.heads * v.qk_head_dim + v.kv_heads * (v.head_dim + v.v_dim) for _, v in m.attn_views())
     if m.is_hybrid:  # the widest mixer input projection (Mamba in_proj, Gated DeltaNet in_proj_qkvz)
         qkv = max([qkv] + [N for _, N, K in hybrid.mixer_gemm_shapes(m, 1.0) if K == m.hidden])
     per_tok = ACT_BYTES * (4.0 * m.hidden + qkv / ta + 3.0 * F / ta)
@@ -694,6 +724,14 @@ def _iter_mixers(it: _Iter) -> None:
     if m.is_mla:
         up, down = blocks.mla.gemm_shapes(m, ta)
         attn_parts = [it.gemm(M, N, K) for N, K in up + down]
+    elif m.per_layer_attention:  # each shape's projections on its share of the attention layers
+        attn_parts = []
+        for w_v, v in blocks.attention.shares(m):
+            kvh = np.ceil(v.kv_heads / ta)
+            qkv_n = v.heads / ta * v.head_dim + kvh * (v.head_dim + (0 if v.full_k_eq_v else v.v_dim))
+            qkv_n = qkv_n + (v.heads / ta if v.attn_head_gate else 0.0)
+            for part in (it.gemm(M, qkv_n, h), it.gemm(M, h, v.heads * v.v_dim / ta)):
+                attn_parts.append(tuple(w_v * x for x in part))
     else:
         d = m.head_dim
         kvh = np.ceil(m.kv_heads / ta)  # KV heads replicate when tp exceeds them
@@ -729,6 +767,8 @@ def _iter_attention_core(
     and values over the latent per head), prefill runs FlashAttention over its prompt. Returns the
     stage's (decode, prefill) attention seconds."""
     m, co = it.ctx.model, it.ctx.co
+    if m.per_layer_attention:
+        return _iter_attention_core_per_shape(it, tab, dec_ctx, pre_ctx, pre_len)
     a = float(m.heads)
     full_l = m.attn_layers - m.sliding_window_layers
     sw_l = m.sliding_window_layers
@@ -758,6 +798,45 @@ def _iter_attention_core(
         pre_eff = (sc.prefill_attention_eff or co.forward_attention_eff) * s_kv / (s_kv + co.gemm_half_dim)
     pre_t = pre_flops / (it.peak16 * pre_eff)
     pre_b = it.pre_a * kv_tok_dev * 2.0
+    it.add(
+        (dec_t + pre_t, dec_flops + pre_flops, dec_bytes + pre_b, dec_tc + pre_t, dec_tm + pre_b / co.hbm_bw),
+        it.attn_l,
+    )
+    return it.attn_l * dec_t, it.attn_l * pre_t
+
+
+def _iter_attention_core_per_shape(
+    it: _Iter, tab: ServingTable, dec_ctx, pre_ctx, pre_len
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_iter_attention_core` of a model whose attention layers have more than one shape: each
+    shape's decode (its own KV heads and head sizes, its window) and prefill on its share of the
+    stage's attention layers."""
+    m, co, sc = it.ctx.model, it.ctx.co, it.ctx.sc
+    win = float(m.sliding_window or 0)
+    s_kv = np.maximum(pre_len, 1.0)
+    dec_bytes = dec_flops = pre_flops = pre_t = pre_b = 0.0
+    for w_v, v in blocks.attention.shares(m):
+        sliding = v.sliding_window_layers > 0 and win > 0  # a view is all full or all sliding
+
+        def c_of(c, sliding=sliding):
+            return np.minimum(c, win) if sliding else c
+
+        dims, a = v.qk_head_dim + v.v_dim, float(v.heads)
+        kv_tok = _kv_layer_token_bytes(it.ctx, v, it.ta)
+        dec_bytes = dec_bytes + w_v * it.dec_a * c_of(dec_ctx) * kv_tok
+        dec_flops = dec_flops + w_v * 2.0 * it.dec_a * it.dec_tokens * c_of(dec_ctx) * (a / it.ta) * dims
+        fl = 2.0 * it.pre_a * c_of(pre_ctx) * (a / it.ta) * dims
+        if sc.prefill_attention_eff is None and co.attention_fwd:
+            pre_eff = attention_fraction(co.attention_fwd, 0.5 * dims, s_kv)
+        else:
+            pre_eff = (
+                (sc.prefill_attention_eff or co.forward_attention_eff) * s_kv / (s_kv + co.gemm_half_dim)
+            )
+        pre_flops = pre_flops + w_v * fl
+        pre_t = pre_t + w_v * fl / (it.peak16 * pre_eff)
+        pre_b = pre_b + w_v * it.pre_a * kv_tok * 2.0
+    dec_tc, dec_tm = dec_flops / (it.peak16 * co.forward_attention_eff), dec_bytes / co.hbm_bw
+    dec_t = np.maximum(dec_tc, dec_tm)
     it.add(
         (dec_t + pre_t, dec_flops + pre_flops, dec_bytes + pre_b, dec_tc + pre_t, dec_tm + pre_b / co.hbm_bw),
         it.attn_l,
@@ -804,15 +883,16 @@ def _iter_elementwise(it: _Iter) -> None:
     """Norms, residual adds, the activation function and RoPE (a hybrid model's mix, its recurrent
     mixers' traffic), memory-bound."""
     m, ta, mx = it.ctx.model, it.ta, it.mx
-    h, a = float(m.hidden), float(m.heads)
+    h = float(m.hidden)
     act_f = m.ffn_hidden if m.ffn_hidden else m.moe_ffn_hidden * max(m.moe_topk, 1)
-    per_tok = ACT_BYTES * (10.0 * h + 3.0 * act_f / ta + 2.0 * (a + m.kv_heads) * m.qk_head_dim / ta)
+    rope = sum(w_v * (v.heads + v.kv_heads) * v.qk_head_dim for w_v, v in blocks.attention.shares(m))
+    per_tok = ACT_BYTES * (10.0 * h + 3.0 * act_f / ta + 2.0 * rope / ta)
     if mx is not None:
         f_d, f_m = m.dense_layers / m.layers, m.moe_layers / m.layers
         per_tok = ACT_BYTES * (
             (mx.mixer_sub + mx.ffn_sub) * 5.0 * h  # a norm and a residual add per sublayer
             + 3.0 * (f_d * m.ffn_hidden + f_m * m.moe_ffn_hidden * m.moe_topk) / ta
-            + mx.attn * 2.0 * (a + m.kv_heads) * m.qk_head_dim / ta
+            + mx.attn * 2.0 * rope / ta
             + hybrid.mixer_elementwise_elems(m, ta)
         )
     t_el = it.M * per_tok / it.ctx.co.hbm_bw

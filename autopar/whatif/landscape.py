@@ -74,7 +74,7 @@ class LandscapeResult:
 
 
 def _shapes(model, device, max_chips: int) -> tuple[np.ndarray, np.ndarray]:
-    tps = [t for t in pow2_upto(min(device.scale_up.domain, MAX_TP)) if model.heads % t == 0]
+    tps = [t for t in pow2_upto(min(device.scale_up.domain, MAX_TP)) if model.tp_head_units[0] % t == 0]
     pps = sorted({p for p in pow2_upto(model.layers)} | {model.layers})
     tp, pp = np.meshgrid(np.array(tps, float), np.array(pps, float), indexing="ij")
     keep = tp * pp <= max_chips
