@@ -20,6 +20,7 @@ strided 2-GPU groups ~4 each, i.e. a ~14 GB/s link shared by the crossing rings.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +43,7 @@ class Links:
     # measured all-reduce bus bandwidth inside one domain: (log bytes, bytes/s) points, or empty
     busbw_log_bytes: tuple[float, ...] = ()
     busbw: tuple[float, ...] = ()
+    busbw_scale: Any = 1.0  # a what-if's scale of the link rate (a float, or one per layout row)
 
     @classmethod
     def from_cluster(
@@ -138,7 +140,7 @@ def measured_busbw(links: Links, nbytes) -> np.ndarray:
         return np.full(np.shape(nb), np.inf)
     xs, ys = np.asarray(links.busbw_log_bytes), np.log(np.asarray(links.busbw))
     x = np.log(nb)
-    return np.where(x < xs[0], np.inf, np.exp(np.interp(x, xs, ys)))
+    return np.where(x < xs[0], np.inf, np.exp(np.interp(x, xs, ys)) * links.busbw_scale)
 
 
 def _floor_in_domain(links: Links, t, moved, nbytes, inter) -> np.ndarray:

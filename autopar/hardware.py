@@ -130,7 +130,9 @@ class ScaleUp(_Frozen):
     def _busbw_curve(cls, v: list[tuple[float, float]]) -> list[tuple[float, float]]:
         sizes = [b for b, _ in v]
         if v and (len(v) < 2 or sizes != sorted(set(sizes)) or sizes[0] <= 0 or any(g <= 0 for _, g in v)):
-            raise ValueError("needs two or more (bytes, GB/s) points with increasing sizes and positive rates")
+            raise ValueError(
+                "needs two or more (bytes, GB/s) points with increasing sizes and positive rates"
+            )
         return v
 
     @model_validator(mode="after")

@@ -150,8 +150,9 @@ def _scaled(co, links, res: str, f: float | np.ndarray):
         return replace(co, peak_flops=pk), links
     if res == "memory_bw_gbps":
         return replace(co, hbm_bw=co.hbm_bw * f), links
-    if res == "scale_up.agg_gbps":  # the link rate: aggregate and per-peer together
-        return co, replace(links, up_agg=links.up_agg * f, up_peer=links.up_peer * f)
+    if res == "scale_up.agg_gbps":  # the link rate: aggregate, per-peer and the measured busbw curve
+        scale = links.busbw_scale * f
+        return co, replace(links, up_agg=links.up_agg * f, up_peer=links.up_peer * f, busbw_scale=scale)
     if res == "scale_out.per_device_gbps":
         return co, replace(links, out_nic=links.out_nic * f)
     if res == "scale_up.latency_us":
@@ -246,7 +247,7 @@ def step_times(dec: Decomposition, factors: np.ndarray) -> np.ndarray:
 
 
 # Layouts per hardware point that the full engine re-scores after the demand model's screening.
-REFINE_K = 32
+REFINE_K = 64
 
 
 def _scales(factors: np.ndarray) -> np.ndarray:
