@@ -1771,6 +1771,12 @@ def _split_wrapper(cfg: dict, ctx: str) -> tuple[dict, dict[str, int], list[str]
 def _canonical(dec: dict, arch: _Arch | None, mt: str, ctx: str) -> dict:
     """Aliases and nesting resolved to the canonical names; class defaults for absent fields."""
     cfg = dict(dec)
+    if mt == "falcon" and dec.get("model_type") != "RefinedWeb" and not cfg.get("new_decoder_architecture"):
+        # FalconConfig (transformers >= 5.25 to_dict) writes its num_kv_heads field beside the
+        # num_key_value_heads it derives; the old architecture reads neither (FalconAttention: one KV
+        # head with multi_query, else a 3 x hidden QKV): _falcon sets the KV heads from multi_query.
+        cfg.pop("num_kv_heads", None)
+        cfg.pop("num_key_value_heads", None)
     for nk in _NESTED:
         sub = cfg.pop(nk, None)
         if sub is None:
