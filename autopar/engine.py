@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from autopar import blocks
 from autopar import collectives as C
 from autopar.coefficients import Calibration, coefficients_for, load_calibration, memory_constants
 from autopar.energy import energy_per_step
@@ -170,6 +171,7 @@ def evaluate_stages(
     n_dense: np.ndarray,
     n_moe: np.ndarray,
     calibration: Calibration | None = None,
+    mixers: blocks.StageMixers | None = None,
 ) -> dict[str, np.ndarray]:
     """Arrays over pipeline stages: memory per device and one micro-batch's time on each stage.
 
@@ -181,6 +183,7 @@ def evaluate_stages(
     which applies them to the first and the last stage of a uniform pipeline. Returns ``mem_*``
     components and ``memory_bytes``; ``slot_s`` and its ``time_*`` parts per micro-batch; ``fwd_s``,
     ``bwd_s``, ``recompute_s`` (overlap windows), ``wgrad_s`` (weight-gradient GEMMs); ``params_nonexpert``/``params_expert`` per rank.
+    ``mixers``: a hybrid model's mixers of each stage in its block order (:func:`autopar.blocks.stage.window`).
     """
     model = job.model
     cal = calibration or load_calibration()
@@ -199,6 +202,7 @@ def evaluate_stages(
         frozen_weights=job.frozen_weights,
         profile=job.framework,
         schedule=job.pipeline_schedule,
+        mixers=mixers,
     )
     sl = stage_slot(
         model,
@@ -212,8 +216,9 @@ def evaluate_stages(
         frozen_weights=job.frozen_weights,
         moe_options=job.moe_options,
         profile=job.framework,
+        mixers=mixers,
     )
-    nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe, job.pipeline_schedule)
+    nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe, job.pipeline_schedule, mixers=mixers)
     out: dict[str, np.ndarray] = {f"mem_{k}": mem[k] for k in MEMORY_COMPONENTS}
     out["memory_bytes"] = mem["total"]
     out["memory_allocated_bytes"] = mem["allocated"]

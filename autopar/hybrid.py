@@ -5,11 +5,13 @@ the functions here weight them by the model's mix. Used by :mod:`autopar.latency
 :mod:`autopar.memory` and the serving estimate; every function is vectorized over layouts (numpy
 arrays of ``tp`` etc.).
 
-Placement. The engine splits layers evenly over pipeline stages and does not know where each block
-kind sits in the stack, so a stage of ``n`` blocks is assumed to hold the model's mix of block kinds
-in proportion (:class:`Mix`): ``n * attn_layers / layers`` attention mixers, ``n * mamba_layers /
-layers`` Mamba mixers, and so on (fractional counts). Exact for the whole model (pp = 1), an average
-per stage otherwise.
+Placement. Where the model states its block order (``ModelSpec.block_pattern``, recorded by the
+config readers for hybrid stacks), a pipeline stage holds the mixers of its own window of the stack
+(:func:`autopar.blocks.stage.window` gives a :class:`~autopar.blocks.stage.StageMixers` per stage).
+Without an order (a hand-written spec), a stage of ``n`` blocks is assumed to hold the model's mix
+of block kinds in proportion (:class:`Mix`): ``n * attn_layers / layers`` attention mixers,
+``n * mamba_layers / layers`` Mamba mixers, and so on (fractional counts); exact for the whole model
+(pp = 1), an average per stage otherwise. Serving pipelines use the mix in proportion.
 
 Tensor parallelism. Megatron-LM ``megatron/core/ssm/mamba_mixer.py`` (MambaMixer) shards a Mamba2
 mixer over its heads: ``in_proj`` is column-parallel (z, x, B, C, dt of the rank's heads and groups),

@@ -118,6 +118,7 @@ def stage_slot(
     frozen_weights: bool = False,
     moe_options: moe.MoEOptions | None = None,
     profile: FrameworkProfile = MEGATRON,
+    mixers: blocks.StageMixers | None = None,
 ) -> dict[str, np.ndarray]:
     """Seconds one micro-batch takes on one pipeline stage per row, by component (``SLOT_PARTS``).
 
@@ -131,7 +132,8 @@ def stage_slot(
     one. ``frozen_weights`` (LoRA-style fine-tuning): backward runs only the input-gradient GEMMs.
     ``moe_options``: the token dispatcher and the EP all-to-all overlap (:class:`autopar.moe.MoEOptions`).
     ``profile``: the training stack's attention kernel, host floor and TP overlap
-    (:class:`autopar.frameworks.FrameworkProfile`).
+    (:class:`autopar.frameworks.FrameworkProfile`). ``mixers``: a hybrid stage's own mixers in the
+    model's block order (:func:`autopar.blocks.stage.window`); None: the model's mix in proportion.
     """
     if model.is_encoder_decoder:
         return _encdec_slot(
@@ -148,7 +150,7 @@ def stage_slot(
             profile=profile,
         )
     ctx = slot_context(lay, seq_len=seq_len, co=co, links=links, profile=profile)
-    sb = blocks.stage_blocks(model, n_dense, n_moe, head)
+    sb = blocks.stage_blocks(model, n_dense, n_moe, head, mixers)
     wgrad = 0.0 if frozen_weights else 1.0  # weight-gradient GEMMs, as many FLOPs as the forward
     c = _stage_compute(model, ctx, sb)
     fwd = c["gemm"] + c["attn_f"] + c["scan"] + c["elem"] + c["perm"] + c["quant_f"]
@@ -704,10 +706,10 @@ def step_time_breakdown(
     pp = lay["pp"].astype(np.float64)
     vpp = lay["vpp"].astype(np.float64)
     m = lay["grad_accum"].astype(np.float64)
-    st = stage_shape(model, lay)
+    st = stage_shape(model, lay, seq_len)
     n = len(lay)
 
-    def slot(n_dense, n_moe, head):
+    def slot(n_dense, n_moe, head, mixers):
         return stage_slot(
             model,
             lay,
@@ -720,6 +722,7 @@ def step_time_breakdown(
             frozen_weights=frozen_weights,
             moe_options=moe_options,
             profile=profile,
+            mixers=mixers,
         )
 
     # The first, one middle (all middle stages hold the same layers) and the last stage; with
@@ -727,9 +730,9 @@ def step_time_breakdown(
     # V-shaped schedules (ZB-V, DualPipeV) place the first and the last model chunk on rank 0,
     # so the LM head runs there.
     v_shape = schedule in V_SHAPED
-    first = slot(st.first_dense, st.first_moe, (pp == 1) | v_shape)
-    last = slot(st.last_dense, st.last_moe, np.full(n, not v_shape))
-    mid = slot(st.mid_dense, st.mid_moe, np.zeros(n, dtype=bool))
+    first = slot(st.first_dense, st.first_moe, (pp == 1) | v_shape, st.first_mixers)
+    last = slot(st.last_dense, st.last_moe, np.full(n, not v_shape), st.last_mixers)
+    mid = slot(st.mid_dense, st.mid_moe, np.zeros(n, dtype=bool), st.mid_mixers)
     s_first = np.where(pp == 1, 0.0, first["slot"])
     s_mid = np.where(st.has_mid, mid["slot"], 0.0)
     s_last = last["slot"]

@@ -61,8 +61,11 @@ class StageShape:
     """Dense and MoE layers of the first, a middle and the last pipeline stage (arrays).
 
     ``mid_*`` is the middle stage that decides time (the one with the most MoE layers: the last
-    middle stage); ``mem_mid_*`` the one that decides memory (stage 1, the most micro-batches in
-    flight). Both are zero-layer rows where there is no middle stage (pp < 3; ``has_mid``).
+    middle stage; with a stated block order, the middle stage with the most forward FLOPs per token:
+    :func:`_heaviest_middle`); ``mem_mid_*`` the one that decides memory (stage 1, the most
+    micro-batches in flight). Both are zero-layer rows where there is no middle stage (pp < 3;
+    ``has_mid``). ``*_mixers``: a hybrid stack's mixers of each stage in its real order
+    (``model.block_pattern``), None where the stage holds the model's mix in proportion.
     """
 
     first_dense: np.ndarray
@@ -75,13 +78,18 @@ class StageShape:
     mem_mid_dense: np.ndarray
     mem_mid_moe: np.ndarray
     has_mid: np.ndarray
+    first_mixers: blocks.StageMixers | None = None
+    last_mixers: blocks.StageMixers | None = None
+    mid_mixers: blocks.StageMixers | None = None
+    mem_mid_mixers: blocks.StageMixers | None = None
 
 
-def _dense_moe(model, start: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def dense_moe(model, start: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(dense, MoE) layers among the contiguous layers [start, start + n).
 
-    Hybrid models: the stage's blocks with a dense MLP and with MoE in the model's proportions
-    (fractional; :mod:`autopar.hybrid`), the rest are blocks without a feed-forward part.
+    Hybrid models without a stated block order: the stage's blocks with a dense MLP and with MoE in
+    the model's proportions (fractional; :mod:`autopar.hybrid`), the rest are blocks without a
+    feed-forward part.
     """
     if model.is_hybrid:
         nf = np.asarray(n, dtype=np.float64)
@@ -96,18 +104,62 @@ def _dense_moe(model, start: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.
     return n - moe, moe
 
 
-def stage_shape(model, lay: LayoutTable) -> StageShape:
-    """Layers of the first, middle and last stage (:meth:`ParallelDims.stage_layers`), dense and MoE."""
+def stage_shape(model, lay: LayoutTable, seq_len: float | None = None) -> StageShape:
+    """Layers of the first, middle and last stage (:meth:`ParallelDims.stage_layers`), dense and MoE;
+    with a stated block order each stage's own blocks (``seq_len``: the sequence at which the
+    heaviest middle stage is chosen, 4,096 when not given)."""
     first, mid, last = lay.dims.stage_layers(model)
     pp = np.asarray(lay["pp"], dtype=np.int64)
     has_mid = pp >= 3
     mid = np.where(has_mid, mid, 0)
-    fd, fm = _dense_moe(model, first * 0, first)
-    ld, lm = _dense_moe(model, model.layers - last, last)
-    md, mm = _dense_moe(model, model.layers - last - mid, mid)  # the last middle stage
-    qd, qm = _dense_moe(model, first, mid)  # stage 1
     lps = np.maximum(np.maximum(first, last), mid)
+    if model.block_pattern:
+        return _ordered_stage_shape(model, first, mid, last, pp, has_mid, lps, seq_len or 4096.0)
+    fd, fm = dense_moe(model, first * 0, first)
+    ld, lm = dense_moe(model, model.layers - last, last)
+    md, mm = dense_moe(model, model.layers - last - mid, mid)  # the last middle stage
+    qd, qm = dense_moe(model, first, mid)  # stage 1
     return StageShape(fd, fm, ld, lm, lps, md, mm, qd, qm, has_mid)
+
+
+def _ordered_stage_shape(model, first, mid, last, pp, has_mid, lps, seq_len: float) -> StageShape:
+    """:func:`stage_shape` of a model with a stated block order: every stage its own window."""
+    L = model.layers
+    fd, fm, fx = blocks.stage.window(model, first * 0, first)
+    ld, lm, lx = blocks.stage.window(model, L - last, last)
+    qd, qm, qx = blocks.stage.window(model, first, mid)  # stage 1
+    start = _heaviest_middle(model, first, mid, last, pp, seq_len)
+    md, mm, mx = blocks.stage.window(model, start, np.minimum(mid, np.maximum(L - last - start, 0)))
+    return StageShape(fd, fm, ld, lm, lps, md, mm, qd, qm, has_mid, fx, lx, mx, qx)
+
+
+def _block_flops(model, seq_len: float) -> dict[str, float]:
+    """Forward FLOPs per token of one block part of each kind (the heaviest-stage proxy)."""
+    out = {
+        "attention": float(blocks.mixer(model).flops_per_token(model, seq_len)) if model.attn_layers else 0.0,
+        "dense": float(blocks.mlp.flops_per_token(model)) if model.ffn_hidden else 0.0,
+        "moe": float(blocks.moe_ffn.flops_per_token(model)) if model.is_moe else 0.0,
+    }
+    out["linear"] = float(blocks.gated_deltanet.flops_per_token(model)) if model.linear_attn_layers else 0.0
+    out["mamba"] = float(blocks.mamba.flops_per_token(model)) if model.mamba_layers else 0.0
+    return out
+
+
+def _heaviest_middle(model, first, mid, last, pp, seq_len: float) -> np.ndarray:
+    """First block of the middle stage (1 .. pp-2) with the most forward FLOPs per token, per row
+    (stage k starts at ``first + (k - 1) * mid``); ``first`` where there is no middle stage."""
+    c = blocks.stage._prefix(model.block_pattern)
+    w = _block_flops(model, seq_len)
+    L = model.layers
+    k = np.arange(1, max(int(pp.max(initial=1)) - 1, 1))  # middle stage indices
+    starts = np.clip(first[:, None] + (k[None, :] - 1) * mid[:, None], 0, L)
+    ends = np.clip(np.minimum(starts + mid[:, None], L - last[:, None]), starts, L)
+    flops = sum(wk * (c[part][ends] - c[part][starts]) for part, wk in w.items())
+    flops = np.where(k[None, :] <= pp[:, None] - 2, flops, -np.inf)
+    best = np.argmax(flops, axis=1) if len(k) else np.zeros(len(pp), dtype=np.int64)
+    return np.where(
+        pp >= 3, np.take_along_axis(starts, best[:, None], axis=1)[:, 0] if len(k) else first, first
+    )
 
 
 def layer_params_per_rank(model, lay: LayoutTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -163,6 +215,7 @@ def stage_params_at(
     n_dense: np.ndarray,
     n_moe: np.ndarray,
     schedule: str = "1f1b",
+    mixers: blocks.StageMixers | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(non-expert, routed-expert) parameters per rank of pipeline stage ``stage`` (one row per stage).
 
@@ -170,7 +223,8 @@ def stage_params_at(
     stage pp-1 the final norm and the LM head (its own copy of a tied matrix when pp > 1; rank 0
     under a V-shaped ``schedule``); with pp = 1 both are the same stage and hold both. The
     model's ``extra_params`` (learned position tables, pooler, MLM transform, conv front-end:
-    under 2 % of the encoders read) sit on stage 0, not split by tp.
+    under 2 % of the encoders read) sit on stage 0, not split by tp. ``mixers``: a hybrid stage's
+    own mixers (:func:`autopar.blocks.stage.window`) instead of the model's mix.
     """
     dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
     tp = lay["tp"].astype(np.float64)
@@ -179,9 +233,18 @@ def stage_params_at(
     head = (model.head_params / tp) + model.final_norm_params
     if model.tie_embeddings:
         head = head + np.where(pp > 1, embed, 0.0)
+    if mixers is None:
+        layers = n_dense * dense_p + n_moe * moe_p
+    else:  # the stage's own mixers with their blocks' norms, then its feed-forward parts
+        mix_p = mixers.attention * blocks.mixer(model).params(model)
+        for count, kind in mixers.recurrent:
+            mix_p = mix_p + count * kind.params(model)
+        attn = mix_p / tp + mixers.blocks * model.norm_params_per_layer
+        mlp_p = blocks.mlp.params(model) / tp
+        moe_own = moe_p - (dense_p - mlp_p)  # a MoE layer's own non-expert part (router, shared experts)
+        layers = attn + n_dense * mlp_p + n_moe * moe_own
     nonexp = (
-        n_dense * dense_p
-        + n_moe * moe_p
+        layers
         + np.where(stage == 0, embed, 0.0)
         + np.where(stage == head_stage(lay, schedule), head, 0.0)
         + np.where(stage == 0, float(model.extra_params), 0.0)
@@ -194,9 +257,15 @@ def stage_params(model, lay: LayoutTable, schedule: str = "1f1b") -> dict[str, n
     non-expert and routed-expert (the middle ones are 0 where pp < 3)."""
     st = stage_shape(model, lay)
     at = {"schedule": schedule}
-    first_nonexp, first_exp = stage_params_at(model, lay, lay["pp"] * 0, st.first_dense, st.first_moe, **at)
-    last_nonexp, last_exp = stage_params_at(model, lay, lay["pp"] - 1, st.last_dense, st.last_moe, **at)
-    mid_nonexp, mid_exp = stage_params_at(model, lay, lay["pp"] * 0 + 1, st.mid_dense, st.mid_moe, **at)
+    first_nonexp, first_exp = stage_params_at(
+        model, lay, lay["pp"] * 0, st.first_dense, st.first_moe, mixers=st.first_mixers, **at
+    )
+    last_nonexp, last_exp = stage_params_at(
+        model, lay, lay["pp"] - 1, st.last_dense, st.last_moe, mixers=st.last_mixers, **at
+    )
+    mid_nonexp, mid_exp = stage_params_at(
+        model, lay, lay["pp"] * 0 + 1, st.mid_dense, st.mid_moe, mixers=st.mid_mixers, **at
+    )
     return {
         "first_nonexp": first_nonexp,
         "last_nonexp": last_nonexp,
@@ -251,20 +320,68 @@ def activation_bytes_per_layer(
     (:func:`autopar.hybrid.mixer_activation_elems`; selective modes recompute no scan); full
     recompute keeps each block's input.
     """
+    p = _activation_parts(
+        model,
+        seq_len=seq_len,
+        micro_batch=micro_batch,
+        tp=tp,
+        cp=cp,
+        sp=sp,
+        recompute=recompute,
+        moe=moe,
+        flash_attention=flash_attention,
+        dropout=dropout,
+        ep=ep,
+        etp=etp,
+        low_precision=low_precision,
+    )
+    rec = np.asarray(recompute)
+    mx = hybrid.mix(model) if model.is_hybrid else _LAYER_MIX
+    recurrent = sum(
+        (w * elems for w, (_, elems) in zip(_mix_weights(model), p["recurrent"], strict=True)), 0.0
+    )
+    mixer_block = mx.mixer_sub * p["mixer_sub"] + mx.attn * p["attention"] + recurrent
+    full = mx.ffn_to_blocks * mixer_block + p["ffn"]
+    checkpoint_only = mx.ffn_to_blocks * p["checkpoint"]  # full recompute keeps the block input only
+    return np.where(rec == REC_FULL, checkpoint_only, full)
+
+
+def _mix_weights(model) -> list[float]:
+    """Share of the blocks of each recurrent mixer kind (:func:`autopar.hybrid.recurrent_kinds`)."""
+    return [w for w, _ in hybrid.recurrent_kinds(model)]
+
+
+def _activation_parts(
+    model,
+    *,
+    seq_len,
+    micro_batch,
+    tp,
+    cp,
+    sp,
+    recompute,
+    moe: bool,
+    flash_attention: bool = True,
+    dropout: bool = False,
+    ep=None,
+    etp=None,
+    low_precision=None,
+) -> dict[str, Any]:
+    """Activation elements one micro-batch keeps, per part of a block (:func:`activation_bytes_per_layer`):
+    ``mixer_sub`` per mixer sublayer (norm input and output), ``attention`` per attention mixer,
+    ``recurrent`` (kind, elements) per recurrent mixer, ``ffn`` per feed-forward sublayer (MoE where
+    ``moe``), ``checkpoint`` per block under full recompute."""
     s = np.asarray(seq_len, dtype=np.float64) / cp
-    b = micro_batch.astype(np.float64)
     t = tp.astype(np.float64)
-    sb = s * b
+    sb = s * micro_batch.astype(np.float64)
     h = float(model.hidden)
     sp_div = np.where(sp > 0, t, 1.0)
     # Bytes per element of a saved GEMM input, relative to 16-bit (1 byte = 0.5).
     gi = np.where(low_precision, 0.5, 1.0) if low_precision is not None else np.ones_like(t)
-    rec = np.asarray(recompute)
-    drop_core, drop_norm, drop_mlp = recompute_drops(rec)
+    drop_core, drop_norm, drop_mlp = recompute_drops(np.asarray(recompute))
     # A block as the sum of its sublayers (a non-hybrid layer: one attention and one feed-forward
     # sublayer). A sublayer keeps its norm input (and dropout mask) and the norm output its GEMMs read
     # (MoE layers: the pre-MLP norm output also feeds the 16-bit router GEMM).
-    mx = hybrid.mix(model) if model.is_hybrid else _LAYER_MIX
     norm_one = sb * h * (2.0 + (1.0 if dropout else 0.0)) / sp_div
     mixer_in = 2.0 * sb * h / sp_div * gi
     ffn_in = 2.0 * sb * h / sp_div * (1.0 if moe else gi)
@@ -273,13 +390,10 @@ def activation_bytes_per_layer(
     if model.is_hybrid and model.attn_output_gate:  # the gate (kept as main costs it: hybrid only)
         attn_out = attn_out + blocks.attention.output_gate_elems(model, sb, t)
     core = blocks.attention.core_activation_elems(model, s, sb, t, flash_attention)
-    attn_part = qkv + attn_out + np.where(drop_core, 0.0, core)
     # Recurrent mixers: what their kernels save (selective modes recompute no scan).
-    recurrent = sum(
-        (w * kind.activation_elems(model, t, gi) for w, kind in hybrid.recurrent_kinds(model)), 0.0
-    )
-    mixer_block = mx.mixer_sub * (norm_one + np.where(drop_norm, 0.0, mixer_in)) + mx.attn * attn_part
-    mixer_block = mixer_block + 2.0 * sb * recurrent
+    recurrent = [
+        (kind, 2.0 * sb * kind.activation_elems(model, t, gi)) for _, kind in hybrid.recurrent_kinds(model)
+    ]
     # The feed-forward sublayer: a dense MLP, or the routed experts (balanced: T/sp * k * etp rows per
     # rank after the ETP all-gather) with the shared experts.
     if moe:
@@ -291,10 +405,27 @@ def activation_bytes_per_layer(
         mlp = routed + shared
     else:
         mlp = np.where(drop_mlp, 0.0, blocks.mlp.activation_elems(model, model.ffn_hidden, sb, t, gi))
-    ffn_block = norm_one + np.where(drop_norm, 0.0, ffn_in) + mlp
-    full = mx.ffn_to_blocks * mixer_block + ffn_block
-    checkpoint_only = mx.ffn_to_blocks * (2.0 * sb * h / sp_div)  # full recompute keeps the block input only
-    return np.where(rec == REC_FULL, checkpoint_only, full)
+    return {
+        "mixer_sub": norm_one + np.where(drop_norm, 0.0, mixer_in),
+        "attention": qkv + attn_out + np.where(drop_core, 0.0, core),
+        "recurrent": recurrent,
+        "ffn": norm_one + np.where(drop_norm, 0.0, ffn_in) + mlp,
+        "checkpoint": 2.0 * sb * h / sp_div,
+    }
+
+
+def stage_activation_bytes(model, mixers: blocks.StageMixers, n_dense, n_moe, **kw) -> np.ndarray:
+    """Activation elements one micro-batch keeps on a hybrid stage with its own ``mixers``
+    (:func:`autopar.blocks.stage.window`), ``n_dense`` dense and ``n_moe`` MoE feed-forward parts;
+    the keyword arguments of :func:`activation_bytes_per_layer`."""
+    parts = {m: _activation_parts(model, moe=m, **kw) for m in ((False, True) if model.is_moe else (False,))}
+    p = parts[False]
+    rec = np.asarray(kw["recompute"])
+    mixer_total = mixers.mixer_sub * p["mixer_sub"] + mixers.attention * p["attention"]
+    for (count, _), (_, elems) in zip(mixers.recurrent, p["recurrent"], strict=True):
+        mixer_total = mixer_total + count * elems  # both in blocks.stage.RECURRENT's order
+    ffn = n_dense * p["ffn"] + (n_moe * parts[True]["ffn"] if model.is_moe else 0.0)
+    return np.where(rec == REC_FULL, mixers.blocks * p["checkpoint"], mixer_total + ffn)
 
 
 def _encdec_activation_bytes(model, *, seq_len, **common) -> np.ndarray:
@@ -357,6 +488,46 @@ def stage_inflight(lay: LayoutTable, stage: np.ndarray, schedule: str = "1f1b") 
     return _inflight(lay, stage, lay["grad_accum"], schedule)
 
 
+def _stage_activations(
+    model, lay: LayoutTable, seq_len, n_dense, n_moe, mixers, flash_attention: bool, dropout: bool, act_scale
+) -> tuple[np.ndarray, np.ndarray]:
+    """(activation bytes one micro-batch keeps on the stage, one layer's full set: what full recompute
+    re-materializes at a time) of :func:`stage_memory`."""
+    common: dict[str, Any] = dict(
+        seq_len=seq_len,
+        micro_batch=lay["micro_batch"],
+        tp=lay["tp"],
+        cp=lay["cp"],
+        sp=lay["sp"],
+        recompute=lay["recompute"],
+        flash_attention=flash_attention,
+        dropout=dropout,
+        etp=lay["etp"],
+        low_precision=np.isin(lay["precision"], LOW_PRECISION_CODES),
+    )
+    if model.is_encoder_decoder:
+        act_dense = _encdec_activation_bytes(model, **common) * act_scale
+        full_layer = (
+            _encdec_activation_bytes(model, **{**common, "recompute": lay["recompute"] * 0}) * act_scale
+        )
+    else:
+        act_dense = activation_bytes_per_layer(model, moe=False, **common) * act_scale
+        full_layer = (
+            activation_bytes_per_layer(
+                model, moe=model.is_moe, **{**common, "recompute": lay["recompute"] * 0}
+            )
+            * act_scale
+        )
+    act_moe = (
+        activation_bytes_per_layer(model, moe=True, **common) * act_scale if model.is_moe else act_dense * 0
+    )
+    if mixers is None:
+        per_mb = n_dense * act_dense + n_moe * act_moe
+    else:
+        per_mb = stage_activation_bytes(model, mixers, n_dense, n_moe, **common) * act_scale
+    return per_mb, full_layer
+
+
 def stage_memory(
     model,
     lay: LayoutTable,
@@ -372,6 +543,7 @@ def stage_memory(
     frozen_weights: bool = False,
     profile: FrameworkProfile = MEGATRON,
     schedule: str = "1f1b",
+    mixers: blocks.StageMixers | None = None,
 ) -> dict[str, np.ndarray]:
     """Bytes per device of one pipeline stage per row, by component (sums to ``total``).
 
@@ -384,12 +556,13 @@ def stage_memory(
     gives the bytes per parameter of mixed-precision training and the ZeRO stage that shards each
     part (pure fp32 rows keep FP32_*) and its attention kernel (an unfused core keeps Korthikanti's
     5as^2b score tensors: :func:`activation_bytes_per_layer`). Also returns ``allocated`` (the caching allocator's peak:
-    the :data:`ALLOCATED_COMPONENTS`) and ``reserved`` (allocated + fragmentation).
+    the :data:`ALLOCATED_COMPONENTS`) and ``reserved`` (allocated + fragmentation). ``mixers``: a
+    hybrid stage's own mixers (:func:`autopar.blocks.stage.window`) instead of the model's mix.
     """
     dense_p, moe_p, expert_p = layer_params_per_rank(model, lay)
     tp = lay["tp"].astype(np.float64)
     first, last = stage == 0, stage == head_stage(lay, schedule)
-    nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe, schedule)
+    nonexp, exp = stage_params_at(model, lay, stage, n_dense, n_moe, schedule, mixers=mixers)
 
     dims = lay.dims
     shard = dims.shard_size.astype(np.float64)
@@ -420,35 +593,9 @@ def stage_memory(
     if frozen_weights:  # LoRA-style: no gradients or optimizer state for the frozen base weights
         g, o = g * 0.0, o * 0.0
 
-    common: dict[str, Any] = dict(
-        seq_len=seq_len,
-        micro_batch=lay["micro_batch"],
-        tp=lay["tp"],
-        cp=lay["cp"],
-        sp=lay["sp"],
-        recompute=lay["recompute"],
-        flash_attention=profile.flash_attention,
-        dropout=dropout,
-        etp=lay["etp"],
-        low_precision=np.isin(lay["precision"], LOW_PRECISION_CODES),
+    per_mb, full_layer = _stage_activations(
+        model, lay, seq_len, n_dense, n_moe, mixers, profile.flash_attention, dropout, act_scale
     )
-    if model.is_encoder_decoder:
-        act_dense = _encdec_activation_bytes(model, **common) * act_scale
-        full_layer = (
-            _encdec_activation_bytes(model, **{**common, "recompute": lay["recompute"] * 0}) * act_scale
-        )
-    else:
-        act_dense = activation_bytes_per_layer(model, moe=False, **common) * act_scale
-        full_layer = (
-            activation_bytes_per_layer(
-                model, moe=model.is_moe, **{**common, "recompute": lay["recompute"] * 0}
-            )
-            * act_scale
-        )
-    act_moe = (
-        activation_bytes_per_layer(model, moe=True, **common) * act_scale if model.is_moe else act_dense * 0
-    )
-    per_mb = n_dense * act_dense + n_moe * act_moe
     inflight = stage_inflight(lay, stage, schedule)
     # Full recompute re-materializes one layer at a time during backward: add one layer's full set.
     working = np.where(lay["recompute"] == REC_FULL, full_layer, 0.0)
@@ -526,7 +673,7 @@ def memory_breakdown(
     micro-batches in flight, where pp >= 3) and on the last stage of the split of
     :func:`stage_shape`; the heaviest is reported (``stage``).
     """
-    st = stage_shape(model, lay)
+    st = stage_shape(model, lay, seq_len)
     kw: dict[str, Any] = dict(
         seq_len=seq_len,
         dropout=dropout,
@@ -537,10 +684,26 @@ def memory_breakdown(
         profile=profile,
         schedule=schedule,
     )
-    first = stage_memory(model, lay, stage=lay["pp"] * 0, n_dense=st.first_dense, n_moe=st.first_moe, **kw)
-    last = stage_memory(model, lay, stage=lay["pp"] - 1, n_dense=st.last_dense, n_moe=st.last_moe, **kw)
+    first = stage_memory(
+        model,
+        lay,
+        stage=lay["pp"] * 0,
+        n_dense=st.first_dense,
+        n_moe=st.first_moe,
+        mixers=st.first_mixers,
+        **kw,
+    )
+    last = stage_memory(
+        model, lay, stage=lay["pp"] - 1, n_dense=st.last_dense, n_moe=st.last_moe, mixers=st.last_mixers, **kw
+    )
     mid = stage_memory(
-        model, lay, stage=lay["pp"] * 0 + 1, n_dense=st.mem_mid_dense, n_moe=st.mem_mid_moe, **kw
+        model,
+        lay,
+        stage=lay["pp"] * 0 + 1,
+        n_dense=st.mem_mid_dense,
+        n_moe=st.mem_mid_moe,
+        mixers=st.mem_mid_mixers,
+        **kw,
     )
     mid_bytes = np.where(st.has_mid, mid["stage_bytes"], -np.inf)
     use_first = first["stage_bytes"] >= np.maximum(last["stage_bytes"], mid_bytes)

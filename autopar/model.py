@@ -138,6 +138,12 @@ class ModelSpec(BaseModel):
     mamba_dt_rank: int = 0  # Mamba1 dt projection rank
     mamba_conv_bias: bool = True
     mamba_gated_norm: bool = True  # Mamba2 gated RMSNorm before out_proj
+    # ---- block order: two characters per block, its mixer ('a' attention, 'l' Gated DeltaNet,
+    # 'm' Mamba, '-' none) and its feed-forward part ('d' dense MLP, 'e' MoE, '-' none), in the
+    # model's order. Set by the config reader where the kinds are not uniform over the stack (hybrid
+    # models, interleaved MoE); pipeline stages are then costed by the blocks they really hold
+    # (:func:`autopar.blocks.stage.window`). Empty: a stage holds the model's mix in proportion.
+    block_pattern: str = ""
     # ---- towers of a multimodal wrapper: counted and reported apart, not part of the totals
     vision_params: int = 0
     audio_params: int = 0
@@ -246,7 +252,30 @@ class ModelSpec(BaseModel):
                 raise bad("Mamba1 layers need mamba_dt_rank")
             if self.mamba_parallel and self.mamba_layers != self.layers:
                 raise bad("mamba_parallel needs a Mamba mixer in every block (mamba_layers = layers)")
+        if self.block_pattern:
+            self._check_block_pattern(bad)
         return self
+
+    def _check_block_pattern(self, bad: Any) -> None:
+        """The block order agrees with the counts it orders."""
+        p = self.block_pattern
+        if len(p) != 2 * self.layers or set(p[0::2]) - set("alm-") or set(p[1::2]) - set("de-"):
+            raise bad(
+                f"block_pattern must be two characters per block ({2 * self.layers}): a mixer of "
+                "a/l/m/- then a feed-forward part of d/e/-"
+            )
+        mixers, ffns = p[0::2], p[1::2]
+        own_mamba = 0 if self.mamba_parallel else self.mamba_layers
+        want = {
+            "Gated DeltaNet mixers": (mixers.count("l"), self.linear_attn_layers),
+            "Mamba mixers": (mixers.count("m"), own_mamba),
+            "blocks without a mixer": (mixers.count("-"), self.no_mixer_layers),
+            "MoE layers": (ffns.count("e"), self.moe_layers),
+            "blocks without a feed-forward part": (ffns.count("-"), self.no_ffn_layers),
+        }
+        for what, (got, n) in want.items():
+            if got != n:
+                raise bad(f"block_pattern holds {got} {what}, the model {n}")
 
     def _check_attention_shapes(self, bad: Any) -> None:
         """Per-layer attention shapes: sliding layers' own heads need sliding layers, GQA and no MLA."""
@@ -1916,6 +1945,22 @@ def _mixers(cfg: dict, arch: _Arch, mt: str, L: int, ctx: str) -> tuple[list[str
     return mix, ffn
 
 
+_MIXER_CODE = {"attention": "a", "linear": "l", "mamba": "m", "none": "-"}
+
+
+def _block_pattern(mix: list[str], ffn: list[str], moe: list[bool]) -> str:
+    """ModelSpec.block_pattern of the blocks as read, where the order matters: hybrid stacks and
+    MoE layers that are neither every layer nor every layer after a dense prefix (the split of
+    such a prefix is already exact: ``autopar.memory.dense_moe``). Empty otherwise."""
+    kinds = ["-" if f == "none" else ("e" if m else "d") for f, m in zip(ffn, moe, strict=True)]
+    hybrid = any(x != "attention" for x in mix) or "-" in kinds
+    n_moe = kinds.count("e")
+    prefix = n_moe == 0 or all(k == "e" for k in kinds[len(kinds) - n_moe :])
+    if not hybrid and prefix:
+        return ""
+    return "".join(_MIXER_CODE[m] + k for m, k in zip(mix, kinds, strict=True))
+
+
 # NemotronHConfig.layers_block_type (transformers >= 5, Nemotron 3 Ultra): one name per block
 _NEMOTRON_BLOCKS = {
     "mamba": "M",
@@ -2400,6 +2445,7 @@ def _normalize_fields(cfg: dict, *, name: str = "", source: str = "") -> ModelSp
     dense_needed = L - n_moe - no_ffn > 0
     f["no_ffn_layers"] = no_ffn
     f["no_mixer_layers"] = sum(m == "none" for m in mix)
+    f["block_pattern"] = _block_pattern(mix, ffn, moe)
     f["linear_attn_layers"] = sum(m == "linear" for m in mix)
     f["mamba_layers"] = sum(m == "mamba" for m in mix)
     if arch.mixer == "falcon_h1":

@@ -152,6 +152,21 @@ class _Layer:
     recurrent_params: int = 0
 
 
+def _block_order(reads: list[_Layer], parallel: bool) -> str:
+    """ModelSpec.block_pattern of the layers as built (empty where the order does not matter)."""
+    from autopar.model import _block_pattern
+
+    def mixer(r: _Layer) -> str:
+        if r.recurrent and not parallel:
+            return r.recurrent[0]
+        return "attention" if r.attn else "none"
+
+    mix = [mixer(r) for r in reads]
+    return _block_pattern(
+        mix, [r.ffn if r.ffn in ("mlp", "moe") else "none" for r in reads], [r.ffn == "moe" for r in reads]
+    )
+
+
 def _refuse(what: str, hint: str = "") -> UnsupportedArchitecture:
     return UnsupportedArchitecture(
         what,
@@ -923,6 +938,7 @@ def _read_model(
         attn_output_gate=a.gate,
         no_mixer_layers=no_mixer,
         no_ffn_layers=no_ffn,
+        block_pattern=_block_order(reads, parallel),
         sliding_window=window,
         sliding_window_layers=n_sliding,
         max_position=max_pos,

@@ -85,6 +85,7 @@ def _costs(spec: ModelSpec) -> dict[str, float]:
         "flops_per_token_causal": spec.flops_per_token(SEQ, causal=True),
         "kv_bytes_per_token": spec.kv_cache_bytes_per_token(),
         "kv_bytes_at_4096": spec.kv_cache_bytes(SEQ),
+        "block_pattern": spec.block_pattern,  # the order pipeline stages are costed in
     }
 
 

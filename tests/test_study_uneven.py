@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from autopar.engine import evaluate
@@ -14,8 +18,10 @@ from autopar.search.uneven import (
     balanced_split,
     best_monotone_split,
     even_split,
+    plan_blocks,
 )
 
+JAMBA = str(Path(__file__).parent / "configs" / "jamba-v0.1.json")  # interleaved MoE, Mamba1 + attention
 CASES = [
     ("llama-3.1-70b", 64, 128, dict(tp=4, pp=4, zero=1)),
     ("qwen3-30b-a3b", 64, 128, dict(tp=2, pp=4, ep=8, zero=3, cp=2)),
@@ -121,10 +127,13 @@ def test_per_stage_recompute_beats_uniform_when_memory_bound() -> None:
     assert balanced_split(sc, base, (0,) * 8, 8) is None  # no recompute anywhere cannot fit
 
 
-def test_rejects_mixed_dense_moe_models_and_bad_plans() -> None:
-    job = _job("deepseek-v3", 256, 512)
-    with pytest.raises(SearchSpaceError, match="mixes 3 dense and 58 MoE layers"):
-        UnevenScorer(job)
+def test_rejects_unordered_interleaved_models_and_bad_plans() -> None:
+    job = _job(JAMBA, 128, 256)
+    assert job.model.block_pattern  # the reader records the order of its alternating MoE layers
+    unordered = dataclasses.replace(job, model=job.model.model_copy(update={"block_pattern": ""}))
+    with pytest.raises(SearchSpaceError, match="block order of .* interleaved dense and MoE"):
+        UnevenScorer(unordered)
+    UnevenScorer(job)
     job = _job("llama-3.1-70b", 64, 128)
     sc = UnevenScorer(job)
     base = resolve_layout(num_devices=64, global_batch=128, tp=4, pp=4, zero=1)
@@ -132,3 +141,54 @@ def test_rejects_mixed_dense_moe_models_and_bad_plans() -> None:
         sc.score(base, StagePlan((20, 20, 20, 19), (0,) * 4))
     with pytest.raises(ValueError, match="needs 4 stages"):
         sc.score(base, StagePlan((40, 40), (0, 0)))
+
+
+def test_stage_blocks_follow_the_model_order() -> None:
+    """Each stage of a split holds its own window of the stack: DeepSeek-V3's 3 dense layers on the
+    first stage only; Maverick's alternating MoE layers counted per stage; Nemotron 3 Nano's
+    Mamba, attention and MoE blocks as its hybrid_override_pattern places them."""
+    ds = _job("deepseek-v3", 256, 512).model
+    nd, nm, mixers = plan_blocks(ds, np.array([16, 15, 15, 15]))
+    assert mixers is None and list(nd) == [3, 0, 0, 0] and list(nm) == [13, 15, 15, 15]
+    jamba = _job(JAMBA, 128, 256).model
+    nd, nm, mixers = plan_blocks(jamba, np.array([11, 9, 12]))
+    assert list(nm) == [5, 5, 6] and list(nd) == [6, 4, 6]  # MoE on every odd layer
+    assert list(mixers.attention) == [1, 1, 2]  # attention on layers 4, 12, 20, 28 (period 8, offset 4)
+    assert list(mixers.recurrent[0][0]) == [10, 8, 10]
+    nano = _job("nemotron-3-nano-30b-a3b", 64, 128).model
+    pat = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"  # its config's hybrid_override_pattern
+    split = [20, 12, 20]
+    nd, nm, mixers = plan_blocks(nano, np.array(split))
+    lo = 0
+    for i, n in enumerate(split):
+        w = pat[lo : lo + n]
+        assert (nm[i], nd[i]) == (w.count("E"), 0)
+        assert mixers.attention[i] == w.count("*") and mixers.recurrent[0][0][i] == w.count("M")
+        assert mixers.mixer_sub[i] == w.count("*") + w.count("M") and mixers.blocks[i] == n
+        lo += n
+
+
+@pytest.mark.parametrize(
+    ("model", "kw"),
+    [
+        ("nemotron-3-nano-30b-a3b", dict(tp=2, pp=2, ep=8)),
+        (JAMBA, dict(tp=4, pp=2, ep=8)),
+        (JAMBA, dict(tp=2, pp=4, ep=8)),
+        ("deepseek-v3", dict(tp=2, pp=8, ep=16)),
+    ],
+)
+def test_ordered_even_split_matches_the_engine(model, kw) -> None:
+    """A model with a stated block order (or a dense prefix): the uneven scorer's even split is the
+    engine's layout where the engine scores every stage (pp = 2), and never faster where it scores
+    the heaviest middle stage (pp > 2: its choice of the pacing stage can only be the slowest)."""
+    job = _job(model, 256, 512)
+    base = resolve_layout(num_devices=256, global_batch=512, etp=1, recompute="selective", **kw)
+    res = evaluate(job, LayoutTable.from_layouts([base]), check_legal=False)
+    plan = StagePlan(tuple(even_split(job.model.layers, base.pp)), (1,) * base.pp)
+    s = UnevenScorer(job).score(base, plan)
+    assert s["memory_bytes"] <= res["memory_bytes"][0] * (1 + 1e-12)
+    if base.pp == 2:
+        assert s["memory_bytes"] == pytest.approx(res["memory_bytes"][0], rel=1e-12)
+        assert s["step_time_s"] == pytest.approx(res["step_time_s"][0], rel=1e-12)
+    else:
+        assert s["step_time_s"] == pytest.approx(res["step_time_s"][0], rel=0.02)

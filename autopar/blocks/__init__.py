@@ -20,9 +20,12 @@ EP split it (in each module's docstring and its communication functions):
 
 A pipeline stage is :class:`~autopar.blocks.stage.StageBlocks`: how many blocks of each kind it holds (per layout row).
 :func:`autopar.latency.stage_slot` and :func:`autopar.memory.stage_memory` cost a stage as the sum
-over its blocks of each block's cost. Placement: dense and MoE layers sit where the model puts them
-(``autopar.memory.stage_shape``; interleaved MoE layers spread evenly over the stages); a hybrid
-model's mixers are its mix in proportion on every stage (:mod:`autopar.hybrid`); an encoder-decoder
+over its blocks of each block's cost. Placement: a stage holds the blocks of its window of the model's
+stated block order (``ModelSpec.block_pattern``: hybrid stacks, interleaved MoE;
+:func:`autopar.blocks.stage.window`); without one, dense and MoE layers sit where the model puts them
+(a dense prefix exactly, interleaved MoE layers spread evenly) and a hybrid model's mixers are its mix
+in proportion (:mod:`autopar.hybrid`); sliding and full attention layers are always the mix in
+proportion;an encoder-decoder
 model's stage is its decoder blocks, its share of the encoder blocks on the encoder positions and the
 cross-attentions (``autopar.latency._encdec_slot``; pp = 1 only). Adding a layer kind
 is one module here (and its golden test in ``tests/test_blocks.py``).
@@ -43,9 +46,9 @@ from autopar.blocks import (
     mlp,
     moe_ffn,
 )
-from autopar.blocks.stage import StageBlocks, stage_blocks
+from autopar.blocks.stage import StageBlocks, StageMixers, stage_blocks
 
-__all__ = ["KINDS", "StageBlocks", "mixer", "stage_blocks"]
+__all__ = ["KINDS", "StageBlocks", "StageMixers", "mixer", "stage_blocks"]
 
 KINDS: tuple[ModuleType, ...] = (
     attention,

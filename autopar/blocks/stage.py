@@ -1,11 +1,14 @@
 """A pipeline stage as blocks: how many of each kind it holds, and where hybrid kinds sit.
 
-Placement. The engine splits layers over pipeline stages (``autopar.memory.stage_shape``): dense and
-MoE layers sit where the model puts them (interleaved MoE layers spread evenly over the stages). A
-hybrid model's mixers are not placed block by block: a stage of ``n`` blocks is assumed to hold the
-model's mix of block kinds in proportion (:class:`Mix`): ``n * attn_layers / layers`` attention
-mixers, ``n * mamba_layers / layers`` Mamba mixers, and so on (fractional counts). Exact for the whole
-model (pp = 1), an average per stage otherwise.
+Placement. The engine splits the stack into contiguous pipeline stages (``autopar.memory.stage_shape``).
+Where the model states its block order (``ModelSpec.block_pattern``: hybrid stacks such as
+Nemotron-H, Qwen3-Next, Jamba, Granite 4, and interleaved MoE), a stage holds exactly the blocks
+of its window of the stack (:func:`window`): its attention, Gated DeltaNet and Mamba mixers, its
+dense and MoE feed-forward parts, each counted in the model's real order. Without a stated order
+(presets built from counts, the module-shape reader), dense and MoE layers sit where the model puts
+them (a dense prefix exactly; interleaved MoE layers spread evenly) and a hybrid stage of ``n``
+blocks holds the model's mix of block kinds in proportion (:class:`Mix`): ``n * attn_layers /
+layers`` attention mixers and so on (fractional counts; exact for the whole model, pp = 1).
 """
 
 from __future__ import annotations
@@ -65,6 +68,61 @@ def recurrent_kinds(model) -> list[tuple[float, Any]]:
 
 
 @dataclass(frozen=True)
+class StageMixers:
+    """The mixers of a window of a hybrid stack, counted in its real order (arrays per layout row)."""
+
+    blocks: np.ndarray  # blocks in the window
+    attention: np.ndarray  # softmax-attention mixers
+    recurrent: tuple[tuple[np.ndarray, ModuleType], ...]  # (count, module) of each recurrent kind
+    mixer_sub: np.ndarray  # blocks with a mixer sublayer
+
+
+_PATTERN_CACHE: dict[str, dict[str, np.ndarray]] = {}
+
+
+def _prefix(pattern: str) -> dict[str, np.ndarray]:
+    """Cumulative counts of each part over the first i blocks of ``pattern`` (i = 0..layers)."""
+    got = _PATTERN_CACHE.get(pattern)
+    if got is None:
+        mixers, ffns = np.array(list(pattern[0::2])), np.array(list(pattern[1::2]))
+        parts = {
+            "attention": mixers == "a",
+            "linear": mixers == "l",
+            "mamba": mixers == "m",
+            "mixer_sub": mixers != "-",
+            "dense": ffns == "d",
+            "moe": ffns == "e",
+        }
+        got = {k: np.concatenate([[0], np.cumsum(v)]).astype(np.float64) for k, v in parts.items()}
+        _PATTERN_CACHE[pattern] = got
+    return got
+
+
+def window(model, start, n) -> tuple[np.ndarray, np.ndarray, StageMixers | None]:
+    """(dense, MoE, mixers) of the contiguous blocks [start, start + n) of a model with a stated
+    block order (``model.block_pattern``); mixers is None for a non-hybrid model (one attention
+    mixer per block)."""
+    c = _prefix(model.block_pattern)
+    L = model.layers
+    lo = np.clip(np.asarray(start, dtype=np.int64), 0, L)
+    hi = np.clip(lo + np.asarray(n, dtype=np.int64), 0, L)
+
+    def count(k):
+        return c[k][hi] - c[k][lo]
+
+    if not model.is_hybrid:
+        return count("dense"), count("moe"), None
+    kinds = {gated_deltanet: "linear", mamba: "mamba"}
+    mixers = StageMixers(
+        blocks=(hi - lo).astype(np.float64),
+        attention=count("attention"),
+        recurrent=tuple((count(kinds[kind]), kind) for kind in RECURRENT if kind.present(model)),
+        mixer_sub=count("mixer_sub"),
+    )
+    return count("dense"), count("moe"), mixers
+
+
+@dataclass(frozen=True)
 class StageBlocks:
     """Blocks of one pipeline stage per layout row, by kind (fractional where a hybrid model's mix is
     averaged over the stages)."""
@@ -78,11 +136,22 @@ class StageBlocks:
     head: np.ndarray  # the LM head and loss (bool)
 
 
-def stage_blocks(model, n_dense, n_moe, head) -> StageBlocks:
-    """The blocks of a stage that holds ``n_dense`` dense-MLP and ``n_moe`` MoE layers (and their
-    share of a hybrid model's mixer-only blocks), plus the LM head where ``head``."""
+def stage_blocks(model, n_dense, n_moe, head, mixers: StageMixers | None = None) -> StageBlocks:
+    """The blocks of a stage that holds ``n_dense`` dense-MLP and ``n_moe`` MoE layers, plus the LM
+    head where ``head``; a hybrid stage's mixers are ``mixers`` (its window, :func:`window`) or, without
+    them, the model's mix in proportion to its feed-forward blocks."""
     n_dense = np.asarray(n_dense, dtype=np.float64)
     n_moe = np.asarray(n_moe, dtype=np.float64)
+    if mixers is not None:
+        return StageBlocks(
+            layers=mixers.blocks,
+            attention=mixers.attention,
+            recurrent=mixers.recurrent,
+            sublayers=mixers.mixer_sub + n_dense + n_moe,
+            mlp=n_dense,
+            moe=n_moe,
+            head=np.asarray(head, dtype=bool),
+        )
     n_layers = n_blocks(model, n_dense, n_moe)
     if model.is_hybrid:
         mx = mix(model)

@@ -27,13 +27,14 @@ from typing import Any
 
 import numpy as np
 
+from autopar.blocks.stage import window
 from autopar.coefficients import Calibration, load_calibration
 from autopar.engine import evaluate_stages, evaluate_tail, memory_limit_bytes
 from autopar.errors import SearchSpaceError
 from autopar.job import TrainingJob
 from autopar.latency import pipeline_schedule
 from autopar.layout import RECOMPUTE_CODES, Layout, LayoutTable, recompute_weight
-from autopar.memory import GIB
+from autopar.memory import GIB, dense_moe
 from autopar.schedules import bubble_terms
 
 
@@ -56,17 +57,24 @@ def even_split(layers: int, stages: int) -> list[int]:
 
 
 def check_model(model) -> None:
-    if model.is_moe and (model.first_dense_layers or model.moe_layers != model.layers):
+    """Refuse a model whose stages cannot be told apart block by block: interleaved MoE or a hybrid
+    stack without a stated block order, or a mix of sliding-window and full-attention layers."""
+    ordered = bool(model.block_pattern)
+    interleaved = model.is_moe and not (
+        model.moe_layers == model.layers
+        or model.first_dense_layers + model.moe_layers + model.no_ffn_layers == model.layers
+    )
+    if interleaved and not ordered:
         raise SearchSpaceError(
-            f"uneven pipeline splits are modeled for dense or all-MoE models; {model.name} mixes "
-            f"{model.dense_layers} dense and {model.moe_layers} MoE layers",
-            "use a uniform search space for this model",
+            f"uneven pipeline splits need the block order of {model.name}'s interleaved dense and MoE "
+            "layers, which this model spec does not state",
+            "load the model from its config.json (the reader records the order) or use a uniform search space",
         )
-    if model.no_ffn_layers or model.no_mixer_layers:
+    if (model.no_ffn_layers or model.no_mixer_layers) and not ordered:
         raise SearchSpaceError(
-            f"uneven pipeline splits are not modeled for {model.name}'s blocks without a mixer or "
-            "without a feed-forward part (each stage's mix of block kinds is assumed proportional)",
-            "use a uniform search space for this model",
+            f"uneven pipeline splits need the block order of {model.name}'s blocks without a mixer or "
+            "without a feed-forward part, which this model spec does not state",
+            "load the model from its config.json (the reader records the order) or use a uniform search space",
         )
     if model.sliding_window_layers not in (0, model.layers):
         raise SearchSpaceError(
@@ -74,6 +82,17 @@ def check_model(model) -> None:
             "and full-attention layers",
             "use a uniform search space for this model",
         )
+
+
+def plan_blocks(model, layers: np.ndarray) -> tuple[np.ndarray, np.ndarray, Any]:
+    """(dense, MoE, mixers) of each stage of a contiguous split into ``layers`` blocks per stage:
+    the stage's own blocks in the model's order (:func:`autopar.blocks.stage.window`), or dense and
+    MoE layers where the model puts them (a dense prefix, :func:`autopar.memory.dense_moe`)."""
+    starts = np.concatenate([[0], np.cumsum(layers)[:-1]]).astype(np.int64)
+    if model.block_pattern:
+        return window(model, starts, layers)
+    nd, nm = dense_moe(model, starts, layers)
+    return nd, nm, None
 
 
 @dataclass(frozen=True)
@@ -110,15 +129,9 @@ class UnevenScorer:
             raise ValueError("uneven pipeline splits are modeled for the plain 1F1B schedule (vpp = 1)")
         p = base.pp
         rows = self._stage_rows(base).take(np.asarray(plan.recompute, dtype=np.int64))
-        layers = np.asarray(plan.layers, dtype=np.int64)
-        moe = self.job.model.is_moe  # check_model: all layers dense or all MoE
+        nd, nm, mixers = plan_blocks(self.job.model, np.asarray(plan.layers, dtype=np.int64))
         res = evaluate_stages(
-            self.job,
-            rows,
-            stage=np.arange(p),
-            n_dense=layers * 0 if moe else layers,
-            n_moe=layers if moe else layers * 0,
-            calibration=self.cal,
+            self.job, rows, stage=np.arange(p), n_dense=nd, n_moe=nm, calibration=self.cal, mixers=mixers
         )
         pace = int(np.argmax(res["slot_s"]))
         one = rows.take([pace])

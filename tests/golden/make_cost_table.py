@@ -317,12 +317,16 @@ def compute(name: str, job_kw: dict[str, Any], lay_kw: dict[str, Any]) -> dict[s
     first, mid, last = table.dims.stage_layers(model)
     counts = [int(first[0])] + [int(mid[0])] * (pp - 2) + [int(last[0])] if pp > 1 else [int(first[0])]
     if sum(counts) == model.layers:
-        from autopar.memory import _dense_moe
+        from autopar.blocks.stage import window
+        from autopar.memory import dense_moe
 
         rows = LayoutTable.from_layouts([lay] * pp)
         start = np.cumsum([0, *counts[:-1]])
-        nd, nm = _dense_moe(model, start, np.asarray(counts))
-        st = evaluate_stages(tj, rows, stage=np.arange(pp), n_dense=nd, n_moe=nm)
+        if model.block_pattern:  # each stage's own blocks in the model's order
+            nd, nm, mixers = window(model, start, np.asarray(counts))
+        else:
+            (nd, nm), mixers = dense_moe(model, start, np.asarray(counts)), None
+        st = evaluate_stages(tj, rows, stage=np.arange(pp), n_dense=nd, n_moe=nm, mixers=mixers)
         out.update({f"stage:{k}": _floats(v) for k, v in st.items()})
     return out
 
