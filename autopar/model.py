@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from autopar.block_order import block_pattern
 from autopar.errors import ModelConfigError, UnsupportedArchitecture
 from autopar.files import read_text
 from autopar.limits import MAX_CONFIG_BYTES, json_int
@@ -1945,22 +1946,6 @@ def _mixers(cfg: dict, arch: _Arch, mt: str, L: int, ctx: str) -> tuple[list[str
     return mix, ffn
 
 
-_MIXER_CODE = {"attention": "a", "linear": "l", "mamba": "m", "none": "-"}
-
-
-def _block_pattern(mix: list[str], ffn: list[str], moe: list[bool]) -> str:
-    """ModelSpec.block_pattern of the blocks as read, where the order matters: hybrid stacks and
-    MoE layers that are neither every layer nor every layer after a dense prefix (the split of
-    such a prefix is already exact: ``autopar.memory.dense_moe``). Empty otherwise."""
-    kinds = ["-" if f == "none" else ("e" if m else "d") for f, m in zip(ffn, moe, strict=True)]
-    hybrid = any(x != "attention" for x in mix) or "-" in kinds
-    n_moe = kinds.count("e")
-    prefix = n_moe == 0 or all(k == "e" for k in kinds[len(kinds) - n_moe :])
-    if not hybrid and prefix:
-        return ""
-    return "".join(_MIXER_CODE[m] + k for m, k in zip(mix, kinds, strict=True))
-
-
 # NemotronHConfig.layers_block_type (transformers >= 5, Nemotron 3 Ultra): one name per block
 _NEMOTRON_BLOCKS = {
     "mamba": "M",
@@ -2445,7 +2430,7 @@ def _normalize_fields(cfg: dict, *, name: str = "", source: str = "") -> ModelSp
     dense_needed = L - n_moe - no_ffn > 0
     f["no_ffn_layers"] = no_ffn
     f["no_mixer_layers"] = sum(m == "none" for m in mix)
-    f["block_pattern"] = _block_pattern(mix, ffn, moe)
+    f["block_pattern"] = block_pattern(mix, ffn, moe)
     f["linear_attn_layers"] = sum(m == "linear" for m in mix)
     f["mamba_layers"] = sum(m == "mamba" for m in mix)
     if arch.mixer == "falcon_h1":

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from autopar.block_order import block_pattern
 from autopar.errors import ModelConfigError, UnsupportedArchitecture
 
 __all__ = ["OWN_CODE", "spec_from_own_code"]
@@ -154,7 +155,6 @@ class _Layer:
 
 def _block_order(reads: list[_Layer], parallel: bool) -> str:
     """ModelSpec.block_pattern of the layers as built (empty where the order does not matter)."""
-    from autopar.model import _block_pattern
 
     def mixer(r: _Layer) -> str:
         if r.recurrent and not parallel:
@@ -162,7 +162,7 @@ def _block_order(reads: list[_Layer], parallel: bool) -> str:
         return "attention" if r.attn else "none"
 
     mix = [mixer(r) for r in reads]
-    return _block_pattern(
+    return block_pattern(
         mix, [r.ffn if r.ffn in ("mlp", "moe") else "none" for r in reads], [r.ffn == "moe" for r in reads]
     )
 
