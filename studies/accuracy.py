@@ -196,6 +196,47 @@ def ranking(training: list[Case]) -> list[dict[str, Any]]:
     return out
 
 
+def repeatability(training: list[Case]) -> dict[str, Any]:
+    """How far apart identical runs are: rows that repeat a job exactly (same model as the source names
+    it, device, device count, sequence, global batch and layout) in another stack release (the
+    Megatron-Bridge archive re-measures its recipes in every NeMo container). Per model family: each
+    row's distance from its group's geometric mean (a floor no prediction blind to the release can
+    beat by much) beside the model's error on the same rows."""
+    groups: dict[tuple, list[Case]] = defaultdict(list)
+    for c in training:
+        if predicted(c):
+            r = c.row
+            key = (
+                r.get("model"),
+                r.get("device"),
+                r.get("num_devices"),
+                r.get("seq_len"),
+                r.get("global_batch"),
+            )
+            groups[(*key, c.prediction["layout"])].append(c)  # type: ignore[index]
+    out: dict[str, Any] = {}
+    fams: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for cs in groups.values():
+        if len(cs) < 2 or len({c.row.get("orig_framework", "") for c in cs}) < 2:
+            continue
+        meas = np.array([c.measured_tps for c in cs], dtype=float)
+        gm = float(np.exp(np.log(meas).mean()))
+        for c, m in zip(cs, meas, strict=True):
+            p = c.prediction["predicted_tokens_per_s_per_device"]  # type: ignore[index]
+            fams[group_key(c, "model_family")].append(
+                (abs(m / gm - 1.0), abs(p / m - 1.0), meas.max() / meas.min())
+            )
+    for fam, v in sorted(fams.items()):
+        a = np.array(v)
+        out[fam] = {
+            "rows": len(v),
+            "spread_mape": float(a[:, 0].mean()),
+            "model_mape": float(a[:, 1].mean()),
+            "max_ratio": float(a[:, 2].max()),
+        }
+    return out
+
+
 def memory_table(training: list[Case]) -> dict[str, Any]:
     rows = []
     for c in training:
@@ -824,6 +865,14 @@ def main(argv: list[str] | None = None) -> int:
             "median_spearman": float(np.median(rho)),
             "top1_hits": hits,
         }
+    rep = repeatability(training)
+    tables["repeatability"] = rep
+    print("== repeatability: the same job and layout measured in more than one stack release ==")
+    for fam, v in rep.items():
+        print(
+            f"  {fam:<8} rows {v['rows']:>3}: spread about the group mean {_pct(v['spread_mape'])}, "
+            f"largest ratio in a group {v['max_ratio']:.2f}x; model MAPE on the same rows {_pct(v['model_mape'])}"
+        )
     mem = memory_table(training)
     tables["memory"] = mem
     ms = mem["summary"]

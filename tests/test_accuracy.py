@@ -172,6 +172,7 @@ def test_accuracy_smoke(tmp_path: Path):
         "== by source_id ==",
         "== by stack ==",
         "== ranking",
+        "== repeatability",
         "== allocated memory",
     ):
         assert section in r.stdout
@@ -204,3 +205,27 @@ def test_dims_only_classic_rows_build_a_stated_decoder() -> None:
     )
     with pytest.raises(Exception, match="unknown family"):
         build_model(moe)
+
+
+def test_repeatability_compares_only_the_same_job_across_releases() -> None:
+    import accuracy
+
+    # Qwen3-30B-A3B on 8 GB300, the same layout in NeMo 26.04.01 and 26.06 (run 468: 31744, 379: 44544
+    # tokens/s per GPU); a third row of another release but another layout must not join them.
+    rows = {**DEV2, **DEV3}
+    a, b = _run(rows["468"]), _run(rows["379"])
+    assert a.prediction and b.prediction and a.prediction["layout"] == b.prediction["layout"]
+    assert a.row["orig_framework"] != b.row["orig_framework"]
+    other = _run(rows["611"])  # same model and device, micro-batch 4 (another layout)
+    assert other.prediction["layout"] != a.prediction["layout"]
+    rep = accuracy.repeatability([a, b, other])
+    (fam,) = rep
+    gm = (31744.0 * 44544.0) ** 0.5
+    assert rep[fam]["rows"] == 2
+    assert rep[fam]["spread_mape"] == pytest.approx((gm / 31744.0 - 1 + 1 - gm / 44544.0) / 2)
+    assert rep[fam]["max_ratio"] == pytest.approx(44544.0 / 31744.0)
+    p = a.prediction["predicted_tokens_per_s_per_device"]
+    assert rep[fam]["model_mape"] == pytest.approx((abs(p / 31744.0 - 1) + abs(p / 44544.0 - 1)) / 2)
+    # one release only: not a repeat
+    same = _run(rows["468"])
+    assert accuracy.repeatability([a, same]) == {}
