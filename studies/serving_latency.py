@@ -53,8 +53,12 @@ from autopar.serving.estimate import (
 )
 
 DATA = Path(__file__).resolve().parent / "data" / "serving_latency_runs.csv"
-# concurrency buckets of the breakdown (requests in flight per instance)
-BUCKETS = ((1, 10, "conc 1-10"), (11, 50, "conc 11-50"), (51, 10**9, "conc >50"))
+# concurrency buckets of the breakdown (requests in flight per instance); at concurrency 1 no
+# other request shares the prompt's iterations, whatever the arrival pattern
+BUCKETS = ((1, 1, "conc 1"), (2, 10, "conc 2-10"), (11, 50, "conc 11-50"), (51, 10**9, "conc >50"))
+
+
+ORDER = {name: i for i, (_, _, name) in enumerate(BUCKETS)}  # buckets print in this order
 
 
 def load_rows(path: Path) -> list[dict[str, str]]:
@@ -209,7 +213,7 @@ def summarize(recs: list[dict[str, Any]], show_rows: bool = True) -> dict[str, A
         summary[f"by_{g}"] = {}
         for metric in ("ttft", "tpot"):
             parts = []
-            for k, rows in sorted(groups.items()):
+            for k, rows in sorted(groups.items(), key=lambda kv: (ORDER.get(kv[0], len(ORDER)), kv[0])):
                 s = _stats([r[f"{metric}_err"] for r in rows])
                 summary[f"by_{g}"].setdefault(k, {})[metric] = s
                 parts.append(f"{k} {s['mape']:.1%} (bias {s['bias']:+.0%}, n={s['n']})")

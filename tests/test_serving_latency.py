@@ -70,6 +70,7 @@ def test_study_prints_finite_errors_for_every_predicted_row(tmp_path: Path) -> N
         assert f"{metric} by device:" in p.stdout and f"{metric} by source:" in p.stdout
     assert math.isfinite(s["ttft_mape"]) and math.isfinite(s["tpot_mape"])
     assert set(s["by_source"]) == {r["source"] for r in rows()}
+    assert set(s["by_concurrency"]) <= {name for _, _, name in SL.BUCKETS} and "conc 1" in s["by_concurrency"]
 
 
 @pytest.mark.parametrize(
