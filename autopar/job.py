@@ -198,6 +198,14 @@ class ServingWorkload(_Frozen):
         description="share of each prompt's tokens found in the prefix cache: not prefilled again, "
         "still attended to and held in the KV cache",
     )
+    arrival: Literal["staggered", "lockstep"] = Field(
+        "staggered",
+        description="how a fixed --concurrency's requests arrive: staggered (each finished request is "
+        "replaced at once and the in-flight requests are spread over their lifetimes: steady state) or "
+        "lockstep (all start together and, with one output length, finish together: the waves that "
+        "closed-loop benchmark clients such as genai-perf or vllm bench --max-concurrency run, where "
+        "each wave's prompts queue behind one another for their first token)",
+    )
     expert_imbalance: float = Field(
         1.0,
         ge=1.0,
@@ -234,6 +242,11 @@ class ServingWorkload(_Frozen):
         if len(modes) > 1:
             raise ValueError(
                 f"give at most one of concurrency, request_rate, offline (got {', '.join(modes)})"
+            )
+        if self.arrival == "lockstep" and (self.request_rate is not None or self.offline):
+            raise ValueError(
+                "arrival lockstep describes closed-loop clients at a fixed concurrency; give --concurrency "
+                "(or none of the load flags, for a concurrency sweep) instead of request_rate/offline"
             )
         if self.speculative_tokens and self.acceptance_rate is None:
             raise ValueError("speculative_tokens needs acceptance_rate (the share of draft tokens accepted)")

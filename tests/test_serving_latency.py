@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from autopar.coefficients import load_calibration
+from autopar.errors import AutoparError
 from autopar.hardware import load_device
 from autopar.model import load_model
+from autopar.serving.estimate import ServingTable, make_workload
 from autopar.serving.search import serve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,15 +96,16 @@ def test_row_prediction_is_what_autopar_serve_gives(run_id, preset, device, n, i
     )
     rec = SL.prepare(row)
     assert "skipped" not in rec
-    got = SL.predict(rec, load_calibration())
-    res = serve(
-        model=preset, device=device, num_devices=n, isl=isl, osl=osl, concurrency=conc, tp=n,
-        weight_precision=prec, top=1,
-    )  # fmt: skip
-    best = res.results[0]
-    assert (best["tp"], best["pp"], best["replicas"], best["concurrency_per_instance"]) == (n, 1, 1, conc)
-    assert got["ttft_pred_ms"] == pytest.approx(best["ttft_ms"], rel=1e-9)
-    assert got["tpot_pred_ms"] == pytest.approx(best["tpot_ms"], rel=1e-9)
+    for arrival in ("lockstep", "staggered"):
+        got = SL.predict(rec, load_calibration(), arrival=arrival)
+        res = serve(
+            model=preset, device=device, num_devices=n, isl=isl, osl=osl, concurrency=conc, tp=n,
+            weight_precision=prec, top=1, arrival=arrival,
+        )  # fmt: skip
+        best = res.results[0]
+        assert (best["tp"], best["pp"], best["replicas"], best["concurrency_per_instance"]) == (n, 1, 1, conc)
+        assert got["ttft_pred_ms"] == pytest.approx(best["ttft_ms"], rel=1e-9)
+        assert got["tpot_pred_ms"] == pytest.approx(best["tpot_ms"], rel=1e-9)
 
 
 def test_rows_beyond_the_kv_cache_are_skipped_with_the_reason() -> None:
@@ -120,3 +124,51 @@ def test_prepare_refuses_an_unmodeled_row() -> None:
     assert "precision" in SL.prepare(row | {"precision": "fp6"})["skipped"]
     assert "concurrency" in SL.prepare(row | {"concurrency": ""})["skipped"]
     assert "no backend profile" in SL.prepare(row | {"stack": "llama.cpp"})["skipped"]
+
+
+def test_mean_ceil_is_exact_for_small_waves_and_close_beyond() -> None:
+    from autopar.serving.estimate import LOCKSTEP_EXACT, mean_ceil
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.05, 3.0, 200)
+    B = rng.integers(1, 3 * LOCKSTEP_EXACT, 200)
+    got = mean_ceil(x, B)
+    for xi, bi, gi in zip(x, B, got, strict=True):
+        exact = np.mean([math.ceil(k * xi - 1e-9) for k in range(1, bi + 1)])
+        if bi <= LOCKSTEP_EXACT:
+            assert gi == pytest.approx(exact, rel=1e-12)
+        else:
+            assert abs(gi - exact) < 0.5
+
+
+def _lockstep(conc: int, isl: int, **kw):
+    from autopar.serving.estimate import lockstep_ttft, make_context, steady_state
+
+    w = make_workload(isl=isl, osl=200, concurrency=conc, arrival="lockstep", weight_precision="fp8", **kw)
+    ctx = make_context(load_model("llama-3.1-8b"), load_device("h100-sxm-80gb"), w, devices_per_node=8)
+    tab = ServingTable({"tp": 1, "pp": 1, "ep": 1, "conc": conc})
+    budget = np.array([8192.0])
+    return (
+        ctx,
+        tab,
+        lockstep_ttft(ctx, tab, np.array([float(conc)]), budget=budget)[0],
+        steady_state(ctx, tab, np.array([float(conc)]), budget=budget),
+    )
+
+
+def test_lockstep_ttft_queues_the_wave_behind_one_another() -> None:
+    # one request: the prompt's own prefill, as in the steady state (no other request shares it)
+    _, _, one, ss = _lockstep(1, 2000)
+    assert one == pytest.approx(float(ss["ttft"][0]), rel=0.05)
+    # 4 prompts of 2000 tokens fit one 8192-token iteration: all first tokens come with it
+    _, _, four, _ = _lockstep(4, 2000)
+    assert one < four < 4 * one
+    # 40 prompts of 4096 tokens, two per iteration: the k-th waits ceil(k/2) iterations, mean 10.5
+    _, _, forty, _ = _lockstep(40, 4096)
+    _, _, two, _ = _lockstep(2, 4096)
+    assert forty / two == pytest.approx(10.5, rel=0.15)  # the iterations slow a little as decodes join
+
+
+def test_lockstep_is_refused_with_a_request_rate() -> None:
+    with pytest.raises(AutoparError, match="lockstep"):
+        make_workload(isl=100, osl=100, request_rate=2.0, arrival="lockstep")

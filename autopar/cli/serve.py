@@ -164,7 +164,7 @@ def print_serving(res) -> None:
     load = (
         "offline max-throughput"
         if w["offline"]
-        else f"concurrency {w['concurrency']}"
+        else f"concurrency {w['concurrency']} ({w.get('arrival', 'staggered')} arrivals)"
         if w["concurrency"]
         else f"{w['request_rate']:g} req/s"
         if w["request_rate"]

@@ -1234,6 +1234,71 @@ def steady_state(
     }
 
 
+# The first prompts of a lock-step wave whose iteration counts are summed exactly (ceil of each);
+# beyond them each prompt adds its share of an iteration plus half of one on average.
+LOCKSTEP_EXACT = 64
+
+
+def mean_ceil(x, B) -> np.ndarray:
+    """Mean over k = 1..B of ceil(k * x): the iteration in which a wave's k-th prompt finishes when
+    each iteration prefills 1/x prompts. Exact for the first :data:`LOCKSTEP_EXACT` prompts,
+    k x + 1/2 beyond."""
+    x = np.asarray(x, dtype=np.float64)
+    B = np.asarray(B, dtype=np.float64)
+    tot = np.zeros(np.broadcast(x, B).shape)
+    for k in range(1, LOCKSTEP_EXACT + 1):
+        tot = tot + np.where(k <= B, np.ceil(k * x - 1e-9), 0.0)
+    k0 = float(LOCKSTEP_EXACT)
+    rest = np.maximum(B - k0, 0.0)
+    tot = tot + np.where(rest > 0, x * (B * (B + 1.0) - k0 * (k0 + 1.0)) / 2.0 + 0.5 * rest, 0.0)
+    return tot / np.maximum(B, 1.0)
+
+
+def lockstep_ttft(ctx: ServingContext, tab: ServingTable, batch, *, budget, clock=1.0) -> np.ndarray:
+    """Mean TTFT (seconds) when an instance's ``batch`` requests arrive together and, with one output
+    length, finish together: the waves of closed-loop benchmark clients (genai-perf, vllm bench
+    ``--max-concurrency``; ``ServingWorkload.arrival == "lockstep"``). The wave's prompts are
+    prefilled in arrival order at the iteration's token budget (whole prompts per iteration without
+    chunked prefill); the k-th prompt's first token comes with the iteration that finishes it. The
+    prompts already prefilled decode in the same iterations and take their share of the budget (half
+    the wave on average over the prefill phase), with a context of about the prompt."""
+    w = ctx.workload
+    isl = float(w.isl)
+    new, cached = prefill_split(w)
+    q, _tau = speculation(w)
+    B = np.maximum(np.round(np.asarray(batch, dtype=np.float64)), 1.0)
+    budget = np.asarray(budget, dtype=np.float64)
+    dec = np.floor(B / 2.0)
+    room = np.maximum(budget - dec * q, min(ALIGN_TOKENS, new))
+    if w.chunked_prefill:
+        per_iter = np.minimum(room, B * new)
+        x = new / per_iter
+    else:
+        whole = np.minimum(np.maximum(np.floor(room / new), 1.0), B)
+        per_iter = whole * new
+        x = 1.0 / whole
+    it = iteration(
+        ctx,
+        tab,
+        n_dec=dec,
+        n_pre=per_iter,
+        dec_ctx=isl + 1.0,
+        pre_ctx=cached + new / 2.0,
+        pre_len=isl,
+        logit_rows=dec * q + per_iter / new,
+        pre_seqs=per_iter / new,
+        clock=clock,
+        dec_tokens=q,
+    )
+    # The wave's last iteration holds only what is left of the prompts (a share f of a full one): the
+    # prompts it finishes wait that much less (a single prompt's last chunk, the wave's tail).
+    n_it = np.ceil(B * x - 1e-9)
+    f = B * x - (n_it - 1.0)
+    last = B - np.floor((n_it - 1.0) / x + 1e-9)
+    m = mean_ceil(x, B) - last / B * (1.0 - f)
+    return m * (it["t_iter"] + draft_time(ctx, tab, dec, isl + 1.0, clock))
+
+
 def _steady_state_split(ctx: ServingContext, tab: ServingTable, B, budget, clock=1.0) -> dict[str, Any]:
     """The steady state of a scheduler that runs prefill and decode in separate batches (SGLang
     without --enable-mixed-chunk): every decode step of the ``B`` sequences is a decode-only
@@ -1351,6 +1416,9 @@ def evaluate_serving(
         if rate_per_instance is None:
             B = np.where(fixed, tab["conc"], bmax)
             ss = steady_state(ctx, tab, B, budget=budget, clock=clock)
+            if w.arrival == "lockstep":
+                lock = lockstep_ttft(ctx, tab, B, budget=budget, clock=clock)
+                ss = {**ss, "ttft": np.where(fixed, lock, ss["ttft"])}
             return ss, np.zeros(n), np.zeros(n), {}
         lam = np.broadcast_to(np.asarray(rate_per_instance, dtype=np.float64), (n,))
         top = steady_state(ctx, tab, bmax, budget=budget, clock=clock)

@@ -1010,6 +1010,7 @@ def serve(
     speculative_tokens: int | None = None,
     acceptance_rate: float | None = None,
     expert_imbalance: float | None = None,
+    arrival: str | None = None,
     backend: str | None = None,
     backend_version: str | None = None,
     percentile: int | None = None,
@@ -1064,6 +1065,7 @@ def serve(
         speculative_tokens=speculative_tokens,
         acceptance_rate=acceptance_rate,
         expert_imbalance=expert_imbalance,
+        arrival=arrival,
         backend=backend,
         backend_version=backend_version,
         percentile=percentile,
@@ -1179,6 +1181,17 @@ def serve(
 def latency_targets(w: ServingWorkload) -> dict[str, Any]:
     """What the TTFT/TPOT targets are stated in, and the arrival assumption behind a percentile."""
     if w.percentile is None:
+        if w.mode == "concurrency":
+            arrival = (
+                "lockstep: each wave of requests starts together (closed-loop benchmark clients)"
+                if w.arrival == "lockstep"
+                else "staggered: in-flight requests spread over their lifetimes (steady state)"
+            )
+            return {
+                "statistic": "mean",
+                "arrival": arrival,
+                "text": f"TTFT/TPOT targets are means; arrivals {arrival}",
+            }
         return {"statistic": "mean", "arrival": w.mode, "text": "TTFT/TPOT targets are means"}
     p = w.percentile
     return {
