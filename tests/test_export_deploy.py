@@ -9,8 +9,9 @@
   sequences, token budget, model, weight format and KV dtype are read back from the manifest and
   compared with the serve record; worker arguments outside autopar's vLLM flags (those of its
   `vllm serve` export plus the named EngineArgs/Dynamo ones) are refused by the reader.
-  vLLM itself does not install on this CPU machine with our torch, and SGLang needs GPU
-  packages, so neither launcher's own parser runs here.
+  vLLM's own `vllm serve` parser and config classes check every pool's worker arguments in
+  tests/test_vllm_parser.py (marked slow: it installs the vLLM wheel without its CUDA
+  dependencies); SGLang needs GPU packages, so its parser does not run here.
 * Refusals: exit 2, one line, nothing written; an existing --out only with --force.
 """
 
@@ -276,8 +277,10 @@ def test_attention_dp_and_expert_parallel_pools(fmt: str) -> None:
         check_scored(text, fmt, rec, model="deepseek-ai/DeepSeek-V3", quantization="fp8", kv="fp8")
         for pool in read_deploy(text, fmt):
             assert pool["tp"] == 1 and pool["dp"] == 8 and pool["expert_parallel"]
-    # EP narrower than the instance has no vLLM form (its EP is every rank or none)
-    narrow = first(recs, "aggregated", lambda r: 1 < r["ep"] < r["tp"])
+    # EP narrower than the instance has no vLLM form (its EP is every rank or none): a search scored
+    # for vLLM never proposes one (rule backend_ep), and a record edited to one is refused
+    assert not any(r.get("mode") == "aggregated" and 1 < r["ep"] < r["tp"] for r in recs)
+    narrow = dict(agg, ep=agg["tp"] // 2)
     with pytest.raises(ExportError, match="expert parallel ep=.* cannot be expressed in vLLM"):
         render_deploy(narrow, fmt)
 

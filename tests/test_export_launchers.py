@@ -254,8 +254,9 @@ def test_previous_torchtitan_round_trips_every_case_it_expressed() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# serving: attention data parallelism (issue 25). vLLM 0.34 pins torch 2.14 and SGLang 0.5.23's
-# ServerArgs needs a chain of GPU-serving packages, so neither parser runs here: the spellings are
+# serving: attention data parallelism (issue 25). vLLM's own `vllm serve` parser checks every vLLM
+# export in tests/test_vllm_parser.py (slow: it installs the wheel); SGLang 0.5.23's ServerArgs needs
+# a chain of GPU-serving packages and does not run here: its spellings are
 # SGLang 0.5.23's server_args.py (--attn-dp-size; max_running_requests is the server's total,
 # divided by attn_dp_size in pool_configurator.py) and vLLM's EngineArgs (per-engine max_num_seqs).
 
@@ -311,6 +312,30 @@ def test_serving_without_attention_dp_is_unchanged() -> None:
     s = _flags(render_record(rec, "sglang"))
     assert (s["--tp-size"], s["--dp-size"], s["--ep-size"]) == ("8", "2", "8")
     assert "--attn-dp-size" not in s and s["--max-running-requests"] == "64"
+
+
+def test_moe_replicas_are_separate_vllm_launches() -> None:
+    """Two replicas of DeepSeek-V3 at TP8 EP8: vLLM's --data-parallel-size 2 would put the experts
+    over all 16 ranks (EP16), so the vLLM export is one instance's command, run once per replica;
+    SGLang's --dp-size runs independent replicas (above). A dense model keeps vLLM DP."""
+    from autopar.cli.export import render_record, serving_export_record
+
+    rec = serving_export_record(dict(DSV3_ADP, adp=1, ep=8, tp=8, devices=16, concurrency_per_instance=64))
+    text = render_record(rec, "vllm")
+    v = _flags(text)
+    assert (v["--tensor-parallel-size"], v["--data-parallel-size"], v["--enable-expert-parallel"]) == (
+        "8",
+        "1",
+        True,
+    )
+    assert v["--max-num-seqs"] == "64" and "--nnodes" not in v
+    assert "# one of 2 identical replicas" in text.splitlines()[1]
+    layout, job = parse(text, "vllm")
+    assert (layout.tp, layout.dp, layout.ep, job.num_devices) == (8, 1, 8, 8)
+    dense = dict(DSV3_ADP, adp=1, ep=1, tp=8, devices=16, concurrency_per_instance=64)
+    dense["job"] = dict(dense["job"], model="llama-3.1-70b")
+    v = _flags(render_record(serving_export_record(dense), "vllm"))
+    assert (v["--tensor-parallel-size"], v["--data-parallel-size"]) == ("8", "2")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -50,6 +50,16 @@ def render_record(record: dict[str, Any], fmt: str, launcher_version: str | None
             f"a serving record (serve --json) cannot be exported as {fmt} training arguments",
             "export it with --format vllm or sglang",
         )
+    replicas = 1
+    if isinstance(record, dict) and record.get("serving"):
+        record = dict(record)
+        inst = record.pop("per_instance", None)
+        if inst and fmt == "vllm":
+            replicas, engines = int(inst["replicas"]), int(inst["engines"])
+            j = dict(record["job"])
+            j["cluster"] = dict(j["cluster"], num_devices=int(j["cluster"]["num_devices"]) // replicas)
+            j["workload"] = dict(j["workload"], global_batch=int(record["micro_batch"]) * engines)
+            record.update(dp=engines, job=j)
     layout, job = layout_and_job_from_json(record)
     if job.num_layers is None:
         try:
@@ -58,7 +68,16 @@ def render_record(record: dict[str, Any], fmt: str, launcher_version: str | None
             job = job.model_copy(update={"num_layers": load_model(job.model).layers})
         except AutoparError:
             pass  # a model we cannot load here: formats that need the depth will say so
-    return export(layout, fmt, job, launcher_version)
+    text = export(layout, fmt, job, launcher_version)
+    if replicas > 1:
+        head, _, rest = text.partition("\n")
+        note = (
+            f"# one of {replicas} identical replicas: run this command once per replica, on its own "
+            f"{job.num_devices} devices (data parallelism across replicas would share the MoE layers' "
+            "experts over every replica's ranks, which is not the layout scored)"
+        )
+        text = f"{head}\n{note}\n{rest}"
+    return text
 
 
 def _read_records(src: str) -> list[dict[str, Any]]:
@@ -156,6 +175,13 @@ def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
             "a serving record lacks tp/pp/devices/concurrency_per_instance", "pass serve --json"
         ) from None
     micro = max(1, round(conc))
+    replicas = devices // (tp * pp)
+    # vLLM's data parallelism shares a MoE model's expert layers over every DP engine (experts
+    # sharded, or expert-parallel, over all DP x TP ranks): there, independent replicas are separate
+    # launches of one instance each (render_record); SGLang's --dp-size runs independent replicas
+    per_instance = (
+        {"replicas": replicas, "engines": engines} if replicas > 1 and _moe(job.get("model")) else None
+    )
     cluster = dict(job.get("cluster") or {}, num_devices=devices)
     attn = {"etp": max(1, tp // ep)} if engines > 1 and ep > 1 else {}  # experts keep the instance's TP/EP
     return {
@@ -170,6 +196,7 @@ def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
         "sp": False,
         "precision": "fp8" if w.get("weight_precision") == "fp8" else "bf16",
         "serving": True,
+        **({"per_instance": per_instance} if per_instance else {}),
         "job": {
             "model": job["model"],
             "cluster": cluster,
@@ -181,6 +208,16 @@ def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
             "allow_long_context": job.get("allow_long_context", False),
         },
     }
+
+
+def _moe(model: Any) -> bool:
+    """Whether a record's model is a MoE model (False where it cannot be loaded here)."""
+    from autopar.model import load_model
+
+    try:
+        return bool(load_model(model).is_moe)
+    except (AutoparError, TypeError):
+        return False
 
 
 def _framework_format(record: dict[str, Any]) -> str:

@@ -540,7 +540,15 @@ def check_layout_and_job(layout: Layout, job: Job, fmt: str) -> None:
                 f"requires ({fmt})",
                 "see `autopar predict` with these flags for the allowed values",
             )
-    if not declared and job.num_layers is not None and job.num_layers % (layout.pp * layout.vpp):
+    # Serving runtimes split the layers over pipeline stages themselves, unevenly where they do not
+    # divide (vLLM/SGLang get_pp_indices: the remainder goes to the stages before the last).
+    serving = fmt in EXPORTERS and EXPORTERS[fmt].serving
+    if (
+        not declared
+        and not serving
+        and job.num_layers is not None
+        and job.num_layers % (layout.pp * layout.vpp)
+    ):
         raise ExportError(
             f"num_layers={job.num_layers} is not divisible by pp*vpp = {layout.pp}*{layout.vpp} ({fmt})",
             "choose pp and vpp that split the layers evenly",

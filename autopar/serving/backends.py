@@ -163,6 +163,16 @@ class Attention(_M):
     source: str
 
 
+class ExpertParallel(_M):
+    """Which expert-parallel widths the runtime can launch within an instance of ``tp`` ranks:
+    ``divides_tp`` (any ep dividing tp, experts tensor-split over the rest: TensorRT-LLM's
+    moe_expert_parallel_size x moe_tensor_parallel_size, SGLang's --ep-size) or ``all_ranks``
+    (ep = 1 or every rank: vLLM's boolean --enable-expert-parallel)."""
+
+    rule: Literal["divides_tp", "all_ranks"]
+    source: str
+
+
 class BackendProfile(_M):
     """One serving stack's rules (see the module docstring); loaded from its YAML."""
 
@@ -178,6 +188,7 @@ class BackendProfile(_M):
     all_reduce: AllReduce
     kv_cache: KvCache
     attention: Attention
+    expert_parallel: ExpertParallel | None = None  # None: divides_tp
 
 
 def profile_path(name: str) -> Path:

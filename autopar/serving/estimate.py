@@ -400,6 +400,9 @@ def legal(ctx: ServingContext, tab: ServingTable) -> dict[str, np.ndarray]:
         | ((m.num_experts % ep != 0) if m.is_moe else np.zeros(len(tab), dtype=bool)),
         "attention_dp_dense": (adp > 1) & (not m.is_moe),
     }
+    ep_rule = ctx.backend.expert_parallel if ctx.backend is not None else None
+    if ep_rule is not None and ep_rule.rule == "all_ranks":
+        out["backend_ep"] = (ep > 1) & (ep != tp)
     return out
 
 
@@ -1377,6 +1380,8 @@ REASONS = {
     "tp_kv_heads": "attention-TP must divide the KV heads or be a multiple of them",
     "pp_layers": "pp must not exceed the number of layers",
     "ep_experts": "ep must divide both tp and the number of experts (MoE only)",
+    "backend_ep": "the backend runs expert parallelism over every rank of the instance or not at all "
+    "(vLLM: ep = 1 or ep = tp)",
     "attention_dp_dense": "attention data parallelism is for MoE models",
     "power_cap_range": f"power cap below {POWER_CAP_MIN_FRACTION:.0%} of TDP or above TDP",
     "weights_do_not_fit": "weights, workspace and runtime reserve exceed device memory",

@@ -58,13 +58,16 @@ TARGET_REASONS = {
     "goodput_target": "share of requests meeting the targets below the goodput target",
 }
 # Rules of the layout's shape alone: a search that fails only on these failed on divisibility.
-LEGALITY_REASONS = frozenset({"tp_heads", "tp_kv_heads", "pp_layers", "ep_experts", "attention_dp_dense"})
+LEGALITY_REASONS = frozenset(
+    {"tp_heads", "tp_kv_heads", "pp_layers", "ep_experts", "backend_ep", "attention_dp_dense"}
+)
 # Order in which an infeasible candidate's first reason is counted.
 REASON_ORDER = (
     "tp_heads",
     "tp_kv_heads",
     "pp_layers",
     "ep_experts",
+    "backend_ep",
     "attention_dp_dense",
     "power_cap_range",
     "devices",

@@ -1,0 +1,231 @@
+"""vLLM's own `vllm serve` parser and validation accept autopar's vLLM exports (issue 25), and the
+engine arguments they give are the ones the plan was scored with (issue 21 item 3 for serving).
+
+vLLM 0.34 pins torch 2.14 (a CUDA build) and CUDA kernel packages, none of which its argument parser
+needs. The test installs the vLLM wheel without its dependencies, plus the handful of pure-Python
+packages `vllm serve`'s parser imports (``tests/launchers/vllm-parser.txt``), into a cached virtual
+environment that sees the project's own packages (``AUTOPAR_TEST_CACHE``, default
+``~/.cache/autopar-tests``; about 0.7 GB, built once), and runs ``tests/launchers/vllm_parse.py``
+there with ``VLLM_TARGET_DEVICE=cpu``: the parser is built as ``vllm serve`` builds it
+(``ServeSubcommand``: ``make_arg_parser``, ``validate_parsed_serve_args``) and the engine arguments
+come from ``EngineArgs.from_cli_args``. Marked ``slow`` (the first run downloads ~240 MB); where
+vLLM cannot be installed (no package index) the test skips and says why.
+
+Cases: real ``serve`` results scored for the vLLM backend: Llama-3.1-70B fp8 on 8 H200 (aggregated
+and disaggregated), DeepSeek-V3 fp8 on 32 H200 (attention DP with expert parallelism, across
+nodes), Qwen3-30B-A3B on 8 H100 (EP), Llama-3.1-8B on 8 H100 with prefix caching and chunked
+prefill off. Each pool's Dynamo/llm-d worker arguments (``autopar.serving.deploy.vllm_args``) and
+each aggregated record's ``autopar export --format vllm`` command are parsed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import venv
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+LAUNCHERS = ROOT / "tests" / "launchers"
+REQS = LAUNCHERS / "vllm-parser.txt"
+VLLM_VERSION = "0.34.0"
+
+
+def _cache_dir() -> Path:
+    base = Path(os.environ.get("AUTOPAR_TEST_CACHE") or Path.home() / ".cache" / "autopar-tests")
+    tag = hashlib.sha256(f"{VLLM_VERSION}\n{REQS.read_text()}\n{sys.version}".encode()).hexdigest()[:12]
+    return base / f"vllm-{VLLM_VERSION}-{tag}"
+
+
+def _pip(py: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    """The Python of the cached vLLM parser environment (built on first use)."""
+    env = _cache_dir()
+    py = env / "bin" / "python"
+    if (env / "ready").is_file():
+        return py
+    tmp = env.with_name(env.name + ".building")
+    shutil.rmtree(tmp, ignore_errors=True)
+    venv.create(tmp, system_site_packages=True, with_pip=True)
+    tpy = tmp / "bin" / "python"
+    for step in ((f"vllm=={VLLM_VERSION}", "--no-deps"), ("-r", str(REQS))):
+        r = _pip(tpy, *step)
+        if r.returncode:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["pip failed"]
+            pytest.skip(f"vLLM {VLLM_VERSION}'s parser could not be installed: {tail[0]}")
+    # Only a complete build takes the final name. A moved venv's console scripts keep the old path
+    # in their shebang; the interpreter finds its site-packages from pyvenv.cfg beside it, and pip
+    # is run as `python -m pip`.
+    shutil.rmtree(env, ignore_errors=True)
+    tmp.rename(env)
+    (env / "ready").write_text(VLLM_VERSION)
+    return py
+
+
+def _parse(py: Path, commands: list[list[str]]) -> list[dict[str, Any]]:
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_LOGGING_LEVEL="ERROR")
+    r = subprocess.run(
+        [str(py), str(LAUNCHERS / "vllm_parse.py")],
+        input=json.dumps(commands),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=str(LAUNCHERS),
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@cache
+def _records(**kw: Any) -> tuple[dict[str, Any], ...]:
+    from autopar.cli.export import records_of
+    from autopar.serving.search import serve
+
+    res = serve(top=20, backend="vllm", **kw).to_dict()
+    return tuple(records_of(json.loads(json.dumps(res, default=float)), "serve"))
+
+
+CASES = {
+    "llama70b-fp8-h200": dict(
+        model="llama-3.1-70b", device="h200-sxm-141gb", num_devices=8, isl=4000, osl=1000,
+        weight_precision="fp8", ttft_ms=1000.0, tpot_ms=50.0,
+    ),
+    "dsv3-adp-ep-32xh200": dict(
+        model="deepseek-v3", device="h200-sxm-141gb", num_devices=32, isl=1024, osl=1024,
+        weight_precision="fp8", ttft_ms=2000.0, tpot_ms=80.0,
+    ),
+    "qwen3-30b-a3b-ep-h100": dict(
+        model="qwen3-30b-a3b", device="h100-sxm-80gb", num_devices=8, isl=1024, osl=256, concurrency=256,
+    ),
+    "llama8b-prefix-nochunk-h100": dict(
+        model="llama-3.1-8b", device="h100-sxm-80gb", num_devices=8, isl=2000, osl=200, concurrency=64,
+        prefix_cache_hit_rate=0.5, chunked_prefill=False,
+    ),
+}  # fmt: skip
+
+
+def _worker_commands() -> list[tuple[str, list[str], dict[str, Any]]]:
+    """(label, argv after `vllm serve`, the values the plan scored) of every pool of every case."""
+    from autopar.serving.deploy import plan_from_record, vllm_args
+
+    out = []
+    for case, kw in CASES.items():
+        recs = _records(**kw)
+        assert recs, case
+        seen_disagg = False
+        for i, rec in enumerate(recs[:6]):
+            plan = plan_from_record(rec)
+            seen_disagg |= plan.disaggregated
+            for pool in plan.pools:
+                want = {
+                    "tensor_parallel_size": pool.tp,
+                    "pipeline_parallel_size": pool.pp,
+                    "data_parallel_size": pool.dp,
+                    "enable_expert_parallel": pool.expert_parallel,
+                    "max_model_len": plan.max_model_len,
+                    "max_num_seqs": pool.max_num_seqs,
+                    "max_num_batched_tokens": pool.max_num_batched_tokens,
+                    "dtype": plan.dtype,
+                    "quantization": plan.quantization,
+                    "kv_cache_dtype": plan.kv_cache_dtype,
+                    "gpu_memory_utilization": pool.memory_fraction,
+                    "enable_chunked_prefill": plan.chunked_prefill,
+                    "compilation_config": pool.graph_limit,
+                }
+                if plan.prefix_caching:
+                    want["enable_prefix_caching"] = True
+                out.append((f"{case}#{i} {pool.role}", [plan.checkpoint, *vllm_args(plan, pool)], want))
+        if case == "llama70b-fp8-h200":
+            assert seen_disagg, "the issue-23 case has disaggregated plans among its best"
+    return out
+
+
+def _export_commands() -> list[tuple[str, list[str], dict[str, Any]]]:
+    """``autopar export --format vllm`` of every aggregated record: the command after `vllm serve`."""
+    from autopar.cli.export import render_record, serving_export_record
+
+    out = []
+    for case, kw in CASES.items():
+        for i, rec in enumerate(_records(**kw)[:6]):
+            if rec.get("mode") != "aggregated":
+                continue
+            ex = serving_export_record(rec)
+            text = render_record(ex, "vllm").replace('"${MASTER_ADDR}"', "10.0.0.1")
+            body = " ".join(ln.rstrip("\\") for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+            toks = shlex.split(body)
+            assert toks[:2] == ["vllm", "serve"], toks[:3]
+            # a MoE model's replicas are separate vLLM launches (its DP would share the experts)
+            replicas = ex.get("per_instance", {}).get("replicas", 1)
+            assert (replicas > 1) == (f"one of {replicas} identical replicas" in text), case
+            want = {
+                "tensor_parallel_size": ex["tp"],
+                "pipeline_parallel_size": ex["pp"],
+                "data_parallel_size": ex["dp"] // replicas,
+                "enable_expert_parallel": ex["ep"] > 1,
+                "max_num_seqs": ex["micro_batch"],
+            }
+            out.append((f"export {case}#{i}", toks[2:], want))
+    return out
+
+
+def test_vllm_serve_parser_accepts_every_worker_and_export_command(vllm_python: Path) -> None:
+    commands = _worker_commands() + _export_commands()
+    assert len(commands) >= 20
+    parsed = _parse(vllm_python, [argv for _, argv, _ in commands])
+    assert len(parsed) == len(commands)
+    for (label, argv, want), got in zip(commands, parsed, strict=True):
+        assert "error" not in got, f"{label}: vllm serve refused {shlex.join(argv)}: {got['error']}"
+        for k, v in want.items():
+            if isinstance(v, float):
+                assert got[k] == pytest.approx(v), (label, k)
+            else:
+                assert got[k] == v, (label, k, got[k], v)
+
+
+def test_the_parser_is_real_it_refuses_what_vllm_does_not_know(vllm_python: Path) -> None:
+    """The harness is not a rubber stamp: an unknown flag, values vLLM's config classes refuse, a
+    token budget below the model length without chunked prefill; and a valid command passes."""
+    got = _parse(
+        vllm_python,
+        [
+            ["org/m", "--tensor-parallel-size", "2", "--expert-tensor-parallel-size", "2"],
+            ["org/m", "--kv-cache-dtype", "fp7"],
+            ["org/m", "--max-num-seqs", "0"],
+            [
+                "org/m",
+                "--max-model-len",
+                "4096",
+                "--max-num-batched-tokens",
+                "1024",
+                "--no-enable-chunked-prefill",
+            ],
+            ["org/m", "--tensor-parallel-size", "2", "--max-num-seqs", "8", "--kv-cache-dtype", "fp8"],
+        ],
+    )
+    assert "error" in got[0] and "expert-tensor-parallel-size" in got[0]["error"]
+    assert "error" in got[1] and "CacheConfig" in got[1]["error"]
+    assert "error" in got[2] and "SchedulerConfig" in got[2]["error"]
+    assert "error" in got[3] and "SchedulerConfig" in got[3]["error"]
+    assert "error" not in got[4] and (got[4]["tensor_parallel_size"], got[4]["max_num_seqs"]) == (2, 8)
