@@ -280,6 +280,7 @@ KEYS: dict[str, set[str]] = {
         "--max-running-requests",
         "--dtype",
         "--quantization",
+        "--disable-overlap-schedule",  # SGLang 0.5.23 refuses its overlap scheduler with pp > 1
         "--nnodes",
         "--node-rank",
         "--dist-init-addr",

@@ -10,7 +10,7 @@
   compared with the serve record; worker arguments outside autopar's vLLM flags (those of its
   `vllm serve` export plus the named EngineArgs/Dynamo ones) are refused by the reader.
   vLLM's own `vllm serve` parser and config classes check every pool's worker arguments in
-  tests/test_vllm_parser.py (marked slow: it installs the vLLM wheel without its CUDA
+  tests/test_serving_parsers.py (marked slow: it installs the vLLM wheel without its CUDA
   dependencies); SGLang needs GPU packages, so its parser does not run here.
 * Refusals: exit 2, one line, nothing written; an existing --out only with --force.
 """

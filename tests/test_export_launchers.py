@@ -255,7 +255,7 @@ def test_previous_torchtitan_round_trips_every_case_it_expressed() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # serving: attention data parallelism (issue 25). vLLM's own `vllm serve` parser checks every vLLM
-# export in tests/test_vllm_parser.py (slow: it installs the wheel); SGLang 0.5.23's ServerArgs needs
+# export in tests/test_serving_parsers.py (slow: it installs the wheel); SGLang 0.5.23's ServerArgs needs
 # a chain of GPU-serving packages and does not run here: its spellings are
 # SGLang 0.5.23's server_args.py (--attn-dp-size; max_running_requests is the server's total,
 # divided by attn_dp_size in pool_configurator.py) and vLLM's EngineArgs (per-engine max_num_seqs).
@@ -309,9 +309,24 @@ def test_serving_without_attention_dp_is_unchanged() -> None:
     from autopar.cli.export import render_record, serving_export_record
 
     rec = serving_export_record(dict(DSV3_ADP, adp=1, ep=8, tp=8, devices=16, concurrency_per_instance=64))
-    s = _flags(render_record(rec, "sglang"))
-    assert (s["--tp-size"], s["--dp-size"], s["--ep-size"]) == ("8", "2", "8")
+    text = render_record(rec, "sglang")
+    s = _flags(text)
+    # two replicas on two 8-GPU nodes: SGLang 0.5.23 refuses data-parallel replicas over nodes
+    # (check_server_args), so each replica is its own one-node launch
+    assert (s["--tp-size"], s["--ep-size"], s.get("--dp-size", "1")) == (
+        "8",
+        "8",
+        "1",
+    ) and "--nnodes" not in s
     assert "--attn-dp-size" not in s and s["--max-running-requests"] == "64"
+    assert "# one of 2 identical replicas" in text.splitlines()[1]
+    # on one node (4 x TP2 replicas of a dense model on 8 GPUs) SGLang's --dp-size stays
+    dense = dict(DSV3_ADP, adp=1, ep=1, tp=2, devices=8, concurrency_per_instance=16)
+    dense["job"] = dict(
+        dense["job"], model="llama-3.1-8b", cluster={"device": "h200-sxm-141gb", "num_devices": 8}
+    )
+    s = _flags(render_record(serving_export_record(dense), "sglang"))
+    assert (s["--tp-size"], s["--dp-size"]) == ("2", "4")
 
 
 def test_moe_replicas_are_separate_vllm_launches() -> None:

@@ -12,6 +12,7 @@ layout, the same per-stage split (by Megatron's own layer-assignment rule), the 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from unittest import mock
 
@@ -237,6 +238,13 @@ def check_record(record: dict[str, Any]) -> None:
             continue
         layout, job = parse(text, fmt)
         want = {k: record[k] for k in Layout.model_fields if k in record}
+        # a serving layout whose replicas the launcher cannot run as data parallelism is exported as
+        # one replica's command (render_record), which says so: one of R replicas
+        per = re.search(r"^# one of (\d+) identical replicas", text, re.M)
+        replicas = int(per.group(1)) if per else 1
+        if replicas > 1:
+            assert record.get("serving") and record["dp"] % replicas == 0, fmt
+            want["dp"] = record["dp"] // replicas
         if "stage_layers" in record:  # the scored split, by Megatron's own assignment rule
             first, mid, last = (int(x) for x in layout.dims.stage_layers(load_model(job.model)))
             pp = layout.pp
@@ -251,11 +259,11 @@ def check_record(record: dict[str, Any]) -> None:
         cj = record["job"]
         assert (job.model, job.num_devices, job.framework) == (
             cj["model"],
-            cj["cluster"]["num_devices"],
+            cj["cluster"]["num_devices"] // replicas,
             cj.get("framework", "megatron"),
         )
         w = cj["workload"]
-        assert (job.seq_len, job.global_batch) == (w["seq_len"], w["global_batch"])
+        assert (job.seq_len, job.global_batch) == (w["seq_len"], w["global_batch"] // replicas)
         if fmt != "env" or True:
             assert job.moe_dispatcher == w.get("moe_dispatcher", "alltoall")
             assert job.moe_a2a_overlap == w.get("moe_a2a_overlap", False)

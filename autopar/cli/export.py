@@ -54,9 +54,15 @@ def render_record(record: dict[str, Any], fmt: str, launcher_version: str | None
     if isinstance(record, dict) and record.get("serving"):
         record = dict(record)
         inst = record.pop("per_instance", None)
-        if inst and fmt == "vllm":
+        j = record.get("job") or {}
+        multi_node = layout_and_job_from_json(record)[1].nnodes > 1 if inst and fmt == "sglang" else False
+        # vLLM's data parallelism shares a MoE model's expert layers over every DP engine (experts
+        # sharded, or expert-parallel, over all DP x TP ranks); SGLang refuses data-parallel replicas
+        # over several nodes (check_server_args: "multi-node data-parallel replicas are not
+        # supported"). There each replica is a separate launch of one instance.
+        if inst and ((fmt == "vllm" and inst.get("moe")) or (fmt == "sglang" and multi_node)):
             replicas, engines = int(inst["replicas"]), int(inst["engines"])
-            j = dict(record["job"])
+            j = dict(j)
             j["cluster"] = dict(j["cluster"], num_devices=int(j["cluster"]["num_devices"]) // replicas)
             j["workload"] = dict(j["workload"], global_batch=int(record["micro_batch"]) * engines)
             record.update(dp=engines, job=j)
@@ -73,8 +79,13 @@ def render_record(record: dict[str, Any], fmt: str, launcher_version: str | None
         head, _, rest = text.partition("\n")
         note = (
             f"# one of {replicas} identical replicas: run this command once per replica, on its own "
-            f"{job.num_devices} devices (data parallelism across replicas would share the MoE layers' "
-            "experts over every replica's ranks, which is not the layout scored)"
+            f"{job.num_devices} devices ("
+            + (
+                "data parallelism across replicas would share the MoE layers' experts over every "
+                "replica's ranks, which is not the layout scored)"
+                if fmt == "vllm"
+                else "SGLang runs data-parallel replicas within one node only)"
+            )
         )
         text = f"{head}\n{note}\n{rest}"
     return text
@@ -176,14 +187,16 @@ def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
         ) from None
     micro = max(1, round(conc))
     replicas = devices // (tp * pp)
-    # vLLM's data parallelism shares a MoE model's expert layers over every DP engine (experts
-    # sharded, or expert-parallel, over all DP x TP ranks): there, independent replicas are separate
-    # launches of one instance each (render_record); SGLang's --dp-size runs independent replicas
+    # Where a launcher's data parallelism is not independent replicas, each replica is its own
+    # launch of one instance (render_record decides per format, from these)
     per_instance = (
-        {"replicas": replicas, "engines": engines} if replicas > 1 and _moe(job.get("model")) else None
+        {"replicas": replicas, "engines": engines, "moe": _moe(job.get("model"))} if replicas > 1 else None
     )
     cluster = dict(job.get("cluster") or {}, num_devices=devices)
-    attn = {"etp": max(1, tp // ep)} if engines > 1 and ep > 1 else {}  # experts keep the instance's TP/EP
+    # the experts keep the instance's TP: ep ranks of etp = tp/ep (SGLang's moe_tp_size, TRT-LLM's
+    # moe_tensor_parallel_size; vLLM runs EP only with ep = tp, so etp = 1 there); under attention
+    # DP without EP the experts are split over all tp ranks (etp = tp, beyond the attention TP)
+    attn = {"etp": max(1, tp // ep)} if ep > 1 or engines > 1 else {}
     return {
         "tp": tp // engines,
         "pp": pp,

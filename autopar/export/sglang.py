@@ -6,10 +6,12 @@
   TP ranks: ``ep`` must divide ``tp`` and the experts' TP is ``tp / ep``, so a layout with
   ``ep > 1`` is expressible only when ``etp == tp // ep``. With ``ep == 1`` the layout's ``etp``
   is kept in the autopar header.
-* attention data parallelism (a ``serve`` layout scored with attention DP: ``ep == tp*dp``,
-  ``etp == 1``, e.g. DeepSeek-V3 attention-DP 16 with EP 16) is one server whose ``--tp-size``
-  spans every rank: ``--tp-size tp*dp --attn-dp-size dp --ep-size ep`` (SGLang 0.5.23's spelling,
-  server_args.py; ``--enable-dp-attention --dp-size`` is deprecated there).
+* attention data parallelism (a ``serve`` layout scored with attention DP: ``ep`` divides
+  ``tp*dp`` and ``etp == tp*dp/ep``, e.g. DeepSeek-V3 attention-DP 16 with EP 16, or Qwen3-30B-A3B
+  attention-DP 8 with EP 4 and the experts split over 2) is one server whose ``--tp-size`` spans
+  every rank: ``--tp-size tp*dp --attn-dp-size dp --ep-size ep`` (SGLang 0.5.23's spelling,
+  server_args.py; ``--enable-dp-attention --dp-size`` is deprecated there; the experts' TP is
+  ``tp_size / ep_size``).
 * ``micro_batch`` -> ``--max-running-requests`` (per scheduler, i.e. per DP replica when DP
   attention is off; with attention DP the flag is the server's total, which SGLang divides by
   ``attn_dp_size`` (pool_configurator.py), so ``micro_batch * dp`` is written); ``seq_len`` ->
@@ -17,6 +19,8 @@
 * precision: ``--dtype bfloat16|float16|float32``; fp8 -> ``--dtype bfloat16 --quantization fp8``.
 * refused: context parallel (SGLang's decode-context parallel reuses TP ranks), virtual stages,
   Megatron sequence parallelism, and non-default training-only settings.
+* pipeline parallelism: ``--disable-overlap-schedule`` (SGLang 0.5.23 refuses its overlap scheduler
+  with pp > 1).
 * multi-node: ``--nnodes N --node-rank 0 --dist-init-addr "$MASTER_ADDR:$MASTER_PORT"``.
 """
 
@@ -45,6 +49,9 @@ from autopar.layout import Layout
 
 FMT = "sglang"
 DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
+# SGLang 0.5.23 refuses pipeline parallelism with its overlap scheduler (check_server_args:
+# "Pipeline parallelism is not compatible with overlap schedule"): pp > 1 turns it off
+BOOL_FLAGS = ("--disable-overlap-schedule",)
 VALUE_FLAGS = (
     "--model-path",
     "--tp-size",
@@ -82,13 +89,19 @@ class SglangExporter(Exporter):
         ):
             if cond:
                 raise unsupported(feature, FMT, hint)
-        attn_dp = layout.ep > 1 and layout.dp > 1 and layout.ep == layout.tp * layout.dp and layout.etp == 1
-        if layout.ep > 1 and not attn_dp and (layout.tp % layout.ep or layout.etp != layout.tp // layout.ep):
+        world = layout.tp * layout.dp
+        plain = (layout.ep == 1 and layout.etp <= layout.tp) or (
+            layout.tp % layout.ep == 0 and layout.etp == layout.tp // layout.ep
+        )
+        # attention DP: one server whose --tp-size spans the dp attention ranks; --ep-size divides it
+        # and the experts' TP is the rest (SGLang: moe_tp_size = tp_size / ep_size)
+        attn_dp = not plain and layout.dp > 1 and world % layout.ep == 0 and layout.etp == world // layout.ep
+        if not plain and not attn_dp:
             raise unsupported(
                 f"expert parallel ep={layout.ep}, etp={layout.etp} with tp={layout.tp}",
                 FMT,
                 "SGLang splits each replica's TP ranks (ep divides tp, etp = tp/ep), or runs "
-                "attention DP with ep = tp*dp and etp = 1",
+                "attention DP over tp*dp ranks with ep dividing them and etp = tp*dp/ep",
             )
         a = [
             "python -m sglang.launch_server",
@@ -111,6 +124,8 @@ class SglangExporter(Exporter):
         ]
         if layout.precision == "fp8":
             a.append(flag("--quantization", "fp8"))
+        if layout.pp > 1:
+            a.append(flag("--disable-overlap-schedule"))
         if job.nnodes > 1:
             a += [
                 flag("--nnodes", job.nnodes),
@@ -127,7 +142,7 @@ class SglangExporter(Exporter):
 
     def _parse(self, text: str) -> tuple[Layout, Job]:
         header = read_header(text, FMT)
-        _, f = split_command(text, ["python", "-m", "sglang.launch_server"], VALUE_FLAGS, (), FMT)
+        _, f = split_command(text, ["python", "-m", "sglang.launch_server"], VALUE_FLAGS, BOOL_FLAGS, FMT)
 
         def num(key: str, default: int | None = None) -> int:
             if key not in f:
@@ -139,12 +154,13 @@ class SglangExporter(Exporter):
         tp, pp, dp, ep = num("--tp-size", 1), num("--pp-size", 1), num("--dp-size", 1), num("--ep-size", 1)
         mb = num("--max-running-requests")
         attn_dp = num("--attn-dp-size", 1)
+        world = tp
         if attn_dp > 1:  # one server: --tp-size spans every rank, requests split over attention DP
-            if "--dp-size" in f or ep != tp:
+            if num("--dp-size", 1) > 1 or tp % ep:
                 raise unsupported(
-                    "--attn-dp-size with --dp-size or with --ep-size other than --tp-size",
+                    "--attn-dp-size with --dp-size, or with an --ep-size that does not divide --tp-size",
                     "autopar (reading " + FMT + ")",
-                    "autopar writes attention DP with ep = tp-size and no --dp-size",
+                    "autopar writes attention DP with --ep-size dividing --tp-size and no --dp-size",
                 )
             tp, dp = exact_div(tp, attn_dp, "--tp-size / --attn-dp-size", FMT), attn_dp
             mb = exact_div(mb, attn_dp, "--max-running-requests / --attn-dp-size", FMT)
@@ -172,7 +188,7 @@ class SglangExporter(Exporter):
         if precision is None:
             raise ExportError(f"--dtype {dtype!r} in the {FMT} text")
         if attn_dp > 1:
-            etp = 1
+            etp = world // ep
         else:
             etp = exact_div(tp, ep, "tp / ep", FMT) if ep > 1 else etp_from_header(header, tp)
         layout = build_layout(

@@ -1,5 +1,5 @@
 """Parse `vllm serve` command lines with vLLM's own parser and validation (run by
-tests/test_vllm_parser.py in its vLLM environment, VLLM_TARGET_DEVICE=cpu).
+tests/test_serving_parsers.py in its vLLM environment, VLLM_TARGET_DEVICE=cpu).
 
 Reads a JSON list of argument lists (what follows ``vllm serve``) on stdin and prints a JSON list:
 per command, the resulting EngineArgs fields, or ``{"error": ...}`` with vLLM's own message. The

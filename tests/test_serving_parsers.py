@@ -1,5 +1,6 @@
-"""vLLM's own `vllm serve` parser and validation accept autopar's vLLM exports (issue 25), and the
-engine arguments they give are the ones the plan was scored with (issue 21 item 3 for serving).
+"""vLLM's own `vllm serve` parser and validation, and SGLang's own ServerArgs parser and checks,
+accept autopar's serving exports (issue 25), and the engine arguments they give are the ones the
+plan was scored with (issue 21 item 3 for serving).
 
 vLLM 0.34 pins torch 2.14 (a CUDA build) and CUDA kernel packages, none of which its argument parser
 needs. The test installs the vLLM wheel without its dependencies, plus the handful of pure-Python
@@ -10,6 +11,12 @@ there with ``VLLM_TARGET_DEVICE=cpu``: the parser is built as ``vllm serve`` bui
 (``ServeSubcommand``: ``make_arg_parser``, ``validate_parsed_serve_args``) and the engine arguments
 come from ``EngineArgs.from_cli_args``. Marked ``slow`` (the first run downloads ~240 MB); where
 vLLM cannot be installed (no package index) the test skips and says why.
+
+SGLang 0.5.23 the same way (``tests/launchers/sglang-parser.txt``, ``sglang_parse.py``:
+``prepare_server_args``, then ``ServerArgs.check_server_args`` up to its first check that needs the
+model's resolved configuration); its cases are the ``autopar export --format sglang`` commands of the
+same jobs scored for SGLang. (The Dynamo/llm-d SGLang workers target Dynamo 1.5's SGLang 0.5.17,
+which does not import beside transformers 5.25: not checked here.)
 
 Cases: real ``serve`` results scored for the vLLM backend: Llama-3.1-70B fp8 on 8 H200 (aggregated
 and disaggregated), DeepSeek-V3 fp8 on 32 H200 (attention DP with expert parallelism, across
@@ -38,14 +45,19 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHERS = ROOT / "tests" / "launchers"
-REQS = LAUNCHERS / "vllm-parser.txt"
-VLLM_VERSION = "0.34.0"
+# launcher -> (version, the pure-Python packages its parser imports); the wheel itself goes in
+# with --no-deps (its CUDA/GPU dependencies are not what its parser needs)
+ENVS = {
+    "vllm": ("0.34.0", LAUNCHERS / "vllm-parser.txt"),
+    "sglang": ("0.5.23", LAUNCHERS / "sglang-parser.txt"),
+}
 
 
-def _cache_dir() -> Path:
+def _cache_dir(name: str) -> Path:
+    version, reqs = ENVS[name]
     base = Path(os.environ.get("AUTOPAR_TEST_CACHE") or Path.home() / ".cache" / "autopar-tests")
-    tag = hashlib.sha256(f"{VLLM_VERSION}\n{REQS.read_text()}\n{sys.version}".encode()).hexdigest()[:12]
-    return base / f"vllm-{VLLM_VERSION}-{tag}"
+    tag = hashlib.sha256(f"{version}\n{reqs.read_text()}\n{sys.version}".encode()).hexdigest()[:12]
+    return base / f"{name}-{version}-{tag}"
 
 
 def _pip(py: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -57,10 +69,10 @@ def _pip(py: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture(scope="module")
-def vllm_python() -> Path:
-    """The Python of the cached vLLM parser environment (built on first use)."""
-    env = _cache_dir()
+def _launcher_python(name: str) -> Path:
+    """The Python of the cached parser environment of launcher ``name`` (built on first use)."""
+    version, reqs = ENVS[name]
+    env = _cache_dir(name)
     py = env / "bin" / "python"
     if (env / "ready").is_file():
         return py
@@ -68,25 +80,35 @@ def vllm_python() -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     venv.create(tmp, system_site_packages=True, with_pip=True)
     tpy = tmp / "bin" / "python"
-    for step in ((f"vllm=={VLLM_VERSION}", "--no-deps"), ("-r", str(REQS))):
+    for step in ((f"{name}=={version}", "--no-deps"), ("-r", str(reqs))):
         r = _pip(tpy, *step)
         if r.returncode:
             shutil.rmtree(tmp, ignore_errors=True)
             tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["pip failed"]
-            pytest.skip(f"vLLM {VLLM_VERSION}'s parser could not be installed: {tail[0]}")
+            pytest.skip(f"{name} {version}'s parser could not be installed: {tail[0]}")
     # Only a complete build takes the final name. A moved venv's console scripts keep the old path
     # in their shebang; the interpreter finds its site-packages from pyvenv.cfg beside it, and pip
     # is run as `python -m pip`.
     shutil.rmtree(env, ignore_errors=True)
     tmp.rename(env)
-    (env / "ready").write_text(VLLM_VERSION)
+    (env / "ready").write_text(version)
     return py
 
 
-def _parse(py: Path, commands: list[list[str]]) -> list[dict[str, Any]]:
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    return _launcher_python("vllm")
+
+
+@pytest.fixture(scope="module")
+def sglang_python() -> Path:
+    return _launcher_python("sglang")
+
+
+def _parse(py: Path, commands: list[list[str]], script: str = "vllm_parse.py") -> list[dict[str, Any]]:
     env = dict(os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_LOGGING_LEVEL="ERROR")
     r = subprocess.run(
-        [str(py), str(LAUNCHERS / "vllm_parse.py")],
+        [str(py), str(LAUNCHERS / script)],
         input=json.dumps(commands),
         capture_output=True,
         text=True,
@@ -99,11 +121,11 @@ def _parse(py: Path, commands: list[list[str]]) -> list[dict[str, Any]]:
 
 
 @cache
-def _records(**kw: Any) -> tuple[dict[str, Any], ...]:
+def _records(backend: str = "vllm", **kw: Any) -> tuple[dict[str, Any], ...]:
     from autopar.cli.export import records_of
     from autopar.serving.search import serve
 
-    res = serve(top=20, backend="vllm", **kw).to_dict()
+    res = serve(top=20, backend=backend, **kw).to_dict()
     return tuple(records_of(json.loads(json.dumps(res, default=float)), "serve"))
 
 
@@ -178,7 +200,10 @@ def _export_commands() -> list[tuple[str, list[str], dict[str, Any]]]:
             assert toks[:2] == ["vllm", "serve"], toks[:3]
             # a MoE model's replicas are separate vLLM launches (its DP would share the experts)
             replicas = ex.get("per_instance", {}).get("replicas", 1)
-            assert (replicas > 1) == (f"one of {replicas} identical replicas" in text), case
+            moe = ex.get("per_instance", {}).get("moe", False)
+            assert (replicas > 1 and moe) == (f"one of {replicas} identical replicas" in text), case
+            if not moe:
+                replicas = 1
             want = {
                 "tensor_parallel_size": ex["tp"],
                 "pipeline_parallel_size": ex["pp"],
@@ -229,3 +254,65 @@ def test_the_parser_is_real_it_refuses_what_vllm_does_not_know(vllm_python: Path
     assert "error" in got[2] and "SchedulerConfig" in got[2]["error"]
     assert "error" in got[3] and "SchedulerConfig" in got[3]["error"]
     assert "error" not in got[4] and (got[4]["tensor_parallel_size"], got[4]["max_num_seqs"]) == (2, 8)
+
+
+def _sglang_export_commands() -> list[tuple[str, list[str], dict[str, Any]]]:
+    """``autopar export --format sglang`` of every aggregated record scored for SGLang."""
+    from autopar.cli.export import render_record, serving_export_record
+
+    out = []
+    for case, kw in CASES.items():
+        for i, rec in enumerate(_records(backend="sglang", **kw)[:6]):
+            if rec.get("mode") != "aggregated":
+                continue
+            ex = serving_export_record(rec)
+            text = render_record(ex, "sglang").replace('"${MASTER_ADDR}:${MASTER_PORT}"', "10.0.0.1:5000")
+            body = " ".join(ln.rstrip("\\") for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+            toks = shlex.split(body)
+            assert toks[:3] == ["python", "-m", "sglang.launch_server"], toks[:4]
+            replicas = ex.get("per_instance", {}).get("replicas", 1)
+            if f"one of {replicas} identical replicas" not in text:
+                replicas = 1
+            adp = int(rec.get("adp") or 1)
+            want = {
+                "tp_size": int(rec["tp"]),
+                "pp_size": int(rec["pp"]),
+                "ep_size": int(rec.get("ep") or 1),
+                "attn_dp_size": adp,
+                "dp_size": int(rec["devices"]) // (int(rec["tp"]) * int(rec["pp"])) // replicas,
+                "context_length": int(kw["isl"]) + int(kw["osl"]),
+            }
+            out.append((f"sglang export {case}#{i}", toks[3:], want))
+    return out
+
+
+def test_sglang_parser_accepts_every_export(sglang_python: Path) -> None:
+    commands = _sglang_export_commands()
+    assert len(commands) >= 10
+    parsed = _parse(sglang_python, [argv for _, argv, _ in commands], "sglang_parse.py")
+    for (label, argv, want), got in zip(commands, parsed, strict=True):
+        assert "error" not in got, f"{label}: SGLang refused {shlex.join(argv)}: {got['error']}"
+        for k, v in want.items():
+            assert got[k] == v, (label, k, got[k], v)
+        # SGLang's checks ran past the parallel-size ones (they come before the model-config ones)
+        assert got["checked_until"] == "end" or got["checked_until"].startswith("validation_hook.py:")
+
+
+def test_sglang_harness_is_real(sglang_python: Path) -> None:
+    """Unknown and ambiguous flags, a refused choice, and SGLang's own multi-node DP rule."""
+    got = _parse(
+        sglang_python,
+        [
+            ["--model-path", "org/m", "--tp-size", "8", "--expert-tensor-parallel-size", "2"],
+            ["--model-path", "org/m", "--cuda-graph-max-bs", "256"],
+            ["--model-path", "org/m", "--kv-cache-dtype", "fp7"],
+            ["--model-path", "org/m", "--tp-size", "8", "--dp-size", "2", "--nnodes", "2"],
+            ["--model-path", "org/m", "--tp-size", "8", "--ep-size", "8", "--max-running-requests", "64"],
+        ],
+        "sglang_parse.py",
+    )
+    assert "error" in got[0] and "expert-tensor-parallel-size" in got[0]["error"]
+    assert "error" in got[1] and "ambiguous" in got[1]["error"]
+    assert "error" in got[2] and "fp7" in got[2]["error"]
+    assert "error" in got[3] and "multi-node data-parallel" in got[3]["error"]
+    assert "error" not in got[4] and (got[4]["tp_size"], got[4]["ep_size"]) == (8, 8)
