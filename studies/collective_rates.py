@@ -15,16 +15,20 @@ buffer (S / n to every rank, itself included) and its bus bandwidth is S / t x (
 
 autopar's convention is the same: ``collectives.all_to_all(links, nbytes, n, ...)`` takes ``nbytes``
 as what each rank sends in total, spread evenly over the n ranks, and moves ``nbytes (n-1)/n`` per
-rank over the links. So the curve is ``[(S bytes, S / t x (n-1)/n in GB/s), ...]`` per GPU count:
-the profile's ``scale_up.alltoall_busbw`` (:func:`autopar.collectives.measured_a2a_busbw`), a floor
-inside the scale-up domain.
+rank over the links. So the curve is ``[(S bytes, S / t x (n-1)/n in GB/s), ...]`` per GPU count.
+The reading of the units is checked against an independent measurement: the same tables' 8-GPU
+all-reduce (bus bandwidth S / t x 2(n-1)/n) at 512 MiB gives 445 GB/s on H100, 222 on A100 and 460
+on H200, where the profiles' Azure nccl-tests curves (``scale_up.allreduce_busbw``) say 438, 222
+and 443 (``tests/test_collective_rates.py``).
 
 For each device it reads the newest NCCL version the package ships for the system, takes every
-size from 1 MiB to 512 MiB (below 1 MiB the time is 7-20 us of launch and protocol latency, and noisy:
-the alpha-beta model alone) and, since half and int8 each measure every byte size once, the faster
-of the two at each size (the floor is never above a measured rate). It prints the curves and the
-profile lines; ``--write`` puts those lines into ``cost_models/devices/<id>.yaml``
-(``tests/test_collective_a2a.py`` re-derives them when the extra is installed).
+size from 1 MiB to 512 MiB (below 1 MiB the time is 7-20 us of launch and protocol latency, and
+noisy) and, since half and int8 each measure every byte size once, the faster of the two at each
+size (a floor is never above a measured rate). It prints the curves and the profile lines
+(``scale_up.alltoall_busbw``, a floor for an all-to-all inside the scale-up domain); ``--write``
+puts those lines into ``cost_models/devices/<id>.yaml``, which the shipped profiles do not carry:
+the floor was tried (docs/accuracy.md, "Measured all-to-all rates") and not kept, since it made
+the MoE rows and the held-out figures worse. ``--op all_reduce`` prints the all-reduce curves.
 """
 
 from __future__ import annotations
@@ -82,7 +86,9 @@ def curves(system: str, op: str = "alltoall") -> tuple[str, dict[int, list[tuple
     for n, g in df.groupby("num_gpus"):
         n = int(n)
         fastest = g.groupby("bytes").latency.min()  # ms; half and int8 measure each size once
-        factor = (n - 1) / n if op == "alltoall" else 2.0 * (n - 1) / n
+        # nccl-tests' bus bandwidth: all-reduce moves 2(n-1)/n of its buffer per rank, the others
+        # (n-1)/n (all-gather / reduce-scatter: of the whole gathered buffer)
+        factor = 2.0 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
         out[n] = [(int(b), round(b / (t * 1e-3) * factor / 1e9, 2)) for b, t in fastest.items()]
     return version, out
 
@@ -142,25 +148,29 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", type=Path, default=None, help="write the curves here")
     ap.add_argument("--write", action="store_true", help="put the lines into cost_models/devices/")
+    ap.add_argument(
+        "--op", default="alltoall", choices=("alltoall", "all_reduce", "all_gather", "reduce_scatter")
+    )
     a = ap.parse_args(argv)
     if not have_tables():
         return 2
     table: dict[str, dict] = {}
     for dev, (system, _) in SYSTEMS.items():
-        version, c = curves(system)
+        version, c = curves(system, a.op)
         table[dev] = {"system": system, "nccl": version, "busbw_gbps": {str(n): pts for n, pts in c.items()}}
-        print(f"{dev} ({system}, NCCL {version}): all-to-all bus GB/s")
+        print(f"{dev} ({system}, NCCL {version}): {a.op} bus GB/s")
         sizes = [b for b, _ in next(iter(c.values()))]
         print("  GPUs " + " ".join(f"{b >> 20:>6}M" for b in sizes))
         for n, pts in c.items():
             print(f"  {n:>4} " + " ".join(f"{g:7.1f}" for _, g in pts))
-    print()
-    for dev in SYSTEMS:
-        line = profile_line(dev)
-        print(f"# {dev}.yaml, scale_up:")
-        print(line)
-        if a.write:
-            write(dev, line)
+    if a.op == "alltoall":
+        print()
+        for dev in SYSTEMS:
+            line = profile_line(dev)
+            print(f"# {dev}.yaml, scale_up:")
+            print(line)
+            if a.write:
+                write(dev, line)
     if a.json:
         a.json.write_text(json.dumps(table, indent=2))
     return 0
