@@ -154,13 +154,12 @@ def prepare(row: dict[str, str]) -> dict[str, Any]:
     return rec
 
 
-def predict(rec: dict[str, Any], cal, sc: ServingCoefficients | None) -> dict[str, Any]:
+def evaluate_row(rec: dict[str, Any], cal, sc: ServingCoefficients | None, **load: Any) -> dict[str, Any]:
+    """:func:`evaluate_serving` of one prepared row's instance (model, device, tp/pp/ep, precision,
+    backend) under the workload ``load`` (offline=True, or concurrency= with arrival=; a
+    ``conc`` column with the concurrency); shared with ``studies/serving_latency.py``."""
     w = make_workload(
-        isl=rec["isl"],
-        osl=rec["osl"],
-        offline=True,
-        weight_precision=rec["precision"],
-        backend=rec["backend"],
+        isl=rec["isl"], osl=rec["osl"], weight_precision=rec["precision"], backend=rec["backend"], **load
     )
     ctx = make_context(
         rec["model"],
@@ -170,8 +169,14 @@ def predict(rec: dict[str, Any], cal, sc: ServingCoefficients | None) -> dict[st
         calibration=cal,
         serving_coefficients=sc,
     )
-    tab = ServingTable({"tp": rec["tp"], "pp": rec["pp"], "ep": rec["ep"]})
-    res = evaluate_serving(ctx, tab)
+    cols = {"tp": rec["tp"], "pp": rec["pp"], "ep": rec["ep"]}
+    if load.get("concurrency"):
+        cols["conc"] = load["concurrency"]
+    return evaluate_serving(ctx, ServingTable(cols))
+
+
+def predict(rec: dict[str, Any], cal, sc: ServingCoefficients | None) -> dict[str, Any]:
+    res = evaluate_row(rec, cal, sc, offline=True)
     if not res["valid"][0]:
         bad = [k for k, v in res["bad"].items() if v[0]]
         return {"skipped": f"layout does not fit or is illegal: {', '.join(bad)}"}

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from published_serving import PRECISION, _int, _model, _num, stack_of
+from published_serving import PRECISION, _int, _model, _num, evaluate_row, stack_of
 
 from autopar.coefficients import load_calibration
 from autopar.errors import AutoparError
@@ -46,10 +46,6 @@ from autopar.hardware import load_device
 from autopar.serving.estimate import (
     REASONS,
     ServingCoefficients,
-    ServingTable,
-    evaluate_serving,
-    make_context,
-    make_workload,
 )
 
 DATA = Path(__file__).resolve().parent / "data" / "serving_latency_runs.csv"
@@ -121,24 +117,7 @@ def predict(
     rec: dict[str, Any], cal, sc: ServingCoefficients | None = None, arrival: str = "lockstep"
 ) -> dict[str, Any]:
     """The model's TTFT and TPOT (ms) for one prepared row, or ``skipped`` with the reason."""
-    w = make_workload(
-        isl=rec["isl"],
-        osl=rec["osl"],
-        concurrency=rec["conc"],
-        arrival=arrival,
-        weight_precision=rec["precision"],
-        backend=rec["backend"],
-    )
-    ctx = make_context(
-        rec["model"],
-        rec["device"],
-        w,
-        devices_per_node=rec["devices_per_node"],
-        calibration=cal,
-        serving_coefficients=sc,
-    )
-    tab = ServingTable({"tp": rec["tp"], "pp": rec["pp"], "ep": rec["ep"], "conc": rec["conc"]})
-    res = evaluate_serving(ctx, tab)
+    res = evaluate_row(rec, cal, sc, concurrency=rec["conc"], arrival=arrival)
     if not res["valid"][0]:
         bad = [k for k, v in res["bad"].items() if v[0]]
         why = "; ".join(REASONS.get(k, k) for k in bad)
