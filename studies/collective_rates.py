@@ -40,6 +40,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from gemm_rates import have_tables  # the same optional tables and the same hint
+
 PACKAGE = "aiconfigurator-core 0.12.0"
 # autopar device id -> (AIConfigurator system, the system's own autopar id where the device is
 # carried over from one of the same die and link)
@@ -129,19 +131,6 @@ def write(device_id: str, line: str) -> None:
             raise ValueError(f"{path}: no scale_up.allreduce_busbw line to put alltoall_busbw after")
         lines.insert(after[0] + 1, line)
     path.write_text("\n".join(lines) + "\n")
-
-
-def have_tables() -> bool:
-    try:
-        import aiconfigurator_core  # noqa: F401
-        import pyarrow  # noqa: F401
-    except ImportError:
-        print(
-            "error: this study reads aiconfigurator-core's tables: pip install -e '.[aiconfigurator]'",
-            file=sys.stderr,
-        )
-        return False
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:
