@@ -148,18 +148,18 @@ def _block_flops(model, seq_len: float) -> dict[str, float]:
 def _heaviest_middle(model, first, mid, last, pp, seq_len: float) -> np.ndarray:
     """First block of the middle stage (1 .. pp-2) with the most forward FLOPs per token, per row
     (stage k starts at ``first + (k - 1) * mid``); ``first`` where there is no middle stage."""
-    c = blocks.stage._prefix(model.block_pattern)
+    if int(pp.max(initial=0)) < 3:  # no middle stage in any row
+        return first
+    c = blocks.stage.prefix_counts(model.block_pattern)
     w = _block_flops(model, seq_len)
     L = model.layers
-    k = np.arange(1, max(int(pp.max(initial=1)) - 1, 1))  # middle stage indices
+    k = np.arange(1, int(pp.max()) - 1)  # middle stage indices
     starts = np.clip(first[:, None] + (k[None, :] - 1) * mid[:, None], 0, L)
     ends = np.clip(np.minimum(starts + mid[:, None], L - last[:, None]), starts, L)
     flops = sum(wk * (c[part][ends] - c[part][starts]) for part, wk in w.items())
     flops = np.where(k[None, :] <= pp[:, None] - 2, flops, -np.inf)
-    best = np.argmax(flops, axis=1) if len(k) else np.zeros(len(pp), dtype=np.int64)
-    return np.where(
-        pp >= 3, np.take_along_axis(starts, best[:, None], axis=1)[:, 0] if len(k) else first, first
-    )
+    best = np.take_along_axis(starts, np.argmax(flops, axis=1)[:, None], axis=1)[:, 0]
+    return np.where(pp >= 3, best, first)
 
 
 def layer_params_per_rank(model, lay: LayoutTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -505,27 +505,18 @@ def _stage_activations(
         etp=lay["etp"],
         low_precision=np.isin(lay["precision"], LOW_PRECISION_CODES),
     )
+    no_recompute = {**common, "recompute": lay["recompute"] * 0}
     if model.is_encoder_decoder:
-        act_dense = _encdec_activation_bytes(model, **common) * act_scale
-        full_layer = (
-            _encdec_activation_bytes(model, **{**common, "recompute": lay["recompute"] * 0}) * act_scale
-        )
+        full_layer = _encdec_activation_bytes(model, **no_recompute) * act_scale
+        per_mb = n_dense * _encdec_activation_bytes(model, **common)
     else:
-        act_dense = activation_bytes_per_layer(model, moe=False, **common) * act_scale
-        full_layer = (
-            activation_bytes_per_layer(
-                model, moe=model.is_moe, **{**common, "recompute": lay["recompute"] * 0}
-            )
-            * act_scale
-        )
-    act_moe = (
-        activation_bytes_per_layer(model, moe=True, **common) * act_scale if model.is_moe else act_dense * 0
-    )
-    if mixers is None:
-        per_mb = n_dense * act_dense + n_moe * act_moe
-    else:
-        per_mb = stage_activation_bytes(model, mixers, n_dense, n_moe, **common) * act_scale
-    return per_mb, full_layer
+        full_layer = activation_bytes_per_layer(model, moe=model.is_moe, **no_recompute) * act_scale
+        if mixers is not None:  # a hybrid stage's own blocks (its window of the stack)
+            return stage_activation_bytes(model, mixers, n_dense, n_moe, **common) * act_scale, full_layer
+        per_mb = n_dense * activation_bytes_per_layer(model, moe=False, **common)
+    if model.is_moe:
+        per_mb = per_mb + n_moe * activation_bytes_per_layer(model, moe=True, **common)
+    return per_mb * act_scale, full_layer
 
 
 def stage_memory(

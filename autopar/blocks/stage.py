@@ -80,7 +80,7 @@ class StageMixers:
 _PATTERN_CACHE: dict[str, dict[str, np.ndarray]] = {}
 
 
-def _prefix(pattern: str) -> dict[str, np.ndarray]:
+def prefix_counts(pattern: str) -> dict[str, np.ndarray]:
     """Cumulative counts of each part over the first i blocks of ``pattern`` (i = 0..layers)."""
     got = _PATTERN_CACHE.get(pattern)
     if got is None:
@@ -102,7 +102,7 @@ def window(model, start, n) -> tuple[np.ndarray, np.ndarray, StageMixers | None]
     """(dense, MoE, mixers) of the contiguous blocks [start, start + n) of a model with a stated
     block order (``model.block_pattern``); mixers is None for a non-hybrid model (one attention
     mixer per block)."""
-    c = _prefix(model.block_pattern)
+    c = prefix_counts(model.block_pattern)
     L = model.layers
     lo = np.clip(np.asarray(start, dtype=np.int64), 0, L)
     hi = np.clip(lo + np.asarray(n, dtype=np.int64), 0, L)
