@@ -116,42 +116,67 @@ def prepare(row: dict[str, str]) -> dict[str, Any]:
     if not prec:
         prec = "bf16"
         rec["assumptions"].append("precision bf16 (not stated)")
+    why = instance(row, rec, stack_default="trtllm")
+    if why:
+        return rec | {"skipped": why}
+    rec.update(
+        isl=isl,
+        osl=osl,
+        precision=PRECISION[prec],
+        measured=meas,
+        label=f"{row.get('model_preset') or row.get('model')} {row.get('device')} tp{rec['tp']} "
+        f"pp{rec['pp']} {isl}/{osl}",
+    )
+    return rec
+
+
+def instance(row: dict[str, str], rec: dict[str, Any], *, stack_default: str | None) -> str | None:
+    """The row's serving instance into ``rec``: tp, pp, ep, replicas, model, device,
+    devices_per_node and backend (``stack_default`` where the row names no stack, noted in
+    ``rec["assumptions"]``; None: such a row is skipped). Returns why the row cannot be predicted, or
+    None. Shared with ``studies/serving_latency.py``."""
     tp = _int(row, "tp")
     if tp is None:
-        return rec | {"skipped": "tp not stated"}
+        return "tp not stated"
     pp = _int(row, "pp") or 1
-    ep = _int(row, "ep") or 1
     n = _int(row, "num_devices") or tp * pp
     if n % (tp * pp):
-        return rec | {"skipped": f"num_devices {n} is not a multiple of tp*pp {tp * pp}"}
+        return f"num_devices {n} is not a multiple of tp*pp {tp * pp}"
     try:
         model = _model(row)
         device = load_device((row.get("device") or "").strip())
     except AutoparError as exc:
-        return rec | {"skipped": str(exc)}
-    dpn = _int(row, "devices_per_node") or min(device.scale_up.domain, n)
+        return str(exc)
     backend, said = stack_of(row)
     if backend is None:
-        if said:
-            return rec | {"skipped": f"serving stack {said!r} has no backend profile (trtllm, vllm, sglang)"}
-        backend = "trtllm"
-        rec["assumptions"].append("stack trtllm (not stated)")
+        if said or stack_default is None:
+            return f"serving stack {said!r} has no backend profile (trtllm, vllm, sglang)"
+        backend = stack_default
+        rec["assumptions"].append(f"stack {stack_default} (not stated)")
     rec.update(
         backend=backend,
         model=model,
         device=device,
-        isl=isl,
-        osl=osl,
         tp=tp,
         pp=pp,
-        ep=ep,
+        ep=_int(row, "ep") or 1,
         replicas=n // (tp * pp),
-        devices_per_node=min(dpn, n),
-        precision=PRECISION[prec],
-        measured=meas,
-        label=f"{row.get('model_preset') or row.get('model')} {row.get('device')} tp{tp} pp{pp} {isl}/{osl}",
+        devices_per_node=min(_int(row, "devices_per_node") or device.scale_up.domain, n),
     )
-    return rec
+    return None
+
+
+def study_calibration(path: Path, calibration: str | None, what: str):
+    """The calibration of a study reading ``path``, or None after printing the one-line error (the
+    study then exits 2)."""
+    if not path.is_file():
+        print(f"error: {path} does not exist (pass --csv PATH to {what})", file=sys.stderr)
+        return None
+    try:
+        return load_calibration(calibration)
+    except AutoparError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
 
 
 def evaluate_row(rec: dict[str, Any], cal, sc: ServingCoefficients | None, **load: Any) -> dict[str, Any]:
@@ -416,13 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         "to this YAML (the shipped one is cost_models/calibration/serving_expected_error.yaml); implies --lodo",
     )
     a = ap.parse_args(argv)
-    if not a.csv.is_file():
-        print(f"error: {a.csv} does not exist (pass --csv PATH to a published-runs CSV)", file=sys.stderr)
-        return 2
-    try:
-        cal = load_calibration(a.calibration)
-    except AutoparError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    cal = study_calibration(a.csv, a.calibration, "a published-runs CSV")
+    if cal is None:
         return 2
     recs = [prepare(r) for r in load_rows(a.csv)]
     sc = None

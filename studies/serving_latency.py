@@ -38,11 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from published_serving import PRECISION, _int, _model, _num, evaluate_row, stack_of
+from published_serving import PRECISION, _int, _num, evaluate_row, instance, study_calibration
 
-from autopar.coefficients import load_calibration
-from autopar.errors import AutoparError
-from autopar.hardware import load_device
 from autopar.serving.estimate import (
     REASONS,
     ServingCoefficients,
@@ -76,40 +73,21 @@ def prepare(row: dict[str, str]) -> dict[str, Any]:
     prec = (row.get("precision") or "").strip().lower()
     if prec not in PRECISION:
         return rec | {"skipped": f"precision {prec!r} is not modeled for serving"}
-    tp = _int(row, "tp")
-    if tp is None:
-        return rec | {"skipped": "tp not stated"}
-    pp = _int(row, "pp") or 1
-    ep = _int(row, "ep") or 1
-    n = _int(row, "num_devices") or tp * pp
-    if n % (tp * pp):
-        return rec | {"skipped": f"num_devices {n} is not a multiple of tp*pp {tp * pp}"}
-    replicas = n // (tp * pp)
+    why = instance(row, rec, stack_default=None)
+    if why:
+        return rec | {"skipped": why}
+    replicas = rec.pop("replicas")
     if conc % replicas:
         return rec | {"skipped": f"concurrency {conc} does not split evenly over {replicas} replicas"}
-    try:
-        model = _model(row)
-        device = load_device((row.get("device") or "").strip())
-    except AutoparError as exc:
-        return rec | {"skipped": str(exc)}
-    backend, said = stack_of(row)
-    if backend is None:
-        return rec | {"skipped": f"serving stack {said!r} has no backend profile (trtllm, vllm, sglang)"}
     return rec | {
-        "backend": backend,
-        "model": model,
-        "device": device,
         "isl": isl,
         "osl": osl,
-        "tp": tp,
-        "pp": pp,
-        "ep": ep,
         "conc": conc // replicas,
-        "devices_per_node": min(_int(row, "devices_per_node") or device.scale_up.domain, n),
         "precision": PRECISION[prec],
         "ttft_meas_ms": ttft,
         "tpot_meas_ms": tpot,
-        "label": f"{row.get('model_preset') or row.get('model')} {device.id} tp{tp} {prec} {isl}/{osl} c{conc}",
+        "label": f"{row.get('model_preset') or row.get('model')} {rec['device'].id} tp{rec['tp']} {prec} "
+        f"{isl}/{osl} c{conc}",
     }
 
 
@@ -254,13 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         "waves; the summary also prints the other assumption's TTFT error)",
     )
     a = ap.parse_args(argv)
-    if not a.csv.is_file():
-        print(f"error: {a.csv} does not exist", file=sys.stderr)
-        return 2
-    try:
-        cal = load_calibration(a.calibration)
-    except AutoparError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    cal = study_calibration(a.csv, a.calibration, "a serving-latency CSV")
+    if cal is None:
         return 2
     recs = [prepare(r) for r in load_rows(a.csv)]
     print(f"arrival: {a.arrival} (ServingWorkload.arrival)")

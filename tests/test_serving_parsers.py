@@ -184,34 +184,52 @@ def _worker_commands() -> list[tuple[str, list[str], dict[str, Any]]]:
     return out
 
 
-def _export_commands() -> list[tuple[str, list[str], dict[str, Any]]]:
-    """``autopar export --format vllm`` of every aggregated record: the command after `vllm serve`."""
-    from autopar.cli.export import render_record, serving_export_record
+# the launch prefix of each serving export, and its address placeholder given a value
+LAUNCH = {
+    "vllm": (["vllm", "serve"], '"${MASTER_ADDR}"', "10.0.0.1"),
+    "sglang": (["python", "-m", "sglang.launch_server"], '"${MASTER_ADDR}:${MASTER_PORT}"', "10.0.0.1:5000"),
+}
 
-    out = []
+
+def _aggregated_exports(fmt: str):
+    """(label, job keywords, serve record, export record, argv after the launch prefix, launches per
+    deployment) of ``autopar export --format fmt`` for every aggregated record of every case scored
+    for that backend. A record's replicas are separate launches exactly where the launcher cannot run
+    them as data parallelism: a MoE model on vLLM (its DP shares the experts), replicas over nodes on
+    SGLang (it refuses multi-node DP); the export says so in a comment."""
+    from autopar.cli.export import render_record, serving_export_record
+    from autopar.export import layout_and_job_from_json
+
+    prefix, placeholder, value = LAUNCH[fmt]
     for case, kw in CASES.items():
-        for i, rec in enumerate(_records(**kw)[:6]):
+        for i, rec in enumerate(_records(backend=fmt, **kw)[:6]):
             if rec.get("mode") != "aggregated":
                 continue
             ex = serving_export_record(rec)
-            text = render_record(ex, "vllm").replace('"${MASTER_ADDR}"', "10.0.0.1")
+            text = render_record(ex, fmt).replace(placeholder, value)
             body = " ".join(ln.rstrip("\\") for ln in text.splitlines() if not ln.lstrip().startswith("#"))
             toks = shlex.split(body)
-            assert toks[:2] == ["vllm", "serve"], toks[:3]
-            # a MoE model's replicas are separate vLLM launches (its DP would share the experts)
-            replicas = ex.get("per_instance", {}).get("replicas", 1)
-            moe = ex.get("per_instance", {}).get("moe", False)
-            assert (replicas > 1 and moe) == (f"one of {replicas} identical replicas" in text), case
-            if not moe:
-                replicas = 1
-            want = {
-                "tensor_parallel_size": ex["tp"],
-                "pipeline_parallel_size": ex["pp"],
-                "data_parallel_size": ex["dp"] // replicas,
-                "enable_expert_parallel": ex["ep"] > 1,
-                "max_num_seqs": ex["micro_batch"],
-            }
-            out.append((f"export {case}#{i}", toks[2:], want))
+            assert toks[: len(prefix)] == prefix, toks[: len(prefix) + 1]
+            inst = ex.get("per_instance") or {}
+            nodes = layout_and_job_from_json({k: v for k, v in ex.items() if k != "per_instance"})[1].nnodes
+            split = bool(inst) and (inst["moe"] if fmt == "vllm" else nodes > 1)
+            launches = inst["replicas"] if split else 1
+            assert split == (f"# one of {launches} identical replicas" in text), (case, i)
+            yield f"{fmt} export {case}#{i}", kw, rec, ex, toks[len(prefix) :], launches
+
+
+def _export_commands() -> list[tuple[str, list[str], dict[str, Any]]]:
+    """``autopar export --format vllm`` of every aggregated record: the command after `vllm serve`."""
+    out = []
+    for label, _, _, ex, argv, launches in _aggregated_exports("vllm"):
+        want = {
+            "tensor_parallel_size": ex["tp"],
+            "pipeline_parallel_size": ex["pp"],
+            "data_parallel_size": ex["dp"] // launches,
+            "enable_expert_parallel": ex["ep"] > 1,
+            "max_num_seqs": ex["micro_batch"],
+        }
+        out.append((label, argv, want))
     return out
 
 
@@ -258,31 +276,17 @@ def test_the_parser_is_real_it_refuses_what_vllm_does_not_know(vllm_python: Path
 
 def _sglang_export_commands() -> list[tuple[str, list[str], dict[str, Any]]]:
     """``autopar export --format sglang`` of every aggregated record scored for SGLang."""
-    from autopar.cli.export import render_record, serving_export_record
-
     out = []
-    for case, kw in CASES.items():
-        for i, rec in enumerate(_records(backend="sglang", **kw)[:6]):
-            if rec.get("mode") != "aggregated":
-                continue
-            ex = serving_export_record(rec)
-            text = render_record(ex, "sglang").replace('"${MASTER_ADDR}:${MASTER_PORT}"', "10.0.0.1:5000")
-            body = " ".join(ln.rstrip("\\") for ln in text.splitlines() if not ln.lstrip().startswith("#"))
-            toks = shlex.split(body)
-            assert toks[:3] == ["python", "-m", "sglang.launch_server"], toks[:4]
-            replicas = ex.get("per_instance", {}).get("replicas", 1)
-            if f"one of {replicas} identical replicas" not in text:
-                replicas = 1
-            adp = int(rec.get("adp") or 1)
-            want = {
-                "tp_size": int(rec["tp"]),
-                "pp_size": int(rec["pp"]),
-                "ep_size": int(rec.get("ep") or 1),
-                "attn_dp_size": adp,
-                "dp_size": int(rec["devices"]) // (int(rec["tp"]) * int(rec["pp"])) // replicas,
-                "context_length": int(kw["isl"]) + int(kw["osl"]),
-            }
-            out.append((f"sglang export {case}#{i}", toks[3:], want))
+    for label, kw, rec, _, argv, launches in _aggregated_exports("sglang"):
+        want = {
+            "tp_size": int(rec["tp"]),
+            "pp_size": int(rec["pp"]),
+            "ep_size": int(rec.get("ep") or 1),
+            "attn_dp_size": int(rec.get("adp") or 1),
+            "dp_size": int(rec["devices"]) // (int(rec["tp"]) * int(rec["pp"])) // launches,
+            "context_length": int(kw["isl"]) + int(kw["osl"]),
+        }
+        out.append((label, argv, want))
     return out
 
 

@@ -50,23 +50,13 @@ def render_record(record: dict[str, Any], fmt: str, launcher_version: str | None
             f"a serving record (serve --json) cannot be exported as {fmt} training arguments",
             "export it with --format vllm or sglang",
         )
-    replicas = 1
-    if isinstance(record, dict) and record.get("serving"):
-        record = dict(record)
-        inst = record.pop("per_instance", None)
-        j = record.get("job") or {}
-        multi_node = layout_and_job_from_json(record)[1].nnodes > 1 if inst and fmt == "sglang" else False
-        # vLLM's data parallelism shares a MoE model's expert layers over every DP engine (experts
-        # sharded, or expert-parallel, over all DP x TP ranks); SGLang refuses data-parallel replicas
-        # over several nodes (check_server_args: "multi-node data-parallel replicas are not
-        # supported"). There each replica is a separate launch of one instance.
-        if inst and ((fmt == "vllm" and inst.get("moe")) or (fmt == "sglang" and multi_node)):
-            replicas, engines = int(inst["replicas"]), int(inst["engines"])
-            j = dict(j)
-            j["cluster"] = dict(j["cluster"], num_devices=int(j["cluster"]["num_devices"]) // replicas)
-            j["workload"] = dict(j["workload"], global_batch=int(record["micro_batch"]) * engines)
-            record.update(dp=engines, job=j)
+    inst = record.get("per_instance") if isinstance(record, dict) else None
+    if inst:  # serve_export_record's replica bookkeeping, not a layout field
+        record = {k: v for k, v in record.items() if k != "per_instance"}
     layout, job = layout_and_job_from_json(record)
+    replicas = _separate_replicas(inst, fmt, job.nnodes)
+    if replicas > 1:
+        layout, job = layout_and_job_from_json(_one_replica(record, replicas, int(inst["engines"])))
     if job.num_layers is None:
         try:
             from autopar.model import load_model
@@ -89,6 +79,27 @@ def render_record(record: dict[str, Any], fmt: str, launcher_version: str | None
         )
         text = f"{head}\n{note}\n{rest}"
     return text
+
+
+def _separate_replicas(inst: dict[str, Any] | None, fmt: str, nnodes: int) -> int:
+    """How many separate launches a serving record's replicas take in ``fmt`` (1: one command).
+
+    vLLM's data parallelism shares a MoE model's expert layers over every DP engine (experts
+    sharded, or expert-parallel, over all DP x TP ranks); SGLang refuses data-parallel replicas over
+    several nodes (check_server_args: "multi-node data-parallel replicas are not supported"). There
+    each replica is a separate launch of one instance."""
+    if not inst:
+        return 1
+    split = (fmt == "vllm" and inst.get("moe")) or (fmt == "sglang" and nnodes > 1)
+    return int(inst["replicas"]) if split else 1
+
+
+def _one_replica(record: dict[str, Any], replicas: int, engines: int) -> dict[str, Any]:
+    """The serving record of one of its ``replicas`` (its ``engines`` data-parallel engines)."""
+    j = dict(record["job"])
+    j["cluster"] = dict(j["cluster"], num_devices=int(j["cluster"]["num_devices"]) // replicas)
+    j["workload"] = dict(j["workload"], global_batch=int(record["micro_batch"]) * engines)
+    return {**record, "dp": engines, "job": j}
 
 
 def _read_records(src: str) -> list[dict[str, Any]]:

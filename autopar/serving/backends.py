@@ -191,6 +191,17 @@ class BackendProfile(_M):
     expert_parallel: ExpertParallel | None = None  # None: divides_tp
 
 
+def expert_parallel_ok(profile: BackendProfile | None, ep, tp) -> np.ndarray:
+    """Whether the runtime launches ``ep``-wide expert parallelism in an instance of ``tp`` ranks
+    (arrays): its profile's ``expert_parallel`` rule, ``divides_tp`` where the profile states none.
+    The serving search (``estimate.legal``) and the deployment exports (``deploy``) both ask here."""
+    ep, tp = np.asarray(ep), np.asarray(tp)
+    rule = profile.expert_parallel.rule if profile is not None and profile.expert_parallel else "divides_tp"
+    if rule == "all_ranks":
+        return (ep == 1) | (ep == tp)
+    return tp % ep == 0
+
+
 def profile_path(name: str) -> Path:
     return Path(str(resources.files("autopar.cost_models") / "backends" / f"{name}.yaml"))
 

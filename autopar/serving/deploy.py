@@ -262,22 +262,20 @@ def _pool(role: str, d: Mapping[str, Any], replicas: int, batch: float, budget: 
 
 def _check_engine(pool: Pool, engine: str, chunked_prefill: bool, max_model_len: int) -> None:
     """Refuse what ``engine`` cannot run as scored."""
+    from autopar.serving.backends import expert_parallel_ok, load_backend
+
     tp = pool.tp * pool.dp  # the instance's TP (attention TP x attention-DP ranks)
-    if engine == "sglang":
-        if pool.ep > 1 and tp % pool.ep:
-            raise unsupported(
-                f"expert parallel ep={pool.ep} with tp={tp} ({pool.role} pool)",
-                "SGLang",
-                "SGLang's --ep-size divides --tp-size",
-            )
-        return
-    if pool.ep > 1 and pool.ep != tp:
+    if not expert_parallel_ok(load_backend(engine), pool.ep, tp):
         raise unsupported(
             f"expert parallel ep={pool.ep} within tp={tp} ({pool.role} pool)",
-            "vLLM",
-            "vLLM's --enable-expert-parallel shards the experts over every rank of the instance "
+            "SGLang" if engine == "sglang" else "vLLM",
+            "SGLang's --ep-size divides --tp-size"
+            if engine == "sglang"
+            else "vLLM's --enable-expert-parallel shards the experts over every rank of the instance "
             "(ep = tp); search with --ep 1 or --ep equal to tp, or serve with --backend sglang",
         )
+    if engine == "sglang":
+        return
     if pool.max_num_batched_tokens < pool.max_num_seqs:
         raise unsupported(
             f"a token budget of {pool.max_num_batched_tokens} per engine below {pool.max_num_seqs} "

@@ -57,6 +57,7 @@ from autopar.hardware import attention_fraction
 from autopar.job import KVPrecision, ServingWorkload, WeightPrecision
 from autopar.latency import Coefficients, gemm_time
 from autopar.memory import GIB
+from autopar.serving.backends import expert_parallel_ok
 
 __all__ = [
     "WeightPrecision",
@@ -400,9 +401,8 @@ def legal(ctx: ServingContext, tab: ServingTable) -> dict[str, np.ndarray]:
         | ((m.num_experts % ep != 0) if m.is_moe else np.zeros(len(tab), dtype=bool)),
         "attention_dp_dense": (adp > 1) & (not m.is_moe),
     }
-    ep_rule = ctx.backend.expert_parallel if ctx.backend is not None else None
-    if ep_rule is not None and ep_rule.rule == "all_ranks":
-        out["backend_ep"] = (ep > 1) & (ep != tp)
+    if ctx.backend is not None:
+        out["backend_ep"] = ~expert_parallel_ok(ctx.backend, ep, tp)
     return out
 
 
