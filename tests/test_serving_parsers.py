@@ -6,10 +6,10 @@ vLLM 0.34 pins torch 2.14 (a CUDA build) and CUDA kernel packages, none of which
 needs. The test installs the vLLM wheel without its dependencies, plus the handful of pure-Python
 packages `vllm serve`'s parser imports (``tests/launchers/vllm-parser.txt``), into a cached virtual
 environment that sees the project's own packages (``AUTOPAR_TEST_CACHE``, default
-``~/.cache/autopar-tests``; about 0.7 GB, built once), and runs ``tests/launchers/vllm_parse.py``
+``~/.cache/autopar-tests``; 659 MB on disk, built once), and runs ``tests/launchers/vllm_parse.py``
 there with ``VLLM_TARGET_DEVICE=cpu``: the parser is built as ``vllm serve`` builds it
 (``ServeSubcommand``: ``make_arg_parser``, ``validate_parsed_serve_args``) and the engine arguments
-come from ``EngineArgs.from_cli_args``. Marked ``slow`` (the first run downloads ~240 MB); where
+come from ``EngineArgs.from_cli_args``. Marked ``slow`` (the first run downloads the 239 MB vLLM wheel and the 39 MB SGLang one); where
 vLLM cannot be installed (no package index) the test skips and says why.
 
 SGLang 0.5.23 the same way (``tests/launchers/sglang-parser.txt``, ``sglang_parse.py``:
