@@ -55,7 +55,7 @@ def render_record(record: dict[str, Any], fmt: str, launcher_version: str | None
         record = {k: v for k, v in record.items() if k != "per_instance"}
     layout, job = layout_and_job_from_json(record)
     replicas = _separate_replicas(inst, fmt, job.nnodes)
-    if replicas > 1:
+    if inst and replicas > 1:
         layout, job = layout_and_job_from_json(_one_replica(record, replicas, int(inst["engines"])))
     if job.num_layers is None:
         try:
