@@ -20,6 +20,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+# At import, not inside a test: importing it from within a running @given test imports
+# test_export.py, whose own @given at module level is then a nested given to Hypothesis (its health
+# check fails the test when this file runs alone, without the other test modules collected first).
+from test_profile_launch import megatron_flags
+
 from autopar.cli.export import render_record, serving_export_record
 from autopar.errors import AutoparError
 from autopar.export import EXPORTERS, parse
@@ -161,8 +166,6 @@ def check_launcher(fmt: str, text: str, layout: Layout) -> None:
     """The launcher's own reading of the text agrees with the layout (where the launcher is installed)."""
     if fmt == "megatron":
         tc = pytest.importorskip("megatron.core.transformer.transformer_config")
-        from test_profile_launch import megatron_flags
-
         f = megatron_flags(text)
         kw: dict[str, Any] = dict(
             tensor_model_parallel_size=int(f["tensor_model_parallel_size"]),
