@@ -108,6 +108,44 @@ def test_fit_recovers_the_coefficients_that_generated_the_data():
     assert g["framework_reserve_gib"] == 0.0 and g["comm_buffer_gb"] == 0.0 and g["fragmentation"] == 0.0
 
 
+def test_gpu_sweep_fits_bf16_shape_law_and_attention():
+    """On an accelerator the bf16 GEMMs set the shape law (their half-dimension, not fp32's), the
+    attention rows are bf16 and the adds carry a launch floor: a sweep generated at known rates over the GPU sweep's own shapes is
+    fitted back (peak x efficiency is what the rows identify; the peak is the fastest GEMM)."""
+    from autopar.calibration.microbench import SWEEPS
+
+    sweep = SWEEPS["gpu"]
+    peak, eff, hd, att, bw = 900e12, 0.8, 120.0, 0.45, 4.0e12
+    raw = synthetic_raw(1)
+    raw.update(device="cuda", backend="nccl", gpu="test gpu", collectives=[])
+    g = [{"precision": "bf16", "M": m, "N": n, "K": k} for m, n, k in sweep["gemm_bf16"]]
+    for r, t in zip(g, model_gemm_time(g, peak, eff, hd, bw, 2.0), strict=True):
+        r["time_s"] = float(t)
+    f32 = [{"precision": "fp32", "M": m, "N": n, "K": k} for m, n, k in sweep["gemm_fp32"]]
+    for r, t in zip(f32, model_gemm_time(f32, 60e12, 0.8, 30.0, bw, 4.0), strict=True):
+        r["time_s"] = float(t)
+    raw["gemm"] = g + f32
+    a = []
+    for b, h, s, d in sweep["attention"]:
+        r = {"precision": sweep["attention_precision"], "batch": b, "heads": h, "seq": s, "head_dim": d}
+        r["time_s"] = 3.5 * attention_flops(r) / (peak * eff * att * s / (s + hd))
+        a.append(r)
+    raw["attention"] = a
+    raw["elementwise"] = [
+        {"op": "add", "numel": n, "bytes": 12 * n, "time_s": max(9e-6, 12 * n / (bw * 0.9))}
+        for n in sweep["elementwise"]
+    ] + [{"op": "copy", "numel": 2**30, "bytes": 8 * 2**30, "time_s": 8 * 2**30 / bw}]
+    v = fit_microbenchmarks(raw, name="synthetic-gpu").values
+    assert v["gemm_half_dim"] == pytest.approx(hd, rel=0.05)
+    # the adds' 9 us launch floor is a fixed cost per call, not a slow memory system
+    assert v["hbm_eff"] == pytest.approx(0.9, rel=0.03) and v["memory_bw_gbps"] == pytest.approx(bw / 1e9)
+    assert v["peak_tflops_bf16"] * v["gemm_eff_bf16"] * 1e12 == pytest.approx(peak * eff, rel=0.02)
+    assert v["peak_tflops_bf16"] * v["attention_eff"] * 1e12 == pytest.approx(peak * eff * att, rel=0.03)
+    # the sweep is a GPU's: no shape below a few GFLOP, streams far past any L2
+    assert min(2 * m * n * k for m, n, k in sweep["gemm_bf16"]) >= 1e9
+    assert min(sweep["elementwise"][-1:]) * 4 >= 2**30
+
+
 def test_written_files_load_and_predict(tmp_path):
     fit = fit_microbenchmarks(synthetic_raw(), name="synthetic-w4")
     prof = write_profile_atomic(fit.profile, tmp_path / "synthetic-w4.device.yaml")

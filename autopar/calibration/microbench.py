@@ -62,6 +62,27 @@ SWEEPS: dict[str, dict[str, Any]] = {
         "reps": 7,
         "min_time_s": 0.02,
     },
+    # A GPU: training-size bf16 GEMMs (tokens of a micro-batch x hidden / FFN widths; the fastest
+    # stands for the peak), bf16 causal attention at training sequences, streams well past L2 and
+    # messages up to 256 MiB. The CPU sweep's 128-1024 GEMMs leave a GPU idle on launches. Run on
+    # one H200 (studies/cuda_check.py, 2026-12-04): 18-22 s.
+    "gpu": {
+        "gemm_fp32": [(1024, 1024, 1024), (4096, 4096, 4096)],
+        # >= 69 GFLOP each: smaller GEMMs ran at the host's launch rate on an H200 (a 512 x 1024 x
+        # 1024 one took 18 us, 58 TFLOP/s), which says nothing about the GPU
+        "gemm_bf16": [
+            (m, n, k) for m in (2048, 8192, 16384) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336))
+        ]
+        + [(8192, 8192, 8192), (16384, 8192, 8192)],
+        "attention": [(8, 16, 1024, 128), (4, 16, 2048, 128), (2, 16, 4096, 128), (1, 16, 8192, 128)]
+        + [(4, 32, 2048, 64), (1, 32, 8192, 64)],
+        "attention_precision": "bf16",
+        "elementwise": [2**k for k in (16, 20, 24, 26, 28)],
+        "collective_bytes": [2**k for k in (12, 16, 20, 24, 26, 28)],
+        "overlap_bytes": [2**24, 2**26],
+        "reps": 7,
+        "min_time_s": 0.01,
+    },
     "quick": {
         "gemm_fp32": [(64, 64, 64), (256, 256, 256), (64, 256, 512), (512, 512, 512)],
         "gemm_bf16": [(64, 64, 64)],
@@ -148,8 +169,12 @@ class _Bench:
         torch = self.torch
         F = torch.nn.functional
         rows = []
+        prec = self.sweep.get("attention_precision", "fp32")
+        dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[prec]
         for b, h, s, d in self.sweep["attention"]:
-            q, k, v = (torch.randn(b, h, s, d, device=self.device, requires_grad=True) for _ in range(3))
+            q, k, v = (
+                torch.randn(b, h, s, d, device=self.device, dtype=dt, requires_grad=True) for _ in range(3)
+            )
 
             def step(q=q, k=k, v=v):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -158,7 +183,7 @@ class _Bench:
             t = self.across_ranks(self.time_local(step))
             rows.append(
                 {
-                    "precision": "fp32",
+                    "precision": prec,
                     "batch": b,
                     "heads": h,
                     "seq": s,

@@ -32,7 +32,11 @@ def register(sub: Any) -> dict[str, Any]:
         help="an existing directory to write into (default: ./autopar-calibration, created if missing; "
         "never the installed package)",
     )
-    p.add_argument("--quick", action="store_true", help="a small sweep (seconds; for CI and smoke tests)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small sweep (seconds; for CI and smoke tests); without it a GPU gets training-size shapes",
+    )
     p.add_argument(
         "--run-device",
         choices=("auto", "cpu", "cuda"),
@@ -104,7 +108,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
             world_size=world,
             name=name,
             out_dir=out_dir,
-            sweep="quick" if a.quick else "full",
+            sweep="quick" if a.quick else "gpu" if kind == "cuda" else "full",
             device=a.run_device,
             timeout_s=a.timeout,
             raw=raw,
