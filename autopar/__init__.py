@@ -33,6 +33,39 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
+
+def _map_checkout_data() -> None:
+    """Run from a source checkout without ``pip install`` (``PYTHONPATH`` at the checkout, e.g. on a
+    machine with no package index), ``autopar.cost_models`` and ``autopar.search_spaces`` are the
+    top-level ``cost_models/`` and ``search_spaces/`` the install maps into the package
+    (pyproject ``package-dir``): map them the same way. Installed or editable: nothing to do."""
+    import sys
+    from importlib.machinery import PathFinder
+    from importlib.util import module_from_spec, spec_from_file_location
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for sub in ("cost_models", "search_spaces"):
+        name, init = f"{__name__}.{sub}", root / sub / "__init__.py"
+        if name in sys.modules or not init.is_file() or (Path(__file__).parent / sub).exists():
+            continue
+        if any(
+            f.find_spec(name, __path__) is not None
+            for f in sys.meta_path
+            if f is not PathFinder and hasattr(f, "find_spec")
+        ):
+            continue  # an installed finder (editable install) maps it
+        spec = spec_from_file_location(name, init, submodule_search_locations=[str(root / sub)])
+        if spec is None or spec.loader is None:
+            continue
+        mod = module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        globals()[sub] = mod
+
+
+_map_checkout_data()
+
 if TYPE_CHECKING:
     from autopar.errors import AutoparError as AutoparError
     from autopar.hardware import DeviceProfile as DeviceProfile

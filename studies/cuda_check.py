@@ -19,10 +19,10 @@ Three parts, each written to DIR as soon as it ends (a failing part is recorded 
    PyTorch, NCCL) and compares step time and peak memory with the shipped profile's predictions;
    the same layouts are then predicted with part 2's fresh calibration.
 
-Needs autopar importable by the GPU machine's Python (``pip install -e .``; with no package index
-there, as on the lent H200: pydantic carried as wheels, ``PYTHONPATH`` at the checkout, and the links
-``autopar/cost_models -> ../cost_models`` and ``autopar/search_spaces -> ../search_spaces`` that the
-install would map). The model keys name Llama 3.2 1B and 3B shapes, with an untied head.
+Needs autopar importable by the GPU machine's Python: ``pip install -e .``, or with no package index
+there (as on the lent H200) pydantic carried as wheels and ``PYTHONPATH`` at the checkout (the run on
+2026-12-04 also linked ``autopar/cost_models`` and ``autopar/search_spaces``, which a checkout now
+maps itself). The model keys name Llama 3.2 1B and 3B shapes, with an untied head.
 
 ``summary.txt`` holds the printed figures. Seven files in all; the models and layouts files the
 commands read live in a temporary directory. Nothing else is written.
