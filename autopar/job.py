@@ -214,6 +214,18 @@ class ServingWorkload(_Frozen):
         "expert load balancing such as EPLB brings down); an MoE layer waits for that rank's expert GEMMs "
         "and receives its share of the all-to-all",
     )
+    ep_dispatch: Literal["default", "deepep"] = Field(
+        "default",
+        description="token dispatch of expert parallelism under attention data parallelism: default (the "
+        "backend's own: every routed copy in 16 bits) or deepep (DeepEP kernels: a token crosses the "
+        "network once per destination node and NVLink once per destination rank, dispatched in the "
+        "GEMMs' 8- or 4-bit format; SGLang --moe-a2a-backend deepep, vLLM --all2all-backend deepep_*)",
+    )
+    ep_overlap: bool = Field(
+        False,
+        description="two-batch overlap: each iteration's batch runs as two halves, one's expert all-to-alls "
+        "behind the other's compute (SGLang --enable-two-batch-overlap, vLLM --enable-dbo)",
+    )
     speculative_tokens: int = Field(
         0,
         ge=0,

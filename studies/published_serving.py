@@ -320,6 +320,30 @@ def expected_error_table(
             "text": text,
         }
 
+    widening: dict[str, Any] = {
+        "device": borrowed("device", "no serving run measured on this device or its same-silicon twin"),
+        "datasheet": borrowed("device", "device coefficients are datasheet efficiencies (never fitted)"),
+        "model_class": borrowed("model_class", "model class never measured in serving (MoE/MLA)"),
+    }
+    # A stack no row measured takes the largest of these borrowed factors (stated here, so that the
+    # measured MoE/MLA factor below does not also become the stack's).
+    k_max = max(widening, key=lambda k: widening[k]["factor"])
+    widening["backend"] = {
+        "factor": widening[k_max]["factor"],
+        "from": f"the largest borrowed factor (widening.{k_max}): no serving run of another stack to fit one",
+        "text": "no serving run of this stack measured (the stacks measured: trtllm)",
+    }
+    domain = {
+        "devices": sorted({r["device"].id for r in done}),
+        "model_classes": sorted({"moe" if r["model"].is_moe else "dense" for r in done}),
+        "stacks": sorted({r["backend"] for r in done}),
+    }
+    partial = {"domain": domain, "base": {"p90_ape": p90}, "widening": widening}
+    from serving_moe_anchor import model_class_widening
+
+    measured = model_class_widening(partial)
+    if measured is not None:
+        widening["model_class"] = measured
     return {
         "schema": "autopar.serving_expected_error/v1",
         "provenance": {
@@ -330,22 +354,14 @@ def expected_error_table(
             "data": {csv_path.name: hashlib.sha256(csv_path.read_bytes()).hexdigest()[:16]},
             "stack": "trtllm (trtllm-bench max-throughput runs)",
         },
-        "domain": {
-            "devices": sorted({r["device"].id for r in done}),
-            "model_classes": sorted({"moe" if r["model"].is_moe else "dense" for r in done}),
-            "stacks": sorted({r["backend"] for r in done}),
-        },
+        "domain": domain,
         "base": {
             "rows": int(len(allerr)),
             "p90_ape": round(p90, 4),
             "median_ape": round(float(np.median(allerr)), 4),
             "in_sample_p90_ape": round(float(np.quantile([abs(r["error"]) for r in done], 0.9)), 4),
         },
-        "widening": {
-            "device": borrowed("device", "no serving run measured on this device or its same-silicon twin"),
-            "datasheet": borrowed("device", "device coefficients are datasheet efficiencies (never fitted)"),
-            "model_class": borrowed("model_class", "model class never measured in serving (MoE/MLA)"),
-        },
+        "widening": widening,
         "coverage": {
             k: {"rows": len(v), "coverage": round(float(np.mean(np.abs(v) <= p90)), 4)}
             for k, v in held.items()

@@ -138,6 +138,10 @@ CASES = {
         model="deepseek-v3", device="h200-sxm-141gb", num_devices=32, isl=1024, osl=1024,
         weight_precision="fp8", ttft_ms=2000.0, tpot_ms=80.0,
     ),
+    "dsv3-deepep-tbo-32xh200": dict(
+        model="deepseek-v3", device="h200-sxm-141gb", num_devices=32, isl=1024, osl=1024,
+        weight_precision="fp8", ttft_ms=2000.0, tpot_ms=80.0, ep_dispatch="deepep", ep_overlap=True,
+    ),
     "qwen3-30b-a3b-ep-h100": dict(
         model="qwen3-30b-a3b", device="h100-sxm-80gb", num_devices=8, isl=1024, osl=256, concurrency=256,
     ),
@@ -178,9 +182,21 @@ def _worker_commands() -> list[tuple[str, list[str], dict[str, Any]]]:
                 }
                 if plan.prefix_caching:
                     want["enable_prefix_caching"] = True
+                # the expert all-to-all runtime scored: DeepEP and two-batch overlap where EP runs
+                # under attention DP, vLLM's defaults elsewhere
+                wide = pool.dp > 1 and pool.expert_parallel
+                want["all2all_backend"] = (
+                    {"decode": "deepep_low_latency"}.get(pool.role, "deepep_high_throughput")
+                    if wide and plan.ep_dispatch == "deepep"
+                    else "allgather_reducescatter"
+                )
+                want["enable_dbo"] = wide and plan.ep_overlap
                 out.append((f"{case}#{i} {pool.role}", [plan.checkpoint, *vllm_args(plan, pool)], want))
         if case == "llama70b-fp8-h200":
             assert seen_disagg, "the issue-23 case has disaggregated plans among its best"
+        if case == "dsv3-deepep-tbo-32xh200":
+            plans = [plan_from_record(r) for r in recs[:6]]
+            assert any(p.dp > 1 and p.expert_parallel for pl in plans for p in pl.pools), "wide EP scored"
     return out
 
 
@@ -228,6 +244,10 @@ def _export_commands() -> list[tuple[str, list[str], dict[str, Any]]]:
             "data_parallel_size": ex["dp"] // launches,
             "enable_expert_parallel": ex["ep"] > 1,
             "max_num_seqs": ex["micro_batch"],
+            "all2all_backend": "deepep_high_throughput"
+            if ex["job"]["workload"].get("moe_dispatcher") == "deepep"
+            else "allgather_reducescatter",
+            "enable_dbo": bool(ex["job"]["workload"].get("moe_a2a_overlap")),
         }
         out.append((label, argv, want))
     return out
@@ -285,6 +305,15 @@ def _sglang_export_commands() -> list[tuple[str, list[str], dict[str, Any]]]:
             "attn_dp_size": int(rec.get("adp") or 1),
             "dp_size": int(rec["devices"]) // (int(rec["tp"]) * int(rec["pp"])) // launches,
             "context_length": int(kw["isl"]) + int(kw["osl"]),
+            # the expert all-to-all runtime scored (EP under attention DP only)
+            "moe_a2a_backend": "deepep"
+            if kw.get("ep_dispatch") == "deepep"
+            and int(rec.get("adp") or 1) > 1
+            and int(rec.get("ep") or 1) > 1
+            else "none",
+            "enable_two_batch_overlap": bool(kw.get("ep_overlap"))
+            and int(rec.get("adp") or 1) > 1
+            and int(rec.get("ep") or 1) > 1,
         }
         out.append((label, argv, want))
     return out

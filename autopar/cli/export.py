@@ -228,6 +228,15 @@ def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
                 "kind": "training",
                 "seq_len": int(w["isl"]) + int(w["osl"]),
                 "global_batch": micro * dp,
+                # the expert all-to-all runtime priced where it runs: EP under attention DP
+                **(
+                    {
+                        "moe_dispatcher": "deepep" if w.get("ep_dispatch") == "deepep" else "alltoall",
+                        "moe_a2a_overlap": bool(w.get("ep_overlap")),
+                    }
+                    if ep > 1 and engines > 1
+                    else {}
+                ),
             },
             "allow_long_context": job.get("allow_long_context", False),
         },

@@ -51,7 +51,7 @@ FMT = "sglang"
 DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}
 # SGLang 0.5.23 refuses pipeline parallelism with its overlap scheduler (check_server_args:
 # "Pipeline parallelism is not compatible with overlap schedule"): pp > 1 turns it off
-BOOL_FLAGS = ("--disable-overlap-schedule",)
+BOOL_FLAGS = ("--disable-overlap-schedule", "--enable-two-batch-overlap")
 VALUE_FLAGS = (
     "--model-path",
     "--tp-size",
@@ -66,6 +66,7 @@ VALUE_FLAGS = (
     "--nnodes",
     "--node-rank",
     "--dist-init-addr",
+    "--moe-a2a-backend",
 )
 
 
@@ -75,6 +76,7 @@ class SglangExporter(Exporter):
     suffix = ".sh"
     description = "SGLang serving command (python -m sglang.launch_server)"
     serving = True
+    moe_options = True
 
     def _render(self, layout: Layout, job: Job) -> str:
         for cond, feature, hint in (
@@ -117,6 +119,7 @@ class SglangExporter(Exporter):
             a += [flag("--tp-size", layout.tp), flag("--pp-size", layout.pp), flag("--dp-size", layout.dp)]
         if layout.ep > 1:
             a.append(flag("--ep-size", layout.ep))
+        a += _moe_runtime_flags(layout, job, attn_dp)
         a += [
             flag("--context-length", job.seq_len),
             flag("--max-running-requests", layout.micro_batch * (layout.dp if attn_dp else 1)),
@@ -167,6 +170,11 @@ class SglangExporter(Exporter):
         if "--model-path" not in f:
             raise ExportError(f"--model-path missing from the {FMT} text")
         model = f["--model-path"]
+        a2a = f.get("--moe-a2a-backend", "none")
+        if a2a not in ("none", "deepep"):
+            raise unsupported(
+                f"--moe-a2a-backend {a2a}", "autopar (reading " + FMT + ")", "autopar prices none or deepep"
+            )
         if header and model == serving_model_ref(str(header["job"].get("model", "")), FMT):
             model = header["job"]["model"]  # the checkpoint named for the job's preset or config
         job = merge_job(
@@ -176,6 +184,8 @@ class SglangExporter(Exporter):
                 "seq_len": num("--context-length"),
                 "num_devices": tp * pp * dp,
                 "global_batch": mb * dp,
+                "moe_dispatcher": "deepep" if a2a == "deepep" else "alltoall",
+                "moe_a2a_overlap": bool(f.get("--enable-two-batch-overlap")),
             },
             FMT,
         )
@@ -206,3 +216,21 @@ class SglangExporter(Exporter):
             FMT,
         )
         return layout, job
+
+
+def _moe_runtime_flags(layout: Layout, job: Job, attn_dp: bool) -> list[str]:
+    """The expert all-to-all runtime the plan was priced with: DeepEP (``--moe-a2a-backend deepep``,
+    its mode left at ``auto``) and two-batch overlap (``--enable-two-batch-overlap``). Both run under
+    attention DP with the experts over every rank (SGLang sets ep_size = tp_size for DeepEP)."""
+    deepep, overlap = job.moe_dispatcher == "deepep", job.moe_a2a_overlap
+    if not (deepep or overlap):
+        return []
+    if not (attn_dp and layout.ep == layout.tp * layout.dp):
+        raise unsupported(
+            f"MoE dispatcher {job.moe_dispatcher}" + (" with two-batch overlap" if overlap else ""),
+            FMT,
+            "SGLang runs DeepEP and two-batch overlap under attention DP with --ep-size equal to --tp-size",
+        )
+    return ([flag("--moe-a2a-backend", "deepep")] if deepep else []) + (
+        [flag("--enable-two-batch-overlap")] if overlap else []
+    )

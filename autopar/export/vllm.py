@@ -55,8 +55,12 @@ VALUE_FLAGS = (
     "--nnodes",
     "--node-rank",
     "--master-addr",
+    "--all2all-backend",
 )
-BOOL_FLAGS = ("--enable-expert-parallel",)
+BOOL_FLAGS = ("--enable-expert-parallel", "--enable-dbo")
+# vLLM's DeepEP all2all backends (ParallelConfig.all2all_backend, vLLM 0.34): high-throughput kernels
+# for prefill and mixed batches, low-latency ones (CUDA-graph friendly) for decode-only engines
+DEEPEP_BACKENDS = ("deepep_high_throughput", "deepep_low_latency")
 
 
 @register
@@ -65,6 +69,7 @@ class VllmExporter(Exporter):
     suffix = ".sh"
     description = "vLLM serving command (vllm serve)"
     serving = True
+    moe_options = True
 
     def _render(self, layout: Layout, job: Job) -> str:
         for cond, feature, hint in (
@@ -100,6 +105,7 @@ class VllmExporter(Exporter):
             a.append(flag("--prefill-context-parallel-size", layout.cp))
         if layout.ep > 1:
             a.append(flag("--enable-expert-parallel"))
+        a += _moe_runtime_flags(layout, job)
         a += [
             flag("--max-model-len", job.seq_len),
             flag("--max-num-seqs", layout.micro_batch),
@@ -135,6 +141,13 @@ class VllmExporter(Exporter):
         )
         cp = num("--prefill-context-parallel-size", 1)
         mb = num("--max-num-seqs")
+        backend = f.get("--all2all-backend")
+        if backend is not None and backend not in DEEPEP_BACKENDS:
+            raise unsupported(
+                f"--all2all-backend {backend}",
+                "autopar (reading " + FMT + ")",
+                f"autopar prices the default all2all or DeepEP's ({', '.join(DEEPEP_BACKENDS)})",
+            )
         if header and model == serving_model_ref(str(header["job"].get("model", "")), FMT):
             model = header["job"]["model"]  # the checkpoint named for the job's preset or config
         job = merge_job(
@@ -144,6 +157,8 @@ class VllmExporter(Exporter):
                 "seq_len": num("--max-model-len"),
                 "num_devices": tp * pp * dp * cp,
                 "global_batch": mb * dp,
+                "moe_dispatcher": "deepep" if backend else "alltoall",
+                "moe_a2a_overlap": bool(f.get("--enable-dbo")),
             },
             FMT,
         )
@@ -172,3 +187,23 @@ class VllmExporter(Exporter):
             FMT,
         )
         return layout, job
+
+
+def _moe_runtime_flags(layout: Layout, job: Job) -> list[str]:
+    """The expert all-to-all runtime the plan was priced with: DeepEP (``--all2all-backend
+    deepep_high_throughput``: one engine runs prefill and decode) and dual-batch overlap
+    (``--enable-dbo``). vLLM runs both between data-parallel ranks with expert parallelism over all
+    of them; anything else would launch another runtime than the one scored."""
+    deepep, overlap = job.moe_dispatcher == "deepep", job.moe_a2a_overlap
+    if not (deepep or overlap):
+        return []
+    if not (layout.ep > 1 and layout.dp > 1):
+        raise unsupported(
+            f"MoE dispatcher {job.moe_dispatcher}" + (" with two-batch overlap" if overlap else ""),
+            FMT,
+            "vLLM's all2all backends and --enable-dbo run expert parallelism between data-parallel "
+            "ranks (--enable-expert-parallel with --data-parallel-size > 1)",
+        )
+    return ([flag("--all2all-backend", DEEPEP_BACKENDS[0])] if deepep else []) + (
+        [flag("--enable-dbo")] if overlap else []
+    )

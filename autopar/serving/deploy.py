@@ -132,8 +132,9 @@ SGLANG_VALUE_FLAGS = (
     "--disaggregation-mode",
     "--disaggregation-transfer-backend",
     "--disaggregation-bootstrap-port",
+    "--deepep-mode",
 )
-SGLANG_BOOL_FLAGS = ("--enable-dp-attention", "--skip-tokenizer-init")
+SGLANG_BOOL_FLAGS = ("--enable-dp-attention", "--skip-tokenizer-init", "--enable-two-batch-overlap")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -215,6 +216,8 @@ class Plan:
     pools: tuple[Pool, ...]
     short: str
     scored: dict[str, Any] = field(default_factory=dict)
+    ep_dispatch: str = "default"  # the workload's expert all-to-all runtime (ServingWorkload.ep_dispatch)
+    ep_overlap: bool = False  # two-batch overlap (ServingWorkload.ep_overlap)
 
     @property
     def disaggregated(self) -> bool:
@@ -497,7 +500,28 @@ def plan_from_record(record: Mapping[str, Any], opts: DeployOptions | None = Non
         pools=pools,
         short=str(record.get("short", "")),
         scored=scored,
+        ep_dispatch=w.ep_dispatch,
+        ep_overlap=w.ep_overlap,
     )
+
+
+def _wide_ep(plan: Plan, pool: Pool) -> tuple[bool, bool]:
+    """(DeepEP, two-batch overlap) on ``pool``: where the plan was priced with them, i.e. where its
+    experts' all-to-alls run, expert parallelism under attention DP (a pool without attention DP
+    all-reduces the experts' output as TP does, whatever the workload asked)."""
+    wide = pool.dp > 1 and pool.ep > 1
+    return wide and plan.ep_dispatch == "deepep", wide and plan.ep_overlap
+
+
+# DeepEP's kernels per pool role: the high-throughput (normal) ones for prompts, the low-latency ones
+# (masked layout, CUDA graphs) for decode-only workers; one engine that runs both takes vLLM's
+# high-throughput backend and SGLang's auto mode.
+VLLM_DEEPEP = {
+    "prefill": "deepep_high_throughput",
+    "decode": "deepep_low_latency",
+    "worker": "deepep_high_throughput",
+}
+SGLANG_DEEPEP_MODE = {"prefill": "normal", "decode": "low_latency", "worker": "auto"}
 
 
 def vllm_args(plan: Plan, pool: Pool, *, parallel: bool = True) -> list[str]:
@@ -511,6 +535,11 @@ def vllm_args(plan: Plan, pool: Pool, *, parallel: bool = True) -> list[str]:
     a += ["--pipeline-parallel-size", str(pool.pp)]
     if pool.expert_parallel:
         a.append("--enable-expert-parallel")
+    deepep, overlap = _wide_ep(plan, pool)
+    if deepep:
+        a += ["--all2all-backend", VLLM_DEEPEP[pool.role]]
+    if overlap:
+        a.append("--enable-dbo")
     a += [
         "--max-model-len",
         str(plan.max_model_len),
@@ -544,6 +573,11 @@ def sglang_args(plan: Plan, pool: Pool) -> list[str]:
         a += ["--dp-size", str(pool.dp), "--enable-dp-attention"]
     if pool.ep > 1:
         a += ["--ep-size", str(pool.ep)]
+    deepep, overlap = _wide_ep(plan, pool)
+    if deepep:
+        a += ["--moe-a2a-backend", "deepep", "--deepep-mode", SGLANG_DEEPEP_MODE[pool.role]]
+    if overlap:
+        a.append("--enable-two-batch-overlap")
     a += [
         "--pp-size",
         str(pool.pp),
@@ -794,6 +828,8 @@ def _pool_view(role: str, replicas: int, flags: Mapping[str, Any], fmt: str, **e
         "chunked_prefill": not flags.get("--no-enable-chunked-prefill"),
         "prefix_caching": bool(flags.get("--enable-prefix-caching")),
         "kv_transfer_config": flags.get("--kv-transfer-config"),
+        "all2all_backend": flags.get("--all2all-backend"),
+        "two_batch_overlap": bool(flags.get("--enable-dbo")),
         "engine": "vllm",
     }
     view.update(extra)
@@ -840,6 +876,9 @@ def _sglang_view(
         else None,
         "graph_limit": num("--cuda-graph-max-bs") if "--cuda-graph-max-bs" in flags else None,
         "transfer_backend": flags.get("--disaggregation-transfer-backend"),
+        "moe_a2a_backend": flags.get("--moe-a2a-backend", "none"),
+        "deepep_mode": flags.get("--deepep-mode"),
+        "two_batch_overlap": bool(flags.get("--enable-two-batch-overlap")),
         "devices_per_pod": per_pod,
         "nodes": nodes,
         "model": flags.get("--model-path"),

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from autopar import blocks, hybrid
+from autopar import blocks, hybrid, moe
 from autopar import collectives as C
 from autopar.coefficients import (
     DEFAULT_MEMORY_CONSTANTS,
@@ -403,6 +403,13 @@ def legal(ctx: ServingContext, tab: ServingTable) -> dict[str, np.ndarray]:
     }
     if ctx.backend is not None:
         out["backend_ep"] = ~expert_parallel_ok(ctx.backend, ep, tp)
+    # DeepEP's dispatch spans the instance: SGLang sets ep_size = tp_size with --moe-a2a-backend
+    # deepep, vLLM's all2all backends run between all data-parallel ranks
+    out["ep_dispatch_width"] = (
+        (adp > 1) & (ep > 1) & (ep != tp)
+        if ctx.workload.ep_dispatch == "deepep"
+        else np.zeros(len(tab), dtype=bool)
+    )
     return out
 
 
@@ -934,7 +941,8 @@ def _eager_launch_s(ctx: ServingContext, tab: ServingTable, it: _Iter, stage: np
     if cg.scope == "tokens":
         eager = it.tok_mb > limit
     else:  # decode batches up to the limit replay a graph; steps with prefill run eager
-        eager = (it.pre_a > 0) | (it.dec_a * it.adp > limit)
+        # each attention data-parallel rank replays its own graphs for its own decode batch
+        eager = (it.pre_a > 0) | (it.dec_a > limit)
     host = it.lps * cg.kernels_per_layer * cg.launch_us * 1e-6
     return np.where(eager, np.maximum(host - stage, 0.0), 0.0)
 
@@ -943,21 +951,18 @@ def _iter_comm(it: _Iter) -> dict[str, np.ndarray]:
     """The stage's TP all-reduces (attention-DP: the attention group's, and the MoE all-to-alls), the
     pipeline send, and the bytes each device puts on its links per micro-batch."""
     ctx, m = it.ctx, it.ctx.model
-    links, sc, tp, pp, adp, ta = ctx.links, ctx.sc, it.tp, it.pp, it.adp, it.ta
+    links, tp, pp, adp, ta = ctx.links, it.tp, it.pp, it.adp, it.ta
     h = float(m.hidden)
-    ones = np.ones(it.n)
     ar_bytes = it.tok_mb * h * ACT_BYTES
-    sync = sc.collective_sync_s
     ar_tp = _all_reduce(ctx, ar_bytes, tp)
+    a2a_stage = np.zeros(it.n)
     if m.is_moe:
         ar_attn = _all_reduce(ctx, ar_bytes / adp, ta)
-        # the busiest rank receives (and sends back) its imbalance times the balanced share; a latent
-        # MoE dispatches its projected tokens
-        a2a_bytes = it.M * m.moe_topk * float(m.moe_dim) * ACT_BYTES * _expert_imbalance(it)
-        a2a = C.all_to_all(links, a2a_bytes, tp, ones) + np.where(tp > 1, sync, 0.0)
-        moe_comm = np.where(adp > 1, ar_attn + 2.0 * a2a, 2.0 * ar_tp)
+        a2a_pair = _ep_all_to_all(it)
+        moe_comm = np.where(adp > 1, ar_attn + a2a_pair, 2.0 * ar_tp)
         dense_comm = np.where(adp > 1, 2.0 * ar_attn, 2.0 * ar_tp)
         comm = it.n_moe * moe_comm + it.n_dense * dense_comm
+        a2a_stage = np.where(adp > 1, it.n_moe * a2a_pair, 0.0)
     else:
         comm = it.layers * 2.0 * ar_tp
     if it.mx is not None:
@@ -968,7 +973,7 @@ def _iter_comm(it: _Iter) -> dict[str, np.ndarray]:
         mixers = mx.attn + mx.linear + mx.mamba
         comm = it.lps * mixers * np.where(adp > 1, ar_mix, ar_tp) + it.n_dense * ar_tp
         if m.is_moe:
-            comm = comm + it.n_moe * np.where(adp > 1, 2.0 * a2a, ar_tp)
+            comm = comm + it.n_moe * np.where(adp > 1, a2a_pair, ar_tp)
     inter_pp = tp >= ctx.devices_per_node
     p2p = np.where(pp > 1, C.p2p(links, it.tok_mb * h * ACT_BYTES, inter_pp), 0.0)
 
@@ -980,7 +985,44 @@ def _iter_comm(it: _Iter) -> dict[str, np.ndarray]:
     pp_bytes = np.where(pp > 1, it.tok_mb * h * ACT_BYTES, 0.0)
     link_up = np.where(tp_inter, 0.0, tp_bytes) + np.where(inter_pp, 0.0, pp_bytes)
     link_out = np.where(tp_inter, tp_bytes, 0.0) + np.where(inter_pp, pp_bytes, 0.0)
-    return {"comm": comm, "p2p": p2p, "link_up": link_up, "link_out": link_out}
+    return {"comm": comm, "p2p": p2p, "link_up": link_up, "link_out": link_out, "a2a": a2a_stage}
+
+
+# Bytes per element DeepEP dispatches at, by the expert GEMMs' format: FP8 with one fp32 scale per 128
+# channels (DeepEP README: "FP8 dispatching"; SGLang/vLLM quantize before dispatch for FP8 experts),
+# NVFP4 with one FP8 scale per 16 elements (fused into DeepEP for NVFP4 experts: LMSYS, "Deploying
+# DeepSeek on GB200 NVL72 ... Part II", 2025-09-25), MXFP4 with one 8-bit scale per 32; 16-bit otherwise.
+# The combine returns 16-bit rows.
+DEEPEP_DISPATCH_BYTES: dict[str, float] = {
+    "fp8": 1.0 + 4.0 / 128.0,
+    "fp8-block": 1.0 + 4.0 / 128.0,
+    "nvfp4": 0.5 + 1.0 / 16.0,
+    "mxfp4": 0.5 + 1.0 / 32.0,
+}
+
+
+def _ep_all_to_all(it: _Iter) -> np.ndarray:
+    """Seconds of one MoE layer's dispatch and combine per micro-batch under attention data parallelism.
+
+    Each attention-DP rank routes its ``M`` tokens' ``k`` copies (a latent MoE: its projected width);
+    the busiest expert rank receives and returns its imbalance times the balanced share. ``default``:
+    the backend's own collective, every copy in 16 bits. ``deepep``: DeepEP sends a token once per
+    destination rank over NVLink and once per destination node over the network
+    (:func:`autopar.moe.deepep_intranode_share`, :func:`autopar.moe.deepep_internode_share`, the
+    training model's functions) and dispatches in the expert GEMMs' format
+    (:data:`DEEPEP_DISPATCH_BYTES`); the combine is 16-bit."""
+    ctx, m, tp = it.ctx, it.ctx.model, it.tp
+    ones = np.ones(it.n)
+    copies = it.M * m.moe_topk * float(m.moe_dim) * _expert_imbalance(it)
+    sync = np.where(tp > 1, ctx.sc.collective_sync_s, 0.0)
+    if ctx.workload.ep_dispatch != "deepep":
+        return 2.0 * (C.all_to_all(ctx.links, copies * ACT_BYTES, tp, ones) + sync)
+    inter = moe.deepep_internode_share(m, tp, ones, ctx.devices_per_node)
+    intra = moe.deepep_intranode_share(m, tp)
+    d_bytes = DEEPEP_DISPATCH_BYTES.get(ctx.workload.weight_precision, ACT_BYTES)
+    dispatch = C.all_to_all(ctx.links, copies * d_bytes, tp, ones, inter_share=inter, intra_share=intra)
+    combine = C.all_to_all(ctx.links, copies * ACT_BYTES, tp, ones, inter_share=inter, intra_share=intra)
+    return dispatch + combine + 2.0 * sync
 
 
 def iteration(
@@ -1070,6 +1112,14 @@ def iteration(
     gpu_stage = acc.time.copy()
     cm = _iter_comm(it)
     comm, p2p = cm["comm"], cm["p2p"]
+    if ctx.workload.ep_overlap:
+        # Two-batch overlap: the batch runs as two halves, each one's dispatch and combine behind the
+        # other's compute (DeepSeek's inference system; SGLang --enable-two-batch-overlap): only the
+        # all-to-all time beyond the compute stays exposed, and the hidden part slows the compute it
+        # shares the SMs and HBM with (DeepEP's normal kernels hold 20-24 SMs), at the calibrated
+        # overlap contention.
+        hidden = np.minimum(cm["a2a"], gpu_stage)
+        comm = comm - hidden + co.overlap_contention * hidden
 
     # A statically scheduled dataflow machine: each layer of the stage adds its pipeline latency to the
     # micro-batch's pass (GPUs: 0; their per-kernel costs are the host and collective terms).
@@ -1078,9 +1128,12 @@ def iteration(
     gpu = mb * stage
     if pre_seqs is None:
         pre_seqs = n_pre / np.maximum(pre_len, 1.0)
+    # Each attention data-parallel rank runs its own scheduler over its own requests (SGLang's DP
+    # attention workers, vLLM's data-parallel engine cores), so the per-sequence host work of the
+    # instance is done adp ways in parallel.
     host = (
         mb * sc.host_step_s
-        + sc.host_per_seq_s * (n_dec + pre_seqs)
+        + sc.host_per_seq_s * (n_dec + pre_seqs) / adp
         + mb * _eager_launch_s(ctx, tab, it, stage)
     )
     t_iter = gpu + host
@@ -1383,6 +1436,8 @@ REASONS = {
     "backend_ep": "the backend runs expert parallelism over every rank of the instance or not at all "
     "(vLLM: ep = 1 or ep = tp)",
     "attention_dp_dense": "attention data parallelism is for MoE models",
+    "ep_dispatch_width": "DeepEP dispatch (--ep-dispatch deepep) under attention DP spans every rank of "
+    "the instance (ep = tp)",
     "power_cap_range": f"power cap below {POWER_CAP_MIN_FRACTION:.0%} of TDP or above TDP",
     "weights_do_not_fit": "weights, workspace and runtime reserve exceed device memory",
     "kv_cache": "no room in the KV cache for the requested concurrency",

@@ -59,7 +59,15 @@ TARGET_REASONS = {
 }
 # Rules of the layout's shape alone: a search that fails only on these failed on divisibility.
 LEGALITY_REASONS = frozenset(
-    {"tp_heads", "tp_kv_heads", "pp_layers", "ep_experts", "backend_ep", "attention_dp_dense"}
+    {
+        "tp_heads",
+        "tp_kv_heads",
+        "pp_layers",
+        "ep_experts",
+        "backend_ep",
+        "attention_dp_dense",
+        "ep_dispatch_width",
+    }
 )
 # Order in which an infeasible candidate's first reason is counted.
 REASON_ORDER = (
@@ -69,6 +77,7 @@ REASON_ORDER = (
     "ep_experts",
     "backend_ep",
     "attention_dp_dense",
+    "ep_dispatch_width",
     "power_cap_range",
     "devices",
     "weights_do_not_fit",
@@ -506,7 +515,8 @@ def _disaggregated(
     legal_masks = [
         v
         for kk, v in evaluate_serving(ctx, inst)["bad"].items()
-        if kk in ("tp_heads", "tp_kv_heads", "pp_layers", "ep_experts", "attention_dp_dense")
+        if kk
+        in ("tp_heads", "tp_kv_heads", "pp_layers", "ep_experts", "attention_dp_dense", "ep_dispatch_width")
     ]
     illegal = np.logical_or.reduce(legal_masks) if legal_masks else np.zeros(len(inst), dtype=bool)
     ok_p = (~illegal & mem_p["weights_fit"] & (mem_p["max_conc"] >= 1))[pi_]
@@ -738,6 +748,18 @@ def search_serving(
             _count(dis["first"], reasons)
             dfeas = np.flatnonzero(dis["first"] < 0)
     notes = list(notes or [])
+    if ctx.model.is_moe and (w.ep_dispatch != "default" or w.ep_overlap):
+        notes.append(
+            "expert all-to-alls under attention DP: "
+            + (
+                "DeepEP (a token once per destination node over the network and once per destination "
+                "rank over NVLink, dispatched in the GEMMs' format; ep = tp)"
+                if w.ep_dispatch == "deepep"
+                else "the backend's default collective (every routed copy in 16 bits)"
+            )
+            + ("; two-batch overlap hides them behind the compute" if w.ep_overlap else "")
+            + "; layouts without attention DP all-reduce the experts' output as TP does"
+        )
     if w.mode == "offline":
         notes.append(
             "offline mode: the batch is what memory and max_batch allow; TTFT excludes the offline queue"
@@ -934,6 +956,7 @@ def _infeasible_message(ctx: ServingContext, result: ServingResult) -> str:
             "pp_layers": f"{m.layers} layers",
             "ep_experts": f"{m.num_experts} experts" if m.is_moe else "no experts (a dense model)",
             "attention_dp_dense": "no experts (a dense model)",
+            "ep_dispatch_width": f"{m.num_experts} experts" if m.is_moe else "no experts (a dense model)",
         }
         why = "; ".join(f"{REASONS[k]} ({m.name} has {sizes[k]})" for k in reasons)
         return f"no serving layout is legal: {why} [{top}]"
@@ -1013,6 +1036,8 @@ def serve(
     speculative_tokens: int | None = None,
     acceptance_rate: float | None = None,
     expert_imbalance: float | None = None,
+    ep_dispatch: str | None = None,
+    ep_overlap: bool | None = None,
     arrival: str | None = None,
     backend: str | None = None,
     backend_version: str | None = None,
@@ -1068,6 +1093,8 @@ def serve(
         speculative_tokens=speculative_tokens,
         acceptance_rate=acceptance_rate,
         expert_imbalance=expert_imbalance,
+        ep_dispatch=ep_dispatch,
+        ep_overlap=ep_overlap,
         arrival=arrival,
         backend=backend,
         backend_version=backend_version,

@@ -35,6 +35,8 @@ FIELDS = (
     "quantization",
     "nnodes",
     "node_rank",
+    "moe_a2a_backend",
+    "enable_two_batch_overlap",
 )
 
 

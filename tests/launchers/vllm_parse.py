@@ -42,6 +42,8 @@ FIELDS = (
     "master_addr",
     "prefill_context_parallel_size",
     "compilation_config",
+    "all2all_backend",
+    "enable_dbo",
 )
 
 
@@ -62,6 +64,8 @@ def check_configs(e: EngineArgs) -> None:
             nnodes="nnodes",
             node_rank="node_rank",
             master_addr="master_addr",
+            all2all_backend="all2all_backend",
+            enable_dbo="enable_dbo",
         )
     )
     SchedulerConfig(
