@@ -42,7 +42,7 @@ from autopar.serving.estimate import (
     make_workload,
 )
 
-PRECISION = {"fp8": "fp8", "mxfp8": "fp8", "bf16": "bf16", "fp16": "fp16"}
+PRECISION = {"fp8": "fp8", "mxfp8": "fp8", "bf16": "bf16", "fp16": "fp16", "nvfp4": "nvfp4"}
 # The serving stack a row states (data README: ``orig_framework``, or a ``stack`` column), by the
 # spellings sources use; each row is predicted with its stack's backend profile
 # (cost_models/backends/).
@@ -160,6 +160,7 @@ def instance(row: dict[str, str], rec: dict[str, Any], *, stack_default: str | N
         tp=tp,
         pp=pp,
         ep=_int(row, "ep") or 1,
+        adp=_int(row, "adp") or 1,
         replicas=n // (tp * pp),
         devices_per_node=min(_int(row, "devices_per_node") or device.scale_up.domain, n),
     )
@@ -194,7 +195,7 @@ def evaluate_row(rec: dict[str, Any], cal, sc: ServingCoefficients | None, **loa
         calibration=cal,
         serving_coefficients=sc,
     )
-    cols = {"tp": rec["tp"], "pp": rec["pp"], "ep": rec["ep"]}
+    cols = {"tp": rec["tp"], "pp": rec["pp"], "ep": rec["ep"], "adp": rec.get("adp", 1)}
     if load.get("concurrency"):
         cols["conc"] = load["concurrency"]
     return evaluate_serving(ctx, ServingTable(cols))
@@ -341,7 +342,7 @@ def expected_error_table(
     partial = {"domain": domain, "base": {"p90_ape": p90}, "widening": widening}
     from serving_moe_anchor import model_class_widening
 
-    measured = model_class_widening(partial)
+    measured = model_class_widening(partial, extra=moe_row_needs(partial, MOE_HELD_OUT_CSV))
     if measured is not None:
         widening["model_class"] = measured
     return {
@@ -368,6 +369,38 @@ def expected_error_table(
             if v
         },
     }
+
+
+# Measured MoE serving throughput never fitted: TensorRT-LLM 1.0's perf overview on H100, H200, B200
+# and GB200 (studies/data/serving_throughput_trtllm_v1.README.md).
+MOE_HELD_OUT_CSV = Path(__file__).resolve().parent / "data" / "serving_throughput_trtllm_v1.csv"
+
+
+def moe_row_needs(table: dict[str, Any], path: Path, cal=None) -> list[float]:
+    """Per MoE row of ``path`` (predicted with the shipped coefficients): the widening factor its
+    |error| needs beyond the table's base p90 and its other widenings (device, datasheet, stack)."""
+    from autopar.serving.accuracy import backend_widening, extrapolations, stacks
+
+    if not path.is_file():
+        return []
+    cal = cal if cal is not None else load_calibration()
+    sc = ServingCoefficients.from_calibration(cal)
+    widening = table.get("widening") or {}
+    needs = []
+    for row in load_rows(path):
+        rec = prepare(row)
+        if "skipped" in rec or not rec["model"].is_moe:
+            continue
+        rec.update(predict(rec, cal, sc))
+        if "predicted" not in rec:
+            continue
+        kinds = [k for k in extrapolations(rec["device"].id, cal, rec["model"], table) if k != "model_class"]
+        other = float(np.prod([float((widening.get(k) or {}).get("factor", 1.0)) for k in kinds]))
+        if rec["backend"] not in stacks(table):
+            other *= float(backend_widening(table, rec["backend"])["factor"])
+        err = abs(rec["predicted"] / rec["measured"] - 1.0)
+        needs.append(err / (float(table["base"]["p90_ape"]) * other))
+    return needs
 
 
 def summarize(recs: list[dict[str, Any]], worst: int) -> dict[str, Any]:
