@@ -58,19 +58,7 @@ TARGET_REASONS = {
     "goodput_target": "share of requests meeting the targets below the goodput target",
 }
 # Rules of the layout's shape alone: a search that fails only on these failed on divisibility.
-LEGALITY_REASONS = frozenset(
-    {
-        "tp_heads",
-        "tp_kv_heads",
-        "pp_layers",
-        "ep_experts",
-        "backend_ep",
-        "attention_dp_dense",
-        "ep_dispatch_width",
-    }
-)
-# Order in which an infeasible candidate's first reason is counted.
-REASON_ORDER = (
+SHAPE_REASONS = (
     "tp_heads",
     "tp_kv_heads",
     "pp_layers",
@@ -78,6 +66,11 @@ REASON_ORDER = (
     "backend_ep",
     "attention_dp_dense",
     "ep_dispatch_width",
+)
+LEGALITY_REASONS = frozenset(SHAPE_REASONS)
+# Order in which an infeasible candidate's first reason is counted.
+REASON_ORDER = (
+    *SHAPE_REASONS,
     "power_cap_range",
     "devices",
     "weights_do_not_fit",
