@@ -294,7 +294,7 @@ def held_out(recs: list[dict[str, Any]], cal, key: str) -> dict[str, Any]:
 
 
 def expected_error_table(
-    recs: list[dict[str, Any]], held: dict[str, list[float]], csv_path: Path
+    recs: list[dict[str, Any]], held: dict[str, list[float]], csv_path: Path, *, measure_moe: bool = True
 ) -> dict[str, Any] | None:
     """The serving expected-error table: the p90 of |relative error| of output tokens/s over the
     held-out rows (each predicted by serving coefficients refitted without its device or model),
@@ -342,7 +342,10 @@ def expected_error_table(
     partial = {"domain": domain, "base": {"p90_ape": p90}, "widening": widening}
     from serving_moe_anchor import model_class_widening
 
-    measured = model_class_widening(partial, extra=moe_row_needs(partial, MOE_HELD_OUT_CSV))
+    # the measured MoE/MLA factor (its 218 predictions) only where the table is written
+    measured = (
+        model_class_widening(partial, extra=moe_row_needs(partial, MOE_HELD_OUT_CSV)) if measure_moe else None
+    )
     if measured is not None:
         widening["model_class"] = measured
     return {
@@ -518,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             ho = held_out(recs, cal, key)
             held[key] = ho.pop("_errors")
             summary[f"leave_one_{key}_out"] = ho
-        table = expected_error_table(recs, held, a.csv)
+        table = expected_error_table(recs, held, a.csv, measure_moe=bool(a.write_expected_error))
         if table is None:
             print("expected error: no held-out row (one device and one model): nothing to calibrate on")
         else:
