@@ -57,6 +57,16 @@ SKIPPED = {
 }
 
 
+# command prefix -> why it runs in the slow step (`pytest -m slow`, which .ci/run runs) rather than the
+# default suite: long studies whose subject other default tests cover (seconds measured on the 2-core
+# development machine)
+SLOW = {
+    "python studies/model_configs.py": "reads all 60 shipped model configs twice over (19-22 s); "
+    "tests/test_real_configs.py checks the same configs in the default suite",
+    "python studies/cli_speed.py": "a speed benchmark of repeated CLI starts (15 s)",
+}
+
+
 @dataclass
 class Command:
     line: int  # where it starts in its page
@@ -158,10 +168,14 @@ def _skip_reason(cmd: Command) -> str | None:
     return None
 
 
+def _slow(cmd: Command) -> bool:
+    return any(cmd.text.startswith(prefix) for prefix in SLOW)
+
+
 def test_the_docs_have_commands_and_every_skip_names_one() -> None:
     assert len(COMMANDS) >= 15
-    for prefix in SKIPPED:
-        assert any(c.text.startswith(prefix) for c in COMMANDS), f"stale skip entry: {prefix}"
+    for prefix in (*SKIPPED, *SLOW):
+        assert any(c.text.startswith(prefix) for c in COMMANDS), f"stale skip or slow entry: {prefix}"
     assert sum(_skip_reason(c) is None for c in COMMANDS) >= 10  # most commands really run
     assert len(PAGES) > 1 and {c.page for c in COMMANDS} >= {"README.md", "docs/quickstart.md"}
 
@@ -241,7 +255,9 @@ def _prepare(cmd: Command, clone: Path) -> None:
         assert r.returncode == 0, r.stderr
 
 
-@pytest.mark.parametrize("cmd", COMMANDS, ids=[c.id for c in COMMANDS])
+@pytest.mark.parametrize(
+    "cmd", [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if _slow(c) else []) for c in COMMANDS]
+)
 def test_documented_command_runs_as_written(cmd: Command, clone: Path) -> None:
     why = _skip_reason(cmd)
     if why is not None:
