@@ -381,28 +381,23 @@ MOE_HELD_OUT_CSV = Path(__file__).resolve().parent / "data" / "serving_throughpu
 
 def moe_row_needs(table: dict[str, Any], path: Path, cal=None) -> list[float]:
     """Per MoE row of ``path`` (predicted with the shipped coefficients): the widening factor its
-    |error| needs beyond the table's base p90 and its other widenings (device, datasheet, stack)."""
-    from autopar.serving.accuracy import backend_widening, extrapolations, stacks
+    |error| needs beyond the table's base p90 and its other widenings
+    (:func:`serving_moe_anchor.needed_widening`)."""
+    from serving_moe_anchor import needed_widening
 
     if not path.is_file():
         return []
     cal = cal if cal is not None else load_calibration()
     sc = ServingCoefficients.from_calibration(cal)
-    widening = table.get("widening") or {}
     needs = []
     for row in load_rows(path):
         rec = prepare(row)
         if "skipped" in rec or not rec["model"].is_moe:
             continue
         rec.update(predict(rec, cal, sc))
-        if "predicted" not in rec:
-            continue
-        kinds = [k for k in extrapolations(rec["device"].id, cal, rec["model"], table) if k != "model_class"]
-        other = float(np.prod([float((widening.get(k) or {}).get("factor", 1.0)) for k in kinds]))
-        if rec["backend"] not in stacks(table):
-            other *= float(backend_widening(table, rec["backend"])["factor"])
-        err = abs(rec["predicted"] / rec["measured"] - 1.0)
-        needs.append(err / (float(table["base"]["p90_ape"]) * other))
+        if "predicted" in rec:
+            err = rec["predicted"] / rec["measured"] - 1.0
+            needs.append(needed_widening(table, cal, rec["device"].id, rec["model"], rec["backend"], err))
     return needs
 
 

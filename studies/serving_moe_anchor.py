@@ -75,7 +75,7 @@ def predict(row: dict[str, str], cal=None) -> dict[str, Any]:
     model = load_model(row["model_preset"])
     dev = load_device(row["device"])
     n = _int(row, "instance_gpus")
-    dpn = min(dev.scale_up.domain, max(n, 1)) if dev.scale_up.domain > 8 else dev.scale_up.domain
+    dpn = min(dev.scale_up.domain, n)  # published_serving.instance's rule
     ctx = make_context(model, dev, workload_of(row), devices_per_node=dpn, calibration=cal)
     tab = ServingTable({"tp": n, "ep": n, "adp": n})
     if phase == "prefill":
@@ -138,6 +138,19 @@ def summarize(recs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def needed_widening(table: dict[str, Any], cal, device_id: str, model, backend: str, error: float) -> float:
+    """The ``model_class`` factor a MoE prediction with relative ``error`` needs: its |error| over the
+    table's base p90 times the prediction's other widenings (device, datasheet, a stack no run measured)."""
+    from autopar.serving.accuracy import backend_widening, extrapolations, stacks
+
+    widening = table.get("widening") or {}
+    kinds = [k for k in extrapolations(device_id, cal, model, table) if k != "model_class"]
+    other = float(np.prod([float((widening.get(k) or {}).get("factor", 1.0)) for k in kinds]))
+    if backend not in stacks(table):
+        other *= float(backend_widening(table, backend)["factor"])
+    return abs(error) / (float(table["base"]["p90_ape"]) * other)
+
+
 def model_class_widening(
     table: dict[str, Any], cal=None, path: Path = DEFAULT_CSV, extra: list[float] | None = None
 ) -> dict[str, Any] | None:
@@ -148,23 +161,22 @@ def model_class_widening(
     widenings, and the table takes the p90 of those over the rows (at least 1). ``table``: the serving
     expected-error table being written (its ``base``, ``domain`` and other ``widening`` entries).
     None where the rows cannot be read."""
-    from autopar.serving.accuracy import backend_widening, extrapolations, stacks
-
     try:
         rows = load_rows(path)
     except AutoparError:
         return None
     cal = cal if cal is not None else load_calibration()
-    widening = table.get("widening") or {}
-    needs: list[float] = []
-    for row in rows:
-        r = predict(row, cal)
-        model = load_model(row["model_preset"])
-        kinds = [k for k in extrapolations(row["device"], cal, model, table) if k != "model_class"]
-        other = float(np.prod([float((widening.get(k) or {}).get("factor", 1.0)) for k in kinds]))
-        if row["stack"] not in stacks(table):
-            other *= float(backend_widening(table, row["stack"])["factor"])
-        needs.append(abs(r["ratio"] - 1.0) / (float(table["base"]["p90_ape"]) * other))
+    needs = [
+        needed_widening(
+            table,
+            cal,
+            row["device"],
+            load_model(row["model_preset"]),
+            row["stack"],
+            predict(row, cal)["ratio"] - 1.0,
+        )
+        for row in rows
+    ]
     anchor = len(needs)
     needs += list(extra or [])
     if not needs:

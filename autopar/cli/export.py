@@ -177,6 +177,8 @@ def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
     ``--data-parallel-size 16 --tensor-parallel-size 1 --enable-expert-parallel`` and SGLang as
     ``--attn-dp-size 16``); the concurrency per engine as ``micro_batch`` (so the engines together
     admit the scored concurrency); isl + osl as ``seq_len`` (--max-model-len)."""
+    from autopar.serving.backends import wide_ep
+
     job, w = r["job"], r["job"]["workload"]
     if r.get("mode") != "aggregated":
         raise AutoparError(
@@ -234,7 +236,7 @@ def serving_export_record(r: dict[str, Any]) -> dict[str, Any]:
                         "moe_dispatcher": "deepep" if w.get("ep_dispatch") == "deepep" else "alltoall",
                         "moe_a2a_overlap": bool(w.get("ep_overlap")),
                     }
-                    if ep > 1 and engines > 1
+                    if wide_ep(ep, engines)
                     else {}
                 ),
             },

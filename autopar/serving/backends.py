@@ -202,6 +202,15 @@ def expert_parallel_ok(profile: BackendProfile | None, ep, tp) -> np.ndarray:
     return tp % ep == 0
 
 
+def wide_ep(ep, adp) -> np.ndarray:
+    """Whether an instance's experts exchange tokens by all-to-all: expert parallelism under attention
+    data parallelism (``ep > 1`` and ``adp > 1``; arrays). Elsewhere the experts' output is all-reduced
+    as TP does, and the EP runtime knobs (``ServingWorkload.ep_dispatch``/``ep_overlap``) change
+    nothing. The serving cost model (``estimate``) prices them and the exports (``deploy``, ``autopar
+    export --format vllm|sglang``) write their flags exactly where this holds."""
+    return (np.asarray(ep) > 1) & (np.asarray(adp) > 1)
+
+
 def profile_path(name: str) -> Path:
     return Path(str(resources.files("autopar.cost_models") / "backends" / f"{name}.yaml"))
 

@@ -509,7 +509,9 @@ def _wide_ep(plan: Plan, pool: Pool) -> tuple[bool, bool]:
     """(DeepEP, two-batch overlap) on ``pool``: where the plan was priced with them, i.e. where its
     experts' all-to-alls run, expert parallelism under attention DP (a pool without attention DP
     all-reduces the experts' output as TP does, whatever the workload asked)."""
-    wide = pool.dp > 1 and pool.ep > 1
+    from autopar.serving.backends import wide_ep
+
+    wide = bool(wide_ep(pool.ep, pool.dp))
     return wide and plan.ep_dispatch == "deepep", wide and plan.ep_overlap
 
 

@@ -57,7 +57,7 @@ from autopar.hardware import attention_fraction
 from autopar.job import KVPrecision, ServingWorkload, WeightPrecision
 from autopar.latency import Coefficients, gemm_time
 from autopar.memory import GIB
-from autopar.serving.backends import expert_parallel_ok
+from autopar.serving.backends import expert_parallel_ok, wide_ep
 
 __all__ = [
     "WeightPrecision",
@@ -406,7 +406,7 @@ def legal(ctx: ServingContext, tab: ServingTable) -> dict[str, np.ndarray]:
     # DeepEP's dispatch spans the instance: SGLang sets ep_size = tp_size with --moe-a2a-backend
     # deepep, vLLM's all2all backends run between all data-parallel ranks
     out["ep_dispatch_width"] = (
-        (adp > 1) & (ep > 1) & (ep != tp)
+        wide_ep(ep, adp) & (ep != tp)
         if ctx.workload.ep_dispatch == "deepep"
         else np.zeros(len(tab), dtype=bool)
     )
@@ -962,7 +962,8 @@ def _iter_comm(it: _Iter) -> dict[str, np.ndarray]:
         moe_comm = np.where(adp > 1, ar_attn + a2a_pair, 2.0 * ar_tp)
         dense_comm = np.where(adp > 1, 2.0 * ar_attn, 2.0 * ar_tp)
         comm = it.n_moe * moe_comm + it.n_dense * dense_comm
-        a2a_stage = np.where(adp > 1, it.n_moe * a2a_pair, 0.0)
+        # what two-batch overlap can hide: the all-to-alls of the EP runtime (autopar.serving.backends.wide_ep)
+        a2a_stage = np.where(wide_ep(it.ep, adp), it.n_moe * a2a_pair, 0.0)
     else:
         comm = it.layers * 2.0 * ar_tp
     if it.mx is not None:
@@ -1015,14 +1016,17 @@ def _ep_all_to_all(it: _Iter) -> np.ndarray:
     ones = np.ones(it.n)
     copies = it.M * m.moe_topk * float(m.moe_dim) * _expert_imbalance(it)
     sync = np.where(tp > 1, ctx.sc.collective_sync_s, 0.0)
+    default = 2.0 * (C.all_to_all(ctx.links, copies * ACT_BYTES, tp, ones) + sync)
     if ctx.workload.ep_dispatch != "deepep":
-        return 2.0 * (C.all_to_all(ctx.links, copies * ACT_BYTES, tp, ones) + sync)
+        return default
     inter = moe.deepep_internode_share(m, tp, ones, ctx.devices_per_node)
     intra = moe.deepep_intranode_share(m, tp)
     d_bytes = DEEPEP_DISPATCH_BYTES.get(ctx.workload.weight_precision, ACT_BYTES)
     dispatch = C.all_to_all(ctx.links, copies * d_bytes, tp, ones, inter_share=inter, intra_share=intra)
     combine = C.all_to_all(ctx.links, copies * ACT_BYTES, tp, ones, inter_share=inter, intra_share=intra)
-    return dispatch + combine + 2.0 * sync
+    # DeepEP runs where EP does (wide_ep); attention DP with the experts tensor-split (ep = 1) keeps
+    # the backend's collective, as its export does
+    return np.where(wide_ep(it.ep, it.adp), dispatch + combine + 2.0 * sync, default)
 
 
 def iteration(

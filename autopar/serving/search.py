@@ -508,8 +508,7 @@ def _disaggregated(
     legal_masks = [
         v
         for kk, v in evaluate_serving(ctx, inst)["bad"].items()
-        if kk
-        in ("tp_heads", "tp_kv_heads", "pp_layers", "ep_experts", "attention_dp_dense", "ep_dispatch_width")
+        if kk in SHAPE_REASONS and kk != "backend_ep"
     ]
     illegal = np.logical_or.reduce(legal_masks) if legal_masks else np.zeros(len(inst), dtype=bool)
     ok_p = (~illegal & mem_p["weights_fit"] & (mem_p["max_conc"] >= 1))[pi_]
