@@ -97,7 +97,7 @@ def test_sparse_jacobian_fit_takes_scipy_dense_finite_difference_path(rows):
         x_scale=np.maximum(np.abs(x0), 1e-3),
         diff_step=F.DIFF_STEP,
     )
-    res = F.fit(sub, BASE, max_nfev=3)
+    res = F.fit(sub, BASE, max_nfev=3, shrinkage_rows=0)  # the dies' prior: its own test below
     np.testing.assert_allclose(res.values, ref.x, rtol=1e-9, atol=0)
     assert res.nfev == ref.nfev and res.status == ref.status
     assert not res.converged and "NOT converged" in res.convergence()
@@ -304,6 +304,35 @@ def test_one_die_one_coefficient(rows):
     r = x[names.index("die:gh100.gemm_scale")]
     h200 = load_device("h200-sxm-141gb").efficiency
     assert cal.device("h200-sxm-141gb").gemm["fp8"] == pytest.approx(min(h200.gemm["fp8"] * r, 0.95))
+
+
+def test_dies_share_one_gemm_scale_unless_the_rows_insist(rows):
+    # The hierarchical prior's residuals: zero where every die has the same scale, its Jacobian the
+    # analytic one of sqrt(rows) * (log s - mean log s), only on the die scales.
+    names = ["die:a.gemm_scale", "global.tp_overlap", "die:b.gemm_scale", "die:c.gemm_scale"]
+    sh = F._Shrinkage(names, 25.0)
+    assert sh.n == 3 and np.allclose(sh(np.array([0.8, 0.3, 0.8, 0.8])), 0.0)
+    x = np.array([0.9, 0.4, 0.7, 0.8])
+    lg = np.log([0.9, 0.7, 0.8])
+    np.testing.assert_allclose(sh(x), 5.0 * (lg - lg.mean()))
+    num = np.column_stack(
+        [(sh(x + 1e-7 * np.eye(4)[k]) - sh(x - 1e-7 * np.eye(4)[k])) / 2e-7 for k in range(4)]
+    )
+    np.testing.assert_allclose(sh.jacobian(x), num, rtol=1e-6, atol=1e-9)
+    assert not sh.jacobian(x)[:, 1].any()
+    assert F._Shrinkage(names, 0.0).n == 0 and F._Shrinkage(names[:2], 25.0).n == 0  # off / one die
+    # On real rows: a free fit gives the dies different scales; a strong prior pulls them together
+    # and the rows then fit worse (the prior is not free), the default lies in between.
+    sub = samples(_subset(rows, 6))
+
+    def spread(res):
+        v = [x for n, x in zip(res.names, res.values, strict=True) if n.endswith(".gemm_scale")]
+        return float(np.ptp(np.log(v)))
+
+    free = F.fit(sub, BASE, max_nfev=8, shrinkage_rows=0)
+    shared = F.fit(sub, BASE, max_nfev=8, shrinkage_rows=1e5)
+    assert spread(free) > 0.02 and spread(shared) < 0.2 * spread(free)
+    assert free.mape < shared.mape
 
 
 def test_repeated_measurements_weigh_as_one_configuration(rows):
