@@ -274,6 +274,23 @@ PROFILES: dict[str, FrameworkProfile] = {
 DEFAULT_MEMORY_HEADROOM = 0.05
 
 
-def framework_profile(name: str) -> FrameworkProfile:
-    """The profile of a stack named by :data:`autopar.job.Framework`."""
-    return PROFILES[name]
+# The attention core a training job may name instead of its stack's default (Job.attention_kernel):
+# "default" keeps the profile's; "flash" is a FlashAttention-2-class fused kernel; "unfused" the
+# s x s score matrix (Megatron-LM before FlashAttention, 2019-2022: fused softmax over baddbmm/bmm;
+# Megatron-LM ``--attention-backend unfused`` today).
+AttentionChoice = Literal["default", "flash", "unfused"]
+ATTENTION_KERNEL_DESCRIPTION = (
+    "the training stack's attention core: default (the stack's own: Transformer Engine's fused "
+    "attention for megatron, FlashAttention for torchtitan and fsdp, the unfused core for deepspeed "
+    "and megatron-deepspeed), flash (a FlashAttention-2-class kernel) or unfused (the s x s scores "
+    "materialized, as Megatron-LM ran before FlashAttention; Megatron-LM --attention-backend unfused)"
+)
+
+
+def framework_profile(name: str, attention: str = "default") -> FrameworkProfile:
+    """The profile of a stack named by :data:`autopar.job.Framework`, with ``attention``
+    (:data:`AttentionChoice`) in place of its own attention core unless "default"."""
+    p = PROFILES[name]
+    if attention in ("default", p.attention):
+        return p
+    return p.model_copy(update={"attention": attention})

@@ -18,7 +18,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autopar.errors import AutoparError
-from autopar.frameworks import DEFAULT_MEMORY_HEADROOM, FrameworkProfile, framework_profile
+from autopar.frameworks import (
+    ATTENTION_KERNEL_DESCRIPTION,
+    DEFAULT_MEMORY_HEADROOM,
+    AttentionChoice,
+    FrameworkProfile,
+    framework_profile,
+)
 from autopar.hardware import DeviceProfile, load_cluster
 from autopar.limits import (  # noqa: F401 - re-exported: job.MAX_* is public
     MAX_FRAMES,
@@ -118,6 +124,7 @@ class TrainingWorkload(_Frozen):
     moe_dispatcher: Dispatcher = Field("alltoall", description=DISPATCHER_DESCRIPTION)
     moe_a2a_overlap: bool = Field(False, description=A2A_OVERLAP_DESCRIPTION)
     pipeline_schedule: PipelineSchedule = Field("1f1b", description=PIPELINE_SCHEDULE_DESCRIPTION)
+    attention_kernel: AttentionChoice = Field("default", description=ATTENTION_KERNEL_DESCRIPTION)
 
     @property
     def tokens_per_step(self) -> int:
@@ -472,8 +479,18 @@ class Job(_Frozen):
     @property
     def assumptions(self) -> list[str]:
         """What the prediction assumes about this job beyond its fields."""
+        w = self.workload
+        own = framework_profile(self.framework)
+        core = (
+            [
+                f"attention core {w.attention_kernel} (the job's --attention-kernel; the {self.framework} "
+                f"stack's default is {own.attention})"
+            ]
+            if isinstance(w, TrainingWorkload) and self.framework_profile is not own
+            else []
+        )
         if self.framework == COSTED_FRAMEWORK:
-            return []
+            return core
         p = self.framework_profile
         return [
             f"framework={self.framework}: memory and the stack's time settings from the "
@@ -482,12 +499,16 @@ class Job(_Frozen):
             f"floor, TP comm overlap {'on' if p.tp_comm_overlap else 'off'}); GEMM and attention "
             "efficiencies, elementwise traffic, collectives and the pipeline schedule still costed with "
             "the calibrated Megatron-Core/Transformer-Engine model"
-        ]
+        ] + core
 
     @property
     def framework_profile(self) -> FrameworkProfile:
-        """The profile (memory and time settings) of this job's training stack."""
-        return framework_profile(self.framework)
+        """The profile (memory and time settings) of this job's training stack, with the job's own
+        attention core where it names one (:attr:`TrainingWorkload.attention_kernel`)."""
+        w = self.workload
+        return framework_profile(
+            self.framework, w.attention_kernel if isinstance(w, TrainingWorkload) else "default"
+        )
 
     @property
     def export_format(self) -> str:

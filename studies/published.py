@@ -128,6 +128,24 @@ FRAMEWORKS = (
 )
 
 
+# Megatron-LM releases that ran no FlashAttention: the 2021 PTD-P paper's and the 2022
+# sequence-parallelism paper's runs predate FlashAttention itself (Dao et al., arXiv 2205.14135, May
+# 2022); their attention materialized the s x s scores (fused softmax over baddbmm/bmm), autopar's
+# "unfused" core (Job.attention_kernel; Megatron-LM --attention-backend unfused today).
+BEFORE_FLASH_ATTENTION = ("megatron-lm (2021)", "megatron-lm ptd-p", "megatron-lm (2022)")
+
+
+def attention_kernel_of(case: Case) -> str:
+    """The attention core a row ran where its stack's release is older than its profile's default."""
+    fw = (case.row.get("orig_framework") or "").strip().lower()
+    if fw in BEFORE_FLASH_ATTENTION:
+        case.assumptions.append(
+            f"attention_kernel=unfused ({case.row.get('orig_framework')!r} predates FlashAttention, May 2022)"
+        )
+        return "unfused"
+    return "default"
+
+
 def framework_of(case: Case) -> str:
     """The ``Job.framework`` a row ran on, from ``orig_framework``; the mapping is an assumption."""
     fw = (case.row.get("orig_framework") or "").strip()
@@ -618,6 +636,7 @@ def run_case(case: Case, calibration=None) -> None:
             framework=framework_of(case),
             moe_dispatcher=recipe[0],
             moe_a2a_overlap=recipe[1],
+            attention_kernel=attention_kernel_of(case),
             allow_long_context=True,  # a measured run: past the position limit it was extension work
         ).resolve(model=model, device=dev)
         if lora:

@@ -232,6 +232,7 @@ JOB_TRAINING_FIELDS = (
     "moe_dispatcher",
     "moe_a2a_overlap",
     "pipeline_schedule",
+    "attention_kernel",
 )
 
 

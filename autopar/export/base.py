@@ -26,6 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autopar.errors import AutoparError
+from autopar.frameworks import ATTENTION_KERNEL_DESCRIPTION, AttentionChoice, framework_profile
 from autopar.job import Framework, GlobalBatch, ModelRef, NumDevices, SeqLen, job_error
 from autopar.job import Job as CoreJob
 from autopar.layout import COLUMNS, RECOMPUTE_CODES, RECOMPUTE_MODULES, Layout
@@ -179,6 +180,7 @@ class Job(BaseModel):
     pipeline_schedule: PipelineSchedule = Field("1f1b", description=PIPELINE_SCHEDULE_DESCRIPTION)
     moe_dispatcher: Dispatcher = Field("alltoall", description=DISPATCHER_DESCRIPTION)
     moe_a2a_overlap: bool = Field(False, description=A2A_OVERLAP_DESCRIPTION)
+    attention_kernel: AttentionChoice = Field("default", description=ATTENTION_KERNEL_DESCRIPTION)
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -214,6 +216,7 @@ class Job(BaseModel):
             pipeline_schedule=t.pipeline_schedule,
             moe_dispatcher=t.moe_dispatcher,
             moe_a2a_overlap=t.moe_a2a_overlap,
+            attention_kernel=t.attention_kernel,
         )
 
     @property
@@ -274,6 +277,9 @@ class Exporter(ABC):
     # (Job.moe_dispatcher / moe_a2a_overlap); the others refuse an expert-parallel layout priced with
     # anything but the plain all-to-all dispatcher without overlap.
     moe_options: ClassVar[bool] = False
+    # The attention cores (Job.attention_kernel) the format can name besides the stack's default; a
+    # job priced with another core is refused rather than launched with the stack's own.
+    attention_kernels: ClassVar[tuple[str, ...]] = ()
     # The launcher release whose parser the format is checked against (``--launcher-version``
     # picks an earlier one where the format changed: :func:`register_previous`).
     launcher_version: ClassVar[str | None] = None
@@ -318,6 +324,17 @@ class Exporter(ABC):
                 + (" with the EP all-to-all overlap" if job.moe_a2a_overlap else ""),
                 self.name,
                 "export to megatron, or price the job with --moe-dispatcher alltoall and no --moe-a2a-overlap",
+            )
+        if (
+            not self.serving
+            and job.attention_kernel not in self.attention_kernels
+            and framework_profile(job.framework, job.attention_kernel) is not framework_profile(job.framework)
+        ):
+            raise unsupported(
+                f"attention core {job.attention_kernel} (the {job.framework} stack's default is "
+                f"{framework_profile(job.framework).attention})",
+                self.name,
+                "export to megatron (--attention-backend), or price the job with --attention-kernel default",
             )
         if self.serving:
             check_serving(layout, self.name)

@@ -39,6 +39,7 @@ class EnvExporter(Exporter):
     description = "shell `export AUTOPAR_*=...` lines (layout + job) for scripts"
     pipeline_schedules = PIPELINE_SCHEDULES  # AUTOPAR_PIPELINE_SCHEDULE names any of them
     moe_options = True  # AUTOPAR_MOE_DISPATCHER / AUTOPAR_MOE_A2A_OVERLAP
+    attention_kernels = ("flash", "unfused")  # AUTOPAR_ATTENTION_KERNEL
 
     def _render(self, layout: Layout, job: Job) -> str:
         lines = [header_line(FMT, job), f"# autopar layout: {layout.short()}"]
@@ -92,7 +93,14 @@ class EnvExporter(Exporter):
         jd: dict[str, Any] = {}
         for k in JOB_FIELDS:
             if k in env:
-                if k in ("model", "device", "framework", "pipeline_schedule", "moe_dispatcher"):
+                if k in (
+                    "model",
+                    "device",
+                    "framework",
+                    "pipeline_schedule",
+                    "moe_dispatcher",
+                    "attention_kernel",
+                ):
                     jd[k] = env[k]
                 elif k == "moe_a2a_overlap":
                     if env[k] not in ("True", "False"):

@@ -111,6 +111,7 @@ VALUE_FLAGS = (
     "--fp4-recipe",
     "--moe-token-dispatcher-type",
     "--moe-flex-dispatcher-backend",
+    "--attention-backend",
 )
 BOOL_FLAGS = (
     "--overlap-moe-expert-parallel-comm",
@@ -190,6 +191,21 @@ def moe_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
                 )
         a.append(flag("--overlap-moe-expert-parallel-comm"))
     return a
+
+
+# Job.attention_kernel -> Megatron-LM --attention-backend (megatron/core/transformer/enums.py
+# AttnBackend: flash, fused, unfused, local, auto; "auto", the default, lets Transformer Engine pick
+# cuDNN's fused attention on sm90+, the megatron profile's "te").
+ATTENTION_BACKEND = {"flash": "flash", "unfused": "unfused"}
+
+
+def attention_args(job: Job) -> list[str]:
+    """``--attention-backend`` where the job names a core other than its stack's default."""
+    from autopar.frameworks import framework_profile
+
+    if framework_profile(job.framework, job.attention_kernel) is framework_profile(job.framework):
+        return []
+    return [flag("--attention-backend", ATTENTION_BACKEND[job.attention_kernel])]
 
 
 # Devices of compute capability 10 and later: Megatron-LM's CUDA_DEVICE_MAX_CONNECTIONS
@@ -275,6 +291,7 @@ def megatron_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
     if tp_comm_overlap(layout, job, fmt):
         a.append(flag("--tp-comm-overlap"))
     a += moe_args(layout, job, fmt)
+    a += attention_args(job)
     a += [
         flag("--micro-batch-size", layout.micro_batch),
         flag("--global-batch-size", job.global_batch),
@@ -488,6 +505,7 @@ class MegatronExporter(Exporter):
     stage_layers = True
     module_recompute = True
     moe_options = True
+    attention_kernels = ("flash", "unfused")  # --attention-backend
     description = (
         "Megatron-LM pretrain_gpt.py arguments (append to your torchrun ... pretrain_gpt.py command)"
     )
@@ -549,7 +567,23 @@ class MegatronExporter(Exporter):
             )
         if f.pop("overlap_moe_expert_parallel_comm", False):
             native["moe_a2a_overlap"] = True
+        backend_attn = f.pop("attention_backend", None)
+        if backend_attn is not None:
+            kernel = {v: k for k, v in ATTENTION_BACKEND.items()}.get(backend_attn)
+            if kernel is None:
+                raise unsupported(
+                    f"--attention-backend {backend_attn}",
+                    "autopar (reading " + FMT + ")",
+                    "autopar prices flash and unfused, or the default (no --attention-backend)",
+                )
+            native["attention_kernel"] = kernel
         job = merge_job(header, native, FMT)
+        if (backend_attn is None) != (attention_args(job) == []):
+            raise ExportError(
+                f"the {FMT} text's --attention-backend ({backend_attn or 'none'}) is not the attention "
+                f"core the job was priced with ({job.attention_kernel})",
+                "re-export it with `autopar export`",
+            )
         values = layout_fields_from_megatron(
             f, num_devices=job.num_devices, global_batch=job.global_batch, num_layers=hj.get("num_layers")
         )
