@@ -279,6 +279,8 @@ DEFAULT_MEMORY_HEADROOM = 0.05
 # s x s score matrix (Megatron-LM before FlashAttention, 2019-2022: fused softmax over baddbmm/bmm;
 # Megatron-LM ``--attention-backend unfused`` today).
 AttentionChoice = Literal["default", "flash", "unfused"]
+# The cores a job may name in place of its stack's (every AttentionChoice but "default").
+ATTENTION_OVERRIDES = ("flash", "unfused")
 ATTENTION_KERNEL_DESCRIPTION = (
     "the training stack's attention core: default (the stack's own: Transformer Engine's fused "
     "attention for megatron, FlashAttention for torchtitan and fsdp, the unfused core for deepspeed "
@@ -291,6 +293,12 @@ def framework_profile(name: str, attention: str = "default") -> FrameworkProfile
     """The profile of a stack named by :data:`autopar.job.Framework`, with ``attention``
     (:data:`AttentionChoice`) in place of its own attention core unless "default"."""
     p = PROFILES[name]
-    if attention in ("default", p.attention):
+    if attention_override(name, attention) is None:
         return p
     return p.model_copy(update={"attention": attention})
+
+
+def attention_override(name: str, attention: str) -> str | None:
+    """The core a job names (``Job.attention_kernel``) where it is not the stack's own, else None:
+    what the cost model replaces, the assumptions state and an export must name or refuse."""
+    return None if attention in ("default", PROFILES[name].attention) else attention

@@ -23,6 +23,7 @@ from autopar.frameworks import (
     DEFAULT_MEMORY_HEADROOM,
     AttentionChoice,
     FrameworkProfile,
+    attention_override,
     framework_profile,
 )
 from autopar.hardware import DeviceProfile, load_cluster
@@ -480,13 +481,17 @@ class Job(_Frozen):
     def assumptions(self) -> list[str]:
         """What the prediction assumes about this job beyond its fields."""
         w = self.workload
-        own = framework_profile(self.framework)
+        core_kw = (
+            attention_override(self.framework, w.attention_kernel)
+            if isinstance(w, TrainingWorkload)
+            else None
+        )
         core = (
             [
-                f"attention core {w.attention_kernel} (the job's --attention-kernel; the {self.framework} "
-                f"stack's default is {own.attention})"
+                f"attention core {core_kw} (the job's --attention-kernel; the {self.framework} "
+                f"stack's default is {framework_profile(self.framework).attention})"
             ]
-            if isinstance(w, TrainingWorkload) and self.framework_profile is not own
+            if core_kw
             else []
         )
         if self.framework == COSTED_FRAMEWORK:

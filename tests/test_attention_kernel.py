@@ -80,7 +80,7 @@ def test_formats_that_cannot_name_the_core_refuse_it(fmt: str) -> None:
         export(lay, fmt, _export_job(attention_kernel="unfused"))
 
 
-def test_a_core_that_is_the_stacks_own_exports_anywhere() -> None:
+def test_a_core_that_is_the_stacks_own_exports_in_that_stacks_format() -> None:
     lay = resolve_layout(num_devices=64, global_batch=256, tp=1, pp=1, micro_batch=1, zero=3)
     text = export(lay, "deepspeed", _export_job(framework="deepspeed", attention_kernel="unfused"))
     assert parse(text, "deepspeed")[1].framework == "deepspeed"

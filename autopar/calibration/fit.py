@@ -476,7 +476,7 @@ def fd_steps(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, rel_step: float) -> 
 # the global small-GEMM factor along a flat direction (the fit without H100's rows moved
 # half_dim_scale 0.29 -> 1.65 and every die's scale up ~12%), and a held-out die's transferred scale
 # (transfer.gemm_ratio, their geometric mean) followed. Chosen on held-out rows (docs/calibration.md):
-# 50 and 200 give the same held-out figures; leave-one-source-out of the Bridge archive 24.4% -> 14.8%.
+# 50 and 200 give the same held-out figures; leave-one-source-out of the Bridge archive 24.4% -> 15.0%.
 DIE_SHRINKAGE_ROWS = 50.0
 
 

@@ -26,7 +26,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from autopar.errors import AutoparError
-from autopar.frameworks import ATTENTION_KERNEL_DESCRIPTION, AttentionChoice, framework_profile
+from autopar.frameworks import (
+    ATTENTION_KERNEL_DESCRIPTION,
+    AttentionChoice,
+    attention_override,
+    framework_profile,
+)
 from autopar.job import Framework, GlobalBatch, ModelRef, NumDevices, SeqLen, job_error
 from autopar.job import Job as CoreJob
 from autopar.layout import COLUMNS, RECOMPUTE_CODES, RECOMPUTE_MODULES, Layout
@@ -325,11 +330,8 @@ class Exporter(ABC):
                 self.name,
                 "export to megatron, or price the job with --moe-dispatcher alltoall and no --moe-a2a-overlap",
             )
-        if (
-            not self.serving
-            and job.attention_kernel not in self.attention_kernels
-            and framework_profile(job.framework, job.attention_kernel) is not framework_profile(job.framework)
-        ):
+        core = attention_override(job.framework, job.attention_kernel)
+        if not self.serving and core is not None and core not in self.attention_kernels:
             raise unsupported(
                 f"attention core {job.attention_kernel} (the {job.framework} stack's default is "
                 f"{framework_profile(job.framework).attention})",

@@ -21,6 +21,7 @@ from autopar.export.base import (
     read_header,
     register,
 )
+from autopar.frameworks import ATTENTION_OVERRIDES
 from autopar.layout import COLUMNS, Layout
 from autopar.schedules import PIPELINE_SCHEDULES
 
@@ -28,6 +29,7 @@ FMT = "env"
 PREFIX = "AUTOPAR_"
 BOOL_FIELDS = ("sp", "offload")
 STR_FIELDS = ("recompute", "precision")
+STR_JOB_FIELDS = ("model", "device", "framework", "pipeline_schedule", "moe_dispatcher", "attention_kernel")
 JOB_FIELDS = tuple(Job.model_fields)
 DERIVED = ("nnodes", "nproc_per_node")
 
@@ -39,7 +41,7 @@ class EnvExporter(Exporter):
     description = "shell `export AUTOPAR_*=...` lines (layout + job) for scripts"
     pipeline_schedules = PIPELINE_SCHEDULES  # AUTOPAR_PIPELINE_SCHEDULE names any of them
     moe_options = True  # AUTOPAR_MOE_DISPATCHER / AUTOPAR_MOE_A2A_OVERLAP
-    attention_kernels = ("flash", "unfused")  # AUTOPAR_ATTENTION_KERNEL
+    attention_kernels = ATTENTION_OVERRIDES  # AUTOPAR_ATTENTION_KERNEL
 
     def _render(self, layout: Layout, job: Job) -> str:
         lines = [header_line(FMT, job), f"# autopar layout: {layout.short()}"]
@@ -93,14 +95,7 @@ class EnvExporter(Exporter):
         jd: dict[str, Any] = {}
         for k in JOB_FIELDS:
             if k in env:
-                if k in (
-                    "model",
-                    "device",
-                    "framework",
-                    "pipeline_schedule",
-                    "moe_dispatcher",
-                    "attention_kernel",
-                ):
+                if k in STR_JOB_FIELDS:
                     jd[k] = env[k]
                 elif k == "moe_a2a_overlap":
                     if env[k] not in ("True", "False"):

@@ -81,6 +81,7 @@ from autopar.export.base import (
     to_int,
     unsupported,
 )
+from autopar.frameworks import ATTENTION_OVERRIDES, attention_override
 from autopar.layout import Layout
 
 FMT = "megatron"
@@ -193,19 +194,13 @@ def moe_args(layout: Layout, job: Job, fmt: str = FMT) -> list[str]:
     return a
 
 
-# Job.attention_kernel -> Megatron-LM --attention-backend (megatron/core/transformer/enums.py
-# AttnBackend: flash, fused, unfused, local, auto; "auto", the default, lets Transformer Engine pick
-# cuDNN's fused attention on sm90+, the megatron profile's "te").
-ATTENTION_BACKEND = {"flash": "flash", "unfused": "unfused"}
-
-
+# Job.attention_kernel -> Megatron-LM --attention-backend, spelled alike (megatron/core/transformer/
+# enums.py AttnBackend: flash, fused, unfused, local, auto; "auto", the default, lets Transformer
+# Engine pick cuDNN's fused attention on sm90+, the megatron profile's "te").
 def attention_args(job: Job) -> list[str]:
     """``--attention-backend`` where the job names a core other than its stack's default."""
-    from autopar.frameworks import framework_profile
-
-    if framework_profile(job.framework, job.attention_kernel) is framework_profile(job.framework):
-        return []
-    return [flag("--attention-backend", ATTENTION_BACKEND[job.attention_kernel])]
+    core = attention_override(job.framework, job.attention_kernel)
+    return [] if core is None else [flag("--attention-backend", core)]
 
 
 # Devices of compute capability 10 and later: Megatron-LM's CUDA_DEVICE_MAX_CONNECTIONS
@@ -505,7 +500,7 @@ class MegatronExporter(Exporter):
     stage_layers = True
     module_recompute = True
     moe_options = True
-    attention_kernels = ("flash", "unfused")  # --attention-backend
+    attention_kernels = ATTENTION_OVERRIDES  # --attention-backend
     description = (
         "Megatron-LM pretrain_gpt.py arguments (append to your torchrun ... pretrain_gpt.py command)"
     )
@@ -569,14 +564,13 @@ class MegatronExporter(Exporter):
             native["moe_a2a_overlap"] = True
         backend_attn = f.pop("attention_backend", None)
         if backend_attn is not None:
-            kernel = {v: k for k, v in ATTENTION_BACKEND.items()}.get(backend_attn)
-            if kernel is None:
+            if backend_attn not in ATTENTION_OVERRIDES:
                 raise unsupported(
                     f"--attention-backend {backend_attn}",
                     "autopar (reading " + FMT + ")",
                     "autopar prices flash and unfused, or the default (no --attention-backend)",
                 )
-            native["attention_kernel"] = kernel
+            native["attention_kernel"] = backend_attn
         job = merge_job(header, native, FMT)
         if (backend_attn is None) != (attention_args(job) == []):
             raise ExportError(
