@@ -267,16 +267,36 @@ def test_every_listed_llama70b_layout_validates(fmt: str) -> None:
 @pytest.mark.parametrize("fmt", ["dynamo", "llm-d"])
 def test_attention_dp_and_expert_parallel_pools(fmt: str) -> None:
     recs = dsv3()
+
+    def wide(p: dict[str, Any]) -> bool:  # EP under attention DP over the whole instance
+        return p["adp"] > 1 and p["ep"] == p["tp"]
+
+    # one node (8 GPUs) per instance: what both manifests express in one pod
     dis = first(
-        recs, "disaggregated", lambda r: r["decode"]["adp"] > 1 and r["decode"]["ep"] == r["decode"]["tp"]
+        recs,
+        "disaggregated",
+        lambda r: wide(r["prefill"]) and r["prefill"]["tp"] == 8 and r["decode"]["tp"] == 8,
     )
-    agg = first(recs, "aggregated", lambda r: r["adp"] > 1 and r["ep"] == r["tp"])
+    agg = first(recs, "aggregated", lambda r: wide(r) and r["tp"] == 8)
     for rec in (dis, agg):
         text = render_deploy(rec, fmt)
         (check_dynamo if fmt == "dynamo" else check_llmd)(text)
         check_scored(text, fmt, rec, model="deepseek-ai/DeepSeek-V3", quantization="fp8", kv="fp8")
-        for pool in read_deploy(text, fmt):
-            assert pool["tp"] == 1 and pool["dp"] == 8 and pool["expert_parallel"]
+        pools = {p["role"]: p for p in read_deploy(text, fmt)}
+        scored = {"prefill": rec.get("prefill"), "decode": rec.get("decode"), "worker": rec}
+        for role, pool in pools.items():
+            want = scored[role]
+            if wide(want):
+                assert pool["tp"] == 1 and pool["dp"] == 8 and pool["expert_parallel"]
+            else:
+                assert pool["tp"] == 8 and pool["dp"] == 1
+    # an attention-DP instance wider than a node: Dynamo spans nodes, llm-d's one-pod chart refuses it
+    multi = first(recs, "disaggregated", lambda r: wide(r["decode"]) and r["decode"]["tp"] == 16)
+    if fmt == "dynamo":
+        check_dynamo(render_deploy(multi, fmt))
+    else:
+        with pytest.raises(ExportError, match="16 devices on nodes of 8"):
+            render_deploy(multi, fmt)
     # EP narrower than the instance has no vLLM form (its EP is every rank or none): a search scored
     # for vLLM never proposes one (rule backend_ep), and a record edited to one is refused
     assert not any(r.get("mode") == "aggregated" and 1 < r["ep"] < r["tp"] for r in recs)

@@ -131,16 +131,18 @@ def test_exports_refuse_deepep_where_it_cannot_run(fmt: str) -> None:
         get_exporter(fmt).render(layout, job)
 
 
-def test_the_measured_anchor_is_predicted_within_1_5x() -> None:
+def test_the_measured_anchor_is_predicted_within_45_percent() -> None:
     """The DeepSeek-V3 wide-EP anchor (8 measured phases, nothing fitted): without DeepEP pricing and
-    per-rank schedulers the decode phases were predicted 2.4-4.4x too slow (ratios 0.23-0.41); each
-    phase is now within 1.5x."""
+    per-rank schedulers the decode phases were predicted 2.4-4.4x too slow (ratios 0.23-0.41); with
+    them every phase was 1.04-1.48x too fast (MAPE 32%); with the MoE layers at their measured kernel
+    rates each phase is within 45% and the MAPE under 25%."""
     import serving_moe_anchor as anchor
 
     recs = [anchor.predict(r) for r in anchor.load_rows(anchor.DEFAULT_CSV)]
     assert len(recs) == 8 and {r["phase"] for r in recs} == {"prefill", "decode"}
-    for r in recs:
-        assert 1 / 1.5 < r["ratio"] < 1.5, r
+    errors = [abs(r["ratio"] - 1.0) for r in recs]
+    assert max(errors) < 0.45, recs
+    assert sum(errors) / len(errors) < 0.25
     # the band each record quotes is the one `autopar serve` states for that device and stack
     from autopar.coefficients import load_calibration
     from autopar.serving.accuracy import expected_error

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from autopar import blocks, hybrid, moe
+from autopar import blocks, hybrid, moe, moe_kernels
 from autopar import collectives as C
 from autopar.coefficients import (
     DEFAULT_MEMORY_CONSTANTS,
@@ -854,6 +854,18 @@ def _iter_attention_core_per_shape(
     return it.attn_l * dec_t, it.attn_l * pre_t
 
 
+def moe_rate(ctx: ServingContext) -> moe_kernels.MoeRate | None:
+    """The measured MoE-kernel rates of the context's device, backend and GEMM precision
+    (:func:`autopar.moe_kernels.rate_for`), or None on a machine that runs its vendor's own stack."""
+    if ctx.device.serving is not None:
+        return None
+    peak_key, eff_key = GEMM_FORMATS.get(ctx.compute_precision, (ctx.compute_precision,) * 2)
+    co = ctx.co
+    dense = co.gemm_eff.get(eff_key, co.gemm_eff.get(peak_key, co.gemm_eff["bf16"]))
+    backend = ctx.backend.name if ctx.backend is not None else "trtllm"
+    return moe_kernels.rate_for(ctx.device.id, backend, ctx.compute_precision, dense)
+
+
 def _expert_imbalance(it: _Iter) -> np.ndarray:
     """The busiest expert-parallel rank's routed rows over the balanced count: the workload's
     ``expert_imbalance`` where experts are split (ep > 1), 1 where every rank holds them all."""
@@ -876,10 +888,28 @@ def _iter_ffn(it: _Iter) -> None:
         tpe = it.tok_mb * k / E  # tokens per expert (balanced routing), whole micro-batch
         activated = 1.0 - np.power(1.0 - k / E, it.tok_mb)  # share of experts that get any token
         busiest = _expert_imbalance(it)
-        parts = [
-            it.gemm(tpe * busiest, N, K, weight_frac=activated, count=local)
-            for N, K in blocks.mlp.gemm_shapes(m, Fe, etp, m.moe_dim)
-        ]
+        shapes = blocks.mlp.gemm_shapes(m, Fe, etp, m.moe_dim)
+        rate = moe_rate(it.ctx)
+        if rate is None:  # a vendor stack's own machine: its experts as dense GEMMs
+            parts = [it.gemm(tpe * busiest, N, K, weight_frac=activated, count=local) for N, K in shapes]
+        else:
+            # The fused MoE kernel at the measured rates of this device and backend
+            # (autopar.moe_kernels). Each attention-DP rank routes its own tokens where the experts
+            # exchange them by all-to-all; elsewhere every rank routes the whole micro-batch.
+            parts = [
+                moe_kernels.layer_time(
+                    rate,
+                    tokens=np.where(wide_ep(it.ep, it.adp), it.M, it.tok_mb),
+                    rows=tpe * busiest * local,
+                    local_experts=local,
+                    activated=activated,
+                    flops_per_row=sum(2.0 * N * K for N, K in shapes),
+                    weight_bytes_per_expert=sum(N * K for N, K in shapes) * it.ctx.weight_bytes,
+                    row_width=float(m.moe_dim),
+                    peak=it.peak,
+                    hbm_bw=it.ctx.co.hbm_bw,
+                )
+            ]
         parts.append(it.gemm(M, E, h, wbytes=2.0, p=it.peak16, e=it.eff16))
         if m.moe_latent_size:  # h -> latent before the routed experts, latent -> h after
             lat = float(m.moe_latent_size)

@@ -1156,6 +1156,17 @@ def serve(
     else:
         kv_text = "mem_fraction_static derived per layout from the memory, TP and CUDA-graph batch (weights + KV pool)"
     assumptions = describe(b, dev, kv_fraction_text=kv_text, offline=w_res.offline)
+    if spec.is_moe:
+        from autopar.serving.estimate import moe_rate
+
+        rate = moe_rate(ctx)
+        if rate is not None:
+            assumptions.append(
+                f"MoE layers: {b.name}'s fused MoE kernel at {ctx.compute_precision} on {dev.id}, rates "
+                f"{rate.source}: grouped GEMMs at {rate.compute:.2f} of the dense peak, weights and token "
+                f"rows at {rate.bandwidth:.2f} of HBM bandwidth, {rate.fixed_us:g} us per layer + "
+                f"{rate.per_token_ns:g} ns per routed token (cost_models/backends/moe_kernels.yaml)"
+            )
     targets = latency_targets(w_res)
     if w_res.percentile is not None:
         assumptions.append(targets["text"])
