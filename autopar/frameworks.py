@@ -289,13 +289,43 @@ ATTENTION_KERNEL_DESCRIPTION = (
 )
 
 
-def framework_profile(name: str, attention: str = "default") -> FrameworkProfile:
+# Whether a training job pipelines its TP collectives with the GEMMs (Job.tp_comm_overlap):
+# "default" keeps the profile's (on for megatron: Transformer Engine userbuffers, which Megatron-LM
+# runs with --tp-comm-overlap; off elsewhere); "off" all-reduces / gathers synchronously, as
+# Megatron-Core does without the flag and as many Megatron-Bridge recipes run (their NVFP4 and
+# several MoE recipes set CommOverlapConfig(tp_comm_overlap=False)); "on" only where autopar can
+# export it (megatron's userbuffers: TP_OVERLAP_STACKS).
+TPOverlapChoice = Literal["default", "on", "off"]
+TP_OVERLAP_STACKS = ("megatron",)
+TP_OVERLAP_DESCRIPTION = (
+    "TP communication overlap: default (the stack's own: on for megatron, Transformer Engine "
+    "userbuffers with --tp-comm-overlap; off for the others), on (megatron only) or off (TP "
+    "collectives run synchronously between the GEMMs: Megatron without --tp-comm-overlap, as many "
+    "Megatron-Bridge recipes run)"
+)
+
+
+def tp_overlap_override(name: str, choice: str) -> bool | None:
+    """The TP overlap a job names (``Job.tp_comm_overlap``) where it differs from its stack's, else
+    None: what the cost model replaces, the assumptions state and an export must write or refuse."""
+    if choice == "default":
+        return None
+    on = choice == "on"
+    return None if on == PROFILES[name].tp_comm_overlap else on
+
+
+def framework_profile(name: str, attention: str = "default", tp_overlap: str = "default") -> FrameworkProfile:
     """The profile of a stack named by :data:`autopar.job.Framework`, with ``attention``
-    (:data:`AttentionChoice`) in place of its own attention core unless "default"."""
+    (:data:`AttentionChoice`) in place of its own attention core unless "default", and ``tp_overlap``
+    (:data:`TPOverlapChoice`) in place of its TP communication overlap unless "default"."""
     p = PROFILES[name]
-    if attention_override(name, attention) is None:
-        return p
-    return p.model_copy(update={"attention": attention})
+    update: dict[str, object] = {}
+    if attention_override(name, attention) is not None:
+        update["attention"] = attention
+    ov = tp_overlap_override(name, tp_overlap)
+    if ov is not None:
+        update["tp_comm_overlap"] = ov
+    return p.model_copy(update=update) if update else p
 
 
 def attention_override(name: str, attention: str) -> str | None:

@@ -21,10 +21,14 @@ from autopar.errors import AutoparError
 from autopar.frameworks import (
     ATTENTION_KERNEL_DESCRIPTION,
     DEFAULT_MEMORY_HEADROOM,
+    TP_OVERLAP_DESCRIPTION,
+    TP_OVERLAP_STACKS,
     AttentionChoice,
     FrameworkProfile,
+    TPOverlapChoice,
     attention_override,
     framework_profile,
+    tp_overlap_override,
 )
 from autopar.hardware import DeviceProfile, load_cluster
 from autopar.limits import (  # noqa: F401 - re-exported: job.MAX_* is public
@@ -126,6 +130,7 @@ class TrainingWorkload(_Frozen):
     moe_a2a_overlap: bool = Field(False, description=A2A_OVERLAP_DESCRIPTION)
     pipeline_schedule: PipelineSchedule = Field("1f1b", description=PIPELINE_SCHEDULE_DESCRIPTION)
     attention_kernel: AttentionChoice = Field("default", description=ATTENTION_KERNEL_DESCRIPTION)
+    tp_comm_overlap: TPOverlapChoice = Field("default", description=TP_OVERLAP_DESCRIPTION)
 
     @property
     def tokens_per_step(self) -> int:
@@ -437,6 +442,15 @@ class Job(_Frozen):
                 f"framework {self.framework} runs the {runs} pipeline schedule(s), not "
                 f"{w.pipeline_schedule}; use --framework torchtitan for {w.pipeline_schedule}"
             )
+        if (
+            isinstance(w, TrainingWorkload)
+            and w.tp_comm_overlap == "on"
+            and self.framework not in TP_OVERLAP_STACKS
+        ):
+            raise ValueError(
+                f"framework {self.framework} has no TP communication overlap autopar can export; "
+                f"drop --tp-comm-overlap on or use --framework {' or '.join(TP_OVERLAP_STACKS)}"
+            )
         return self
 
     # ---------------------------------------------------------------- flat keywords <-> the model
@@ -494,6 +508,17 @@ class Job(_Frozen):
             if core_kw
             else []
         )
+        tp_ov = (
+            tp_overlap_override(self.framework, w.tp_comm_overlap)
+            if isinstance(w, TrainingWorkload)
+            else None
+        )
+        if tp_ov is not None:
+            core.append(
+                f"TP communication overlap {'on' if tp_ov else 'off'} (the job's --tp-comm-overlap; "
+                f"the {self.framework} stack's default is "
+                f"{'on' if framework_profile(self.framework).tp_comm_overlap else 'off'})"
+            )
         if self.framework == COSTED_FRAMEWORK:
             return core
         p = self.framework_profile
@@ -509,11 +534,12 @@ class Job(_Frozen):
     @property
     def framework_profile(self) -> FrameworkProfile:
         """The profile (memory and time settings) of this job's training stack, with the job's own
-        attention core where it names one (:attr:`TrainingWorkload.attention_kernel`)."""
+        attention core and TP communication overlap where it names them
+        (:attr:`TrainingWorkload.attention_kernel`, :attr:`TrainingWorkload.tp_comm_overlap`)."""
         w = self.workload
-        return framework_profile(
-            self.framework, w.attention_kernel if isinstance(w, TrainingWorkload) else "default"
-        )
+        if not isinstance(w, TrainingWorkload):
+            return framework_profile(self.framework)
+        return framework_profile(self.framework, w.attention_kernel, w.tp_comm_overlap)
 
     @property
     def export_format(self) -> str:

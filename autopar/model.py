@@ -88,6 +88,11 @@ class ModelSpec(BaseModel):
     num_experts: int = 0
     moe_topk: int = 0
     moe_ffn_hidden: int = 0  # per routed expert
+    # Group-limited routing (DeepSeek-V2/V3 n_group / topk_group): the experts form moe_router_groups
+    # equal groups and a token's k experts come from at most moe_router_topk_groups of them (DeepSeek-V3
+    # puts one group per node: M = 4 nodes per token). 1 / 0: unlimited.
+    moe_router_groups: int = 1
+    moe_router_topk_groups: int = 0
     # Latent MoE (Nemotron 3 Super, NemotronHMoE): a token is projected h -> moe_latent_size before the
     # routed experts, which work in that width, and back after; the router and the shared experts read h.
     moe_latent_size: int = 0
@@ -979,7 +984,7 @@ _NO_COST = frozenset(
     remove_invalid_values exponential_decay_length_penalty suppress_tokens begin_suppress_tokens
     num_beam_groups diversity_penalty use_bfloat16 tf_legacy_loss output_router_logits
     router_aux_loss_coef router_z_loss_coef norm_topk_prob routed_scaling_factor scoring_func
-    topk_method n_group topk_group aux_loss_alpha seq_aux ep_size router_jitter_noise
+    topk_method aux_loss_alpha seq_aux ep_size router_jitter_noise
     attn_logit_softcapping final_logit_softcapping query_pre_attn_scalar logit_scale
     embedding_multiplier residual_multiplier attention_multiplier logits_scaling
     hidden_act hidden_activation mlp_hidden_act max_window_layers use_sliding_window
@@ -2524,6 +2529,12 @@ def _normalize_fields(cfg: dict, *, name: str = "", source: str = "") -> ModelSp
         f["ffn_hidden"] = _int(c, "intermediate_size", ctx=ctx) if dense_needed else 0
     if f.get("num_experts"):
         f["moe_topk"] = _first_int(c, ("num_experts_per_tok",), ctx=ctx)
+        groups = _int(c, "n_group", 1, ctx=ctx) if c.get("n_group") else 1
+        if groups > 1 and c.get("topk_method") != "greedy":  # DeepSeek-V2-Lite's greedy ignores groups
+            f["moe_router_groups"] = groups
+            f["moe_router_topk_groups"] = (
+                _int(c, "topk_group", groups, ctx=ctx) if c.get("topk_group") else groups
+            )
         f["moe_layers"] = n_moe
         f["first_dense_layers"] = (
             next((i for i, m in enumerate(moe) if m), L) if arch.moe != "nemotron_h" else 0

@@ -115,13 +115,60 @@ def deepep_internode_share(model, ep, etp, devices_per_node: int) -> np.ndarray:
     experts; a token reaches ``N * (1 - miss)`` distinct nodes on average (:func:`distinct_share`)
     while the all-to-all sends ``k`` copies; the remote share is (N-1)/N of both. DeepEP sends one
     copy per node over RDMA and fans out over NVLink (DeepSeek-V3 report, Sec. 3.2.2), so the
-    network carries ``N * (1 - miss) / k`` of the all-to-all's inter-node bytes. Node-limited
-    routing (DeepSeek-V3's M = 4 nodes per token) would lower it further and is not modeled.
+    network carries ``N * (1 - miss) / k`` of the all-to-all's inter-node bytes. Group-limited
+    routing lowers it further (:func:`group_limited_nodes`: DeepSeek-V3 sends a token to at most
+    M = 4 of its nodes).
     """
     ep = np.asarray(ep, dtype=np.float64)
     g = ranks_per_node(ep, etp, devices_per_node)
     nodes = np.maximum(ep / g, 1.0)
-    return np.where(nodes > 1, distinct_share(model, nodes), 1.0)  # one node: nothing leaves
+    free = distinct_share(model, nodes)
+    limited = group_limited_nodes(model, nodes) / max(int(model.moe_topk), 1)
+    return np.where(nodes > 1, np.minimum(free, limited), 1.0)  # one node: nothing leaves
+
+
+def _miss(total, per, draws: int):
+    """Probability that ``draws`` picks without replacement from ``total`` items all miss a given
+    ``per`` of them: ``C(total - per, draws) / C(total, draws)``."""
+    out = np.ones_like(np.asarray(total, dtype=np.float64) * np.asarray(per, dtype=np.float64))
+    for i in range(draws):
+        out = out * np.maximum(total - per - i, 0.0) / np.maximum(total - i, 1.0)
+    return out
+
+
+def group_limited_nodes(model, nodes) -> np.ndarray:
+    """Distinct nodes a token reaches under group-limited routing (DeepSeek-V2/V3 ``n_group`` /
+    ``topk_group``), balanced routing; ``inf`` where the routing is not group-limited or the groups do
+    not tile the nodes.
+
+    The ``G`` expert groups are equal and contiguous, so EP places whole groups on nodes. A token's
+    ``k`` experts come from ``M' = min(M, k)`` of the ``G`` groups (each chosen group gets one at
+    least: DeepSeek-V3 picks 4 groups by their top-2 experts' scores, then 8 experts among them).
+    With ``N`` dividing ``G`` (``G/N`` groups per node) the chosen groups land on
+    ``N * (1 - C(G - G/N, M') / C(G, M'))`` distinct nodes; with ``G`` dividing ``N`` (a group spans
+    ``N/G`` nodes) the ``k`` experts are drawn from the ``M' E / G`` experts of the chosen groups on
+    their ``M' N / G`` nodes. DeepSeek-V3 on 8 nodes: 4 nodes per token, not the 5.3 of free
+    routing (its report, Sec. 2.1.2: node-limited routing, M = 4)."""
+    nodes = np.maximum(np.asarray(nodes, dtype=np.float64), 1.0)
+    G, M, k, E = (
+        int(model.moe_router_groups),
+        int(model.moe_router_topk_groups),
+        int(model.moe_topk),
+        float(model.num_experts),
+    )
+    if G <= 1 or not 0 < M < G or k < 1 or E % G:
+        return np.full(nodes.shape, np.inf)
+    m = min(M, k)
+    n_int = nodes.astype(np.int64)
+    whole = (nodes == n_int) & (n_int > 0)
+    tiles = whole & (G % np.maximum(n_int, 1) == 0)  # N | G: G/N groups per node
+    spans = whole & (n_int % G == 0)  # G | N: a group spans N/G nodes
+    per_node_groups = G / nodes
+    d_tiles = nodes * (1.0 - _miss(float(G), per_node_groups, m))
+    span_nodes = m * nodes / G
+    chosen = m * E / G
+    d_spans = span_nodes * (1.0 - _miss(chosen, E / nodes, k))
+    return np.where(tiles, d_tiles, np.where(spans, d_spans, np.inf))
 
 
 def permutation_bytes(model, T, sp_div, ep, etp, elem) -> np.ndarray:

@@ -317,6 +317,7 @@ def predict(
     moe_a2a_overlap: bool | None = None,
     pipeline_schedule: str | None = None,
     attention_kernel: str | None = None,
+    tp_comm_overlap: str | None = None,
     framework: str | None = None,
     memory_headroom: float | None = None,
     allow_long_context: bool | None = None,
@@ -327,7 +328,8 @@ def predict(
 
     The job: ``job=Job(...)`` or the flat keywords (the ``autopar predict`` flag names: model,
     device, num_devices, devices_per_node, seq_len, global_batch, lora, moe_dispatcher,
-    moe_a2a_overlap, pipeline_schedule, attention_kernel, framework, memory_headroom, allow_long_context, calibration).
+    moe_a2a_overlap, pipeline_schedule, attention_kernel, tp_comm_overlap, framework, memory_headroom,
+    allow_long_context, calibration).
     The layout: ``layout=Layout(...)`` or the layout keywords of :func:`resolve_layout` (tp, pp,
     vpp, dp, cp, ep, etp, zero, shard_group, sp, micro_batch, recompute, offload, precision;
     defaults: the :class:`Layout` field defaults, ``dp`` what is left of the world size, ``sp`` on
@@ -349,6 +351,7 @@ def predict(
         moe_a2a_overlap=moe_a2a_overlap,
         pipeline_schedule=pipeline_schedule,
         attention_kernel=attention_kernel,
+        tp_comm_overlap=tp_comm_overlap,
         framework=framework,
         memory_headroom=memory_headroom,
         allow_long_context=allow_long_context,

@@ -112,6 +112,13 @@ STACKS = (
 )
 # Stacks built on Megatron-Core (their defaults, e.g. etp = tp, apply).
 MEGATRON_STACKS = ("megatron-lm", "nemo")
+# Megatron-Bridge's MoE recipes set expert_tensor_parallel_size = 1 whatever the TP (its tables leave
+# ETP blank): the base recipes the performance recipes start from
+# (src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config,
+# recipes/deepseek/h100/deepseek_v3.py) and the performance recipes themselves
+# (perf_recipes/nemotronh/*/nemotronh.py, perf_recipes/deepseek/common.py), NVIDIA-NeMo/Megatron-Bridge
+# @067f987df, the commit the archive rows were read at.
+BRIDGE_ETP_SOURCE = "Megatron-Bridge MoE recipes set expert_tensor_parallel_size = 1"
 
 
 # ``orig_framework`` free text onto the training stacks of ``autopar.job.Framework`` (first matching
@@ -208,9 +215,52 @@ BRIDGE_MOE_RECIPES: dict[tuple[str, str, str], tuple[str, bool]] = {
 BLACKWELL_DEVICES = ("gb200-nvl72", "gb300-nvl72", "b200", "b300")
 
 
+# Megatron-Bridge MoE and hybrid recipes that run TP without communication overlap, read at the
+# archive's commit (NVIDIA-NeMo/Megatron-Bridge @067f987df). A recipe that sets no CommOverlapConfig
+# keeps the ConfigContainer's comm_overlap=None (recipes/common.py _pretrain_common), i.e.
+# Megatron-Core's tp_comm_overlap=False. Not applied: the dense Llama NVFP4 recipes also set
+# tp_comm_overlap = False (perf_recipes/llama/*/llama3*.py), but priced so, Llama 3 70B on GB200
+# comes out 1.12x faster in NVFP4 than in MXFP8 where the same layout measured 1.31x (rows 449/450),
+# and the held-out figures got worse (docs/calibration.md): which recipe those rows ran is not known.
+#   (model key, device or "*", precision or "*")
+BRIDGE_TP_OVERLAP_OFF: tuple[tuple[str, str, str], ...] = (
+    ("qwen3_235b", "h100-sxm-80gb", "*"),  # perf_recipes/qwen/h100/qwen3_moe.py: tp_comm_overlap=False
+    ("deepseekv3", "h100-sxm-80gb", "*"),  # recipes/deepseek/h100/deepseek_v3.py: tp_comm_overlap=False
+    ("nemotron_3_super", "*", "*"),  # perf_recipes/nemotronh/*: no CommOverlapConfig (comm_overlap None)
+    ("nemotron_3_ultra", "*", "*"),  # the same
+)
+
+
+def tp_overlap_of(case: Case) -> str:
+    """The TP communication overlap a Megatron-Bridge row ran with: "off" where its recipe runs none
+    (:data:`BRIDGE_TP_OVERLAP_OFF`), else the stack's default (on for megatron)."""
+    row = case.row
+    fw = (row.get("orig_framework") or "").lower()
+    if "megatron-bridge" not in fw or (_int(row, "tp") or 1) == 1:
+        return "default"
+    key = _recipe_key(row.get("model") or "")
+    dev = (row.get("device") or "").strip()
+    prec = (row.get("precision") or "").strip()
+    for k, d, p in BRIDGE_TP_OVERLAP_OFF:
+        if k in ("*", key) and d in ("*", dev) and p in ("*", prec):
+            case.assumptions.append(
+                f"tp_comm_overlap=off (the Megatron-Bridge recipe for {key} {prec} on {dev})"
+            )
+            return "off"
+    return "default"
+
+
 def _recipe_key(name: str) -> str:
     n = name.lower().replace(" ", "_").replace("-", "_")
-    for key in ("qwen3_235b", "qwen3_30b", "nemotron_3_nano", "gpt_oss_120b", "deepseekv3"):
+    for key in (
+        "qwen3_235b",
+        "qwen3_30b",
+        "nemotron_3_nano",
+        "nemotron_3_super",
+        "nemotron_3_ultra",
+        "gpt_oss_120b",
+        "deepseekv3",
+    ):
         if n.startswith(key):
             return key
     return n
@@ -439,7 +489,10 @@ def layout_for(case: Case, num_devices: int, global_batch: int):
     ep = _int(row, "ep") or 1
     etp = _int(row, "etp")
     if etp is None and ep > 1:
-        if stack_of(row) in MEGATRON_STACKS:
+        if "megatron-bridge" in (row.get("orig_framework") or "").lower():
+            etp = 1
+            case.assumptions.append(f"etp=1 (blank; {BRIDGE_ETP_SOURCE})")
+        elif stack_of(row) in MEGATRON_STACKS:
             etp = tp
             case.assumptions.append("etp=tp (blank; Megatron default expert_tensor_parallel_size = tp)")
         else:
@@ -637,6 +690,7 @@ def run_case(case: Case, calibration=None) -> None:
             moe_dispatcher=recipe[0],
             moe_a2a_overlap=recipe[1],
             attention_kernel=attention_kernel_of(case),
+            tp_comm_overlap=tp_overlap_of(case),
             allow_long_context=True,  # a measured run: past the position limit it was extension work
         ).resolve(model=model, device=dev)
         if lora:

@@ -72,14 +72,52 @@ def test_dispatch_and_permutation_bytes_by_hand() -> None:
 
 
 def test_deepep_internode_share_by_hand() -> None:
-    # DeepSeek-V3 shape: 256 experts, top-8, EP64 over 8 nodes of 8 GPUs -> 32 experts per node.
-    m = load_model("deepseek-v3")
+    # DeepSeek-V3's shape without its group limit: 256 experts, top-8, EP64 over 8 nodes of 8 GPUs ->
+    # 32 experts per node; a token reaches 8 (1 - miss) ~ 5.3 of the 8 nodes with its 8 copies.
+    free = load_model("deepseek-v3").model_copy(update={"moe_router_groups": 1, "moe_router_topk_groups": 0})
     miss = math.comb(256 - 32, 8) / math.comb(256, 8)
     want = 8 * (1 - miss) / 8
-    assert float(moe.deepep_internode_share(m, 64, 1, 8)) == pytest.approx(want)
-    assert 0.6 < want < 0.7  # a token reaches ~5.3 of 8 nodes with 8 copies
+    assert float(moe.deepep_internode_share(free, 64, 1, 8)) == pytest.approx(want)
+    assert 0.6 < want < 0.7
     # One node: nothing leaves it; the share is defined as 1 (no de-duplication to claim).
-    assert float(moe.deepep_internode_share(m, 8, 1, 8)) == pytest.approx(1.0)
+    assert float(moe.deepep_internode_share(free, 8, 1, 8)) == pytest.approx(1.0)
+
+
+def test_group_limited_routing_reaches_fewer_nodes() -> None:
+    # DeepSeek-V3 routes a token to at most topk_group = 4 of its n_group = 8 expert groups (its
+    # report's node-limited routing, M = 4): read from the config.
+    m = load_model("deepseek-v3")
+    assert (m.moe_router_groups, m.moe_router_topk_groups) == (8, 4)
+    # 8 nodes, one group each: exactly 4 nodes per token (free routing: 5.3), so DeepEP's network
+    # bytes are 4 / 8 of the all-to-all's.
+    assert float(moe.group_limited_nodes(m, np.array([8.0]))[0]) == pytest.approx(4.0)
+    assert float(moe.deepep_internode_share(m, 64, 1, 8)) == pytest.approx(0.5)
+    # 4 nodes, two groups each: the 4 chosen groups miss a node with probability C(6,4)/C(8,4).
+    want = 4 * (1 - math.comb(6, 4) / math.comb(8, 4))
+    assert float(moe.group_limited_nodes(m, np.array([4.0]))[0]) == pytest.approx(want)
+    # 16 nodes, a group spans 2: 8 experts from the 4 groups' 128 experts on their 8 nodes.
+    want16 = 8 * (1 - math.comb(128 - 16, 8) / math.comb(128, 8))
+    assert float(moe.group_limited_nodes(m, np.array([16.0]))[0]) == pytest.approx(want16)
+    # Groups that do not tile the nodes (9) and models without a limit: free routing.
+    assert np.isinf(moe.group_limited_nodes(m, np.array([9.0]))[0])
+    q = load_model("qwen3-235b-a22b")
+    assert (q.moe_router_groups, q.moe_router_topk_groups) == (1, 0)
+    assert np.isinf(moe.group_limited_nodes(q, np.array([8.0]))[0])
+    # The limit never raises the share above free routing's.
+    for n in (2.0, 4.0, 8.0, 16.0):
+        free = float(moe.distinct_share(m, np.array([n]))[0])
+        assert float(moe.deepep_internode_share(m, n * 8, 1, 8)) <= free + 1e-12
+
+
+def test_greedy_routing_ignores_the_groups() -> None:
+    # DeepSeek-V2-Lite states n_group but routes greedily (topk_method greedy): no limit.
+    from autopar.model import raw_config
+
+    cfg = dict(raw_config("deepseek-v3"))
+    cfg.update(topk_method="greedy")
+    assert load_model(cfg).moe_router_groups == 1
+    cfg.update(topk_method="noaux_tc")
+    assert load_model(cfg).moe_router_groups == 8
 
 
 def test_deepep_intranode_share_by_hand() -> None:

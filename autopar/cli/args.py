@@ -233,6 +233,7 @@ JOB_TRAINING_FIELDS = (
     "moe_a2a_overlap",
     "pipeline_schedule",
     "attention_kernel",
+    "tp_comm_overlap",
 )
 
 

@@ -28,9 +28,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from autopar.errors import AutoparError
 from autopar.frameworks import (
     ATTENTION_KERNEL_DESCRIPTION,
+    TP_OVERLAP_DESCRIPTION,
     AttentionChoice,
+    TPOverlapChoice,
     attention_override,
     framework_profile,
+    tp_overlap_override,
 )
 from autopar.job import Framework, GlobalBatch, ModelRef, NumDevices, SeqLen, job_error
 from autopar.job import Job as CoreJob
@@ -186,6 +189,7 @@ class Job(BaseModel):
     moe_dispatcher: Dispatcher = Field("alltoall", description=DISPATCHER_DESCRIPTION)
     moe_a2a_overlap: bool = Field(False, description=A2A_OVERLAP_DESCRIPTION)
     attention_kernel: AttentionChoice = Field("default", description=ATTENTION_KERNEL_DESCRIPTION)
+    tp_comm_overlap: TPOverlapChoice = Field("default", description=TP_OVERLAP_DESCRIPTION)
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -222,6 +226,7 @@ class Job(BaseModel):
             moe_dispatcher=t.moe_dispatcher,
             moe_a2a_overlap=t.moe_a2a_overlap,
             attention_kernel=t.attention_kernel,
+            tp_comm_overlap=t.tp_comm_overlap,
         )
 
     @property
@@ -285,6 +290,9 @@ class Exporter(ABC):
     # The attention cores (Job.attention_kernel) the format can name besides the stack's default; a
     # job priced with another core is refused rather than launched with the stack's own.
     attention_kernels: ClassVar[tuple[str, ...]] = ()
+    # Whether the format writes the TP communication overlap a job was priced with where it is not
+    # the stack's default (Job.tp_comm_overlap); the others refuse such a job with TP.
+    tp_overlap_option: ClassVar[bool] = False
     # The launcher release whose parser the format is checked against (``--launcher-version``
     # picks an earlier one where the format changed: :func:`register_previous`).
     launcher_version: ClassVar[str | None] = None
@@ -337,6 +345,14 @@ class Exporter(ABC):
                 f"{framework_profile(job.framework).attention})",
                 self.name,
                 "export to megatron (--attention-backend), or price the job with --attention-kernel default",
+            )
+        ov = tp_overlap_override(job.framework, job.tp_comm_overlap)
+        if not self.serving and ov is not None and layout.tp > 1 and not self.tp_overlap_option:
+            raise unsupported(
+                f"TP communication overlap {'on' if ov else 'off'} (the {job.framework} stack's default "
+                f"is {'on' if framework_profile(job.framework).tp_comm_overlap else 'off'})",
+                self.name,
+                "export to megatron (--tp-comm-overlap), or price the job with --tp-comm-overlap default",
             )
         if self.serving:
             check_serving(layout, self.name)

@@ -29,7 +29,15 @@ FMT = "env"
 PREFIX = "AUTOPAR_"
 BOOL_FIELDS = ("sp", "offload")
 STR_FIELDS = ("recompute", "precision")
-STR_JOB_FIELDS = ("model", "device", "framework", "pipeline_schedule", "moe_dispatcher", "attention_kernel")
+STR_JOB_FIELDS = (
+    "model",
+    "device",
+    "framework",
+    "pipeline_schedule",
+    "moe_dispatcher",
+    "attention_kernel",
+    "tp_comm_overlap",
+)
 JOB_FIELDS = tuple(Job.model_fields)
 DERIVED = ("nnodes", "nproc_per_node")
 
@@ -42,6 +50,7 @@ class EnvExporter(Exporter):
     pipeline_schedules = PIPELINE_SCHEDULES  # AUTOPAR_PIPELINE_SCHEDULE names any of them
     moe_options = True  # AUTOPAR_MOE_DISPATCHER / AUTOPAR_MOE_A2A_OVERLAP
     attention_kernels = ATTENTION_OVERRIDES  # AUTOPAR_ATTENTION_KERNEL
+    tp_overlap_option = True  # AUTOPAR_TP_COMM_OVERLAP
 
     def _render(self, layout: Layout, job: Job) -> str:
         lines = [header_line(FMT, job), f"# autopar layout: {layout.short()}"]

@@ -81,7 +81,7 @@ from autopar.export.base import (
     to_int,
     unsupported,
 )
-from autopar.frameworks import ATTENTION_OVERRIDES, attention_override
+from autopar.frameworks import ATTENTION_OVERRIDES, attention_override, framework_profile
 from autopar.layout import Layout
 
 FMT = "megatron"
@@ -150,15 +150,16 @@ def tp_comm_overlap(layout: Layout, job: Job, fmt: str = FMT) -> bool:
     """Whether to write ``--tp-comm-overlap``: what the megatron profile priced (module docstring).
 
     Raises when a megatron-framework job was priced with the overlap but Megatron cannot run it
-    (``tp > 1`` without sequence parallelism on an NVLink device).
+    (``tp > 1`` without sequence parallelism on an NVLink device). A job priced without it (its
+    stack's profile, or ``Job.tp_comm_overlap`` off) gets none.
     """
-    if layout.tp == 1:
+    if layout.tp == 1 or not framework_profile(job.framework, tp_overlap=job.tp_comm_overlap).tp_comm_overlap:
         return False
     peer = _peer_memory(job)
     if peer is False:
         return False  # PCIe node: no userbuffers, and the cost model hides no TP communication
     if not layout.sp:
-        if peer and job.framework == "megatron":
+        if peer:
             raise unsupported(
                 f"tensor parallel (tp={layout.tp}) without sequence parallel, priced with TP "
                 "communication overlap (megatron profile)",
@@ -501,6 +502,7 @@ class MegatronExporter(Exporter):
     module_recompute = True
     moe_options = True
     attention_kernels = ATTENTION_OVERRIDES  # --attention-backend
+    tp_overlap_option = True  # --tp-comm-overlap written exactly where the job was priced with it
     description = (
         "Megatron-LM pretrain_gpt.py arguments (append to your torchrun ... pretrain_gpt.py command)"
     )
