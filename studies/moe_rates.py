@@ -28,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+from gemm_rates import have_tables  # the same extra, the same one-line refusal
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "cost_models" / "backends" / "moe_kernels.yaml"
@@ -218,21 +219,6 @@ def document(all_rates: dict[str, dict]) -> dict:
         },
         "transfer": transfer(all_rates),
     }
-
-
-def have_tables() -> bool:
-    """Whether aiconfigurator-core's tables (and pyarrow to read them) are installed; says what to
-    install on stderr when not."""
-    try:
-        import aiconfigurator_core  # noqa: F401
-        import pyarrow  # noqa: F401
-    except ImportError:
-        print(
-            "error: this study reads aiconfigurator-core's tables: pip install -e '.[aiconfigurator]'",
-            file=sys.stderr,
-        )
-        return False
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:

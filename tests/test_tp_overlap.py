@@ -107,14 +107,22 @@ def test_the_study_reads_the_bridge_recipes() -> None:
     )
 
 
-def test_cli_flag_and_its_refusal() -> None:
-    base = [sys.executable, "-m", "autopar.cli", "predict", "--model", "llama-3.1-70b", "--device",
-            "h100-sxm-80gb", "--num-devices", "64", "--seq-len", "8192", "--global-batch", "128", "--tp", "8"]  # fmt: skip
-    ok = subprocess.run([*base, "--tp-comm-overlap", "off", "--json"], capture_output=True, text=True)
-    assert ok.returncode == 0 and "TP communication overlap off" in ok.stdout
-    bad = subprocess.run([*base, "--tp-comm-overlap", "maybe"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "--tp-comm-overlap" in bad.stderr
-    fsdp = subprocess.run(
-        [*base, "--framework", "fsdp", "--tp-comm-overlap", "on"], capture_output=True, text=True
+PREDICT = ["--model", "llama-3.1-70b", "--device", "h100-sxm-80gb", "--num-devices", "64", "--seq-len", "8192",
+           "--global-batch", "128", "--tp", "8"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "rc", "says"),
+    [
+        (["--tp-comm-overlap", "off", "--json"], 0, "TP communication overlap off"),
+        (["--tp-comm-overlap", "maybe"], 2, "--tp-comm-overlap"),
+        (["--framework", "fsdp", "--tp-comm-overlap", "on"], 2, "no TP communication overlap"),
+    ],
+)
+def test_cli_flag_and_its_refusals(extra: list[str], rc: int, says: str) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "autopar.cli", "predict", *PREDICT, *extra], capture_output=True, text=True
     )
-    assert fsdp.returncode == 2 and len(fsdp.stderr.strip().splitlines()) == 1
+    assert r.returncode == rc and says in (r.stdout if rc == 0 else r.stderr)
+    if rc:
+        assert len(r.stderr.strip().splitlines()) == 1  # one line naming the problem
