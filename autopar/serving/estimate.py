@@ -873,8 +873,9 @@ def _expert_imbalance(it: _Iter) -> np.ndarray:
 
 
 def _iter_ffn(it: _Iter) -> None:
-    """Dense MLPs and MoE layers (routed experts: balanced routing over the micro-batch, the weights of
-    the experts that get any token read; the 16-bit router; shared experts as a dense MLP). With expert
+    """Dense MLPs and MoE layers (routed experts: the backend's fused MoE kernel at the measured rates
+    of :mod:`autopar.moe_kernels`, balanced routing over the micro-batch, the weights of the experts
+    that get any token read; the 16-bit router; shared experts as a dense MLP). With expert
     parallelism the layer waits for the busiest rank: its local experts' rows are the workload's
     ``expert_imbalance`` times the balanced count."""
     m, ta, M = it.ctx.model, it.ta, it.M
