@@ -89,11 +89,7 @@ def distinct_share(model, groups) -> np.ndarray:
     groups = np.maximum(np.asarray(groups, dtype=np.float64), 1.0)
     E = float(model.num_experts)
     k = int(model.moe_topk)
-    per = E / groups
-    miss = np.ones_like(groups)
-    for i in range(k):
-        miss = miss * np.maximum(E - per - i, 0.0) / (E - i)
-    return np.minimum(groups * (1.0 - miss) / k, 1.0)
+    return np.minimum(groups * (1.0 - _miss(E, E / groups, k)) / k, 1.0)
 
 
 def deepep_intranode_share(model, ep) -> np.ndarray:

@@ -3,8 +3,8 @@
 A serving MoE layer is one fused operator (TensorRT-LLM's CUTLASS/TRTLLM-gen fused MoE, vLLM's and
 SGLang's fused-MoE kernels): routing, the token permutation, the grouped expert GEMMs of the local
 experts and the weighted un-permutation. Priced as dense GEMMs over each expert's rows, it came out
-1.3-3x faster than the kernels measured on the same GPUs (``studies/moe_rates.py``), and the
-TensorRT-LLM 1.0 MoE serving runs 1.2-3.4x too fast. So each (device, backend, weight precision) with
+1.4-6.7x faster than the kernels measured on the same GPUs (median per device, backend and dtype:
+``studies/moe_rates.py``), and the TensorRT-LLM 1.0 MoE serving runs 1.2-3.4x too fast. So each (device, backend, weight precision) with
 a measured table gets four rates fitted to it, one law for all of them (:func:`layer_time`)::
 
     t = max(F / (peak * compute), W / (hbm * bandwidth)) + moved / (hbm * bandwidth)

@@ -142,23 +142,24 @@ def fit_rates(d, wbytes: float, peak: float, hbm_bw: float) -> dict[str, float]:
 
 
 def dense_pricing_ratio(d, wbytes: float, co, peak: float, eff: float) -> float:
-    """Median measured / priced of the pricing before these rates: each expert's rows (at least a
-    64-row tile) at the dense per-row GEMM rate, the touched weights at full HBM bandwidth."""
+    """Median measured / priced of the pricing before these rates: the serving model's dense GEMM
+    (:func:`autopar.serving.estimate._gemm`: each expert's rows, at least a 64-row tile, at the dense
+    per-row rate; the touched weights at full HBM bandwidth) over the expert MLP's two GEMMs."""
     from dataclasses import replace
 
-    from autopar.latency import gemm_time
+    from autopar.serving.estimate import _gemm
 
     x = law_inputs(d, wbytes)
     co_inf = replace(co, hbm_bw=math.inf)
     F = d.inter_size.to_numpy(float) / d.moe_tp_size.to_numpy(float)
     h = x["row_width"]
     tpe = x["rows"] / x["local_experts"]
-    t = np.zeros(len(tpe))
-    for N, K in ((2.0 * F, h), (h, F)):
-        per_row = gemm_time(co_inf, peak, eff, 1e9, N, K) / 1e9
-        comp = x["local_experts"] * per_row * np.maximum(tpe, 64.0)
-        traf = x["local_experts"] * (N * K * wbytes * x["activated"] + 2.0 * tpe * (N + K)) / co.hbm_bw
-        t += np.maximum(comp, traf)
+    t = sum(
+        _gemm(co_inf, co, peak, eff, tpe, N, K, wbytes, weight_frac=x["activated"], count=x["local_experts"])[
+            0
+        ]
+        for N, K in ((2.0 * F, h), (h, F))
+    )
     return float(np.median(d.latency.to_numpy(float) * 1e-3 / t))
 
 
