@@ -276,7 +276,12 @@ FINE_GRAINED_EXPERTS = 64
 
 
 def model_class(model: Any) -> str:
-    """``dense``, ``moe`` or ``moe-fine`` (>= FINE_GRAINED_EXPERTS routed experts) of a ModelSpec."""
+    """``hybrid``, ``dense``, ``moe`` or ``moe-fine`` (>= FINE_GRAINED_EXPERTS routed experts) of a
+    ModelSpec. ``hybrid``: a recurrent token mixer (a Mamba SSM or linear attention) in some blocks,
+    MoE or not; its held-out error is its own (Nemotron 3 Nano and Super: 1.1-1.6x too fast on every
+    device they ran on), not a fine-grained MoE's."""
+    if int(getattr(model, "mamba_layers", 0) or 0) or int(getattr(model, "linear_attn_layers", 0) or 0):
+        return "hybrid"
     n = int(getattr(model, "num_experts", 0) or 0)
     if n <= 0:
         return "dense"

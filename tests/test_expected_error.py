@@ -24,6 +24,7 @@ from autopar.coefficients import (  # noqa: E402
     EXTRAPOLATIONS,
     Calibration,
     _expected_error_table,
+    expected_error,
     extrapolations,
     lookup_expected_error,
     model_class,
@@ -117,6 +118,37 @@ def test_model_class_counts_many_small_experts_apart():
     assert model_class(load_model("llama-3.1-8b")) == "dense"
     assert model_class(load_model("deepseek-v3")) == "moe-fine"  # 256 routed experts
     assert model_class(SimpleNamespace(num_experts=8)) == "moe"
+
+
+def test_model_class_puts_recurrent_hybrids_apart_from_moe():
+    # Mamba or linear-attention blocks make a hybrid, MoE or not: its held-out error is its own.
+    assert model_class(load_model("nemotron-3-super-120b-a12b")) == "hybrid"  # Mamba2 + 512 experts
+    assert model_class(load_model("nemotron-3-nano-30b-a3b")) == "hybrid"
+    assert model_class(load_model("qwen3-next-80b-a3b")) == "hybrid"  # Gated DeltaNet
+    assert model_class(SimpleNamespace(num_experts=0, mamba_layers=4)) == "hybrid"
+
+
+def test_shipped_band_gives_hybrids_their_own_base_and_narrows_plain_moe():
+    """The shipped table has a megatron/hybrid base from held-out hybrid rows; a fine-grained MoE
+    without recurrent blocks is priced against the other MoE rows, not the hybrids' wider misses."""
+    table = _expected_error_table(str(ROOT / "cost_models/calibration/expected_error.yaml"))
+    base = table["base"]["stack_class"]
+    assert base["megatron/hybrid"]["rows"] >= 10
+    assert base["megatron/hybrid"]["p90_ape"] > base["megatron/moe-fine"]["p90_ape"]
+    hyb = expected_error(
+        "b200",
+        stack="megatron",
+        precision="bf16",
+        model=load_model("nemotron-3-super-120b-a12b"),
+        num_devices=64,
+    )
+    moe = expected_error(
+        "b200", stack="megatron", precision="bf16", model=load_model("deepseek-v3"), num_devices=64
+    )
+    assert hyb is not None and moe is not None
+    assert "hybrid" in hyb.group and "moe-fine" in moe.group
+    assert hyb.p90 == pytest.approx(base["megatron/hybrid"]["p90_ape"], rel=1e-3)
+    assert moe.p90 == pytest.approx(base["megatron/moe-fine"]["p90_ape"], rel=1e-3)
 
 
 def _entries(rng: np.random.Generator) -> list[dict]:
