@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from autopar.blocks.stage import recurrent_kinds
 from autopar.errors import AutoparError
 from autopar.frameworks import FrameworkProfile
 from autopar.latency import Coefficients
@@ -280,7 +281,7 @@ def model_class(model: Any) -> str:
     ModelSpec. ``hybrid``: a recurrent token mixer (a Mamba SSM or linear attention) in some blocks,
     MoE or not; its held-out error is its own (Nemotron 3 Nano and Super: 1.1-1.6x too fast on every
     device they ran on), not a fine-grained MoE's."""
-    if int(getattr(model, "mamba_layers", 0) or 0) or int(getattr(model, "linear_attn_layers", 0) or 0):
+    if hasattr(model, "layers") and recurrent_kinds(model):  # the block registry's recurrent mixers
         return "hybrid"
     n = int(getattr(model, "num_experts", 0) or 0)
     if n <= 0:
@@ -436,16 +437,17 @@ def expected_error(
     twin = cal.transfer.same_silicon.get(device_id)
     if cal == shipped:
         table = _expected_error_table(str(expected_error_path()))
+        cls = model_class(model) if model is not None else None
         kinds = extrapolations(
             device_id,
             cal,
             table.get("domain") or {},
             stack=stack,
             precision=precision,
-            model_cls=model_class(model) if model is not None else None,
+            model_cls=cls,
             num_devices=num_devices,
         )
-        found = lookup_expected_error(table, stack, kinds, model_class(model) if model is not None else None)
+        found = lookup_expected_error(table, stack, kinds, cls)
         if found is not None:
             return found
     res = cal.provenance.get("residuals") or {}

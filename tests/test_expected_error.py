@@ -25,6 +25,7 @@ from autopar.coefficients import (  # noqa: E402
     Calibration,
     _expected_error_table,
     expected_error,
+    expected_error_path,
     extrapolations,
     lookup_expected_error,
     model_class,
@@ -125,13 +126,16 @@ def test_model_class_puts_recurrent_hybrids_apart_from_moe():
     assert model_class(load_model("nemotron-3-super-120b-a12b")) == "hybrid"  # Mamba2 + 512 experts
     assert model_class(load_model("nemotron-3-nano-30b-a3b")) == "hybrid"
     assert model_class(load_model("qwen3-next-80b-a3b")) == "hybrid"  # Gated DeltaNet
-    assert model_class(SimpleNamespace(num_experts=0, mamba_layers=4)) == "hybrid"
+    assert (
+        model_class(SimpleNamespace(layers=8, num_experts=0, mamba_layers=4, linear_attn_layers=0))
+        == "hybrid"
+    )
 
 
 def test_shipped_band_gives_hybrids_their_own_base_and_narrows_plain_moe():
     """The shipped table has a megatron/hybrid base from held-out hybrid rows; a fine-grained MoE
     without recurrent blocks is priced against the other MoE rows, not the hybrids' wider misses."""
-    table = _expected_error_table(str(ROOT / "cost_models/calibration/expected_error.yaml"))
+    table = _expected_error_table(str(expected_error_path()))
     base = table["base"]["stack_class"]
     assert base["megatron/hybrid"]["rows"] >= 10
     assert base["megatron/hybrid"]["p90_ape"] > base["megatron/moe-fine"]["p90_ape"]
