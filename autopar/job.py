@@ -40,7 +40,13 @@ from autopar.limits import (  # noqa: F401 - re-exported: job.MAX_* is public
     MAX_STEPS,
 )
 from autopar.model import ModelSpec, check_context, check_costed, load_model
-from autopar.moe import A2A_OVERLAP_DESCRIPTION, DISPATCHER_DESCRIPTION, Dispatcher, MoEOptions
+from autopar.moe import (
+    A2A_OVERLAP_DESCRIPTION,
+    DISPATCHER_DESCRIPTION,
+    FUSED_GRAPH_DESCRIPTION,
+    Dispatcher,
+    MoEOptions,
+)
 from autopar.schedules import PIPELINE_SCHEDULE_DESCRIPTION, PipelineSchedule
 
 SCHEMA_VERSION = 1
@@ -128,6 +134,7 @@ class TrainingWorkload(_Frozen):
     )
     moe_dispatcher: Dispatcher = Field("alltoall", description=DISPATCHER_DESCRIPTION)
     moe_a2a_overlap: bool = Field(False, description=A2A_OVERLAP_DESCRIPTION)
+    moe_fused_graph: bool = Field(False, description=FUSED_GRAPH_DESCRIPTION)
     pipeline_schedule: PipelineSchedule = Field("1f1b", description=PIPELINE_SCHEDULE_DESCRIPTION)
     attention_kernel: AttentionChoice = Field("default", description=ATTENTION_KERNEL_DESCRIPTION)
     tp_comm_overlap: TPOverlapChoice = Field("default", description=TP_OVERLAP_DESCRIPTION)
@@ -519,6 +526,12 @@ class Job(_Frozen):
                 f"the {self.framework} stack's default is "
                 f"{'on' if framework_profile(self.framework).tp_comm_overlap else 'off'})"
             )
+        if isinstance(w, TrainingWorkload) and w.moe_fused_graph:
+            core.append(
+                "MoE full-iteration CUDA graph with fused expert MLPs (the job's --moe-fused-graph: "
+                "Megatron-Bridge's MXFP8 recipes from the 26.06 container, Blackwell; no host waits or "
+                "launch gaps; no launcher writes it, so only the env export carries it)"
+            )
         if self.framework == COSTED_FRAMEWORK:
             return core
         p = self.framework_profile
@@ -626,9 +639,12 @@ class TrainingJob:
 
     @property
     def moe_options(self) -> MoEOptions:
-        """How the MoE layers run: the token dispatcher and the EP all-to-all overlap."""
+        """How the MoE layers run: the token dispatcher, the EP all-to-all overlap and the
+        full-iteration graph with fused expert MLPs."""
         w = self.job.training
-        return MoEOptions(dispatcher=w.moe_dispatcher, a2a_overlap=w.moe_a2a_overlap)
+        return MoEOptions(
+            dispatcher=w.moe_dispatcher, a2a_overlap=w.moe_a2a_overlap, fused_graph=w.moe_fused_graph
+        )
 
     @property
     def pipeline_schedule(self) -> str:

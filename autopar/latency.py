@@ -152,21 +152,26 @@ def stage_slot(
     ctx = slot_context(lay, seq_len=seq_len, co=co, links=links, profile=profile)
     sb = blocks.stage_blocks(model, n_dense, n_moe, head, mixers)
     wgrad = 0.0 if frozen_weights else 1.0  # weight-gradient GEMMs, as many FLOPs as the forward
-    c = _stage_compute(model, ctx, sb)
+    opts = moe_options or moe.MoEOptions()
+    graphed = bool(opts.fused_graph and model.is_moe)
+    c = _stage_compute(model, ctx, sb, fused_experts=graphed)
     fwd = c["gemm"] + c["attn_f"] + c["scan"] + c["elem"] + c["perm"] + c["quant_f"]
     bwd = (
         (1.0 + wgrad) * c["gemm"] + c["attn_b"] + 2.0 * c["scan"] + 2.0 * c["elem"] + c["perm"] + c["quant_b"]
     )
     recompute = _stage_recompute(model, ctx, sb, c, fwd)
-    overhead = co.kernel_overhead_s * sb.layers
+    # A full-iteration CUDA graph replays every kernel back to back: no per-layer launch gaps.
+    overhead = 0.0 if graphed else co.kernel_overhead_s * sb.layers
     tp = _stage_tp(model, ctx, sb)
     cp_raw, cp_comm, cp_contention = _stage_cp(model, ctx, sb, c)
-    ep_raw, ep_hidden = _stage_ep(model, ctx, sb, moe_options or moe.MoEOptions(), lay, fwd, bwd)
+    ep_raw, ep_hidden = _stage_ep(model, ctx, sb, opts, lay, fwd, bwd)
     ep_comm = ep_raw - ep_hidden + co.overlap_contention * ep_hidden
 
     slot = fwd + bwd + recompute + overhead + tp["comm"] + cp_comm + ep_comm  # one micro-batch, whole stage
     slot = slot + cp_contention
-    host_wait = _host_wait(model, ctx, sb, slot)
+    # The host launches nothing inside a captured graph (and the paged stash that makes a dropless
+    # MoE graphable keeps the token counts on the device): no host floor, no per-expert launches.
+    host_wait = np.zeros(ctx.n) if graphed else _host_wait(model, ctx, sb, slot)
     slot = slot + host_wait
     parts = {
         "gemm": (2.0 + wgrad) * c["gemm"],
@@ -271,11 +276,16 @@ def _moe_act_width(model) -> float:
     return float(model.ffn_hidden)
 
 
-def _stage_compute(model, ctx: SlotContext, sb: blocks.StageBlocks) -> dict[str, np.ndarray]:
+def _stage_compute(
+    model, ctx: SlotContext, sb: blocks.StageBlocks, *, fused_experts: bool = False
+) -> dict[str, np.ndarray]:
     """Forward seconds of the stage's blocks summed by kind of work: ``gemm`` (linear GEMMs + the LM
     head), ``attn_f``/``attn_b`` (attention cores), ``scan`` (chunked scans), ``elem`` (memory-bound
     elementwise), ``perm`` (MoE token shuffling), ``quant_f``/``quant_b`` (block-scaling traffic), and
-    the per-block figures the recompute needs (``attn_up``, ``shared``, ``dense``)."""
+    the per-block figures the recompute needs (``attn_up``, ``shared``, ``dense``).
+    ``fused_experts``: the routed experts run as one fused grouped MLP (fc1, activation, the
+    block-scaling cast of fc2's input and fc2 in one kernel): their activation traffic and their
+    GEMM inputs' casts are not paid apart (the shared experts and the router stay unfused)."""
     co, T, tp, h = ctx.co, ctx.T, ctx.tp, float(model.hidden)
     zero = np.zeros(ctx.n)
     mixer = blocks.mixer(model)
@@ -310,6 +320,11 @@ def _stage_compute(model, ctx: SlotContext, sb: blocks.StageBlocks) -> dict[str,
         moe_g = shared_g = moe_qf = moe_qb = perm = zero
     w_moe = _moe_act_width(model)
     moe_el = ctx.traffic_s(mlp.act_elems(model, w_moe, tp) + fp8 * (h + w_moe) / tp)
+    if fused_experts and model.is_moe:
+        moe_qf = moe_ffn.gemms(model, ctx.scale_fwd, ctx, grouped=False)[0]
+        moe_qb = moe_ffn.gemms(model, ctx.scale_bwd, ctx, grouped=False)[0]
+        S = model.shared_expert_ffn  # the shared experts' activation stays outside the fused kernel
+        moe_el = ctx.traffic_s(mlp.act_elems(model, S, tp) + fp8 * (h + S) / tp) if S else zero
     # Norm + residual add per sublayer: a norm (read + write) and a residual add (2 reads + 1 write).
     sub_el = ctx.traffic_s((2 * h + 3 * h) / ctx.sp_div)
     # A non-hybrid layer's casts as main costs them: 4h + F per layer, one h more than its GEMMs' inputs.

@@ -41,6 +41,14 @@ DISPATCHER_DESCRIPTION = (
     "sent once per destination rank inside a node and crosses the network once per destination node, "
     "then fans out over NVLink)"
 )
+FUSED_GRAPH_DESCRIPTION = (
+    "run an MoE model's whole training iteration as one CUDA graph with Transformer Engine's fused "
+    "grouped expert MLP (Megatron-Bridge's full-iteration MXFP8 MoE recipes since the 26.06 "
+    "container: cuda_graph_impl=full_iteration, moe_paged_stash, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1; "
+    "Blackwell, Transformer Engine >= 2.12): no host launch waits or per-layer launch gaps, and "
+    "the routed experts' activation and block-scaling casts fused into their GEMMs. No launcher "
+    "writes it yet: predict and what-if only"
+)
 A2A_OVERLAP_DESCRIPTION = (
     "hide each micro-batch's EP all-to-all behind another micro-batch's compute (Megatron "
     "--overlap-moe-expert-parallel-comm, MCore >= 0.13; not with full recompute)"
@@ -49,10 +57,12 @@ A2A_OVERLAP_DESCRIPTION = (
 
 @dataclass(frozen=True)
 class MoEOptions:
-    """How the framework runs the MoE layers of a job (dispatcher and all-to-all overlap)."""
+    """How the framework runs the MoE layers of a job (dispatcher, all-to-all overlap, and whether the
+    iteration runs as one CUDA graph with fused grouped expert MLPs)."""
 
     dispatcher: Dispatcher = "alltoall"
     a2a_overlap: bool = False
+    fused_graph: bool = False
 
 
 def routed_tokens(T, sp_div) -> np.ndarray:

@@ -315,6 +315,7 @@ def predict(
     lora: bool | None = None,
     moe_dispatcher: str | None = None,
     moe_a2a_overlap: bool | None = None,
+    moe_fused_graph: bool | None = None,
     pipeline_schedule: str | None = None,
     attention_kernel: str | None = None,
     tp_comm_overlap: str | None = None,
@@ -328,7 +329,7 @@ def predict(
 
     The job: ``job=Job(...)`` or the flat keywords (the ``autopar predict`` flag names: model,
     device, num_devices, devices_per_node, seq_len, global_batch, lora, moe_dispatcher,
-    moe_a2a_overlap, pipeline_schedule, attention_kernel, tp_comm_overlap, framework, memory_headroom,
+    moe_a2a_overlap, moe_fused_graph, pipeline_schedule, attention_kernel, tp_comm_overlap, framework, memory_headroom,
     allow_long_context, calibration).
     The layout: ``layout=Layout(...)`` or the layout keywords of :func:`resolve_layout` (tp, pp,
     vpp, dp, cp, ep, etp, zero, shard_group, sp, micro_batch, recompute, offload, precision;
@@ -349,6 +350,7 @@ def predict(
         lora=lora,
         moe_dispatcher=moe_dispatcher,
         moe_a2a_overlap=moe_a2a_overlap,
+        moe_fused_graph=moe_fused_graph,
         pipeline_schedule=pipeline_schedule,
         attention_kernel=attention_kernel,
         tp_comm_overlap=tp_comm_overlap,

@@ -288,6 +288,62 @@ def moe_recipe_of(case: Case, model) -> tuple[str, bool]:
     return hit
 
 
+# Megatron-Bridge recipes that run the whole MoE iteration as one CUDA graph with Transformer Engine's
+# CuTe DSL fused grouped MLP, and the first container release whose recipe does: (model key, device,
+# precision) -> release. Read at the releases' tags (NVIDIA-NeMo/Megatron-Bridge; the tag whose
+# docs/performance-summary.md heads that container: v0.5.0 = 26.06, v0.6.0 = 26.08):
+# scripts/performance/configs/{qwen,deepseek,gpt_oss}/*_workload_base_configs.py @v0.5.0
+# (QWEN3_30B_A3B_PRETRAIN_CONFIG_{GB200,GB300,B300}_FP8_MX_V1, QWEN3_235B_A22B_..._{GB200,GB300}_FP8_MX_V2,
+# DEEPSEEK_V3_PRETRAIN_CONFIG_{GB200,GB300}_FP8_MX_V1, GPT_OSS_120B_..._{GB200,GB300}_FP8_MX_V2:
+# cuda_graph_impl="full_iteration", cutedsl_fused_grouped_mlp=True, moe_a2a_overlap=True) and
+# src/megatron/bridge/perf_recipes/{qwen,deepseek,gpt_oss}/{gb200,gb300}/*.py @v0.6.0
+# (_enable_hybridep_full_iteration_mxfp8 / _enable_deepseek_full_iteration_mxfp8 /
+# _apply_gpt_oss_120b_full_iter_fp8mx_configs, env NVTE_CUTEDSL_FUSED_GROUPED_MLP=1, and
+# overlap_moe_expert_parallel_comm=True). Not listed, so eager: every bf16/fp8/nvfp4 recipe, the
+# B200 ones, DeepSeek-V3 and GPT-OSS on B300, and Nemotron 3 Nano/Super (their CuTe DSL fusion
+# landed after v0.6.0, d0debd0bd of 2026-08-18, with partial graphs).
+BRIDGE_FUSED_GRAPH: dict[tuple[str, str, str], str] = {
+    ("qwen3_30b", "gb200-nvl72", "mxfp8"): "26.06",
+    ("qwen3_30b", "gb300-nvl72", "mxfp8"): "26.06",
+    ("qwen3_30b", "b300", "mxfp8"): "26.06",
+    ("qwen3_235b", "gb200-nvl72", "mxfp8"): "26.06",
+    ("qwen3_235b", "gb300-nvl72", "mxfp8"): "26.06",
+    ("deepseekv3", "gb200-nvl72", "mxfp8"): "26.06",
+    ("deepseekv3", "gb300-nvl72", "mxfp8"): "26.06",
+    ("gpt_oss_120b", "gb200-nvl72", "mxfp8"): "26.06",
+    ("gpt_oss_120b", "gb300-nvl72", "mxfp8"): "26.06",
+}
+
+
+def container_release(row: dict[str, str]) -> tuple[int, ...] | None:
+    """The NeMo container release a Megatron-Bridge row ran in (``orig_framework`` "... NeMo 26.04.01"
+    -> (26, 4, 1)), or None."""
+    fw = row.get("orig_framework") or ""
+    if "megatron-bridge" not in fw.lower():
+        return None
+    tail = fw.split()[-1]
+    parts = tail.split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
+
+
+def fused_graph_of(case: Case) -> bool:
+    """Whether a row's recipe ran the full-iteration CUDA graph with fused expert MLPs
+    (:data:`BRIDGE_FUSED_GRAPH`, from the release it lists on)."""
+    rel = container_release(case.row)
+    key = (
+        _recipe_key(case.row.get("model") or ""),
+        (case.row.get("device") or "").strip(),
+        (case.row.get("precision") or "").strip(),
+    )
+    first = BRIDGE_FUSED_GRAPH.get(key)
+    if rel is None or first is None or rel < tuple(int(p) for p in first.split(".")):
+        return False
+    case.assumptions.append(
+        f"moe_fused_graph (Megatron-Bridge {(case.row.get('orig_framework') or '').split()[-1]} full-iteration recipe for {key[0]} {key[2]} on {key[1]})"
+    )
+    return True
+
+
 def memory_basis(row: dict[str, str], reported: str) -> str:
     """What a row's ``memory_gib_per_device`` measures: allocated or reserved memory.
 
@@ -678,6 +734,7 @@ def run_case(case: Case, calibration=None) -> None:
                 f"devices_per_node={dpn}: {num_devices} devices do not fill whole {full}-device domains"
             )
         recipe = moe_recipe_of(case, model)
+        graphed = model.is_moe and fused_graph_of(case)
         job = Job.from_flat(
             model=model.name,
             device=dev.id,
@@ -688,7 +745,9 @@ def run_case(case: Case, calibration=None) -> None:
             lora=lora,
             framework=framework_of(case),
             moe_dispatcher=recipe[0],
-            moe_a2a_overlap=recipe[1],
+            # the full-iteration recipes overlap the EP all-to-all (overlap_moe_expert_parallel_comm)
+            moe_a2a_overlap=recipe[1] or graphed,
+            moe_fused_graph=graphed,
             attention_kernel=attention_kernel_of(case),
             tp_comm_overlap=tp_overlap_of(case),
             allow_long_context=True,  # a measured run: past the position limit it was extension work

@@ -203,3 +203,80 @@ def test_overlap_changes_nothing_for_dense_models() -> None:
     a, b = predict(**kw), predict(**kw, moe_a2a_overlap=True, moe_dispatcher="deepep")
     assert a.step_time_s == b.step_time_s
     assert np.isclose(a.time_breakdown["ep_comm"], 0.0)
+
+
+QWEN3_30B_GB200 = dict(
+    model="qwen3-30b-a3b",
+    device="gb200-nvl72",
+    num_devices=8,
+    seq_len=4096,
+    global_batch=512,
+    ep=8,
+    micro_batch=4,
+    precision="mxfp8",
+    moe_dispatcher="deepep",
+)
+
+
+def test_fused_graph_drops_host_waits_and_the_routed_experts_elementwise_work() -> None:
+    # Megatron-Bridge's full-iteration MXFP8 recipe for Qwen3-30B-A3B on 8 GB200 (26.06+): 16 local
+    # experts per rank, so the eager run waits on the host for their per-expert launches.
+    eager = predict(**QWEN3_30B_GB200)
+    graphed = predict(**QWEN3_30B_GB200, moe_fused_graph=True)
+    assert graphed.step_time_s < eager.step_time_s
+    # Only launch waits, launch gaps and the routed experts' activation/cast traffic go: the GEMMs,
+    # the attention cores and the all-to-all are priced as before.
+    for part in ("gemm", "attention", "ep_comm"):
+        assert np.isclose(graphed.time_breakdown[part], eager.time_breakdown[part])
+    assert graphed.time_breakdown["elementwise"] < eager.time_breakdown["elementwise"]
+    # What is left of the elementwise work is real memory traffic (norms, residuals, permutations).
+    assert graphed.time_breakdown["elementwise"] > 0.0
+
+
+def test_fused_graph_changes_nothing_for_dense_models() -> None:
+    kw = dict(model="llama-3.1-8b", device="h100-sxm-80gb", num_devices=8, seq_len=4096, global_batch=32)
+    assert predict(**kw).step_time_s == predict(**kw, moe_fused_graph=True).step_time_s
+
+
+def test_fused_graph_is_refused_by_every_launcher_but_env() -> None:
+    from autopar.export import EXPORTERS, ExportError, Job, export, parse
+    from autopar.layout import resolve_layout
+
+    lay = resolve_layout(num_devices=8, global_batch=512, ep=8, micro_batch=4, precision="bf16")
+    job = Job(model="qwen3-30b-a3b", num_devices=8, seq_len=4096, global_batch=512, moe_fused_graph=True)
+    for name, ex in EXPORTERS.items():
+        if ex.serving or name == "env":
+            continue
+        with pytest.raises(ExportError, match="moe_fused_graph"):
+            export(lay, name, job)
+    lay2, job2 = parse(export(lay, "env", job), "env")
+    assert job2.moe_fused_graph and lay2 == lay
+
+
+def test_the_study_reads_the_bridge_full_iteration_recipes_by_release() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "studies"))
+    from published import Case, container_release, fused_graph_of
+
+    def case(release: str, **row) -> Case:
+        base = {"orig_framework": f"Megatron-Bridge / NeMo {release}", "model": "Qwen3_30B_a3B"}
+        return Case(row=base | {"device": "gb200-nvl72", "precision": "mxfp8"} | row, run_id="t")
+
+    assert container_release(case("26.04.01").row) == (26, 4, 1)
+    assert container_release({"orig_framework": "NeMo 24.07"}) is None
+    # The same recipe: eager in 26.04.01, the full-iteration graph from 26.06 (v0.5.0's configs).
+    assert not fused_graph_of(case("26.04.01"))
+    assert fused_graph_of(case("26.06")) and fused_graph_of(case("26.08"))
+    assert fused_graph_of(case("26.08", model="DeepSeekV3", device="gb300-nvl72"))
+    # Not in the recipes at v0.6.0: bf16, B200, Nemotron 3 Super.
+    assert not fused_graph_of(case("26.08", precision="bf16"))
+    assert not fused_graph_of(case("26.08", device="b200"))
+    assert not fused_graph_of(case("26.08", model="Nemotron_3_Super"))
+
+
+def test_fused_graph_prediction_says_so() -> None:
+    p = predict(**QWEN3_30B_GB200, moe_fused_graph=True)
+    assert any("--moe-fused-graph" in a for a in p.assumptions)
+    assert not any("--moe-fused-graph" in a for a in predict(**QWEN3_30B_GB200).assumptions)

@@ -54,15 +54,19 @@ def flops_per_token(model) -> float:
     return fl
 
 
-def gemms(model, f, ctx: SlotContext) -> tuple[Any, Any]:
+def gemms(model, f, ctx: SlotContext, *, grouped: bool = True) -> tuple[Any, Any]:
     """(routed + shared expert GEMMs, the shared experts alone), ``f(M, N, K)`` summed. Grouped GEMM
     = one GEMM per local expert with M = its tokens (:mod:`autopar.moe`): small per-expert M pays the
     same tile/wave quantization as any small GEMM. Shared experts run on the rank's sequence-parallel
     share of the tokens, as do a latent MoE's two projections (before the dispatch and after the
-    combine)."""
+    combine). ``grouped=False`` leaves the routed experts' grouped GEMMs out (the latent projections
+    and shared experts stay): what is left outside a fused grouped MLP."""
     tok_e = moe.tokens_per_expert(model, ctx.T, ctx.sp_div, ctx.ep, ctx.etp)
-    expert = (model.num_experts / ctx.ep) * mlp.gemms(
-        model, f, model.moe_ffn_hidden, tok_e, ctx.etp, model.moe_dim
+    expert = (
+        (model.num_experts / ctx.ep)
+        * mlp.gemms(model, f, model.moe_ffn_hidden, tok_e, ctx.etp, model.moe_dim)
+        if grouped
+        else np.zeros(ctx.n)
     )
     if model.moe_latent_size:
         rows = moe.routed_tokens(ctx.T, ctx.sp_div)

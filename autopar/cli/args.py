@@ -231,6 +231,7 @@ JOB_TRAINING_FIELDS = (
     "lora",
     "moe_dispatcher",
     "moe_a2a_overlap",
+    "moe_fused_graph",
     "pipeline_schedule",
     "attention_kernel",
     "tp_comm_overlap",

@@ -38,7 +38,7 @@ from autopar.frameworks import (
 from autopar.job import Framework, GlobalBatch, ModelRef, NumDevices, SeqLen, job_error
 from autopar.job import Job as CoreJob
 from autopar.layout import COLUMNS, RECOMPUTE_CODES, RECOMPUTE_MODULES, Layout
-from autopar.moe import A2A_OVERLAP_DESCRIPTION, DISPATCHER_DESCRIPTION, Dispatcher
+from autopar.moe import A2A_OVERLAP_DESCRIPTION, DISPATCHER_DESCRIPTION, FUSED_GRAPH_DESCRIPTION, Dispatcher
 from autopar.schedules import PIPELINE_SCHEDULE_DESCRIPTION, PipelineSchedule
 
 HEADER_TAG = "autopar-export"
@@ -188,6 +188,7 @@ class Job(BaseModel):
     pipeline_schedule: PipelineSchedule = Field("1f1b", description=PIPELINE_SCHEDULE_DESCRIPTION)
     moe_dispatcher: Dispatcher = Field("alltoall", description=DISPATCHER_DESCRIPTION)
     moe_a2a_overlap: bool = Field(False, description=A2A_OVERLAP_DESCRIPTION)
+    moe_fused_graph: bool = Field(False, description=FUSED_GRAPH_DESCRIPTION)
     attention_kernel: AttentionChoice = Field("default", description=ATTENTION_KERNEL_DESCRIPTION)
     tp_comm_overlap: TPOverlapChoice = Field("default", description=TP_OVERLAP_DESCRIPTION)
 
@@ -225,6 +226,7 @@ class Job(BaseModel):
             pipeline_schedule=t.pipeline_schedule,
             moe_dispatcher=t.moe_dispatcher,
             moe_a2a_overlap=t.moe_a2a_overlap,
+            moe_fused_graph=t.moe_fused_graph,
             attention_kernel=t.attention_kernel,
             tp_comm_overlap=t.tp_comm_overlap,
         )
@@ -287,6 +289,9 @@ class Exporter(ABC):
     # (Job.moe_dispatcher / moe_a2a_overlap); the others refuse an expert-parallel layout priced with
     # anything but the plain all-to-all dispatcher without overlap.
     moe_options: ClassVar[bool] = False
+    # Whether the format can write the full-iteration CUDA graph with fused expert MLPs a job was
+    # priced with (Job.moe_fused_graph); the others refuse such a job.
+    fused_graph_option: ClassVar[bool] = False
     # The attention cores (Job.attention_kernel) the format can name besides the stack's default; a
     # job priced with another core is refused rather than launched with the stack's own.
     attention_kernels: ClassVar[tuple[str, ...]] = ()
@@ -337,6 +342,13 @@ class Exporter(ABC):
                 + (" with the EP all-to-all overlap" if job.moe_a2a_overlap else ""),
                 self.name,
                 "export to megatron, or price the job with --moe-dispatcher alltoall and no --moe-a2a-overlap",
+            )
+        if job.moe_fused_graph and not self.fused_graph_option:
+            raise unsupported(
+                "the full-iteration CUDA graph with fused expert MLPs (moe_fused_graph)",
+                self.name,
+                "price the job without --moe-fused-graph (the eager recipe every launcher writes), or "
+                "export to env and set Megatron-Bridge's full-iteration recipe options by hand",
             )
         core = attention_override(job.framework, job.attention_kernel)
         if not self.serving and core is not None and core not in self.attention_kernels:

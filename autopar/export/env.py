@@ -49,6 +49,7 @@ class EnvExporter(Exporter):
     description = "shell `export AUTOPAR_*=...` lines (layout + job) for scripts"
     pipeline_schedules = PIPELINE_SCHEDULES  # AUTOPAR_PIPELINE_SCHEDULE names any of them
     moe_options = True  # AUTOPAR_MOE_DISPATCHER / AUTOPAR_MOE_A2A_OVERLAP
+    fused_graph_option = True  # AUTOPAR_MOE_FUSED_GRAPH
     attention_kernels = ATTENTION_OVERRIDES  # AUTOPAR_ATTENTION_KERNEL
     tp_overlap_option = True  # AUTOPAR_TP_COMM_OVERLAP
 
@@ -106,7 +107,7 @@ class EnvExporter(Exporter):
             if k in env:
                 if k in STR_JOB_FIELDS:
                     jd[k] = env[k]
-                elif k == "moe_a2a_overlap":
+                elif k in ("moe_a2a_overlap", "moe_fused_graph"):
                     if env[k] not in ("True", "False"):
                         raise ExportError(f"{PREFIX}{k.upper()}={env[k]!r} is not True or False")
                     jd[k] = env[k] == "True"
