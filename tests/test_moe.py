@@ -280,3 +280,14 @@ def test_fused_graph_prediction_says_so() -> None:
     p = predict(**QWEN3_30B_GB200, moe_fused_graph=True)
     assert any("--moe-fused-graph" in a for a in p.assumptions)
     assert not any("--moe-fused-graph" in a for a in predict(**QWEN3_30B_GB200).assumptions)
+
+
+def test_recommend_refuses_a_fused_graph_job_its_launcher_cannot_write_before_searching() -> None:
+    import subprocess
+    import sys
+
+    args = ["recommend", "--model", "qwen3-30b-a3b", "--device", "gb200-nvl72", "--num-devices", "8",
+            "--seq-len", "4096", "--global-batch", "512", "--moe-fused-graph"]  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "autopar.cli", *args], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "--moe-fused-graph cannot be launched by megatron" in r.stderr

@@ -440,6 +440,14 @@ def launch_check(job: TrainingJob, fmt: str) -> tuple[dict[str, list[Any]], Call
 
     exporter = get_exporter(fmt)
     xjob = ExportJob.from_core(job.job, num_layers=job.model.layers)
+    if xjob.moe_fused_graph and not exporter.fused_graph_option:
+        # every layout would be refused: say so before any search
+        raise AutoparError(
+            f"--moe-fused-graph cannot be launched by {fmt}: no launcher writes the full-iteration "
+            "CUDA graph with fused expert MLPs",
+            "use `autopar predict --moe-fused-graph` for what such a run would reach, or recommend "
+            "without it (--export env carries it)",
+        )
 
     def check(layout: Layout) -> str | None:
         try:
