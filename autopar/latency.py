@@ -311,20 +311,17 @@ def _stage_compute(
     if model.is_moe:
         moe_g, shared_g = moe_ffn.gemms(model, ctx.gt, ctx)
         moe_g = moe_g + moe_ffn.router_time(model, ctx)
+        # a fused grouped MLP casts its own inputs: only what stays outside it is cast apart
         moe_qf, moe_qb = (
-            moe_ffn.gemms(model, ctx.scale_fwd, ctx)[0],
-            moe_ffn.gemms(model, ctx.scale_bwd, ctx)[0],
+            moe_ffn.gemms(model, ctx.scale_fwd, ctx, grouped=not fused_experts)[0],
+            moe_ffn.gemms(model, ctx.scale_bwd, ctx, grouped=not fused_experts)[0],
         )
         perm = moe_ffn.shuffle_time(model, ctx)
     else:
         moe_g = shared_g = moe_qf = moe_qb = perm = zero
-    w_moe = _moe_act_width(model)
-    moe_el = ctx.traffic_s(mlp.act_elems(model, w_moe, tp) + fp8 * (h + w_moe) / tp)
-    if fused_experts and model.is_moe:
-        moe_qf = moe_ffn.gemms(model, ctx.scale_fwd, ctx, grouped=False)[0]
-        moe_qb = moe_ffn.gemms(model, ctx.scale_bwd, ctx, grouped=False)[0]
-        S = model.shared_expert_ffn  # the shared experts' activation stays outside the fused kernel
-        moe_el = ctx.traffic_s(mlp.act_elems(model, S, tp) + fp8 * (h + S) / tp) if S else zero
+    # Fused experts: only the shared experts' activation stays outside the fused kernel.
+    w_moe = model.shared_expert_ffn if fused_experts and model.is_moe else _moe_act_width(model)
+    moe_el = ctx.traffic_s(mlp.act_elems(model, w_moe, tp) + fp8 * (h + w_moe) / tp) if w_moe else zero
     # Norm + residual add per sublayer: a norm (read + write) and a residual add (2 reads + 1 write).
     sub_el = ctx.traffic_s((2 * h + 3 * h) / ctx.sp_div)
     # A non-hybrid layer's casts as main costs them: 4h + F per layer, one h more than its GEMMs' inputs.

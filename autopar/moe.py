@@ -45,7 +45,7 @@ FUSED_GRAPH_DESCRIPTION = (
     "run an MoE model's whole training iteration as one CUDA graph with Transformer Engine's fused "
     "grouped expert MLP (Megatron-Bridge's full-iteration MXFP8 MoE recipes since the 26.06 "
     "container: cuda_graph_impl=full_iteration, moe_paged_stash, NVTE_CUTEDSL_FUSED_GROUPED_MLP=1; "
-    "Blackwell, Transformer Engine >= 2.12): no host launch waits or per-layer launch gaps, and "
+    "Blackwell): no host launch waits or per-layer launch gaps, and "
     "the routed experts' activation and block-scaling casts fused into their GEMMs. No launcher "
     "writes it yet: predict and what-if only"
 )

@@ -302,16 +302,16 @@ def moe_recipe_of(case: Case, model) -> tuple[str, bool]:
 # overlap_moe_expert_parallel_comm=True). Not listed, so eager: every bf16/fp8/nvfp4 recipe, the
 # B200 ones, DeepSeek-V3 and GPT-OSS on B300, and Nemotron 3 Nano/Super (their CuTe DSL fusion
 # landed after v0.6.0, d0debd0bd of 2026-08-18, with partial graphs).
-BRIDGE_FUSED_GRAPH: dict[tuple[str, str, str], str] = {
-    ("qwen3_30b", "gb200-nvl72", "mxfp8"): "26.06",
-    ("qwen3_30b", "gb300-nvl72", "mxfp8"): "26.06",
-    ("qwen3_30b", "b300", "mxfp8"): "26.06",
-    ("qwen3_235b", "gb200-nvl72", "mxfp8"): "26.06",
-    ("qwen3_235b", "gb300-nvl72", "mxfp8"): "26.06",
-    ("deepseekv3", "gb200-nvl72", "mxfp8"): "26.06",
-    ("deepseekv3", "gb300-nvl72", "mxfp8"): "26.06",
-    ("gpt_oss_120b", "gb200-nvl72", "mxfp8"): "26.06",
-    ("gpt_oss_120b", "gb300-nvl72", "mxfp8"): "26.06",
+BRIDGE_FUSED_GRAPH: dict[tuple[str, str, str], tuple[int, ...]] = {
+    ("qwen3_30b", "gb200-nvl72", "mxfp8"): (26, 6),
+    ("qwen3_30b", "gb300-nvl72", "mxfp8"): (26, 6),
+    ("qwen3_30b", "b300", "mxfp8"): (26, 6),
+    ("qwen3_235b", "gb200-nvl72", "mxfp8"): (26, 6),
+    ("qwen3_235b", "gb300-nvl72", "mxfp8"): (26, 6),
+    ("deepseekv3", "gb200-nvl72", "mxfp8"): (26, 6),
+    ("deepseekv3", "gb300-nvl72", "mxfp8"): (26, 6),
+    ("gpt_oss_120b", "gb200-nvl72", "mxfp8"): (26, 6),
+    ("gpt_oss_120b", "gb300-nvl72", "mxfp8"): (26, 6),
 }
 
 
@@ -336,10 +336,11 @@ def fused_graph_of(case: Case) -> bool:
         (case.row.get("precision") or "").strip(),
     )
     first = BRIDGE_FUSED_GRAPH.get(key)
-    if rel is None or first is None or rel < tuple(int(p) for p in first.split(".")):
+    if rel is None or first is None or rel < first:
         return False
+    release = (case.row.get("orig_framework") or "").split()[-1]  # as the row writes it, e.g. 26.08
     case.assumptions.append(
-        f"moe_fused_graph (Megatron-Bridge {(case.row.get('orig_framework') or '').split()[-1]} full-iteration recipe for {key[0]} {key[2]} on {key[1]})"
+        f"moe_fused_graph (Megatron-Bridge {release} full-iteration recipe for {key[0]} {key[2]} on {key[1]})"
     )
     return True
 
